@@ -1,0 +1,164 @@
+#include "core/gateway/gateway_client.h"
+
+#include <cctype>
+#include <cstdio>
+#include <ctime>
+
+#include <nlohmann/json.hpp>
+
+namespace backhaul::gateway {
+namespace {
+
+using nlohmann::json;
+
+std::string url_segment(std::string_view s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+bool is_retryable_status(int status) { return status >= 500 || status == 429 || status == 408; }
+
+[[noreturn]] void fail(const std::string& what, const http::Response& r) {
+  std::string body = r.body.substr(0, 300);
+  throw GatewayError(what + ": gateway answered " + std::to_string(r.status) +
+                         (body.empty() ? "" : ": " + body),
+                     r.status, is_retryable_status(r.status));
+}
+
+json parse_object(const std::string& what, const http::Response& r) {
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw GatewayError(what + ": gateway sent a body that is not a JSON object", r.status, true);
+  }
+  return j;
+}
+
+std::string string_field(const json& j, const char* key, const std::string& what) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) {
+    throw GatewayError(what + ": gateway response lacks string field '" + key + "'", 200, false);
+  }
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+std::string iso8601_ms(int64_t unix_ms) {
+  std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(unix_ms % 1000));
+  return buf;
+}
+
+GatewayClient::GatewayClient(http::Transport& transport, std::string base_url,
+                             std::optional<std::string> api_key, const Clock& clock)
+    : transport_(transport), base_url_(std::move(base_url)), api_key_(std::move(api_key)),
+      clock_(clock) {
+  while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
+}
+
+http::Response GatewayClient::get(const std::string& path) const {
+  http::Request r;
+  r.url = base_url_ + path;
+  r.headers.emplace_back("Accept", "application/json");
+  if (api_key_) r.headers.emplace_back("X-Api-Key", *api_key_);
+  try {
+    return http::send(transport_, std::move(r));
+  } catch (const std::exception& e) {
+    throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
+  }
+}
+
+Connection GatewayClient::connection(std::string_view connection_id) const {
+  const std::string what = "get connection " + std::string(connection_id);
+  http::Response r = get("/connections/" + url_segment(connection_id));
+  if (r.status != 200) fail(what, r);
+  json j = parse_object(what, r);
+  Connection c;
+  c.id = string_field(j, "id", what);
+  c.installation_id = string_field(j, "installationId", what);
+  c.provider = string_field(j, "provider", what);
+  c.org_id = string_field(j, "orgId", what);
+  c.status = string_field(j, "status", what);
+  auto resources = j.find("resources");
+  if (resources != j.end() && resources->is_array()) {
+    for (const json& item : *resources) {
+      if (!item.is_object()) continue;
+      Resource res;
+      res.id = string_field(item, "providerResourceId", what);
+      auto name = item.find("resourceName");
+      if (name != item.end() && name->is_string()) res.name = name->get<std::string>();
+      c.resources.push_back(std::move(res));
+    }
+  }
+  return c;
+}
+
+std::string GatewayClient::access_token(std::string_view connection_id) const {
+  const std::string what = "get token for connection " + std::string(connection_id);
+  http::Response r = get("/connections/" + url_segment(connection_id) + "/token");
+  if (r.status != 200) fail(what, r);
+  return string_field(parse_object(what, r), "accessToken", what);
+}
+
+std::string GatewayClient::delivery_body(const Delivery& d) const {
+  // Built by hand so the payload is embedded verbatim, without a parse and re-serialisation.
+  std::string body;
+  body.reserve(d.payload_json.size() + 256);
+  body += R"({"connectionId":)";
+  body += json(d.connection_id).dump();
+  body += R"(,"orgId":)";
+  body += json(d.org_id).dump();
+  body += R"(,"deliveryId":)";
+  body += json(d.delivery_id).dump();
+  body += R"(,"eventType":)";
+  body += json(d.event_type).dump();
+  body += R"(,"payload":)";
+  body += d.payload_json;
+  body += R"(,"receivedAt":")";
+  body += iso8601_ms(clock_.now_ms());
+  body += "\"}";
+  return body;
+}
+
+DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery& delivery) const {
+  if (!json::accept(delivery.payload_json)) {
+    throw GatewayError("delivery " + std::string(delivery.delivery_id) +
+                           ": payload is not valid JSON",
+                       0, false);
+  }
+  http::Request r;
+  r.method = "POST";
+  r.url = base_url_ + "/webhooks/" + url_segment(provider);
+  r.headers.emplace_back("Content-Type", "application/json");
+  if (api_key_) r.headers.emplace_back("X-Api-Key", *api_key_);
+  r.body = delivery_body(delivery);
+  http::Response response;
+  try {
+    response = http::send(transport_, std::move(r));
+  } catch (const std::exception& e) {
+    throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
+  }
+  if (response.status >= 200 && response.status < 300) {
+    json j = json::parse(response.body, nullptr, false);
+    if (j.is_object() && j.value("status", "") == "duplicate") return DispatchResult::kDuplicate;
+    return DispatchResult::kAccepted;
+  }
+  fail("dispatch " + std::string(delivery.delivery_id), response);
+}
+
+}  // namespace backhaul::gateway

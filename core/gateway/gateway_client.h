@@ -1,0 +1,83 @@
+// Client of the ingest gateway: connections, access tokens, and webhook-shaped deliveries.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/common/clock.h"
+#include "core/common/errors.h"
+#include "core/http/http.h"
+
+namespace backhaul::gateway {
+
+struct Resource {
+  std::string id;  // providerResourceId
+  std::optional<std::string> name;
+};
+
+struct Connection {
+  std::string id;
+  std::string installation_id;
+  std::string provider;
+  std::string org_id;
+  std::string status;  // "active", ...
+  std::vector<Resource> resources;
+};
+
+struct Delivery {
+  std::string_view connection_id;
+  std::string_view org_id;
+  std::string_view delivery_id;
+  std::string_view event_type;
+  std::string_view payload_json;  // a JSON object, embedded verbatim
+};
+
+enum class DispatchResult { kAccepted = 1, kDuplicate };
+
+// The gateway answered with an error or could not be reached. retryable(): 5xx, 429, network.
+class GatewayError : public Error {
+ public:
+  GatewayError(const std::string& message, int status, bool retryable)
+      : Error(message), status_(status), retryable_(retryable) {}
+  int status() const noexcept { return status_; }  // 0 when no response arrived
+  bool retryable() const noexcept { return retryable_; }
+
+ private:
+  int status_;
+  bool retryable_;
+};
+
+// [thread-safe] if the transport is.
+class GatewayClient {
+ public:
+  // `base_url` like "http://127.0.0.1:8080/gateway" (no trailing slash needed). `api_key`, when
+  // set, is sent as X-Api-Key. The transport and clock must outlive the client.
+  GatewayClient(http::Transport& transport, std::string base_url,
+                std::optional<std::string> api_key = std::nullopt,
+                const Clock& clock = SystemClock::instance());
+
+  Connection connection(std::string_view connection_id) const;
+  // The token is returned, never logged. Throws GatewayError.
+  std::string access_token(std::string_view connection_id) const;
+  // POST {base}/webhooks/{provider}. Throws GatewayError (FATAL-like when !retryable()).
+  DispatchResult dispatch(std::string_view provider, const Delivery& delivery) const;
+
+  // The JSON body dispatch() sends (exposed for tests and benchmarks).
+  std::string delivery_body(const Delivery& delivery) const;
+
+ private:
+  http::Response get(const std::string& path) const;
+
+  http::Transport& transport_;
+  std::string base_url_;
+  std::optional<std::string> api_key_;
+  const Clock& clock_;
+};
+
+// "2024-01-01T00:00:00.000Z" for a Unix time in milliseconds.
+std::string iso8601_ms(int64_t unix_ms);
+
+}  // namespace backhaul::gateway

@@ -1,0 +1,68 @@
+// HTTP as the host performs it for plugins, the gateway client and the CLI. A Transport performs
+// single exchanges; send() adds redirect following on top of any transport.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/common/errors.h"
+
+namespace backhaul::http {
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+struct Request {
+  std::string method = "GET";
+  std::string url;  // absolute http:// or https:// URL
+  Headers headers;
+  std::optional<std::string> body;
+  std::chrono::milliseconds timeout{30'000};  // whole exchange
+};
+
+struct Response {
+  int status = 0;
+  Headers headers;  // names in lower case, in arrival order
+  std::string body;
+  std::string url;  // the URL that answered
+
+  // First header with this name (case-insensitive).
+  std::optional<std::string_view> header(std::string_view name) const;
+};
+
+// No HTTP response could be had: refused, reset, DNS, TLS, timeout, or a malformed response.
+class TransportError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A malformed request (bad URL, unsupported scheme).
+class RequestError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Performs one exchange; does not follow redirects. Throws TransportError or RequestError.
+  // [thread-safe]
+  virtual Response perform(const Request& request) = 0;
+};
+
+// Performs `request`, following 301/302/303/307/308 up to `max_redirects` times (303, and 301/302
+// for a non-GET, continue as GET without a body, as browsers and curl do). Relative Location
+// values are resolved against the current URL. The Authorization header is dropped when a
+// redirect leaves the original host. [thread-safe] if the transport is.
+Response send(Transport& transport, Request request, int max_redirects = 5);
+
+// Resolves `location` (absolute, scheme-relative, absolute-path or relative) against `base`.
+std::string resolve_url(std::string_view base, std::string_view location);
+
+// Lower-cases ASCII.
+std::string to_lower(std::string_view s);
+
+}  // namespace backhaul::http

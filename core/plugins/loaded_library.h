@@ -1,0 +1,43 @@
+// Internal to core/plugins: a mapped, checked and initialized plugin library.
+#pragma once
+
+#include <memory>
+
+#include <boost/dll/shared_library.hpp>
+
+#include "backhaul/backhaul.h"
+#include "core/plugins/host_services.h"
+#include "core/plugins/plugin.h"
+
+namespace backhaul::plugins {
+
+// Destroyed only when nothing from the library lives any more (every Plugin, Connector and Page
+// holds a shared_ptr to it): then deinit() runs and the library is unmapped, in that order.
+class LoadedLibrary {
+ public:
+  LoadedLibrary(boost::dll::shared_library library, const backhaul_entry_t* entry, PluginInfo info,
+                std::unique_ptr<HostBinding> host)
+      : library_(std::move(library)), entry_(entry), info_(std::move(info)),
+        host_(std::move(host)) {}
+  LoadedLibrary(const LoadedLibrary&) = delete;
+  LoadedLibrary& operator=(const LoadedLibrary&) = delete;
+  ~LoadedLibrary() {
+    if (initialized_) entry_->deinit();
+  }
+
+  const backhaul_entry_t& entry() const noexcept { return *entry_; }
+  const PluginInfo& info() const noexcept { return info_; }
+  const HostBinding& host() const noexcept { return *host_; }
+  void mark_initialized() noexcept { initialized_ = true; }
+
+ private:
+  // Declared first so it is destroyed last: the code must stay mapped while deinit runs and until
+  // the host binding (which the plugin may still reference) is gone.
+  boost::dll::shared_library library_;
+  const backhaul_entry_t* entry_;
+  PluginInfo info_;
+  std::unique_ptr<HostBinding> host_;
+  bool initialized_ = false;
+};
+
+}  // namespace backhaul::plugins

@@ -1,0 +1,133 @@
+// A loaded connector library, instances created from it, and the pages they return. Each object
+// holds a shared_ptr to its library, so the library stays mapped while anything from it lives.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backhaul/backhaul.h"
+#include "core/common/errors.h"
+
+namespace backhaul::plugins {
+
+class LoadedLibrary;  // the mapped library and its checked entry (loaded_library.h)
+struct HostServices;  // plugin_loader.h
+
+struct PluginInfo {
+  std::string id;
+  std::string version;
+  std::string display_name;
+  std::string description;
+  std::vector<std::string> entity_types;
+  std::vector<std::string> default_entity_types;
+  std::string config_schema_json;
+  backhaul_version_t abi_version{};
+  std::filesystem::path path;
+  std::string sha256;  // of the file as loaded
+};
+
+// A plugin call returned something other than BACKHAUL_OK.
+class ConnectorFailure : public Error {
+ public:
+  ConnectorFailure(backhaul_status_t status, const std::string& message, int64_t retry_after_ms)
+      : Error(message), status_(status), retry_after_ms_(retry_after_ms) {}
+  backhaul_status_t status() const noexcept { return status_; }
+  int64_t retry_after_ms() const noexcept { return retry_after_ms_; }
+  bool is_retryable() const noexcept {
+    return status_ == BACKHAUL_RETRYABLE || status_ == BACKHAUL_RATE_LIMITED ||
+           status_ == BACKHAUL_AUTH_EXPIRED;
+  }
+
+ private:
+  backhaul_status_t status_;
+  int64_t retry_after_ms_;
+};
+
+// "OK", "RETRYABLE", ... for messages and reports.
+std::string_view status_name(backhaul_status_t status);
+
+struct Unit {
+  std::string installation_id;
+  std::string resource_id;
+  std::optional<std::string> resource_name;
+  std::string access_token;
+};
+
+struct FetchParams {
+  Unit unit;
+  std::string entity_type;
+  int64_t since_unix_ms = 0;
+  std::optional<std::string> cursor;  // nullopt: first page
+};
+
+struct EventView {
+  std::string_view delivery_id;
+  std::string_view event_type;
+  std::string_view payload_json;
+};
+
+// A page returned by fetch_page; released back to the plugin when destroyed. Move-only.
+// [thread-safe] to read from several threads; destroy on any thread.
+class Page {
+ public:
+  Page(Page&&) noexcept;
+  Page& operator=(Page&&) noexcept;
+  Page(const Page&) = delete;
+  Page& operator=(const Page&) = delete;
+  ~Page();
+
+  size_t size() const noexcept { return page_->event_count; }
+  EventView event(size_t i) const noexcept;
+  std::optional<std::string_view> next_cursor() const noexcept;
+  uint64_t raw_count() const noexcept { return page_->raw_count; }
+  std::optional<backhaul_rate_limit_t> rate_limit() const noexcept;
+
+ private:
+  friend class Connector;
+  Page(std::shared_ptr<const LoadedLibrary> library, std::shared_ptr<backhaul_instance_t> instance,
+       backhaul_page_t* page) noexcept;
+  std::shared_ptr<const LoadedLibrary> library_;
+  std::shared_ptr<backhaul_instance_t> instance_;
+  backhaul_page_t* page_;
+};
+
+// One connector instance (a config applied to a plugin). [thread-safe]: fetch_page and
+// validate_scopes may be called from many threads at once, as the ABI promises.
+class Connector {
+ public:
+  // Throws ConnectorFailure with the plugin's message.
+  Page fetch_page(const FetchParams& params) const;
+  void validate_scopes(const Unit& unit) const;
+  const PluginInfo& info() const noexcept;
+
+ private:
+  friend class Plugin;
+  Connector(std::shared_ptr<const LoadedLibrary> library,
+            std::shared_ptr<backhaul_instance_t> instance) noexcept;
+  std::shared_ptr<const LoadedLibrary> library_;
+  std::shared_ptr<backhaul_instance_t> instance_;
+};
+
+// A plugin library that passed every check and whose init() succeeded. Cheap to copy (shared).
+class Plugin {
+ public:
+  const PluginInfo& info() const noexcept;
+  // Throws ConnectorFailure (INVALID_ARGUMENT) with the plugin's message on a bad config.
+  void validate_config(std::string_view config_json) const;
+  Connector create(std::string_view config_json) const;
+  // Non-null iff the plugin is ABI >= 1.1 and has the extension.
+  const void* extension(const char* id) const;
+
+ private:
+  friend class PluginRegistry;
+  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&);
+  explicit Plugin(std::shared_ptr<const LoadedLibrary> library) noexcept;
+  std::shared_ptr<const LoadedLibrary> library_;
+};
+
+}  // namespace backhaul::plugins

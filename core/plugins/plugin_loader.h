@@ -1,0 +1,60 @@
+// Finds, checks and loads connector plugins (Boost.DLL), and keeps them by provider id.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/common/clock.h"
+#include "core/http/http.h"
+#include "core/plugins/plugin.h"
+
+namespace backhaul::plugins {
+
+// What the host gives every plugin. Both references must outlive every plugin loaded with them.
+struct HostServices {
+  http::Transport& transport;
+  const Clock& clock = SystemClock::instance();
+  std::chrono::milliseconds default_http_timeout{30'000};
+};
+
+// Loads one library and checks, before running any of its code: the backhaul_entry symbol, the
+// magic block, the ABI version (same major, minor <= ours), the entry's size, then the descriptor
+// (id pattern, semantic version, entity types non-empty and unique, defaults a subset, schema is
+// a JSON object). Then calls init(). Throws PluginLoadError whose message names the file and the
+// reason. [main-thread]
+Plugin load_plugin(const std::filesystem::path& path, const HostServices& services);
+
+struct LoadProblem {
+  std::filesystem::path path;
+  std::string reason;
+};
+
+// Plugins by provider id. Loading never throws for a bad plugin: it is reported and skipped.
+class PluginRegistry {
+ public:
+  explicit PluginRegistry(HostServices services) : services_(services) {}
+
+  // Optional allow-list: file SHA-256 (lower-case hex) values; a plugin whose hash is not listed is
+  // refused. Empty (the default) allows everything.
+  void set_allowed_sha256(std::set<std::string> hashes) { allowed_sha256_ = std::move(hashes); }
+
+  // Loads every *.so in `dir` (sorted by name). Returns the problems (a missing directory is one).
+  std::vector<LoadProblem> load_directory(const std::filesystem::path& dir);
+  // Loads one file; returns the problem, if any (duplicate ids included).
+  std::optional<LoadProblem> load_file(const std::filesystem::path& path);
+
+  std::optional<Plugin> find(std::string_view id) const;
+  std::vector<Plugin> plugins() const;  // sorted by id
+
+ private:
+  HostServices services_;
+  std::set<std::string> allowed_sha256_;
+  std::map<std::string, Plugin, std::less<>> by_id_;
+};
+
+}  // namespace backhaul::plugins

@@ -1,0 +1,59 @@
+#include "host/cli/cli.h"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "core/common/errors.h"
+#include "core/common/logging.h"
+
+namespace backhaul::cli {
+namespace fs = std::filesystem;
+
+fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>& dirs) {
+  if (spec.find('/') != std::string::npos || fs::path(spec).extension() == ".so") return spec;
+  std::vector<fs::path> candidates;
+  for (const auto& d : dirs) candidates.push_back(fs::path(d) / (spec + ".so"));
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(self.parent_path().parent_path() / "plugins" / (spec + ".so"));
+  candidates.push_back(fs::path(BACKHAUL_DEFAULT_PLUGIN_DIR) / (spec + ".so"));
+  for (const auto& c : candidates) {
+    if (fs::exists(c, ec)) return c;
+  }
+  std::string searched;
+  for (const auto& c : candidates) searched += "\n  " + c.string();
+  throw ConfigError("plugin '" + spec + "' not found; searched:" + searched);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"backhaul: backfill SaaS history through connector plugins"};
+  app.set_version_flag("--version", BACKHAUL_VERSION);
+  app.require_subcommand(1);
+  std::string log_level = "warn";
+  bool json_logs = false;
+  app.add_option("--log-level", log_level, "log level: trace, debug, info, warn, error, off")
+      ->capture_default_str();
+  app.add_flag("--json-logs", json_logs, "write logs as JSON lines");
+  add_fetch_command(app);
+  add_plugin_command(app);
+  app.parse_complete_callback([&] {
+    logging::configure(json_logs ? logging::Format::kJson : logging::Format::kText, log_level);
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace backhaul::cli

@@ -1,0 +1,26 @@
+// The `backhaul` command line: parsing and dispatch to subcommands.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace backhaul::cli {
+
+// Parses argv and runs the chosen subcommand. Returns the process exit status.
+int run(int argc, char** argv);
+
+// Subcommand registration; each adds itself to `app` and sets its callback.
+void add_fetch_command(CLI::App& app);
+void add_plugin_command(CLI::App& app);
+
+// Plugin lookup shared by subcommands: `spec` is a path to a .so, or a plugin id searched in
+// `dirs` (then next to the executable in ../plugins, then the installed plugin directory).
+std::filesystem::path resolve_plugin(const std::string& spec,
+                                     const std::vector<std::string>& dirs);
+
+}  // namespace backhaul::cli

@@ -1,0 +1,337 @@
+// `backhaul fetch`: page through one resource's entity types with a connector plugin, print what
+// comes back, and optionally deliver it to the gateway. The connector author's everyday tool.
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/common/errors.h"
+#include "core/gateway/gateway_client.h"
+#include "core/http/poco_transport.h"
+#include "core/plugins/plugin_loader.h"
+#include "host/cli/cli.h"
+
+namespace backhaul::cli {
+namespace {
+
+struct FetchOptions {
+  std::string plugin;
+  std::vector<std::string> plugin_dirs;
+  std::string config = "{}";
+  std::string base_url;
+  std::string installation = "cli";
+  std::string resource_id;
+  std::string resource_name;
+  std::vector<std::string> entities;
+  std::string token;
+  std::string gateway;
+  std::string connection;
+  std::string gateway_api_key;
+  bool all_resources = false;
+  std::string since;
+  int depth_days = 0;
+  std::string cursor;
+  int max_pages = 0;
+  bool print_events = false;
+  bool quiet = false;
+  bool dispatch = false;
+  bool json_summary = false;
+  int retries = 3;
+  int max_wait_s = 120;
+  std::string ca_file;
+  bool insecure = false;
+  int timeout_ms = 30000;
+};
+
+struct Totals {
+  int units = 0;
+  int64_t pages = 0;
+  int64_t events = 0;
+  int64_t raw = 0;
+  int64_t accepted = 0;
+  int64_t duplicates = 0;
+  int64_t retries = 0;
+  int64_t failed_units = 0;
+};
+
+// Parses "2024-01-31", "2024-01-31T12:00:00Z" (UTC) or a millisecond Unix time.
+int64_t parse_since(const std::string& text) {
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos)
+    return std::stoll(text);
+  std::tm tm{};
+  const char* end = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  if (!end) end = strptime(text.c_str(), "%Y-%m-%d", &tm);
+  if (!end || (*end && std::string(end) != "Z"))
+    throw ConfigError("--since '" + text + "' is not an ISO 8601 UTC time or a Unix ms time");
+  return static_cast<int64_t>(timegm(&tm)) * 1000;
+}
+
+std::string merged_config(const FetchOptions& o) {
+  nlohmann::json config = nlohmann::json::parse(o.config, nullptr, false);
+  if (config.is_discarded() || !config.is_object())
+    throw ConfigError("--config must be a JSON object");
+  if (!o.base_url.empty()) config["base_url"] = o.base_url;
+  return config.dump();
+}
+
+class FetchRun {
+ public:
+  FetchRun(const FetchOptions& options, const plugins::Connector& connector,
+           const gateway::GatewayClient* gateway, std::optional<gateway::Connection> connection)
+      : o_(options), connector_(connector), gateway_(gateway), connection_(std::move(connection)) {}
+
+  void unit(plugins::Unit unit, const std::string& entity, int64_t since_ms, Totals& totals) {
+    ++totals.units;
+    plugins::FetchParams params{std::move(unit), entity, since_ms, std::nullopt};
+    if (!o_.cursor.empty()) params.cursor = o_.cursor;
+    const std::string label = params.unit.resource_name.value_or(params.unit.resource_id);
+    int page_no = 0;
+    int attempts = 0;
+    bool refreshed = false;
+    while (o_.max_pages == 0 || page_no < o_.max_pages) {
+      std::optional<plugins::Page> page;
+      try {
+        page.emplace(connector_.fetch_page(params));
+      } catch (const plugins::ConnectorFailure& e) {
+        if (e.status() == BACKHAUL_AUTH_EXPIRED && gateway_ && !refreshed) {
+          std::cerr << label << " " << entity << ": token expired, refreshing once\n";
+          params.unit.access_token = gateway_->access_token(o_.connection);
+          refreshed = true;
+          continue;
+        }
+        if (e.is_retryable() && e.status() != BACKHAUL_AUTH_EXPIRED && attempts < o_.retries) {
+          int64_t wait_ms = e.retry_after_ms() > 0 ? e.retry_after_ms() : (500LL << attempts);
+          if (wait_ms > int64_t{o_.max_wait_s} * 1000) {
+            report_failure(label, entity, e, totals);
+            return;
+          }
+          ++attempts;
+          ++totals.retries;
+          std::cerr << label << " " << entity << ": " << plugins::status_name(e.status()) << " ("
+                    << e.what() << "), retry " << attempts << "/" << o_.retries << " in "
+                    << wait_ms << " ms\n";
+          std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+          continue;
+        }
+        report_failure(label, entity, e, totals);
+        return;
+      }
+      attempts = 0;
+      refreshed = false;
+      ++page_no;
+      handle_page(label, entity, page_no, *page, totals);
+      auto next = page->next_cursor();
+      if (!next) {
+        if (!o_.quiet) std::cout << label << " " << entity << ": done after " << page_no
+                                 << " pages, final cursor (none)\n";
+        return;
+      }
+      params.cursor = std::string(*next);
+    }
+    std::cout << label << " " << entity << ": stopped at --max-pages " << o_.max_pages
+              << ", final cursor " << params.cursor.value_or("(none)") << "\n";
+  }
+
+ private:
+  void report_failure(const std::string& label, const std::string& entity,
+                      const plugins::ConnectorFailure& e, Totals& totals) {
+    ++totals.failed_units;
+    std::cerr << label << " " << entity << ": failed: " << plugins::status_name(e.status())
+              << ": " << e.what() << "\n";
+  }
+
+  void handle_page(const std::string& label, const std::string& entity, int page_no,
+                   const plugins::Page& page, Totals& totals) {
+    ++totals.pages;
+    totals.events += static_cast<int64_t>(page.size());
+    totals.raw += static_cast<int64_t>(page.raw_count());
+    if (o_.print_events) {
+      for (size_t i = 0; i < page.size(); ++i) {
+        auto e = page.event(i);
+        std::cout << R"({"deliveryId":)" << nlohmann::json(e.delivery_id).dump()
+                  << R"(,"eventType":)" << nlohmann::json(e.event_type).dump()
+                  << R"(,"payload":)" << e.payload_json << "}\n";
+      }
+    }
+    if (gateway_ && o_.dispatch) dispatch(page, totals);
+    if (o_.quiet) return;
+    std::cout << label << " " << entity << " page " << page_no << ": events=" << page.size()
+              << " raw=" << page.raw_count();
+    if (auto rl = page.rate_limit()) {
+      std::cout << " rate=" << rl->remaining << "/" << rl->limit
+                << " reset=" << gateway::iso8601_ms(rl->reset_at_unix_ms);
+    }
+    auto next = page.next_cursor();
+    std::cout << " next=" << (next ? std::string(*next) : std::string("(end)")) << "\n";
+  }
+
+  void dispatch(const plugins::Page& page, Totals& totals) {
+    for (size_t i = 0; i < page.size(); ++i) {
+      auto e = page.event(i);
+      gateway::Delivery d{connection_->id, connection_->org_id, e.delivery_id, e.event_type,
+                          e.payload_json};
+      for (int attempt = 0;; ++attempt) {
+        try {
+          if (gateway_->dispatch(connection_->provider, d) == gateway::DispatchResult::kAccepted) {
+            ++totals.accepted;
+          } else {
+            ++totals.duplicates;
+          }
+          break;
+        } catch (const gateway::GatewayError& err) {
+          if (!err.retryable() || attempt >= o_.retries) throw;
+          ++totals.retries;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100LL << attempt));
+        }
+      }
+    }
+  }
+
+  const FetchOptions& o_;
+  const plugins::Connector& connector_;
+  const gateway::GatewayClient* gateway_;
+  std::optional<gateway::Connection> connection_;
+};
+
+void run_fetch(const FetchOptions& o) {
+  http::PocoTransportOptions transport_options;
+  transport_options.ca_file = o.ca_file;
+  transport_options.verify_peer = !o.insecure;
+  http::PocoTransport transport(transport_options);
+  plugins::HostServices services{transport, SystemClock::instance(),
+                                 std::chrono::milliseconds(o.timeout_ms)};
+  plugins::Plugin plugin = plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), services);
+  plugins::Connector connector = plugin.create(merged_config(o));
+
+  std::optional<gateway::GatewayClient> gateway;
+  std::optional<gateway::Connection> connection;
+  if (!o.gateway.empty()) {
+    gateway.emplace(transport, o.gateway,
+                    o.gateway_api_key.empty() ? std::nullopt
+                                              : std::optional<std::string>(o.gateway_api_key));
+  }
+  if (!o.connection.empty()) {
+    if (!gateway) throw ConfigError("--connection needs --gateway");
+    connection = gateway->connection(o.connection);
+    if (connection->provider != plugin.info().id) {
+      throw ConfigError("connection " + o.connection + " is for provider '" +
+                        connection->provider + "', not '" + plugin.info().id + "'");
+    }
+  }
+  if (o.dispatch && !connection) throw ConfigError("--dispatch needs --gateway and --connection");
+
+  std::string token = o.token;
+  if (token.empty()) {
+    if (const char* env = std::getenv("BACKHAUL_TOKEN")) token = env;
+  }
+  if (token.empty() && connection) token = gateway->access_token(o.connection);
+  if (token.empty()) throw ConfigError("no token: pass --token, BACKHAUL_TOKEN or --connection");
+
+  std::vector<gateway::Resource> resources;
+  if (o.all_resources) {
+    if (!connection) throw ConfigError("--all-resources needs --connection");
+    resources = connection->resources;
+  } else {
+    if (o.resource_id.empty()) throw ConfigError("--resource-id is required (or --all-resources)");
+    resources.push_back({o.resource_id, o.resource_name.empty()
+                                            ? std::nullopt
+                                            : std::optional<std::string>(o.resource_name)});
+  }
+  std::vector<std::string> entities = o.entities;
+  if (entities.empty()) entities = plugin.info().default_entity_types;
+
+  int64_t since_ms = 0;
+  if (!o.since.empty()) since_ms = parse_since(o.since);
+  if (o.depth_days > 0) since_ms = SystemClock::instance().now_ms() - int64_t{o.depth_days} * 86'400'000;
+
+  std::string installation = connection ? connection->installation_id : o.installation;
+  FetchRun run(o, connector, gateway ? &*gateway : nullptr, connection);
+  Totals totals;
+  auto started = std::chrono::steady_clock::now();
+  for (const auto& resource : resources) {
+    for (const auto& entity : entities) {
+      run.unit({installation, resource.id, resource.name, token}, entity, since_ms, totals);
+    }
+  }
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (o.json_summary) {
+    nlohmann::json j = {{"plugin", plugin.info().id},       {"units", totals.units},
+                        {"pages", totals.pages},            {"events", totals.events},
+                        {"raw", totals.raw},                {"accepted", totals.accepted},
+                        {"duplicates", totals.duplicates},  {"retries", totals.retries},
+                        {"failed_units", totals.failed_units}, {"seconds", seconds}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << "summary: plugin=" << plugin.info().id << " units=" << totals.units
+              << " pages=" << totals.pages << " events=" << totals.events
+              << " raw=" << totals.raw;
+    if (o.dispatch) {
+      std::cout << " dispatched=" << totals.accepted + totals.duplicates
+                << " accepted=" << totals.accepted << " duplicates=" << totals.duplicates;
+    }
+    std::cout << " retries=" << totals.retries << " failed_units=" << totals.failed_units
+              << " seconds=" << seconds << "\n";
+  }
+  if (totals.failed_units > 0) throw CLI::RuntimeError(2);
+}
+
+}  // namespace
+
+void add_fetch_command(CLI::App& app) {
+  auto o = std::make_shared<FetchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "fetch",
+      "Page through a resource's entity types with a connector plugin and print the pages.\n"
+      "Exit status: 0 when every unit reached its last page, 2 when a unit failed, 1 on bad "
+      "input.");
+  cmd->add_option("--plugin,-p", o->plugin, "plugin file (.so) or plugin id (e.g. github)")
+      ->required();
+  cmd->add_option("--plugin-dir", o->plugin_dirs, "directory to search for a plugin id");
+  cmd->add_option("--config", o->config, "connector config as a JSON object")
+      ->capture_default_str();
+  cmd->add_option("--base-url", o->base_url, "provider API base URL (sets config.base_url)");
+  cmd->add_option("--installation", o->installation,
+                  "installation id used in delivery ids (from the connection when given)")
+      ->capture_default_str();
+  cmd->add_option("--resource-id", o->resource_id, "provider resource id (repo id, project id)");
+  cmd->add_option("--resource-name", o->resource_name,
+                  "provider resource name (e.g. owner/repo for GitHub)");
+  cmd->add_option("--entity,-e", o->entities,
+                  "entity type to fetch; repeatable (default: the plugin's defaults)");
+  cmd->add_option("--token", o->token,
+                  "access token (else $BACKHAUL_TOKEN, else from the gateway connection)");
+  cmd->add_option("--gateway", o->gateway, "gateway base URL, e.g. http://127.0.0.1:8080/gateway");
+  cmd->add_option("--gateway-api-key", o->gateway_api_key, "sent to the gateway as X-Api-Key");
+  cmd->add_option("--connection", o->connection,
+                  "gateway connection id: supplies token, installation, org and resources");
+  cmd->add_flag("--all-resources", o->all_resources, "fetch every resource of the connection");
+  cmd->add_option("--since", o->since, "only items since this time (ISO 8601 UTC or Unix ms)");
+  cmd->add_option("--depth", o->depth_days, "only items of the last N days (7, 30, 90, ...)")
+      ->check(CLI::PositiveNumber)
+      ->excludes("--since");
+  cmd->add_option("--cursor", o->cursor, "resume from this cursor instead of the first page");
+  cmd->add_option("--max-pages", o->max_pages, "stop after N pages per unit (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--events", o->print_events, "print every event as a JSON line");
+  cmd->add_flag("--quiet,-q", o->quiet, "print only the summary");
+  cmd->add_flag("--dispatch", o->dispatch,
+                "deliver every event to POST {gateway}/webhooks/{provider}");
+  cmd->add_flag("--json", o->json_summary, "print the summary as one JSON object");
+  cmd->add_option("--retries", o->retries, "retries of a RETRYABLE or RATE_LIMITED page")
+      ->capture_default_str();
+  cmd->add_option("--max-wait-s", o->max_wait_s,
+                  "give up on a unit when asked to wait longer than this")
+      ->capture_default_str();
+  cmd->add_option("--ca-file", o->ca_file, "PEM CA bundle to trust for https");
+  cmd->add_flag("--insecure", o->insecure, "do not verify TLS certificates");
+  cmd->add_option("--timeout-ms", o->timeout_ms, "HTTP timeout per request")
+      ->capture_default_str();
+  cmd->callback([o] { run_fetch(*o); });
+}
+
+}  // namespace backhaul::cli

@@ -1,0 +1,347 @@
+#include "core/plugins/plugin_loader.h"
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/http/replay_transport.h"
+
+namespace backhaul::plugins {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path plugin_path(const std::string& name) { return fs::path(TEST_PLUGIN_DIR) / (name + ".so"); }
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("backhaul-plugins-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+  fs::path add(const std::string& plugin) const {
+    fs::path to = path_ / (plugin + ".so");
+    fs::copy_file(plugin_path(plugin), to);
+    return to;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+class PluginLoaderTest : public ::testing::Test {
+ protected:
+  http::ReplayTransport transport_;
+  FakeClock clock_{1'700'000'123'456};
+  HostServices services_{transport_, clock_};
+
+  std::string load_error(const fs::path& path) {
+    try {
+      load_plugin(path, services_);
+    } catch (const PluginLoadError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected " << path << " to be refused";
+    return {};
+  }
+};
+
+FetchParams params(std::optional<std::string> cursor = std::nullopt) {
+  FetchParams p;
+  p.unit = {"inst-1", "repo-9", "org/repo", "secret-token"};
+  p.entity_type = "item";
+  p.cursor = std::move(cursor);
+  return p;
+}
+
+bool is_mapped(const fs::path& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::string name = fs::canonical(path).string();
+  while (std::getline(maps, line)) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_F(PluginLoaderTest, LoadsCppPluginAndReadsItsDescriptor) {
+  Plugin plugin = load_plugin(plugin_path("fake"), services_);
+  const PluginInfo& info = plugin.info();
+  EXPECT_EQ(info.id, "fake");
+  EXPECT_EQ(info.version, "2.1.0");
+  EXPECT_EQ(info.display_name, "Fake");
+  EXPECT_EQ(info.entity_types, (std::vector<std::string>{"item", "other"}));
+  EXPECT_EQ(info.default_entity_types, (std::vector<std::string>{"item"}));
+  EXPECT_EQ(info.abi_version.major, BACKHAUL_ABI_VERSION_MAJOR);
+  EXPECT_EQ(info.abi_version.minor, BACKHAUL_ABI_VERSION_MINOR);
+  EXPECT_EQ(info.sha256.size(), 64u);
+  EXPECT_TRUE(nlohmann::json::parse(info.config_schema_json).is_object());
+}
+
+TEST_F(PluginLoaderTest, PagesThroughAllPagesWithDeterministicEvents) {
+  Connector connector = load_plugin(plugin_path("fake"), services_).create(R"({"pages": 3})");
+  std::optional<std::string> cursor;
+  std::vector<std::string> ids;
+  int pages = 0;
+  do {
+    Page page = connector.fetch_page(params(cursor));
+    ++pages;
+    EXPECT_EQ(page.raw_count(), 3u);
+    for (size_t i = 0; i < page.size(); ++i) {
+      ids.emplace_back(page.event(i).delivery_id);
+      auto payload = nlohmann::json::parse(page.event(i).payload_json);
+      EXPECT_EQ(payload["now_ms"], clock_.now_ms());
+    }
+    cursor = page.next_cursor() ? std::optional<std::string>(*page.next_cursor()) : std::nullopt;
+  } while (cursor);
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(ids.size(), 6u);
+  EXPECT_EQ(ids.front(), "fake-inst-1-repo-9-item-1");
+  EXPECT_EQ(ids.back(), "fake-inst-1-repo-9-item-6");
+}
+
+TEST_F(PluginLoaderTest, LoadsPluginBuiltAgainstFrozenOlderMinorHeaders) {
+  Plugin plugin = load_plugin(plugin_path("old_minor"), services_);
+  EXPECT_EQ(plugin.info().id, "oldminor");
+  EXPECT_EQ(plugin.info().abi_version.major, 1);
+  EXPECT_EQ(plugin.info().abi_version.minor, 0);
+  // The 1.1 field does not exist in its entry; the host must not read it.
+  EXPECT_EQ(plugin.extension("backhaul.anything/1"), nullptr);
+  Connector connector = plugin.create("{}");
+  Page page = connector.fetch_page(params());
+  ASSERT_EQ(page.size(), 1u);
+  EXPECT_EQ(page.event(0).delivery_id, "c-repo-9");
+  EXPECT_EQ(nlohmann::json::parse(page.event(0).payload_json)["now_ms"], clock_.now_ms());
+  EXPECT_FALSE(page.next_cursor());
+}
+
+TEST_F(PluginLoaderTest, LoadsCPluginAgainstCurrentHeaders) {
+  Plugin plugin = load_plugin(plugin_path("c_current"), services_);
+  EXPECT_EQ(plugin.info().abi_version.minor, BACKHAUL_ABI_VERSION_MINOR);
+  EXPECT_EQ(plugin.extension("backhaul.anything/1"), nullptr);
+}
+
+TEST_F(PluginLoaderTest, RefusesNewerMajorNamingBothVersions) {
+  std::string error = load_error(plugin_path("newer_major"));
+  EXPECT_NE(error.find("newer_major.so"), std::string::npos) << error;
+  EXPECT_NE(error.find("plugin ABI 2.0"), std::string::npos) << error;
+  EXPECT_NE(error.find("host ABI 1." + std::to_string(BACKHAUL_ABI_VERSION_MINOR)),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(PluginLoaderTest, RefusesNewerMinor) {
+  std::string error = load_error(plugin_path("newer_minor"));
+  EXPECT_NE(error.find("plugin ABI 1.9 is newer than host ABI"), std::string::npos) << error;
+}
+
+TEST_F(PluginLoaderTest, RefusesWrongMagic) {
+  EXPECT_NE(load_error(plugin_path("bad_magic")).find("wrong magic"), std::string::npos);
+}
+
+TEST_F(PluginLoaderTest, RefusesLibraryWithoutEntrySymbol) {
+  std::string error = load_error(plugin_path("no_entry"));
+  EXPECT_NE(error.find("does not export the entry symbol backhaul_entry"), std::string::npos)
+      << error;
+}
+
+TEST_F(PluginLoaderTest, RefusesNonElfFile) {
+  TempDir dir;
+  fs::path fake = dir.path() / "notes.so";
+  std::ofstream(fake) << "this is not a library\n";
+  std::string error = load_error(fake);
+  EXPECT_NE(error.find("notes.so"), std::string::npos) << error;
+  EXPECT_NE(error.find("not an ELF shared object"), std::string::npos) << error;
+}
+
+TEST_F(PluginLoaderTest, RefusesMissingFile) {
+  EXPECT_NE(load_error("/nonexistent/backhaul/x.so").find("file does not exist"),
+            std::string::npos);
+}
+
+TEST_F(PluginLoaderTest, RefusesPluginWhoseInitFails) {
+  std::string error = load_error(plugin_path("init_fails"));
+  EXPECT_NE(error.find("init failed: refusing to start: no licence"), std::string::npos) << error;
+}
+
+TEST_F(PluginLoaderTest, RefusesMalformedMetadata) {
+  EXPECT_NE(load_error(plugin_path("bad_id")).find("does not match [a-z][a-z0-9_-]*"),
+            std::string::npos);
+  EXPECT_NE(load_error(plugin_path("bad_version")).find("version 'one' is not semantic"),
+            std::string::npos);
+  EXPECT_NE(load_error(plugin_path("bad_default")).find("default entity type 'nope'"),
+            std::string::npos);
+}
+
+TEST_F(PluginLoaderTest, RegistryReportsMissingDirectoryAndKeepsWorking) {
+  PluginRegistry registry(services_);
+  auto problems = registry.load_directory("/nonexistent/backhaul/plugins");
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].reason, "plugin directory does not exist");
+  EXPECT_FALSE(registry.load_file(plugin_path("fake")));
+  EXPECT_TRUE(registry.find("fake"));
+}
+
+TEST_F(PluginLoaderTest, RegistrySkipsBrokenAndDuplicatePluginsAndLoadsTheRest) {
+  TempDir dir;
+  dir.add("fake");
+  dir.add("fake_dup");
+  dir.add("newer_major");
+  dir.add("no_entry");
+  dir.add("old_minor");
+  std::ofstream(dir.path() / "garbage.so") << "garbage";
+  std::ofstream(dir.path() / "README.txt") << "not a plugin, ignored";
+
+  PluginRegistry registry(services_);
+  auto problems = registry.load_directory(dir.path());
+  std::map<std::string, std::string> by_file;
+  for (const auto& p : problems) by_file[p.path.filename().string()] = p.reason;
+  ASSERT_EQ(problems.size(), 4u);
+  EXPECT_NE(by_file["fake_dup.so"].find("duplicate plugin id 'fake'"), std::string::npos);
+  EXPECT_NE(by_file["newer_major.so"].find("incompatible"), std::string::npos);
+  EXPECT_NE(by_file["no_entry.so"].find("does not export"), std::string::npos);
+  EXPECT_NE(by_file["garbage.so"].find("not an ELF"), std::string::npos);
+
+  auto plugins = registry.plugins();
+  ASSERT_EQ(plugins.size(), 2u);
+  EXPECT_EQ(plugins[0].info().id, "fake");
+  EXPECT_EQ(plugins[1].info().id, "oldminor");
+  EXPECT_EQ(registry.find("fake")->info().path, dir.path() / "fake.so");
+}
+
+TEST_F(PluginLoaderTest, AllowListRefusesUnlistedHashes) {
+  PluginRegistry registry(services_);
+  registry.set_allowed_sha256({std::string(64, '0')});
+  auto problem = registry.load_file(plugin_path("fake"));
+  ASSERT_TRUE(problem);
+  EXPECT_NE(problem->reason.find("is not in the plugin allow-list"), std::string::npos);
+
+  std::string hash = load_plugin(plugin_path("fake"), services_).info().sha256;
+  registry.set_allowed_sha256({hash});
+  EXPECT_FALSE(registry.load_file(plugin_path("fake")));
+}
+
+TEST_F(PluginLoaderTest, LibraryStaysMappedWhileAPageLives) {
+  TempDir dir;
+  fs::path path = dir.add("fake");
+  std::optional<Page> page;
+  {
+    Plugin plugin = load_plugin(path, services_);
+    Connector connector = plugin.create("{}");
+    page.emplace(connector.fetch_page(params()));
+  }
+  // Plugin and connector are gone; the page still reads plugin memory.
+  EXPECT_TRUE(is_mapped(path));
+  EXPECT_EQ(page->event(0).delivery_id, "fake-inst-1-repo-9-item-1");
+  page.reset();
+  EXPECT_FALSE(is_mapped(path));
+}
+
+TEST_F(PluginLoaderTest, LoadingTheSameLibraryTwiceSharesOneInitializedInstance) {
+  Plugin first = load_plugin(plugin_path("fake"), services_);
+  Plugin second = load_plugin(plugin_path("fake"), services_);
+  EXPECT_EQ(&first.info(), &second.info());
+  Connector connector = second.create("{}");
+  EXPECT_EQ(connector.fetch_page(params()).size(), 2u);
+}
+
+struct FailureCase {
+  const char* mode;
+  backhaul_status_t status;
+  const char* message;
+  int64_t retry_after_ms;
+};
+
+class FailureMappingTest : public PluginLoaderTest,
+                           public ::testing::WithParamInterface<FailureCase> {};
+
+TEST_P(FailureMappingTest, ExceptionsBecomeStatusesWithMessages) {
+  const FailureCase& c = GetParam();
+  Connector connector = load_plugin(plugin_path("fake"), services_)
+                            .create(std::string(R"({"fail": ")") + c.mode + "\"}");
+  try {
+    connector.fetch_page(params());
+    FAIL() << "fetch_page should fail for mode " << c.mode;
+  } catch (const ConnectorFailure& e) {
+    EXPECT_EQ(e.status(), c.status) << status_name(e.status());
+    EXPECT_STREQ(e.what(), c.message);
+    EXPECT_EQ(e.retry_after_ms(), c.retry_after_ms);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllModes, FailureMappingTest,
+    ::testing::Values(FailureCase{"retryable", BACKHAUL_RETRYABLE, "upstream 503", 0},
+                      FailureCase{"rate_limited", BACKHAUL_RATE_LIMITED, "slow down", 5000},
+                      FailureCase{"auth", BACKHAUL_AUTH_EXPIRED, "token expired", 0},
+                      FailureCase{"fatal", BACKHAUL_FATAL, "repository is gone", 0},
+                      FailureCase{"invalid", BACKHAUL_INVALID_ARGUMENT, "bad cursor", 0},
+                      FailureCase{"std_exception", BACKHAUL_FATAL,
+                                  "connector error: bug in connector", 0},
+                      FailureCase{"unknown_exception", BACKHAUL_FATAL,
+                                  "connector error: unknown exception", 0}),
+    [](const auto& param_info) { return std::string(param_info.param.mode); });
+
+TEST_F(PluginLoaderTest, InvalidConfigIsRejectedWithThePluginsMessage) {
+  Plugin plugin = load_plugin(plugin_path("fake"), services_);
+  try {
+    plugin.create(R"({"pages": 0})");
+    FAIL() << "create should fail";
+  } catch (const ConnectorFailure& e) {
+    EXPECT_EQ(e.status(), BACKHAUL_INVALID_ARGUMENT);
+    EXPECT_STREQ(e.what(), "config.pages must be >= 1");
+  }
+  EXPECT_THROW(plugin.validate_config("[]"), ConnectorFailure);
+  EXPECT_NO_THROW(plugin.validate_config("{}"));
+}
+
+TEST_F(PluginLoaderTest, ValidateScopesReportsFatal) {
+  Connector connector = load_plugin(plugin_path("fake"), services_).create("{}");
+  Unit unit{"inst-1", "repo-9", std::nullopt, "bad-token"};
+  try {
+    connector.validate_scopes(unit);
+    FAIL() << "validate_scopes should fail";
+  } catch (const ConnectorFailure& e) {
+    EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+  }
+  unit.access_token = "good";
+  EXPECT_NO_THROW(connector.validate_scopes(unit));
+}
+
+TEST_F(PluginLoaderTest, RateLimitIsReportedThroughThePage) {
+  Connector connector =
+      load_plugin(plugin_path("fake"), services_).create(R"({"rate_limit_remaining": 42})");
+  Page page = connector.fetch_page(params());
+  ASSERT_TRUE(page.rate_limit());
+  EXPECT_EQ(page.rate_limit()->remaining, 42);
+  EXPECT_EQ(page.rate_limit()->limit, 5000);
+  EXPECT_EQ(page.rate_limit()->reset_at_unix_ms, 1234000);
+}
+
+TEST_F(PluginLoaderTest, ConcurrentFetchesOnOneInstanceAreSafe) {
+  Connector connector = load_plugin(plugin_path("fake"), services_).create(R"({"pages": 5})");
+  std::atomic<int> events{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        Page page = connector.fetch_page(params(std::to_string(i % 5 + 1)));
+        events += static_cast<int>(page.size());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(events.load(), 8 * 200 * 2);
+}
+
+}  // namespace
+}  // namespace backhaul::plugins

@@ -1,0 +1,125 @@
+// A configurable connector built with the C++ SDK layer, for the loader and host-service tests.
+//
+// Config (all optional): {"pages": 3, "per_page": 2, "fail": "<mode>", "http_url": "<url>",
+//                         "rate_limit_remaining": N}
+//   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
+//         "unknown_exception" — every fetch_page fails that way.
+//   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
+#include <cstdlib>
+#include <string>
+
+#include "backhaul/connector.hpp"
+
+namespace {
+
+using backhaul::sdk::Error;
+
+const char* const kTypes[] = {"item", "other"};
+const char* const kDefaults[] = {"item"};
+
+constexpr backhaul_descriptor_t kDescriptor = {
+    sizeof(backhaul_descriptor_t),
+    FAKE_PLUGIN_ID,
+    "2.1.0",
+    "Fake",
+    "generates numbered items; for tests",
+    kTypes,
+    2,
+    kDefaults,
+    1,
+    R"({"type":"object","properties":{"pages":{"type":"integer"}}})"};
+
+// A tiny reader for flat {"key": value} configs, so this plugin needs no JSON library.
+std::string config_value(std::string_view config, std::string_view key) {
+  std::string quoted = "\"" + std::string(key) + "\"";
+  size_t k = config.find(quoted);
+  if (k == std::string_view::npos) return {};
+  size_t colon = config.find(':', k + quoted.size());
+  size_t start = config.find_first_not_of(" \t\n", colon + 1);
+  if (start == std::string_view::npos) return {};
+  if (config[start] == '"') {
+    size_t end = config.find('"', start + 1);
+    return std::string(config.substr(start + 1, end - start - 1));
+  }
+  size_t end = config.find_first_of(",} \n", start);
+  return std::string(config.substr(start, end - start));
+}
+
+class FakeConnector final : public backhaul::sdk::Connector {
+ public:
+  explicit FakeConnector(std::string_view config) {
+    validate_config(config);
+    if (auto v = config_value(config, "pages"); !v.empty()) pages_ = std::atoi(v.c_str());
+    if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
+    if (auto v = config_value(config, "rate_limit_remaining"); !v.empty())
+      remaining_ = std::atoi(v.c_str());
+    fail_ = config_value(config, "fail");
+    http_url_ = config_value(config, "http_url");
+  }
+
+  static void validate_config(std::string_view config) {
+    if (config.empty() || config.front() != '{') {
+      throw Error(BACKHAUL_INVALID_ARGUMENT, "config must be a JSON object");
+    }
+    if (auto v = config_value(config, "pages"); !v.empty() && std::atoi(v.c_str()) < 1) {
+      throw Error(BACKHAUL_INVALID_ARGUMENT, "config.pages must be >= 1");
+    }
+  }
+
+  void validate_scopes(const backhaul::sdk::Unit& unit) override {
+    if (unit.access_token == "bad-token") throw Error(BACKHAUL_FATAL, "token cannot read resource");
+  }
+
+  backhaul::sdk::Page fetch_page(const backhaul::sdk::FetchRequest& request) override {
+    fail_if_asked();
+    std::string http_note = "null";
+    if (!http_url_.empty()) {
+      backhaul::sdk::HttpRequest get;
+      get.url = http_url_;
+      get.headers.emplace_back("Authorization", "Bearer " + std::string(request.unit.access_token));
+      auto response = backhaul::sdk::Host::http(get);
+      http_note = "{\"status\":" + std::to_string(response.status()) + ",\"final_url\":\"" +
+                  std::string(response.final_url()) + "\"}";
+    }
+    int page = request.cursor ? std::atoi(std::string(*request.cursor).c_str()) : 1;
+    if (page < 1 || page > pages_) throw Error(BACKHAUL_INVALID_ARGUMENT, "cursor out of range");
+    backhaul::sdk::Page out;
+    for (int i = 0; i < per_page_; ++i) {
+      int n = (page - 1) * per_page_ + i + 1;
+      std::string id = "fake-" + std::string(request.unit.installation_id) + "-" +
+                       std::string(request.unit.resource_id) + "-" +
+                       std::string(request.entity_type) + "-" + std::to_string(n);
+      out.events.push_back({id, std::string(request.entity_type),
+                            "{\"n\":" + std::to_string(n) + ",\"http\":" + http_note +
+                                ",\"now_ms\":" + std::to_string(backhaul::sdk::Host::now_ms()) +
+                                "}"});
+    }
+    out.raw_count = static_cast<uint64_t>(per_page_) + 1;  // pretend one item was filtered
+    if (page < pages_) out.next_cursor = std::to_string(page + 1);
+    if (remaining_ >= 0) out.rate_limit = backhaul::sdk::RateLimit{remaining_, 5000, 1234000};
+    backhaul::sdk::Host::log(BACKHAUL_LOG_DEBUG, "fetched page " + std::to_string(page));
+    return out;
+  }
+
+ private:
+  void fail_if_asked() const {
+    if (fail_.empty()) return;
+    if (fail_ == "retryable") throw Error(BACKHAUL_RETRYABLE, "upstream 503");
+    if (fail_ == "rate_limited") throw Error(BACKHAUL_RATE_LIMITED, "slow down", 5000);
+    if (fail_ == "auth") throw Error(BACKHAUL_AUTH_EXPIRED, "token expired");
+    if (fail_ == "fatal") throw Error(BACKHAUL_FATAL, "repository is gone");
+    if (fail_ == "invalid") throw Error(BACKHAUL_INVALID_ARGUMENT, "bad cursor");
+    if (fail_ == "std_exception") throw std::logic_error("bug in connector");
+    if (fail_ == "unknown_exception") throw 42;
+  }
+
+  int pages_ = 3;
+  int per_page_ = 2;
+  int64_t remaining_ = -1;
+  std::string fail_;
+  std::string http_url_;
+};
+
+}  // namespace
+
+BACKHAUL_DEFINE_CONNECTOR(FakeConnector, kDescriptor);
