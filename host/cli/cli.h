@@ -17,6 +17,8 @@ int run(int argc, char** argv);
 // Subcommand registration; each adds itself to `app` and sets its callback.
 void add_fetch_command(CLI::App& app);
 void add_plugin_command(CLI::App& app);
+// Adds `validate` under the `plugin` subcommand (validate_command.cpp).
+void add_validate_command(CLI::App& plugin);
 
 // Plugin lookup shared by subcommands: `spec` is a path to a .so, or a plugin id searched in
 // `dirs` (then next to the executable in ../plugins, then the installed plugin directory).

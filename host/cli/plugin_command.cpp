@@ -68,6 +68,7 @@ void add_plugin_command(CLI::App& app) {
   info->add_option("--plugin-dir", o->plugin_dirs, "directory to search for a plugin id");
   info->add_flag("--json", o->json, "print as JSON");
   info->callback([o] { run_info(*o); });
+  add_validate_command(*plugin);
 }
 
 }  // namespace backhaul::cli

@@ -1,0 +1,610 @@
+#include "core/http/poco_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <istream>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <Poco/Exception.h>
+#include <Poco/Net/Context.h>
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPMessage.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/HTTPSClientSession.h>
+#include <Poco/Net/NetException.h>
+#include <Poco/Net/NetSSL.h>
+#include <Poco/Net/SSLException.h>
+#include <Poco/Net/Socket.h>
+#include <Poco/Net/SocketAddress.h>
+#include <Poco/Timespan.h>
+
+#include "core/common/redact.h"
+
+// How an exchange runs:
+//   1. The URL and headers are checked before any I/O (RequestError).
+//   2. An idle keep-alive session for the origin is taken from the pool, or a new one is opened.
+//      An idle session whose socket turned readable (the server closed it, or sent stray bytes) is
+//      discarded at checkout.
+//   3. Connect (explicitly, so that connect failures are reported as such), send the request,
+//      read the header and the whole body, each step bounded by what is left of the request's
+//      timeout (applied as the socket send/receive timeout before each step).
+//   4. The session goes back to the pool only if the body was read to its end, the response was
+//      length-delimited (Content-Length or chunked) and the server did not say Connection: close.
+// A reused connection can still turn out dead when the request is sent (the server closed it a
+// moment before): such a failure is retried once on a fresh connection, but only when no byte of
+// a response arrived and either the request is idempotent or the failure happened while sending.
+// Every Poco exception leaves perform() as a TransportError.
+
+namespace backhaul::http {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kMaxHeaderBytes = 1 << 20;
+constexpr int kMaxHeaderFields = 1000;  // Poco's default limit is 100
+constexpr std::streamsize kReadChunk = 16 * 1024;
+
+// Where an exchange failed: for the error text and the retry decision.
+enum class Phase { kConnecting = 1, kSending, kWaiting, kReading };
+
+struct Progress {
+  Phase phase = Phase::kConnecting;
+  bool response_bytes = false;  // a byte of the response arrived
+};
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                            [](char x, char y) { return lower(x) == lower(y); });
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// RFC 9110 token (method, header name).
+bool is_token(std::string_view s) {
+  static constexpr std::string_view kSymbols = "!#$%&'*+-.^_`|~";
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           kSymbols.find(c) != std::string_view::npos;
+  });
+}
+
+bool is_idempotent(std::string_view method) {
+  for (std::string_view m : {"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"}) {
+    if (iequals(method, m)) return true;
+  }
+  return false;
+}
+
+Poco::Timespan to_timespan(milliseconds ms) {
+  return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(ms.count()) * 1000);
+}
+
+// Time left until `deadline`; a Poco timeout once it has passed, so that it is reported as one.
+milliseconds remaining(SteadyClock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now());
+  if (left <= milliseconds(0)) throw Poco::TimeoutException("request deadline passed");
+  return left;
+}
+
+std::string describe(const Request& request, std::string_view reason) {
+  std::string message = request.method;
+  message.append(" ").append(redact(request.url)).append(": ").append(reason);
+  return message;
+}
+
+// The parts of an absolute http(s) URL the transport needs.
+struct Target {
+  bool tls = false;
+  std::string host;  // lower case; an IPv6 address without brackets
+  uint16_t port = 0;
+  std::string request_target;  // path and query as given ("/" when empty); no fragment
+  std::string host_header;     // host[:port], the port only when not the scheme's default
+  std::string pool_key;        // scheme://host:port
+};
+
+[[noreturn]] void invalid_url(std::string_view url, std::string_view why) {
+  throw RequestError("invalid url " + redact(url) + ": " + std::string(why));
+}
+
+Target parse_target(std::string_view url) {
+  // Also keeps CR/LF out of the request line.
+  for (char c : url) {
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) {
+      invalid_url(url, "whitespace or control character");
+    }
+  }
+  const size_t separator = url.find("://");
+  if (separator == std::string_view::npos) invalid_url(url, "not an absolute http(s) url");
+  const std::string scheme = to_lower(url.substr(0, separator));
+  Target target;
+  if (scheme == "https") {
+    target.tls = true;
+  } else if (scheme != "http") {
+    throw RequestError("unsupported url scheme \"" + redact(scheme) + "\" in " + redact(url));
+  }
+  const uint16_t default_port = target.tls ? 443 : 80;
+
+  std::string_view rest = url.substr(separator + 3);
+  const size_t authority_end = std::min(rest.find_first_of("/?#"), rest.size());
+  std::string_view authority = rest.substr(0, authority_end);
+  rest.remove_prefix(authority_end);
+  // Userinfo is not turned into credentials: requests carry their own Authorization header.
+  if (const size_t at = authority.rfind('@'); at != std::string_view::npos) {
+    authority.remove_prefix(at + 1);
+  }
+
+  std::string_view host;
+  std::string_view port_text;
+  bool ipv6 = false;
+  if (!authority.empty() && authority.front() == '[') {
+    const size_t close = authority.find(']');
+    if (close == std::string_view::npos) invalid_url(url, "unterminated ipv6 address");
+    host = authority.substr(1, close - 1);
+    ipv6 = true;
+    const std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') invalid_url(url, "invalid authority");
+      port_text = after.substr(1);
+    }
+  } else {
+    const size_t colon = authority.find(':');
+    host = authority.substr(0, colon);
+    if (colon != std::string_view::npos) port_text = authority.substr(colon + 1);
+  }
+  if (host.empty()) invalid_url(url, "no host");
+  target.host = to_lower(host);
+  target.port = default_port;
+  if (!port_text.empty()) {
+    unsigned value = 0;
+    for (char c : port_text) {
+      if (c < '0' || c > '9' || value > 65535) invalid_url(url, "invalid port");
+      value = value * 10 + static_cast<unsigned>(c - '0');
+    }
+    if (value == 0 || value > 65535) invalid_url(url, "invalid port");
+    target.port = static_cast<uint16_t>(value);
+  }
+
+  rest = rest.substr(0, std::min(rest.find('#'), rest.size()));
+  if (rest.empty() || rest.front() == '?') target.request_target = "/";
+  target.request_target.append(rest);
+
+  const std::string bracketed = ipv6 ? "[" + target.host + "]" : target.host;
+  const std::string port_suffix = ":" + std::to_string(target.port);
+  target.host_header = target.port == default_port ? bracketed : bracketed + port_suffix;
+  target.pool_key = scheme + "://" + bracketed + port_suffix;
+  return target;
+}
+
+void validate(const Request& request) {
+  if (!is_token(request.method)) {
+    throw RequestError("invalid http method for " + redact(request.url));
+  }
+  for (const auto& [name, value] : request.headers) {
+    if (!is_token(name)) {
+      throw RequestError("invalid header name in request to " + redact(request.url));
+    }
+    // Header values are not echoed: they may be credentials.
+    if (value.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+      throw RequestError("invalid value for header " + name + " in request to " +
+                         redact(request.url));
+    }
+  }
+  if (request.timeout <= milliseconds(0)) {
+    throw RequestError("non-positive timeout for " + redact(request.url));
+  }
+}
+
+// Header fields of a raw response header (status line first), in arrival order, names in lower
+// case. Obsolete line folding is joined with a space.
+Headers parse_fields(std::string_view raw) {
+  Headers fields;
+  bool status_line = true;
+  while (!raw.empty()) {
+    const size_t eol = raw.find('\n');
+    std::string_view line = raw.substr(0, eol);
+    raw.remove_prefix(eol == std::string_view::npos ? raw.size() : eol + 1);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (status_line) {
+      status_line = false;
+      continue;
+    }
+    if (line.empty()) break;
+    if (line.front() == ' ' || line.front() == '\t') {
+      const std::string_view more = trim(line);
+      if (!fields.empty() && !more.empty()) fields.back().second.append(" ").append(more);
+      continue;
+    }
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string_view name = trim(line.substr(0, colon));
+    if (name.empty()) continue;
+    fields.emplace_back(to_lower(name), std::string(trim(line.substr(colon + 1))));
+  }
+  return fields;
+}
+
+// Poco::Net::HTTPResponse that also keeps the header fields as they arrived: Poco's own collection
+// groups repeated names together, and Response::headers is in arrival order. It also records
+// whether any byte of the response arrived, for the retry decision.
+class RecordingResponse final : public Poco::Net::HTTPResponse {
+ public:
+  explicit RecordingResponse(Progress& progress) : progress_(progress) {
+    setFieldLimit(kMaxHeaderFields);
+  }
+
+  // Called by HTTPClientSession::receiveResponse() with a stream that ends after the blank line
+  // closing the header; called again after each 100 Continue.
+  void read(std::istream& in) override {
+    in.exceptions(std::ios::badbit);  // socket errors leave as the original Poco exception
+    std::string raw;
+    char buffer[4096];
+    while (in.read(buffer, sizeof buffer), in.gcount() > 0) {
+      progress_.response_bytes = true;
+      raw.append(buffer, static_cast<size_t>(in.gcount()));
+      if (raw.size() > kMaxHeaderBytes) {
+        throw Poco::Net::MessageException("response header larger than 1 MiB");
+      }
+    }
+    if (raw.empty()) throw Poco::Net::NoMessageException();
+    const std::string_view view(raw);
+    if (!view.ends_with("\n\n") && !view.ends_with("\n\r\n")) {
+      throw Poco::Net::MessageException("incomplete response header");
+    }
+    fields_ = parse_fields(raw);
+    std::istringstream copy(raw);
+    Poco::Net::HTTPResponse::read(copy);
+  }
+
+  Headers take_fields() { return std::move(fields_); }
+
+ private:
+  Progress& progress_;
+  Headers fields_;
+};
+
+// A keep-alive connection to one origin, HTTP or HTTPS.
+class PooledSession {
+ public:
+  virtual ~PooledSession() = default;
+  virtual Poco::Net::HTTPClientSession& http() = 0;
+  // Connects unless connected.
+  virtual void connect_now() = 0;
+  // True when the idle connection is open and the server has sent nothing since the last
+  // response: a readable idle socket means EOF, a reset or stray bytes, all of them unusable.
+  virtual bool usable_when_idle() = 0;
+};
+
+// Counts every TCP connection the Poco session opens, including the reconnects Poco makes by
+// itself (after its keep-alive timeout, or when the first write on a kept-alive socket fails).
+template <class PocoSession>
+class CountingSession final : public PocoSession, public PooledSession {
+ public:
+  template <class... Args>
+  explicit CountingSession(std::atomic<size_t>& opened, Args&&... args)
+      : PocoSession(std::forward<Args>(args)...), opened_(opened) {
+    this->setKeepAlive(true);
+  }
+
+  Poco::Net::HTTPClientSession& http() override { return *this; }
+
+  void connect_now() override {
+    if (!this->connected()) this->reconnect();
+  }
+
+  bool usable_when_idle() override {
+    return this->connected() && this->buffered() == 0 &&
+           !this->socket().poll(Poco::Timespan(0),
+                                Poco::Net::Socket::SELECT_READ | Poco::Net::Socket::SELECT_ERROR);
+  }
+
+ protected:
+  void connect(const Poco::Net::SocketAddress& address) override {
+    PocoSession::connect(address);
+    opened_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<size_t>& opened_;
+};
+
+void set_io_timeouts(Poco::Net::HTTPClientSession& session, milliseconds left) {
+  const Poco::Timespan timeout = to_timespan(left);
+  session.socket().setReceiveTimeout(timeout);
+  session.socket().setSendTimeout(timeout);
+}
+
+// A failed stream operation: the socket error Poco stored, or a generic one.
+void check(const std::ios& stream, const Poco::Net::HTTPClientSession& session) {
+  if (!stream.bad()) return;
+  if (const Poco::Exception* e = session.networkException()) e->rethrow();
+  throw Poco::Net::NetException("i/o error");
+}
+
+// The text of a Poco exception without its class description when it has a message of its own
+// ("error:0A000086:SSL routines::certificate verify failed", not "SSL Exception: error:…").
+std::string detail(const Poco::Exception& e) {
+  return e.message().empty() ? e.displayText() : e.message();
+}
+
+std::string failure_reason(const Poco::Exception& e, Phase phase) {
+  if (dynamic_cast<const Poco::Net::ConnectionRefusedException*>(&e)) return "connection refused";
+  if (dynamic_cast<const Poco::Net::DNSException*>(&e)) {
+    return "cannot resolve host: " + detail(e);
+  }
+  if (dynamic_cast<const Poco::Net::SSLException*>(&e)) return "tls: " + detail(e);
+  if (dynamic_cast<const Poco::Net::NoMessageException*>(&e)) {
+    return "connection closed before a response arrived";
+  }
+  if (dynamic_cast<const Poco::Net::MessageException*>(&e)) {
+    return "malformed response: " + detail(e);
+  }
+  switch (phase) {
+    case Phase::kConnecting:
+      return "connect failed: " + e.displayText();
+    case Phase::kSending:
+      return "sending the request failed: " + e.displayText();
+    case Phase::kWaiting:
+      return "receiving the response failed: " + e.displayText();
+    case Phase::kReading:
+      return "reading the response body failed: " + e.displayText();
+  }
+  return e.displayText();
+}
+
+std::string timeout_reason(Phase phase, milliseconds request_timeout,
+                           milliseconds connect_timeout) {
+  switch (phase) {
+    case Phase::kConnecting:
+      return "connect timeout after " +
+             std::to_string(std::min(request_timeout, connect_timeout).count()) + " ms";
+    case Phase::kSending:
+      return "timeout after " + std::to_string(request_timeout.count()) +
+             " ms while sending the request";
+    case Phase::kWaiting:
+      return "timeout after " + std::to_string(request_timeout.count()) +
+             " ms waiting for the response";
+    case Phase::kReading:
+      return "timeout after " + std::to_string(request_timeout.count()) +
+             " ms reading the response body";
+  }
+  return "timeout";
+}
+
+// Balances Poco::Net::initializeSSL(), which is reference-counted.
+struct SslLibrary {
+  SslLibrary() { Poco::Net::initializeSSL(); }
+  ~SslLibrary() { Poco::Net::uninitializeSSL(); }
+  SslLibrary(const SslLibrary&) = delete;
+  SslLibrary& operator=(const SslLibrary&) = delete;
+};
+
+}  // namespace
+
+struct PocoTransport::Impl {
+  explicit Impl(PocoTransportOptions o) : options(std::move(o)) {}
+
+  SslLibrary ssl;  // first member: outlives every TLS object below
+  const PocoTransportOptions options;
+  std::atomic<size_t> opened{0};
+
+  std::mutex mutex;
+  Poco::Net::Context::Ptr tls_context;  // guarded by mutex; made on the first https request
+  // Idle sessions per pool key, most recently used last. Guarded by mutex.
+  std::map<std::string, std::vector<std::unique_ptr<PooledSession>>> idle;
+
+  Poco::Net::Context::Ptr context();
+  std::unique_ptr<PooledSession> take_idle(const std::string& key);
+  std::unique_ptr<PooledSession> open(const Target& target);
+  void give_back(const std::string& key, std::unique_ptr<PooledSession> session);
+  Response exchange(PooledSession& pooled, const Target& target, const Request& request,
+                    SteadyClock::time_point deadline, Progress& progress, bool& reusable);
+};
+
+Poco::Net::Context::Ptr PocoTransport::Impl::context() {
+  std::lock_guard lock(mutex);
+  if (!tls_context) {
+    Poco::Net::Context::Params params;
+    params.caLocation = options.ca_file;
+    params.loadDefaultCAs = options.ca_file.empty();
+    params.verificationMode =
+        options.verify_peer ? Poco::Net::Context::VERIFY_RELAXED : Poco::Net::Context::VERIFY_NONE;
+    params.cipherList = "DEFAULT";  // OpenSSL's vetted list rather than Poco's "ALL:…"
+    Poco::Net::Context::Ptr created =
+        new Poco::Net::Context(Poco::Net::Context::TLS_CLIENT_USE, params);
+    created->requireMinimumProtocol(Poco::Net::Context::PROTO_TLSV1_2);
+    tls_context = created;
+  }
+  return tls_context;
+}
+
+std::unique_ptr<PooledSession> PocoTransport::Impl::take_idle(const std::string& key) {
+  for (;;) {
+    std::unique_ptr<PooledSession> session;
+    {
+      std::lock_guard lock(mutex);
+      const auto it = idle.find(key);
+      if (it == idle.end() || it->second.empty()) return nullptr;
+      session = std::move(it->second.back());
+      it->second.pop_back();
+    }
+    if (session->usable_when_idle()) return session;
+    // A dead one is closed here, outside the lock.
+  }
+}
+
+std::unique_ptr<PooledSession> PocoTransport::Impl::open(const Target& target) {
+  if (!target.tls) {
+    return std::make_unique<CountingSession<Poco::Net::HTTPClientSession>>(opened, target.host,
+                                                                           target.port);
+  }
+  return std::make_unique<CountingSession<Poco::Net::HTTPSClientSession>>(opened, target.host,
+                                                                          target.port, context());
+}
+
+void PocoTransport::Impl::give_back(const std::string& key,
+                                    std::unique_ptr<PooledSession> session) {
+  {
+    std::lock_guard lock(mutex);
+    auto& sessions = idle[key];
+    if (sessions.size() < options.max_idle_per_origin) {
+      sessions.push_back(std::move(session));
+      return;
+    }
+  }
+  // The pool is full: the session is closed here, outside the lock.
+}
+
+Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& target,
+                                       const Request& request, SteadyClock::time_point deadline,
+                                       Progress& progress, bool& reusable) {
+  Poco::Net::HTTPClientSession& session = pooled.http();
+
+  progress.phase = Phase::kConnecting;
+  {
+    const milliseconds left = remaining(deadline);
+    // Also what Poco applies to a connection it reopens by itself inside sendRequest().
+    session.setTimeout(to_timespan(std::min(options.connect_timeout, left)), to_timespan(left),
+                       to_timespan(left));
+  }
+  pooled.connect_now();
+
+  progress.phase = Phase::kSending;
+  set_io_timeouts(session, remaining(deadline));
+  Poco::Net::HTTPRequest poco_request(request.method, target.request_target,
+                                      Poco::Net::HTTPMessage::HTTP_1_1);
+  bool has_user_agent = false;
+  for (const auto& [name, value] : request.headers) {
+    // Message framing is the transport's business.
+    if (iequals(name, "content-length") || iequals(name, "transfer-encoding")) continue;
+    if (iequals(name, "user-agent")) has_user_agent = true;
+    poco_request.add(name, value);
+  }
+  if (!poco_request.has("Host")) poco_request.setHost(target.host_header);
+  if (!has_user_agent && !options.user_agent.empty()) {
+    poco_request.set("User-Agent", options.user_agent);
+  }
+  if (request.body) {
+    poco_request.setContentLength64(static_cast<Poco::Int64>(request.body->size()));
+  } else if (iequals(request.method, "POST") || iequals(request.method, "PUT") ||
+             iequals(request.method, "PATCH")) {
+    poco_request.setContentLength64(0);  // or the server would wait for a body
+  }
+  std::ostream& out = session.sendRequest(poco_request);
+  if (request.body) {
+    out.write(request.body->data(), static_cast<std::streamsize>(request.body->size()));
+  }
+  out.flush();
+  check(out, session);
+
+  progress.phase = Phase::kWaiting;
+  session.socket().setReceiveTimeout(to_timespan(remaining(deadline)));
+  RecordingResponse response(progress);
+  std::istream* body_stream = &session.receiveResponse(response);
+  // Poco skips 100 Continue itself; other interim responses (103 Early Hints) are skipped here.
+  while (response.getStatus() >= 100 && response.getStatus() < 200 &&
+         response.getStatus() != Poco::Net::HTTPResponse::HTTP_SWITCHING_PROTOCOLS) {
+    body_stream = &session.receiveResponse(response);
+  }
+  std::istream& in = *body_stream;
+
+  progress.phase = Phase::kReading;
+  Response result;
+  result.status = static_cast<int>(response.getStatus());
+  result.headers = response.take_fields();
+  result.url = request.url;
+
+  const size_t limit = options.max_response_bytes;
+  const auto too_large = [&] {
+    return TransportError(describe(request, "response body larger than max_response_bytes (" +
+                                                std::to_string(limit) + " bytes)"));
+  };
+  const bool has_body = !iequals(request.method, "HEAD") && result.status >= 200 &&
+                        result.status != 204 && result.status != 304;
+  if (has_body) {
+    const bool has_length = response.hasContentLength();
+    const Poco::Int64 length = has_length ? response.getContentLength64() : 0;
+    if (has_length && static_cast<Poco::UInt64>(length) > limit) throw too_large();
+    if (has_length) result.body.reserve(static_cast<size_t>(length));
+    in.exceptions(std::ios::badbit);  // socket and chunk-format errors leave as Poco exceptions
+    char buffer[kReadChunk];
+    do {
+      session.socket().setReceiveTimeout(to_timespan(remaining(deadline)));
+      in.read(buffer, kReadChunk);
+      const auto n = static_cast<size_t>(in.gcount());
+      if (result.body.size() + n > limit) throw too_large();
+      result.body.append(buffer, n);
+    } while (in);
+    // Poco ends a fixed-length body quietly when the connection closes early.
+    if (has_length && result.body.size() < static_cast<size_t>(length)) {
+      throw TransportError(describe(request, "connection closed after " +
+                                                 std::to_string(result.body.size()) + " of " +
+                                                 std::to_string(length) + " body bytes"));
+    }
+  }
+  // A body delimited by the end of the connection leaves nothing to reuse.
+  const bool delimited =
+      !has_body || response.getChunkedTransferEncoding() || response.hasContentLength();
+  reusable = delimited && response.getKeepAlive() && session.connected();
+  return result;
+}
+
+PocoTransport::PocoTransport(PocoTransportOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+PocoTransport::~PocoTransport() = default;
+
+Response PocoTransport::perform(const Request& request) {
+  const Target target = parse_target(request.url);
+  validate(request);
+  const SteadyClock::time_point deadline = SteadyClock::now() + request.timeout;
+
+  bool retried = false;
+  for (;;) {
+    std::unique_ptr<PooledSession> session = retried ? nullptr : impl_->take_idle(target.pool_key);
+    const bool reused = session != nullptr;
+    Progress progress;
+    try {
+      if (!session) session = impl_->open(target);
+      bool reusable = false;
+      Response response = impl_->exchange(*session, target, request, deadline, progress, reusable);
+      if (reusable) impl_->give_back(target.pool_key, std::move(session));
+      return response;
+    } catch (const Poco::TimeoutException&) {
+      // Never retried: the server is slow, not gone, and the deadline covers the whole call.
+      throw TransportError(describe(request, timeout_reason(progress.phase, request.timeout,
+                                                            impl_->options.connect_timeout)));
+    } catch (const Poco::Exception& e) {
+      // A kept-alive connection the server had already closed. Retrying is safe when the server
+      // cannot have acted on the request: it answered nothing, and the request is idempotent or
+      // was not completely sent.
+      const bool stale = reused && !progress.response_bytes &&
+                         (is_idempotent(request.method) || progress.phase == Phase::kSending);
+      if (stale && !retried) {
+        retried = true;
+        continue;
+      }
+      throw TransportError(describe(request, failure_reason(e, progress.phase)));
+    }
+  }
+}
+
+size_t PocoTransport::connections_opened() const {
+  return impl_->opened.load(std::memory_order_relaxed);
+}
+
+}  // namespace backhaul::http

@@ -1,0 +1,50 @@
+#include "core/jobs/circuit_breaker.h"
+
+namespace backhaul::jobs {
+
+CircuitDecision decide(const CircuitRecord& r, int64_t now_ms) {
+  if (r.state == "closed") return {true, 0};
+  if (r.state == "open") {
+    if (now_ms >= r.retry_at_ms) return {true, 0};
+    return {false, r.retry_at_ms};
+  }
+  // half_open: one probe is running; if it never reported (crashed host), allow another after
+  // the same wait so the circuit cannot stay stuck.
+  if (now_ms >= r.retry_at_ms) return {true, 0};
+  return {false, r.retry_at_ms};
+}
+
+CircuitRecord begin_probe(const CircuitRecord& r, int64_t now_ms) {
+  CircuitRecord next = r;
+  if (r.state == "open" && now_ms >= r.retry_at_ms) {
+    next.state = "half_open";
+    // Another probe may start if this one does not report back within the open period.
+    next.retry_at_ms = now_ms + (r.retry_at_ms - r.opened_ms);
+    next.updated_ms = now_ms;
+  }
+  return next;
+}
+
+CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const CircuitPolicy& p,
+                           int64_t now_ms) {
+  CircuitRecord next = r;
+  next.updated_ms = now_ms;
+  if (event == CircuitEvent::kSuccess) {
+    next.state = "closed";
+    next.failures = 0;
+    next.opened_ms = 0;
+    next.retry_at_ms = 0;
+    return next;
+  }
+  if (r.state == "closed") {
+    next.failures = r.failures + 1;
+    if (next.failures < p.failure_threshold) return next;
+  }
+  // A failure that trips the threshold, or any failure while open or half-open, (re)opens it.
+  next.state = "open";
+  next.opened_ms = now_ms;
+  next.retry_at_ms = now_ms + p.open_ms;
+  return next;
+}
+
+}  // namespace backhaul::jobs

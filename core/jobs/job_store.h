@@ -1,0 +1,257 @@
+// The storage interface of the job queue (SPEC D2) and its two backends' shared contract. Every
+// method is one atomic transaction; every transition of a running job is conditional on its lease
+// token (fencing): a worker whose lease expired and was taken over cannot write. Methods are
+// [thread-safe]; implementations may merge concurrent calls into one transaction (group commit)
+// but return only after their own change is durable.
+//
+// Cancellation rule: a job whose cancel was requested while it ran never goes back to queued —
+// whichever transition would requeue it (fail with attempts left, defer, release,
+// wait_for_children, a sweep of its expired lease) makes it kCancelled instead (finished_ms set,
+// parent notified as for any terminal state). complete() still records success.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/common/errors.h"
+#include "core/jobs/job.h"
+
+namespace backhaul::jobs {
+
+// The lease token no longer matches (expired and re-claimed, released, or the job was cancelled
+// and finished): the caller must stop working on the job and write nothing more.
+class LeaseLost : public StorageError {
+ public:
+  using StorageError::StorageError;
+};
+
+class JobNotFound : public StorageError {
+ public:
+  using StorageError::StorageError;
+};
+
+// The operation does not apply to the job's current state (e.g. replacing the checkpoint of a
+// running job, retrying a dead letter that is resolved). The message names the state.
+class InvalidTransition : public StorageError {
+ public:
+  using StorageError::StorageError;
+};
+
+struct EnqueueResult {
+  JobId id = 0;
+  bool created = false;  // false: an active job with the same (kind, dedupe_key) exists; id is it
+};
+
+struct ClaimRequest {
+  std::string owner;                // host/worker id, recorded as lease_owner
+  size_t limit = 1;                 // claim at most this many
+  int64_t now_ms = 0;
+  int64_t lease_ms = 30'000;        // lease length
+  std::vector<std::string> kinds;   // only these kinds; empty = any
+};
+
+// Concurrency caps per job kind (SPEC D7): at most `per_key` running jobs of this kind per
+// concurrency key, and at most `global` of this kind in all, across every host sharing the store.
+// 0 = unlimited.
+struct Caps {
+  int per_key = 0;
+  int global = 0;
+};
+
+struct HeartbeatResult {
+  int64_t lease_expires_ms = 0;
+  bool cancel_requested = false;  // the job was cancelled: stop at this page boundary
+};
+
+// How a failed attempt ends. The caller computes the delay (RetryPolicy, injected jitter).
+struct Failure {
+  std::string error;
+  bool fatal = false;          // FATAL: straight to dead letters, whatever attempts remain
+  int64_t retry_delay_ms = 0;  // run_after = now + delay when attempts remain
+};
+
+struct SweepResult {
+  int requeued = 0;       // leases expired, attempts remained: queued again (attempt counted)
+  int dead = 0;           // leases expired, no attempts left: dead with a clear error
+  int parents_woken = 0;  // waiting parents whose children-wait deadline passed
+};
+
+enum class CancelOutcome {
+  kCancelled = 1,     // was queued or waiting: now cancelled (with its active children)
+  kRequested,         // was running: the worker learns at its next heartbeat or checkpoint
+  kAlreadyFinished,   // terminal already; nothing changed
+};
+
+struct JobQuery {
+  std::optional<JobStatus> status;
+  std::optional<std::string> kind;
+  std::optional<std::string> concurrency_key;
+  std::optional<JobId> parent_id;
+  std::optional<JobId> before_id;  // paging cursor: only ids < before_id
+  size_t limit = 50;
+};
+
+struct JobPage {
+  std::vector<Job> jobs;           // newest first (id descending)
+  std::optional<JobId> next_before;  // pass as before_id for the next page; nullopt = last page
+};
+
+// Dead letters (SPEC D5): one row per dead job, kept in step with the job.
+enum class DeadLetterStatus { kPending = 1, kRetrying, kResolved, kIgnored };
+std::string_view to_string(DeadLetterStatus status);
+std::optional<DeadLetterStatus> parse_dead_letter_status(std::string_view text);
+
+struct DeadLetter {
+  int64_t id = 0;
+  JobId job_id = 0;
+  std::string kind;
+  std::string concurrency_key;
+  DeadLetterStatus status = DeadLetterStatus::kPending;
+  std::string error;  // the error that killed the job most recently
+  int retries = 0;    // times an operator retried it
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+};
+
+struct DeadLetterQuery {
+  std::optional<DeadLetterStatus> status;
+  std::optional<std::string> kind;
+  std::optional<std::string> concurrency_key;
+  std::optional<int64_t> before_id;
+  size_t limit = 50;
+};
+
+struct DeadLetterPage {
+  std::vector<DeadLetter> items;  // newest first
+  std::optional<int64_t> next_before;
+};
+
+// The state of one circuit breaker, stored so every host sees the same circuit (SPEC E4).
+struct CircuitRecord {
+  std::string state = "closed";  // "closed" | "open" | "half_open"
+  int failures = 0;              // consecutive failures while closed
+  int64_t opened_ms = 0;
+  int64_t retry_at_ms = 0;       // when an open circuit may be probed (half-open)
+  int64_t updated_ms = 0;
+};
+
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+
+  // Applies the versioned migrations in schemas/sql/<backend>/ that are not applied yet.
+  // Returns the schema version now in force. Safe to call from several hosts at once.
+  virtual int migrate() = 0;
+  virtual std::string backend() const = 0;  // "sqlite" | "mysql"
+
+  // --- producing ---------------------------------------------------------------------------
+  // With parent_id, the parent's pending_children grows by one in the same transaction.
+  virtual EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) = 0;
+  // All or nothing, one transaction; results in input order.
+  virtual std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
+                                                   int64_t now_ms) = 0;
+
+  // --- consuming ---------------------------------------------------------------------------
+  // Atomically takes up to `limit` queued jobs whose run_after has come, in (priority,
+  // run_after, id) order, skipping keys at their cap and kinds at their global cap. Each claimed
+  // job is running with a new lease token, attempts + 1, and an attempt row.
+  virtual std::vector<Claimed> claim(const ClaimRequest& request) = 0;
+
+  // Renews the lease and, when given, replaces the checkpoint in the same transaction.
+  virtual HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms,
+                                    int64_t lease_ms,
+                                    const std::optional<std::string>& checkpoint) = 0;
+  virtual void complete(JobId id, const std::string& token, const std::string& result_json,
+                        int64_t now_ms) = 0;
+  // Returns the resulting status: kQueued (will retry) or kDead.
+  virtual JobStatus fail(JobId id, const std::string& token, const Failure& failure,
+                         int64_t now_ms) = 0;
+  // "Wait until T" (rate limit, throttle, open circuit): back to queued with run_after, and the
+  // attempt is not counted. `reason` is recorded in the attempt history.
+  virtual void defer(JobId id, const std::string& token, int64_t run_after_ms,
+                     const std::string& reason, int64_t now_ms) = 0;
+  // Graceful drain: back to queued at once, attempt not counted.
+  virtual void release(JobId id, const std::string& token, int64_t now_ms) = 0;
+  // Fan-in: the parent stops running and waits for its children (attempt not counted). It
+  // becomes queued again when pending_children reaches 0, or at deadline_ms.
+  virtual void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
+                                 const std::optional<std::string>& checkpoint,
+                                 int64_t now_ms) = 0;
+
+  // --- recovery ----------------------------------------------------------------------------
+  // Expired leases: queued again (the attempt counts) or, with no attempts left, dead with
+  // "lease expired after N attempts (worker crashed or hung)". Waiting parents past their
+  // deadline become queued. Concurrent sweeps from several hosts are safe.
+  virtual SweepResult sweep(int64_t now_ms) = 0;
+  // Deletes finished (succeeded, cancelled, dead with a resolved/ignored letter) jobs that
+  // finished before `before_ms`, with their attempts. Returns the number of jobs deleted.
+  virtual int64_t prune(int64_t finished_before_ms) = 0;
+
+  // --- cancellation --------------------------------------------------------------------------
+  virtual CancelOutcome cancel(JobId id, int64_t now_ms) = 0;
+  // Every active job with this concurrency key (all kinds when kind is empty). Returns how many
+  // were cancelled or asked to stop.
+  virtual int cancel_key(const std::string& concurrency_key, const std::string& kind,
+                         int64_t now_ms) = 0;
+
+  // --- reading -----------------------------------------------------------------------------
+  virtual std::optional<Job> get(JobId id) = 0;
+  virtual JobPage list(const JobQuery& query) = 0;
+  virtual std::vector<Attempt> attempts(JobId id) = 0;
+  // Number of jobs by (kind, status).
+  virtual std::map<std::pair<std::string, JobStatus>, int64_t> counts() = 0;
+  // Replaces (or clears) the checkpoint of a job that is not running (operators repairing a
+  // cursor). Throws InvalidTransition when it is running, JobNotFound when absent.
+  virtual void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
+                              int64_t now_ms) = 0;
+
+  // --- caps ----------------------------------------------------------------------------------
+  virtual void set_caps(const std::string& kind, Caps caps) = 0;
+  virtual std::map<std::string, Caps> caps() = 0;
+  // The highest number of jobs of `kind` ever running at once for `concurrency_key` ("" = all
+  // keys of the kind), as recorded at claim time.
+  virtual int max_running_seen(const std::string& kind, const std::string& concurrency_key) = 0;
+  virtual int running(const std::string& kind, const std::string& concurrency_key) = 0;
+
+  // --- throttle (token bucket per key, shared by every host) --------------------------------
+  // Takes `cost` tokens from the bucket `key` (capacity `capacity`, refilled at
+  // `refill_per_hour`). Returns 0 when granted, else the milliseconds until it would be.
+  virtual int64_t take_tokens(const std::string& key, double cost, double capacity,
+                              double refill_per_hour, int64_t now_ms) = 0;
+
+  // --- circuit breakers ------------------------------------------------------------------------
+  // Reads the record (a closed one when absent), applies `next`, stores and returns the result,
+  // in one transaction.
+  virtual CircuitRecord update_circuit(
+      const std::string& name, const std::function<CircuitRecord(const CircuitRecord&)>& next) = 0;
+
+  // --- dead letters ----------------------------------------------------------------------------
+  virtual DeadLetterPage list_dead_letters(const DeadLetterQuery& query) = 0;
+  virtual std::optional<DeadLetter> get_dead_letter(int64_t id) = 0;
+  // Counts by (kind, status).
+  virtual std::map<std::pair<std::string, DeadLetterStatus>, int64_t> dead_letter_stats() = 0;
+  // The job goes back to queued with attempts reset; the letter becomes retrying. When the job
+  // succeeds the letter is resolved; when it dies again the letter is pending with the new error.
+  // Throws InvalidTransition unless the letter is pending (or ignored).
+  virtual void retry_dead_letter(int64_t id, int64_t now_ms) = 0;
+  // Retries up to `limit` pending letters matching the query (newest first); returns how many.
+  virtual int retry_dead_letters(const DeadLetterQuery& query, size_t limit, int64_t now_ms) = 0;
+  virtual void ignore_dead_letter(int64_t id, int64_t now_ms) = 0;
+  // Deletes resolved and ignored letters last updated before `before_ms`; returns how many.
+  virtual int64_t purge_dead_letters(int64_t updated_before_ms) = 0;
+};
+
+// Opens the SQLite store at `path` (created if missing; WAL, synchronous=FULL) and migrates it.
+std::unique_ptr<JobStore> open_sqlite_store(const std::string& path);
+// Opens the MySQL/MariaDB store with a Poco connection string
+// ("host=127.0.0.1;port=3306;db=backhaul;user=...;password=...") and migrates it.
+std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string,
+                                           size_t pool_size = 8);
+
+}  // namespace backhaul::jobs

@@ -1,0 +1,2219 @@
+// The MySQL/MariaDB backend of the job queue (SPEC D2, D3). The contract is job_store.h; the schema
+// is schemas/sql/mysql/; the connection layer (mysql_db.h) is defined in the first half of this
+// file.
+//
+// Concurrency model (DESIGN.md "The queue"):
+// * Every session runs at READ COMMITTED. Each method is one transaction that first locks the rows
+//   it changes (SELECT ... FOR UPDATE), checks them, then sends its writes together with COMMIT in
+//   one round trip. Deadlocks (1213) and lock wait timeouts (1205) re-run the transaction; a lost
+//   connection re-runs it on a new one unless the COMMIT itself was in flight.
+// * Claims take queued rows with FOR UPDATE SKIP LOCKED, so concurrent claimers on any number of
+//   hosts never wait for each other and never take the same job.
+// * Caps (SPEC D7): a kind with a cap has a row in job_caps that every claim of that kind locks
+//   (FOR UPDATE, in kind order, so claimers never deadlock on them). While it is held no other
+//   claim of the kind can commit, so COUNTing the kind's running rows is exact (under SKIP LOCKED
+//   alone it would not be: a concurrent claim's rows are invisible until it commits). Leaving
+//   running takes no cap lock. Kinds without caps take no lock at all.
+// * running_counts / running_totals keep the running jobs per (kind, key) and per kind and their
+//   high-water marks (max_running_seen): +n in the claim, -1 in every exit from running
+//   (end_attempt). Their statements come last in every transaction, in one sorted order.
+// * Fencing: every transition of a running job locks its row and checks status = 'running' and
+//   the lease token; the attempt row is found by the same token.
+// * Fan-in: a child counted in its parent (counted_in_parent = 1) decrements the parent's
+//   pending_children in the transaction that makes the child terminal and clears its flag in the
+//   same statement set, so the decrement happens exactly once; a waiting parent whose count
+//   reaches 0 becomes queued there too.
+// * Dead letters: one per job (unique job_id), upserted when the job dies, resolved when a
+//   retried job succeeds, ignored when it is cancelled.
+// * Dedupe (SPEC D10): jobs.active_dedupe_key equals dedupe_key while the job is active and is
+//   NULL once it is terminal; a unique index on (kind, active_dedupe_key) does the rest.
+// * Group commit: claim() and complete(), the hot paths, merge concurrent calls into one
+//   transaction with set-based statements (GroupCommit); each call still returns only after the
+//   transaction carrying it committed.
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "core/jobs/job_store.h"
+#include "core/jobs/migrations.h"
+#include "core/jobs/mysql_db.h"
+#include <mysql/mysql.h>
+
+namespace backhaul::jobs {
+namespace mysql {
+
+// --- configuration -------------------------------------------------------------------------
+
+namespace {
+
+bool parse_bool(const std::string& key, const std::string& value) {
+  if (value == "true" || value == "1" || value == "yes" || value == "on") return true;
+  if (value == "false" || value == "0" || value == "no" || value == "off") return false;
+  throw ConfigError("mysql connection string: " + key + " must be true or false, not '" + value +
+                    "'");
+}
+
+unsigned parse_unsigned(const std::string& key, const std::string& value) {
+  unsigned out = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || end != value.data() + value.size()) {
+    throw ConfigError("mysql connection string: " + key + " must be a number, not '" + value + "'");
+  }
+  return out;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& connection_string) {
+  Config config;
+  size_t pos = 0;
+  while (pos <= connection_string.size()) {
+    size_t end = connection_string.find(';', pos);
+    if (end == std::string::npos) end = connection_string.size();
+    std::string item = connection_string.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw ConfigError("mysql connection string: '" + item + "' is not key=value");
+    }
+    std::string key = item.substr(0, eq);
+    std::string value = item.substr(eq + 1);
+    key.erase(0, key.find_first_not_of(" \t"));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    if (key == "host") {
+      config.host = value;
+    } else if (key == "port") {
+      config.port = parse_unsigned(key, value);
+    } else if (key == "socket") {
+      config.socket = value;
+    } else if (key == "db") {
+      config.db = value;
+    } else if (key == "user") {
+      config.user = value;
+    } else if (key == "password") {
+      config.password = value;
+    } else if (key == "compress") {
+      config.compress = parse_bool(key, value);
+    } else if (key == "connect-timeout") {
+      config.connect_timeout_s = parse_unsigned(key, value);
+    } else if (key == "read-timeout") {
+      config.read_timeout_s = parse_unsigned(key, value);
+    } else if (key == "character-set") {
+      // The store needs utf8mb4 (4-byte UTF-8) and always uses it.
+      if (value != "utf8mb4") {
+        throw ConfigError("mysql connection string: character-set must be utf8mb4, not '" + value +
+                          "'");
+      }
+    } else if (key == "auto-reconnect" || key == "secure-auth" || key == "reset" ||
+               key == "fail-readonly") {
+      // Poco options with no meaning here: reconnecting is this layer's job.
+    } else {
+      throw ConfigError("mysql connection string: unknown key '" + key + "'");
+    }
+  }
+  return config;
+}
+
+// --- values --------------------------------------------------------------------------------
+
+int64_t to_i64(const Cell& cell) {
+  if (!cell) return 0;
+  int64_t out = 0;
+  auto [end, ec] = std::from_chars(cell->data(), cell->data() + cell->size(), out);
+  if (ec != std::errc() || end != cell->data() + cell->size()) {
+    throw StorageError("mysql: expected an integer, got '" + *cell + "'");
+  }
+  return out;
+}
+
+int to_int(const Cell& cell) { return static_cast<int>(to_i64(cell)); }
+
+double to_double(const Cell& cell) {
+  if (!cell) return 0;
+  char* end = nullptr;
+  errno = 0;
+  double out = std::strtod(cell->c_str(), &end);
+  if (end == cell->c_str() || errno == ERANGE) {
+    throw StorageError("mysql: expected a number, got '" + *cell + "'");
+  }
+  return out;
+}
+
+std::string to_str(const Cell& cell) { return cell ? *cell : std::string(); }
+
+void append_quoted(std::string& out, std::string_view value) {
+  out.reserve(out.size() + value.size() + 2);
+  out += '\'';
+  for (char c : value) {
+    switch (c) {
+      case '\0':
+        out += "\\0";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\'':
+        out += "\\'";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\x1a':
+        out += "\\Z";
+        break;
+      default:
+        out += c;
+    }
+  }
+  out += '\'';
+}
+
+std::string quote(std::string_view value) {
+  std::string out;
+  append_quoted(out, value);
+  return out;
+}
+
+std::string quote(const std::optional<std::string>& value) {
+  return value ? quote(*value) : std::string("NULL");
+}
+
+Sql& Sql::opt(const std::optional<std::string>& value) {
+  if (value) {
+    append_quoted(text_, *value);
+  } else {
+    text_ += "NULL";
+  }
+  return *this;
+}
+
+Sql& Sql::real(double value) {
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.17g", value);
+  text_ += buffer;
+  return *this;
+}
+
+// --- connection ----------------------------------------------------------------------------
+
+namespace {
+
+// Errors after which the session is gone (or never was): the server went away, the network
+// failed, the connection was killed, or the server is shutting down or full.
+bool is_connection_error(unsigned code) {
+  switch (code) {
+    case 1040:  // ER_CON_COUNT_ERROR: too many connections
+    case 1053:  // ER_SERVER_SHUTDOWN
+    case 1927:  // ER_CONNECTION_KILLED
+    case 2002:  // CR_CONNECTION_ERROR
+    case 2003:  // CR_CONN_HOST_ERROR
+    case 2006:  // CR_SERVER_GONE_ERROR
+    case 2013:  // CR_SERVER_LOST
+    case 2014:  // CR_COMMANDS_OUT_OF_SYNC (the session state is unknown)
+    case 2055:  // CR_SERVER_LOST_EXTENDED
+    case 4031:  // MySQL 8: disconnected by the server for inactivity
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::once_flag library_once;
+
+}  // namespace
+
+Connection::Connection(const Config& config) {
+  std::call_once(library_once, [] { mysql_library_init(0, nullptr, nullptr); });
+  handle_ = mysql_init(nullptr);
+  if (!handle_) throw Error("mysql_init failed (out of memory)", 0, true);
+  mysql_options(handle_, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+  unsigned connect_timeout = config.connect_timeout_s;
+  unsigned read_timeout = config.read_timeout_s;
+  mysql_options(handle_, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
+  mysql_options(handle_, MYSQL_OPT_READ_TIMEOUT, &read_timeout);
+  mysql_options(handle_, MYSQL_OPT_WRITE_TIMEOUT, &read_timeout);
+  my_bool reconnect = 0;  // a silent reconnect would lose the session settings below
+  mysql_options(handle_, MYSQL_OPT_RECONNECT, &reconnect);
+  unsigned long max_packet = 1UL << 30;
+  mysql_options(handle_, MYSQL_OPT_MAX_ALLOWED_PACKET, &max_packet);
+  if (config.compress) mysql_options(handle_, MYSQL_OPT_COMPRESS, nullptr);
+  const char* host = config.socket.empty() ? config.host.c_str() : "localhost";
+  const char* socket = config.socket.empty() ? nullptr : config.socket.c_str();
+  if (!mysql_real_connect(handle_, host, config.user.c_str(), config.password.c_str(),
+                          config.db.empty() ? nullptr : config.db.c_str(), config.port, socket,
+                          CLIENT_MULTI_STATEMENTS | CLIENT_MULTI_RESULTS)) {
+    unsigned code = mysql_errno(handle_);
+    std::string message =
+        "connecting to " +
+        (socket ? config.socket : config.host + ":" + std::to_string(config.port)) + ": " +
+        mysql_error(handle_) + " (errno " + std::to_string(code) + ")";
+    mysql_close(handle_);
+    handle_ = nullptr;
+    // Refused or unreachable servers may come back; bad credentials or databases will not.
+    throw Error(message, code, is_connection_error(code) || code >= 2000);
+  }
+  // READ COMMITTED: REPEATABLE READ (the default) would make counts read after taking a lock
+  // stale (the snapshot is older than the lock) and allows lost updates. Strict mode: a value
+  // that does not fit is an error, never silently truncated. No NO_BACKSLASH_ESCAPES (quote()).
+  try {
+    run("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+        "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
+        "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', SESSION autocommit = 1");
+  } catch (...) {
+    mysql_close(handle_);
+    handle_ = nullptr;
+    throw;
+  }
+}
+
+Connection::~Connection() {
+  if (handle_) mysql_close(handle_);
+}
+
+unsigned long Connection::server_version() const { return mysql_get_server_version(handle_); }
+
+void Connection::fail(const char* what) {
+  unsigned code = mysql_errno(handle_);
+  bool lost = is_connection_error(code);
+  if (lost) broken_ = true;
+  throw Error(
+      std::string(what) + ": " + mysql_error(handle_) + " (errno " + std::to_string(code) + ")",
+      code, lost);
+}
+
+std::vector<Result> Connection::run(std::string_view sql, size_t* completed) {
+  std::vector<Result> results;
+  if (completed) *completed = 0;
+  if (broken_) throw Error("connection is broken", 2006, true);
+  if (mysql_real_query(handle_, sql.data(), static_cast<unsigned long>(sql.size())) != 0) {
+    fail("query");
+  }
+  while (true) {
+    Result result;
+    MYSQL_RES* res = mysql_store_result(handle_);
+    if (res) {
+      unsigned fields = mysql_num_fields(res);
+      result.rows.reserve(static_cast<size_t>(mysql_num_rows(res)));
+      while (MYSQL_ROW row = mysql_fetch_row(res)) {
+        unsigned long* lengths = mysql_fetch_lengths(res);
+        Row out;
+        out.reserve(fields);
+        for (unsigned i = 0; i < fields; ++i) {
+          if (row[i]) {
+            out.emplace_back(std::string(row[i], lengths[i]));
+          } else {
+            out.emplace_back(std::nullopt);
+          }
+        }
+        result.rows.push_back(std::move(out));
+      }
+      mysql_free_result(res);
+    } else if (mysql_field_count(handle_) != 0) {
+      fail("reading a result");
+    } else {
+      result.affected = mysql_affected_rows(handle_);
+      result.insert_id = mysql_insert_id(handle_);
+    }
+    results.push_back(std::move(result));
+    if (completed) *completed = results.size();
+    int status = mysql_next_result(handle_);
+    if (status == -1) break;
+    if (status > 0) fail("statement");
+  }
+  return results;
+}
+
+Result Connection::one(std::string_view sql) {
+  std::vector<Result> results = run(sql);
+  if (results.empty()) return {};
+  return std::move(results.back());
+}
+
+// --- pool ----------------------------------------------------------------------------------
+
+Pool::Pool(Config config, size_t size)
+    : config_(std::move(config)), size_(std::max<size_t>(size, 1)) {}
+
+Pool::~Pool() = default;
+
+Pool::Lease Pool::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  available_.wait(lock, [&] { return !idle_.empty() || open_ < size_; });
+  if (!idle_.empty()) {
+    std::unique_ptr<Connection> connection = std::move(idle_.back());
+    idle_.pop_back();
+    return Lease(this, std::move(connection));
+  }
+  ++open_;
+  lock.unlock();
+  try {
+    return Lease(this, std::make_unique<Connection>(config_));
+  } catch (...) {
+    lock.lock();
+    --open_;
+    available_.notify_one();
+    throw;
+  }
+}
+
+void Pool::give_back(std::unique_ptr<Connection> connection) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (connection->broken()) {
+    // A lost session is dropped; the idle ones may be just as dead (a server restart), so they
+    // go too rather than failing the next retries one by one.
+    connection.reset();
+    open_ -= 1 + idle_.size();
+    idle_.clear();
+  } else {
+    idle_.push_back(std::move(connection));
+  }
+  available_.notify_all();
+}
+
+// --- transactions --------------------------------------------------------------------------
+
+Tx::~Tx() { rollback(); }
+
+std::vector<Result> Tx::send(const std::vector<std::string>& statements, bool commit) {
+  std::string sql;
+  size_t skip = 0;
+  if (!begun_) {
+    sql = "START TRANSACTION";
+    skip = 1;
+  }
+  for (const std::string& statement : statements) {
+    if (!sql.empty()) sql += ";\n";
+    sql += statement;
+  }
+  if (commit) sql += sql.empty() ? "COMMIT" : ";\nCOMMIT";
+  if (sql.empty()) return {};
+  begun_ = true;
+  std::vector<Result> results;
+  try {
+    results = connection_.run(sql);
+  } catch (const Error& e) {
+    if (commit && e.connection_lost()) commit_unknown_ = true;
+    if (e.connection_lost()) finished_ = true;  // nothing to roll back on a dead session
+    throw;
+  }
+  if (commit) {
+    finished_ = true;
+    results.pop_back();
+  }
+  results.erase(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(skip));
+  return results;
+}
+
+std::vector<Result> Tx::run(const std::vector<std::string>& statements) {
+  return send(statements, false);
+}
+
+Result Tx::one(const std::string& statement) { return std::move(send({statement}, false).back()); }
+
+std::vector<Result> Tx::commit(const std::vector<std::string>& statements) {
+  return send(statements, true);
+}
+
+void Tx::rollback() noexcept {
+  if (finished_) return;
+  finished_ = true;
+  if (!begun_ || connection_.broken()) return;
+  try {
+    connection_.run("ROLLBACK");
+  } catch (...) {
+    connection_.mark_broken();
+  }
+}
+
+void backoff(int attempt, std::chrono::milliseconds base, std::chrono::milliseconds cap) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  int64_t limit = base.count() << std::min(attempt - 1, 16);
+  limit = std::min<int64_t>(limit, cap.count());
+  std::uniform_int_distribution<int64_t> pick(limit / 2, std::max<int64_t>(limit, 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(pick(rng)));
+}
+
+}  // namespace mysql
+
+// =============================================================================================
+// The store
+// =============================================================================================
+
+namespace {
+
+using mysql::Cell;
+using mysql::Pool;
+using mysql::quote;
+using mysql::Result;
+using mysql::Row;
+using mysql::Sql;
+using mysql::to_i64;
+using mysql::to_int;
+using mysql::to_str;
+using mysql::Tx;
+
+constexpr const char* kActive = "('queued', 'running', 'waiting')";
+
+// `text` with every byte sequence that is not UTF-8 replaced by U+FFFD: error messages may quote
+// anything (an HTTP body, a plugin's message), and a utf8mb4 column refuses invalid bytes, which
+// would make the transition that records the error fail.
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+    unsigned char c = byte(i);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (byte(i + k) & 0xC0) == 0x80;
+    if (ok && n > 1) {  // no overlong forms, surrogates or code points above U+10FFFF
+      uint32_t cp = c & (0x7F >> n);
+      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (byte(i + k) & 0x3F);
+      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMin[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+// A prefix of at most `max_bytes` that ends on a UTF-8 character boundary.
+std::string cut_utf8(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(text.substr(0, cut));
+}
+
+// Errors go to TEXT columns (65535 bytes): made valid UTF-8 and cut at a character boundary.
+std::string clip(std::string_view text, size_t max_bytes = 65000) {
+  std::string valid = valid_utf8(text);
+  if (valid.size() <= max_bytes) return valid;
+  return cut_utf8(valid, max_bytes) + " [truncated]";
+}
+
+std::string clip(const std::string& text) { return clip(std::string_view(text)); }
+
+std::optional<std::string> clip(const std::optional<std::string>& text) {
+  if (!text) return std::nullopt;
+  return clip(*text);
+}
+
+std::string id_list(const std::vector<JobId>& ids) {
+  std::string out;
+  for (JobId id : ids) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(id);
+  }
+  return out;
+}
+
+JobStatus status_from(const Cell& cell) {
+  std::optional<JobStatus> status = parse_job_status(to_str(cell));
+  if (!status) throw StorageError("mysql: unknown job status '" + to_str(cell) + "'");
+  return *status;
+}
+
+DeadLetterStatus letter_status_from(const Cell& cell) {
+  std::optional<DeadLetterStatus> status = parse_dead_letter_status(to_str(cell));
+  if (!status) throw StorageError("mysql: unknown dead letter status '" + to_str(cell) + "'");
+  return *status;
+}
+
+std::string status_sql(JobStatus status) { return quote(to_string(status)); }
+
+// --- rows ----------------------------------------------------------------------------------
+
+constexpr const char* kJobColumns =
+    "id, kind, concurrency_key, dedupe_key, payload, status, priority, attempts, max_attempts, "
+    "run_after_ms, lease_owner, lease_token, lease_expires_ms, checkpoint, result, last_error, "
+    "parent_id, pending_children, wait_deadline_ms, timeout_ms, cancel_requested, created_ms, "
+    "started_ms, finished_ms, updated_ms";
+
+Job read_job(const Row& r) {
+  Job job;
+  job.id = to_i64(r[0]);
+  job.kind = to_str(r[1]);
+  job.concurrency_key = to_str(r[2]);
+  job.dedupe_key = r[3];
+  job.payload = to_str(r[4]);
+  job.status = status_from(r[5]);
+  job.priority = to_int(r[6]);
+  job.attempts = to_int(r[7]);
+  job.max_attempts = to_int(r[8]);
+  job.run_after_ms = to_i64(r[9]);
+  job.lease_owner = r[10];
+  job.lease_token = r[11];
+  job.lease_expires_ms = to_i64(r[12]);
+  job.checkpoint = r[13];
+  job.result = r[14];
+  job.last_error = r[15];
+  if (r[16]) job.parent_id = to_i64(r[16]);
+  job.pending_children = to_int(r[17]);
+  job.wait_deadline_ms = to_i64(r[18]);
+  job.timeout_ms = to_i64(r[19]);
+  job.cancel_requested = to_i64(r[20]) != 0;
+  job.created_ms = to_i64(r[21]);
+  job.started_ms = to_i64(r[22]);
+  job.finished_ms = to_i64(r[23]);
+  job.updated_ms = to_i64(r[24]);
+  return job;
+}
+
+constexpr const char* kLetterColumns =
+    "id, job_id, kind, concurrency_key, status, error, retries, created_ms, updated_ms";
+
+DeadLetter read_letter(const Row& r) {
+  DeadLetter letter;
+  letter.id = to_i64(r[0]);
+  letter.job_id = to_i64(r[1]);
+  letter.kind = to_str(r[2]);
+  letter.concurrency_key = to_str(r[3]);
+  letter.status = letter_status_from(r[4]);
+  letter.error = to_str(r[5]);
+  letter.retries = to_int(r[6]);
+  letter.created_ms = to_i64(r[7]);
+  letter.updated_ms = to_i64(r[8]);
+  return letter;
+}
+
+// What the transitions need to know about a job.
+struct JobState {
+  JobId id = 0;
+  JobStatus status = JobStatus::kQueued;
+  std::string kind;
+  std::string key;
+  std::optional<std::string> token;
+  std::optional<std::string> dedupe_key;
+  int attempts = 0;
+  int max_attempts = 0;
+  int pending_children = 0;
+  bool cancel_requested = false;
+  bool counted_in_parent = false;
+  std::optional<JobId> parent_id;
+  std::optional<int64_t> dead_letter_id;
+};
+
+constexpr const char* kStateColumns =
+    "id, status, kind, concurrency_key, lease_token, dedupe_key, attempts, max_attempts, "
+    "pending_children, cancel_requested, counted_in_parent, parent_id, dead_letter_id";
+
+JobState read_state(const Row& r) {
+  JobState s;
+  s.id = to_i64(r[0]);
+  s.status = status_from(r[1]);
+  s.kind = to_str(r[2]);
+  s.key = to_str(r[3]);
+  s.token = r[4];
+  s.dedupe_key = r[5];
+  s.attempts = to_int(r[6]);
+  s.max_attempts = to_int(r[7]);
+  s.pending_children = to_int(r[8]);
+  s.cancel_requested = to_i64(r[9]) != 0;
+  s.counted_in_parent = to_i64(r[10]) != 0;
+  if (r[11]) s.parent_id = to_i64(r[11]);
+  if (r[12]) s.dead_letter_id = to_i64(r[12]);
+  return s;
+}
+
+// Locks the job's row for the rest of the transaction.
+std::optional<JobState> lock_state(Tx& tx, JobId id) {
+  Result r = tx.one(Sql("SELECT ").raw(kStateColumns).raw(" FROM jobs WHERE id = ")
+                    << id << " FOR UPDATE");
+  if (r.rows.empty()) return std::nullopt;
+  return read_state(r.rows[0]);
+}
+
+JobState lock_existing(Tx& tx, JobId id) {
+  std::optional<JobState> s = lock_state(tx, id);
+  if (!s) throw JobNotFound("job " + std::to_string(id) + " not found");
+  return *s;
+}
+
+// Fencing: the job must be running under `token`, or the caller has lost it.
+JobState lock_running(Tx& tx, JobId id, const std::string& token) {
+  std::optional<JobState> s = lock_state(tx, id);
+  std::string job = "job " + std::to_string(id);
+  if (!s) throw LeaseLost(job + " no longer exists");
+  if (s->status != JobStatus::kRunning) {
+    throw LeaseLost(job + " is " + std::string(to_string(s->status)) + ", not running");
+  }
+  if (s->token != token) throw LeaseLost(job + ": the lease was taken over (token mismatch)");
+  return *s;
+}
+
+// --- transitions ---------------------------------------------------------------------------
+// Each helper appends its writes to `w`; they are sent with the next read or the COMMIT.
+
+// The writes of a transaction, sent with its next read or with its COMMIT (one round trip), and
+// the changes of running_counts / running_totals, which always come last: their rows are shared
+// by every claim and exit of a kind, so they are locked only while the COMMIT itself runs, in one
+// order (keys, then kinds, each sorted) that no other lock ever follows.
+class Writes {
+ public:
+  void push_back(std::string statement) { statements_.push_back(std::move(statement)); }
+  void running(const std::string& kind, const std::string& key, int64_t delta) {
+    running_[{kind, key}] += delta;
+  }
+
+  // Sends the pending statements (not the counters) now.
+  void flush(Tx& tx) {
+    if (statements_.empty()) return;
+    tx.run(statements_);
+    statements_.clear();
+  }
+  // Sends the pending statements and then `statement`; returns the latter's result.
+  Result read(Tx& tx, const std::string& statement) {
+    statements_.push_back(statement);
+    std::vector<Result> results = tx.run(statements_);
+    statements_.clear();
+    return std::move(results.back());
+  }
+  void commit(Tx& tx) {
+    append_running(statements_);
+    tx.commit(statements_);
+    statements_.clear();
+    running_.clear();
+  }
+
+ private:
+  // Claims add (and raise the high-water marks, exact since the rows are locked by the upsert);
+  // exits subtract.
+  void append_running(std::vector<std::string>& out) const {
+    std::map<std::string, int64_t> kinds;
+    std::string added;
+    for (const auto& [kk, delta] : running_) {
+      kinds[kk.first] += delta;
+      if (delta > 0) {
+        if (!added.empty()) added += ", ";
+        added += Sql("(").str(kk.first)
+                 << ", " << quote(kk.second) << ", " << delta << ", " << delta << ")";
+      } else if (delta < 0) {
+        out.push_back(Sql("UPDATE running_counts SET running = GREATEST(running - ")
+                      << -delta << ", 0) WHERE kind = " << quote(kk.first)
+                      << " AND concurrency_key = " << quote(kk.second));
+      }
+    }
+    // max_running is assigned first, from the old running: the same under MySQL's left-to-right
+    // and MariaDB's simultaneous assignment.
+    const char* raise =
+        " ON DUPLICATE KEY UPDATE max_running = GREATEST(max_running, running + "
+        "VALUES(running)), running = running + VALUES(running)";
+    if (!added.empty()) {
+      out.push_back(
+          "INSERT INTO running_counts (kind, concurrency_key, running, max_running) "
+          "VALUES " +
+          added + raise);
+    }
+    added.clear();
+    for (const auto& [kind, delta] : kinds) {
+      if (delta > 0) {
+        if (!added.empty()) added += ", ";
+        added += Sql("(").str(kind) << ", " << delta << ", " << delta << ")";
+      } else if (delta < 0) {
+        out.push_back(Sql("UPDATE running_totals SET running = GREATEST(running - ")
+                      << -delta << ", 0) WHERE kind = " << quote(kind));
+      }
+    }
+    if (!added.empty()) {
+      out.push_back("INSERT INTO running_totals (kind, running, max_running) VALUES " + added +
+                    raise);
+    }
+  }
+
+  std::vector<std::string> statements_;
+  std::map<std::pair<std::string, std::string>, int64_t> running_;
+};
+
+Result read_after(Tx& tx, Writes& w, const std::string& statement) { return w.read(tx, statement); }
+
+// Every exit from running closes the attempt row opened by the claim (found by its token).
+void end_attempt(Writes& w, const JobState& s, std::string_view outcome,
+                 const std::optional<std::string>& error, int64_t now) {
+  w.running(s.kind, s.key, -1);
+  w.push_back(Sql("UPDATE job_attempts SET finished_ms = ")
+              << now << ", outcome = " << quote(outcome) << ", error = " << quote(clip(error))
+              << " WHERE job_id = " << s.id << " AND lease_token = " << quote(s.token));
+}
+
+// Fan-in: `n` children of `parent` became terminal. A waiting parent whose count reaches 0 is
+// queued now. Each assignment reads only columns assigned after it (or none), so the statement
+// means the same under MySQL's left-to-right and MariaDB's SIMULTANEOUS_ASSIGNMENT semantics.
+std::string uncount_children(JobId parent, int n, int64_t now) {
+  std::string last = Sql("(status = 'waiting' AND pending_children <= ") << n << ")";
+  return Sql("UPDATE jobs SET run_after_ms = IF(")
+         << last << ", " << now << ", run_after_ms), wait_deadline_ms = IF(" << last
+         << ", 0, wait_deadline_ms), status = IF(" << last
+         << ", 'queued', status), pending_children = GREATEST(pending_children - " << n
+         << ", 0), updated_ms = " << now << " WHERE id = " << parent << " AND pending_children > 0";
+}
+
+// The job just became terminal (its own UPDATE cleared counted_in_parent).
+void uncount_from_parent(Writes& w, const JobState& s, int64_t now) {
+  if (!s.parent_id || !s.counted_in_parent) return;
+  w.push_back(uncount_children(*s.parent_id, 1, now));
+}
+
+// Back to queued; `refund` = 1 when the attempt does not count (defer, release).
+void requeue(Writes& w, const JobState& s, int64_t run_after, int refund,
+             const std::optional<std::string>& error, int64_t now) {
+  w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
+              << run_after << ", attempts = GREATEST(attempts - " << refund
+              << ", 0), last_error = COALESCE(" << quote(clip(error))
+              << ", last_error), lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+                 "updated_ms = "
+              << now << " WHERE id = " << s.id);
+}
+
+// Dead (attempts exhausted, FATAL, or an expired last lease): the dead letter is created, or a
+// retried one is pending again with the new error.
+void mark_dead(Writes& w, const JobState& s, const std::string& error, int64_t now) {
+  std::string e = quote(clip(error));
+  w.push_back(Sql("INSERT INTO dead_letters (job_id, kind, concurrency_key, status, error, "
+                  "retries, created_ms, updated_ms) VALUES (")
+              << s.id << ", " << quote(s.kind) << ", " << quote(s.key) << ", 'pending', " << e
+              << ", 0, " << now << ", " << now
+              << ") ON DUPLICATE KEY UPDATE status = 'pending', error = VALUES(error), "
+                 "updated_ms = VALUES(updated_ms)");
+  w.push_back(Sql("UPDATE jobs j JOIN dead_letters d ON d.job_id = j.id SET j.status = 'dead', "
+                  "j.last_error = ")
+              << e << ", j.dead_letter_id = d.id, j.finished_ms = " << now
+              << ", j.updated_ms = " << now
+              << ", j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_ms = 0, "
+                 "j.active_dedupe_key = NULL, j.counted_in_parent = 0 WHERE j.id = "
+              << s.id);
+  uncount_from_parent(w, s, now);
+}
+
+CancelOutcome cancel_job(Tx& tx, Writes& w, JobId id, int64_t now);
+
+// Cancelled (terminal), with its active children: queued and waiting ones at once, running ones
+// asked to stop.
+void mark_cancelled(Tx& tx, Writes& w, const JobState& s, int refund,
+                    const std::optional<std::string>& error, int64_t now) {
+  w.push_back(Sql("UPDATE jobs SET status = 'cancelled', attempts = GREATEST(attempts - ")
+              << refund << ", 0), last_error = COALESCE(" << quote(clip(error))
+              << ", last_error), finished_ms = " << now << ", updated_ms = " << now
+              << ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+                 "wait_deadline_ms = 0, active_dedupe_key = NULL, counted_in_parent = 0 "
+                 "WHERE id = "
+              << s.id);
+  if (s.dead_letter_id) {
+    w.push_back(Sql("UPDATE dead_letters SET status = 'ignored', updated_ms = ")
+                << now << " WHERE id = " << *s.dead_letter_id << " AND status = 'retrying'");
+  }
+  uncount_from_parent(w, s, now);
+  Result children = read_after(tx, w,
+                               Sql("SELECT id FROM jobs WHERE parent_id = ")
+                                   << s.id << " AND status IN " << kActive << " ORDER BY id");
+  for (const Row& row : children.rows) cancel_job(tx, w, to_i64(row[0]), now);
+}
+
+CancelOutcome cancel_job(Tx& tx, Writes& w, JobId id, int64_t now) {
+  w.flush(tx);  // this job may have been changed by the pending writes
+  JobState s = lock_existing(tx, id);
+  if (is_terminal(s.status)) return CancelOutcome::kAlreadyFinished;
+  if (s.status == JobStatus::kRunning) {
+    w.push_back(Sql("UPDATE jobs SET cancel_requested = 1, updated_ms = ")
+                << now << " WHERE id = " << id);
+    return CancelOutcome::kRequested;
+  }
+  mark_cancelled(tx, w, s, 0, std::nullopt, now);
+  return CancelOutcome::kCancelled;
+}
+
+// --- claiming ------------------------------------------------------------------------------
+
+// A queued job a claim may take.
+struct Candidate {
+  JobId id = 0;
+  std::string kind;
+  std::string key;
+  int priority = 0;
+  int64_t run_after = 0;
+  int64_t load = 0;        // running jobs of its key + its rank in the key (fair share)
+  std::optional<Job> row;  // the full row, once locked
+};
+
+bool claim_order(const Candidate& a, const Candidate& b) {
+  return std::tie(a.priority, a.run_after, a.id) < std::tie(b.priority, b.run_after, b.id);
+}
+
+bool fair_order(const Candidate& a, const Candidate& b) {
+  return std::tie(a.priority, a.load, a.run_after, a.id) <
+         std::tie(b.priority, b.load, b.run_after, b.id);
+}
+
+// Merges the lists by (priority, run_after, id), keeping each list's own order.
+std::vector<Candidate*> merge_heads(std::vector<std::vector<Candidate>>& lists, size_t limit) {
+  std::vector<Candidate*> out;
+  std::vector<size_t> next(lists.size(), 0);
+  while (out.size() < limit) {
+    int best = -1;
+    for (size_t i = 0; i < lists.size(); ++i) {
+      if (next[i] == lists[i].size()) continue;
+      if (best < 0 ||
+          claim_order(lists[i][next[i]],
+                      lists[static_cast<size_t>(best)][next[static_cast<size_t>(best)]])) {
+        best = static_cast<int>(i);
+      }
+    }
+    if (best < 0) break;
+    out.push_back(&lists[static_cast<size_t>(best)][next[static_cast<size_t>(best)]++]);
+  }
+  return out;
+}
+
+std::string in_list(const std::vector<std::string>& values) {
+  std::string out;
+  for (const std::string& v : values) {
+    if (!out.empty()) out += ", ";
+    mysql::append_quoted(out, v);
+  }
+  return out;
+}
+
+std::string random_hex(size_t bytes) {
+  thread_local std::mt19937_64 rng = [] {
+    std::random_device device;
+    std::seed_seq seed{device(), device(), device(), device(), device(), device()};
+    return std::mt19937_64(seed);
+  }();
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes * 2);
+  for (size_t i = 0; i < bytes; i += 8) {
+    uint64_t v = rng();
+    for (size_t j = 0; j < 8 && i + j < bytes; ++j) {
+      out += digits[(v >> (j * 8 + 4)) & 0xF];
+      out += digits[(v >> (j * 8)) & 0xF];
+    }
+  }
+  return out;
+}
+
+struct KindCaps {
+  int per_key = 0;
+  int global = 0;
+  int64_t total = 0;                    // running jobs of the kind (exact under the lock)
+  std::map<std::string, int64_t> keys;  // running jobs per key
+};
+
+// A value per job in one statement: CASE column WHEN id THEN value ... END, or the value alone
+// when every job has the same (the usual case: one caller, one clock).
+std::string per_id(const char* column, const std::vector<std::pair<JobId, std::string>>& values) {
+  bool same = true;
+  for (const auto& [id, value] : values) same = same && value == values.front().second;
+  if (same) return values.front().second;
+  std::string out = std::string("CASE ") + column;
+  for (const auto& [id, value] : values) {
+    out += " WHEN " + std::to_string(id) + " THEN " + value;
+  }
+  return out + " END";
+}
+
+// Group commit (DESIGN.md "The queue"): concurrent calls of one operation queue up; a caller that
+// finds fewer than `leaders` batches in flight takes what is queued (the ops that merge with the
+// oldest, within a size budget) and runs them as one transaction while the others wait for their
+// own op. Every caller returns only after the transaction that carried its op has committed (or
+// failed). Batches grow with the load by themselves: while one is in flight, the next one fills.
+// Op needs: bool done; size_t bytes() const; bool merges_with(const Op&) const.
+template <class Op>
+class GroupCommit {
+ public:
+  GroupCommit(size_t leaders, size_t max_ops, size_t max_bytes)
+      : leaders_(leaders), max_ops_(max_ops), max_bytes_(max_bytes) {}
+
+  // `run(batch)` executes a batch and records each op's outcome in the op; it must not throw.
+  template <class Run>
+  void submit(Op& op, Run&& run) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    queue_.push_back(&op);
+    while (!op.done) {
+      if (running_ < leaders_ && !queue_.empty()) {
+        ++running_;
+        std::vector<Op*> batch = take();
+        lock.unlock();
+        run(batch);
+        lock.lock();
+        for (Op* o : batch) o->done = true;
+        --running_;
+        finished_.notify_all();
+      } else {
+        finished_.wait(lock);
+      }
+    }
+  }
+
+ private:
+  std::vector<Op*> take() {
+    std::vector<Op*> batch{queue_.front()};
+    queue_.pop_front();
+    size_t bytes = batch.front()->bytes();
+    for (auto it = queue_.begin(); it != queue_.end() && batch.size() < max_ops_;) {
+      if ((*it)->merges_with(*batch.front()) && bytes + (*it)->bytes() <= max_bytes_) {
+        bytes += (*it)->bytes();
+        batch.push_back(*it);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return batch;
+  }
+
+  const size_t leaders_;
+  const size_t max_ops_;
+  const size_t max_bytes_;
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  std::deque<Op*> queue_;
+  size_t running_ = 0;
+};
+
+// One claim() call waiting for a group commit (GroupCommit). Calls merge when they ask for
+// the same kinds with the same lease length; each keeps its owner, clock and limit.
+struct ClaimOp {
+  const ClaimRequest& request;
+  std::vector<Claimed> result;
+  std::exception_ptr error;
+  bool done = false;
+  size_t bytes() const { return 64; }
+  bool merges_with(const ClaimOp& other) const {
+    return request.kinds == other.request.kinds && request.lease_ms == other.request.lease_ms;
+  }
+};
+
+// The claim transaction. Uncapped kinds: one FOR UPDATE SKIP LOCKED scan in claim order. Capped
+// kinds: under the kind's job_caps lock, exact running counts, then per key its first
+// (cap - running) due jobs (fair share: the least loaded keys first, like the SQLite store), then
+// those rows locked. The lists are merged in claim order; the first `limit` are taken.
+//
+// Several claim() calls may be merged (ClaimOp, group commit): the claim then takes up to the sum
+// of their limits, due at the latest of their clocks, and deals the jobs out in claim order, each
+// to a call whose clock has reached the job's run_after and whose limit is not reached.
+void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>& capped_hint,
+                std::mutex& hint_mutex) {
+  ClaimRequest r = ops.front()->request;  // kinds and lease_ms are the same in every op
+  r.limit = 0;
+  r.now_ms = std::numeric_limits<int64_t>::min();
+  for (ClaimOp* op : ops) {
+    op->result.clear();  // the body may run again after a deadlock
+    r.limit += op->request.limit;
+    r.now_ms = std::max(r.now_ms, op->request.now_ms);
+  }
+  const int64_t now = r.now_ms;
+  std::string kinds_filter;
+  if (!r.kinds.empty()) kinds_filter = " AND kind IN (" + in_list(r.kinds) + ")";
+  std::vector<std::string> hint;
+  {
+    std::lock_guard<std::mutex> lock(hint_mutex);
+    hint.assign(capped_hint.begin(), capped_hint.end());
+  }
+  // One round trip: lock the capped kinds' rows, and take the uncapped kinds' candidates. The
+  // latter excludes the kinds believed capped (the hint); when a kind was capped since, its jobs
+  // are in that scan, and it runs again without them below: a stale hint costs a round trip,
+  // never a cap overrun.
+  std::vector<Result> first =
+      tx.run({"SELECT kind, per_key_cap, global_cap FROM job_caps WHERE (per_key_cap > 0 OR "
+              "global_cap > 0)" +
+                  kinds_filter + " ORDER BY kind FOR UPDATE",
+              Sql("SELECT ")
+                      .raw(kJobColumns)
+                      .raw(" FROM jobs WHERE status = 'queued' AND run_after_ms <= ")
+                  << now << kinds_filter
+                  << (hint.empty() ? std::string() : " AND kind NOT IN (" + in_list(hint) + ")")
+                  << " ORDER BY priority, run_after_ms, id LIMIT " << r.limit
+                  << " FOR UPDATE SKIP LOCKED"});
+  std::map<std::string, KindCaps> capped;
+  for (const Row& row : first[0].rows) {
+    KindCaps& c = capped[to_str(row[0])];
+    c.per_key = to_int(row[1]);
+    c.global = to_int(row[2]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(hint_mutex);
+    if (r.kinds.empty()) {
+      capped_hint.clear();
+    } else {
+      for (const std::string& kind : r.kinds) capped_hint.erase(kind);
+    }
+    for (const auto& [kind, c] : capped) capped_hint.insert(kind);
+  }
+
+  bool stale = false;
+  for (const Row& row : first[1].rows) stale = stale || capped.count(to_str(row[1])) > 0;
+  if (stale) {
+    // A kind was capped since the hint was taken and its jobs took places in the scan: scan again
+    // without the capped kinds (all locked by us now), so that the claim is not cut short.
+    std::vector<std::string> exclude;
+    for (const auto& [kind, c] : capped) exclude.push_back(kind);
+    first[1] = tx.one(Sql("SELECT ")
+                          .raw(kJobColumns)
+                          .raw(" FROM jobs WHERE status = 'queued' AND run_after_ms <= ")
+                      << now << kinds_filter << " AND kind NOT IN (" << in_list(exclude)
+                      << ") ORDER BY priority, run_after_ms, id LIMIT " << r.limit
+                      << " FOR UPDATE SKIP LOCKED");
+  }
+  std::vector<std::vector<Candidate>> lists;
+  lists.emplace_back();
+  for (const Row& row : first[1].rows) {
+    Job job = read_job(row);
+    lists[0].push_back(
+        {job.id, job.kind, job.concurrency_key, job.priority, job.run_after_ms, 0, std::move(job)});
+  }
+
+  if (!capped.empty()) {
+    std::vector<std::string> capped_kinds;
+    for (const auto& [kind, c] : capped) capped_kinds.push_back(kind);
+    // Exact: every claim that could add running jobs of these kinds waits for our locks.
+    std::vector<std::string> reads = {
+        "SELECT kind, concurrency_key, COUNT(*) FROM jobs WHERE status = 'running' AND kind IN (" +
+        in_list(capped_kinds) + ") GROUP BY kind, concurrency_key"};
+    for (const auto& [kind, c] : capped) {
+      if (c.per_key > 0) {
+        reads.push_back(
+            "SELECT DISTINCT concurrency_key FROM jobs WHERE status = 'queued' AND "
+            "kind = " +
+            quote(kind));
+      }
+    }
+    std::vector<Result> counts = tx.run(reads);
+    for (const Row& row : counts[0].rows) {
+      KindCaps& c = capped[to_str(row[0])];
+      int64_t n = to_i64(row[2]);
+      c.keys[to_str(row[1])] = n;
+      c.total += n;
+    }
+    std::vector<std::string> heads;
+    std::vector<std::string> head_kinds;
+    size_t keys_result = 1;
+    for (const auto& [kind, c] : capped) {
+      int64_t want = static_cast<int64_t>(r.limit);
+      if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
+      std::vector<const Row*> keys;
+      if (c.per_key > 0) {
+        for (const Row& row : counts[keys_result].rows) keys.push_back(&row);
+        ++keys_result;
+      }
+      if (want <= 0) continue;
+      std::string sql;
+      if (c.per_key == 0) {
+        sql = Sql("SELECT id, kind, concurrency_key, priority, run_after_ms, 0 FROM jobs WHERE "
+                  "status = 'queued' AND kind = ")
+              << quote(kind) << " AND run_after_ms <= " << now
+              << " ORDER BY priority, run_after_ms, id LIMIT " << want;
+      } else {
+        for (const Row* key_row : keys) {
+          std::string key = to_str((*key_row)[0]);
+          auto it = c.keys.find(key);
+          int64_t running = it == c.keys.end() ? 0 : it->second;
+          if (running >= c.per_key) continue;
+          if (!sql.empty()) sql += " UNION ALL ";
+          sql += Sql("(SELECT id, kind, concurrency_key, priority, run_after_ms, ")
+                 << running << " FROM jobs WHERE status = 'queued' AND kind = " << quote(kind)
+                 << " AND concurrency_key = " << quote(key) << " AND run_after_ms <= " << now
+                 << " ORDER BY priority, run_after_ms, id LIMIT "
+                 << std::min<int64_t>(c.per_key - running, want) << ")";
+        }
+        if (sql.empty()) continue;
+      }
+      heads.push_back(std::move(sql));
+      head_kinds.push_back(kind);
+    }
+    if (!heads.empty()) {
+      std::vector<Result> head_rows = tx.run(heads);
+      for (size_t i = 0; i < heads.size(); ++i) {
+        const KindCaps& c = capped[head_kinds[i]];
+        int64_t want = static_cast<int64_t>(r.limit);
+        if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
+        std::vector<Candidate> list;
+        std::map<std::string, int64_t> rank;
+        for (const Row& row : head_rows[i].rows) {
+          Candidate candidate;
+          candidate.id = to_i64(row[0]);
+          candidate.kind = to_str(row[1]);
+          candidate.key = to_str(row[2]);
+          candidate.priority = to_int(row[3]);
+          candidate.run_after = to_i64(row[4]);
+          // Fair share applies to per-key caps; a global-only cap keeps the claim order.
+          candidate.load = c.per_key > 0 ? to_i64(row[5]) + rank[candidate.key]++ : 0;
+          list.push_back(std::move(candidate));
+        }
+        std::sort(list.begin(), list.end(), fair_order);
+        if (static_cast<int64_t>(list.size()) > want) list.resize(static_cast<size_t>(want));
+        lists.push_back(std::move(list));
+      }
+    }
+  }
+
+  std::vector<Candidate*> chosen = merge_heads(lists, r.limit);
+  // Lock the chosen capped candidates (the uncapped ones are locked already). Under the kind lock
+  // no other claim takes them; SKIP LOCKED only passes over rows an operator is changing.
+  std::vector<JobId> to_lock;
+  for (Candidate* c : chosen) {
+    if (!c->row) to_lock.push_back(c->id);
+  }
+  if (!to_lock.empty()) {
+    Result locked = tx.one(Sql("SELECT ").raw(kJobColumns).raw(" FROM jobs WHERE id IN (")
+                           << id_list(to_lock) << ") AND status = 'queued' FOR UPDATE SKIP LOCKED");
+    std::map<JobId, Job> rows;
+    for (const Row& row : locked.rows) {
+      Job job = read_job(row);
+      rows.emplace(job.id, std::move(job));
+    }
+    for (Candidate* c : chosen) {
+      if (c->row) continue;
+      auto it = rows.find(c->id);
+      if (it != rows.end()) c->row = std::move(it->second);
+    }
+  }
+
+  // Deal the locked jobs out, round robin over the calls.
+  const std::string prefix = random_hex(16) + ".";
+  std::vector<size_t> left;
+  for (ClaimOp* op : ops) left.push_back(op->request.limit);
+  std::vector<std::pair<JobId, std::string>> owners, expiries, starts;
+  std::vector<JobId> ids;
+  Writes w;
+  size_t next = 0;
+  for (Candidate* c : chosen) {
+    if (!c->row) continue;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      size_t i = (next + k) % ops.size();
+      const ClaimRequest& request = ops[i]->request;
+      if (left[i] == 0 || request.now_ms < c->run_after) continue;
+      --left[i];
+      next = i + 1;
+      Claimed one;
+      one.job = std::move(*c->row);
+      one.lease_token = prefix + std::to_string(one.job.id);
+      one.lease_expires_ms = request.now_ms + request.lease_ms;
+      one.job.status = JobStatus::kRunning;
+      one.job.attempts += 1;
+      one.job.lease_owner = cut_utf8(request.owner, 255);  // lease_owner is VARBINARY(255)
+      one.job.lease_token = one.lease_token;
+      one.job.lease_expires_ms = one.lease_expires_ms;
+      one.job.started_ms = request.now_ms;
+      one.job.updated_ms = request.now_ms;
+      ids.push_back(one.job.id);
+      owners.emplace_back(one.job.id, quote(*one.job.lease_owner));
+      expiries.emplace_back(one.job.id, std::to_string(one.lease_expires_ms));
+      starts.emplace_back(one.job.id, std::to_string(request.now_ms));
+      w.running(one.job.kind, one.job.concurrency_key, 1);
+      ops[i]->result.push_back(std::move(one));
+      break;
+    }
+  }
+  if (ids.empty()) {
+    tx.commit();
+    return;
+  }
+  std::string list = id_list(ids);
+  w.push_back("UPDATE jobs SET status = 'running', attempts = attempts + 1, lease_owner = " +
+              per_id("id", owners) + ", lease_token = CONCAT(" + quote(prefix) +
+              ", id), lease_expires_ms = " + per_id("id", expiries) +
+              ", started_ms = " + per_id("id", starts) + ", updated_ms = " + per_id("id", starts) +
+              " WHERE id IN (" + list + ")");
+  w.push_back(
+      "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms) "
+      "SELECT id, attempts, lease_owner, lease_token, started_ms FROM jobs WHERE id IN (" +
+      list + ") ORDER BY id");
+  w.commit(tx);
+}
+
+// One complete() call waiting for a group commit. Any two merge.
+struct CompleteOp {
+  JobId id;
+  const std::string& token;
+  const std::string& result;
+  int64_t now;
+  std::exception_ptr error;
+  bool done = false;
+  size_t bytes() const { return result.size() + token.size() + 64; }
+  bool merges_with(const CompleteOp&) const { return true; }
+};
+
+// Completes the ops' jobs in one transaction with set-based statements. An op whose lease does
+// not hold gets LeaseLost (and changes nothing); the others succeed.
+void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
+  std::vector<JobId> ids;
+  for (CompleteOp* op : ops) {
+    op->error = nullptr;  // the body may run again after a deadlock
+    ids.push_back(op->id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  Result locked = tx.one(Sql("SELECT ").raw(kStateColumns).raw(" FROM jobs WHERE id IN (")
+                         << id_list(ids) << ") ORDER BY id FOR UPDATE");
+  std::map<JobId, JobState> states;
+  for (const Row& row : locked.rows) {
+    JobState s = read_state(row);
+    states.emplace(s.id, std::move(s));
+  }
+  std::vector<std::pair<const CompleteOp*, const JobState*>> valid;
+  std::set<JobId> taken;
+  for (CompleteOp* op : ops) {
+    std::string job = "job " + std::to_string(op->id);
+    auto it = states.find(op->id);
+    if (it == states.end()) {
+      op->error = std::make_exception_ptr(LeaseLost(job + " no longer exists"));
+    } else if (it->second.status != JobStatus::kRunning || taken.count(op->id)) {
+      JobStatus status = taken.count(op->id) ? JobStatus::kSucceeded : it->second.status;
+      op->error = std::make_exception_ptr(
+          LeaseLost(job + " is " + std::string(to_string(status)) + ", not running"));
+    } else if (it->second.token != op->token) {
+      op->error =
+          std::make_exception_ptr(LeaseLost(job + ": the lease was taken over (token mismatch)"));
+    } else {
+      taken.insert(op->id);
+      valid.emplace_back(op, &it->second);
+    }
+  }
+  if (valid.empty()) {
+    tx.commit();
+    return;
+  }
+  Writes w;
+  std::vector<JobId> done;
+  std::vector<std::pair<JobId, std::string>> results, nows;
+  std::string tokens;
+  std::map<JobId, std::pair<int, int64_t>> parents;  // children that finished, latest clock
+  for (const auto& [op, s] : valid) {
+    done.push_back(s->id);
+    results.emplace_back(s->id, quote(op->result));
+    nows.emplace_back(s->id, std::to_string(op->now));
+    if (!tokens.empty()) tokens += ", ";
+    tokens += quote(s->token);
+    w.running(s->kind, s->key, -1);
+    if (s->dead_letter_id) {
+      w.push_back(Sql("UPDATE dead_letters SET status = 'resolved', updated_ms = ")
+                  << op->now << " WHERE id = " << *s->dead_letter_id << " AND status = 'retrying'");
+    }
+    if (s->parent_id && s->counted_in_parent) {
+      auto& [n, latest] = parents[*s->parent_id];
+      ++n;
+      latest = std::max(latest, op->now);
+    }
+  }
+  std::string list = id_list(done);
+  // Tokens are unique per claim and name their job, so matching the two lists separately finds
+  // exactly the open attempt of each job.
+  w.push_back("UPDATE job_attempts SET finished_ms = " + per_id("job_id", nows) +
+              ", outcome = 'succeeded', error = NULL WHERE job_id IN (" + list +
+              ") AND lease_token IN (" + tokens + ")");
+  w.push_back("UPDATE jobs SET status = 'succeeded', result = " + per_id("id", results) +
+              ", finished_ms = " + per_id("id", nows) + ", updated_ms = " + per_id("id", nows) +
+              ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+              "active_dedupe_key = NULL, counted_in_parent = 0 WHERE id IN (" +
+              list + ")");
+  for (const auto& [parent, counted] : parents) {
+    w.push_back(uncount_children(parent, counted.first, counted.second));
+  }
+  w.commit(tx);
+}
+
+// --- producing -----------------------------------------------------------------------------
+
+// Statement size per multi-row INSERT: well under the server's max_allowed_packet (16 MiB by
+// default).
+constexpr size_t kInsertChunkBytes = 4u << 20;
+constexpr size_t kInsertChunkRows = 1000;
+
+struct AutoIncrement {
+  bool consecutive = true;  // innodb_autoinc_lock_mode 0 or 1: a multi-row INSERT's ids are
+                            // insert_id, insert_id + step, ... (not guaranteed in mode 2)
+  int64_t step = 1;         // auto_increment_increment
+};
+
+std::vector<EnqueueResult> enqueue_jobs(Tx& tx, const std::vector<JobSpec>& specs, int64_t now,
+                                        const AutoIncrement& autoinc) {
+  const size_t n = specs.size();
+  std::vector<EnqueueResult> results(n);
+  std::vector<bool> settled(n, false);
+  std::vector<size_t> same_as(n, SIZE_MAX);  // an earlier spec of this batch with the same key
+
+  // 1. Active jobs with the same (kind, dedupe_key), and repeats within the batch.
+  std::map<std::pair<std::string, std::string>, size_t> first;
+  std::vector<std::string> conditions;
+  for (size_t i = 0; i < n; ++i) {
+    if (!specs[i].dedupe_key) continue;
+    auto [it, inserted] = first.emplace(std::make_pair(specs[i].kind, *specs[i].dedupe_key), i);
+    if (!inserted) {
+      same_as[i] = it->second;
+      continue;
+    }
+    conditions.push_back(Sql("(kind = ").str(specs[i].kind)
+                         << " AND active_dedupe_key = " << quote(*specs[i].dedupe_key) << ")");
+  }
+  for (size_t begin = 0; begin < conditions.size(); begin += 500) {
+    std::string sql = "SELECT id, kind, active_dedupe_key FROM jobs WHERE ";
+    for (size_t i = begin; i < std::min(conditions.size(), begin + 500); ++i) {
+      if (i > begin) sql += " OR ";
+      sql += conditions[i];
+    }
+    for (const Row& row : tx.one(sql).rows) {
+      auto it = first.find({to_str(row[1]), to_str(row[2])});
+      if (it == first.end()) continue;
+      results[it->second] = {to_i64(row[0]), false};
+      settled[it->second] = true;
+    }
+  }
+
+  // 2. Parents: a child counts in an active parent; a missing parent fails the batch.
+  std::map<JobId, int> children;
+  for (size_t i = 0; i < n; ++i) {
+    if (!settled[i] && same_as[i] == SIZE_MAX && specs[i].parent_id) {
+      ++children[*specs[i].parent_id];
+    }
+  }
+  std::set<JobId> counting;
+  if (!children.empty()) {
+    std::vector<std::string> updates;
+    for (const auto& [parent, k] : children) {
+      updates.push_back(Sql("UPDATE jobs SET pending_children = pending_children + ")
+                        << k << ", updated_ms = " << now << " WHERE id = " << parent
+                        << " AND status IN " << kActive);
+    }
+    std::vector<Result> updated = tx.run(updates);
+    std::vector<JobId> inactive;
+    size_t i = 0;
+    for (const auto& [parent, k] : children) {
+      if (updated[i++].affected > 0) {
+        counting.insert(parent);
+      } else {
+        inactive.push_back(parent);
+      }
+    }
+    if (!inactive.empty()) {
+      std::set<JobId> existing;
+      for (const Row& row :
+           tx.one("SELECT id FROM jobs WHERE id IN (" + id_list(inactive) + ")").rows) {
+        existing.insert(to_i64(row[0]));
+      }
+      for (JobId parent : inactive) {
+        if (!existing.count(parent)) {
+          throw JobNotFound("parent job " + std::to_string(parent) + " not found");
+        }
+      }
+    }
+  }
+
+  // 3. The new rows, in multi-row INSERTs.
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < n; ++i) {
+    if (!settled[i] && same_as[i] == SIZE_MAX) rows.push_back(i);
+  }
+  size_t at = 0;
+  while (at < rows.size()) {
+    std::string sql =
+        "INSERT INTO jobs (kind, concurrency_key, dedupe_key, active_dedupe_key, status, "
+        "priority, max_attempts, run_after_ms, parent_id, counted_in_parent, timeout_ms, "
+        "created_ms, updated_ms, payload) VALUES ";
+    size_t begin = at;
+    while (at < rows.size() && at - begin < (autoinc.consecutive ? kInsertChunkRows : 1) &&
+           (at == begin || sql.size() < kInsertChunkBytes)) {
+      const JobSpec& s = specs[rows[at]];
+      bool counted = s.parent_id && counting.count(*s.parent_id);
+      if (at > begin) sql += ", ";
+      sql +=
+          Sql("(").str(s.kind) << ", " << quote(s.concurrency_key) << ", " << quote(s.dedupe_key)
+                               << ", " << quote(s.dedupe_key) << ", 'queued', " << s.priority
+                               << ", " << s.max_attempts << ", "
+                               << (s.run_after_ms > 0 ? s.run_after_ms : now) << ", "
+                               << (s.parent_id ? std::to_string(*s.parent_id) : std::string("NULL"))
+                               << ", " << (counted ? 1 : 0) << ", " << s.timeout_ms << ", " << now
+                               << ", " << now << ", " << quote(s.payload) << ")";
+      ++at;
+    }
+    Result inserted;
+    try {
+      inserted = tx.one(sql);
+    } catch (const mysql::Error& e) {
+      // Another transaction made a job with one of our dedupe keys active after our read: start
+      // over, and the read will find it.
+      if (e.duplicate_key()) throw mysql::RetryTransaction("dedupe race: " + std::string(e.what()));
+      throw;
+    }
+    for (size_t i = begin; i < at; ++i) {
+      results[rows[i]] = {
+          static_cast<JobId>(inserted.insert_id) + static_cast<JobId>(i - begin) * autoinc.step,
+          true};
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (same_as[i] != SIZE_MAX) results[i] = {results[same_as[i]].id, false};
+  }
+  return results;
+}
+
+// Adds a retried child to an active parent's count. A missing or finished parent waits for
+// nothing: the child simply runs.
+bool count_child(Tx& tx, JobId parent, int64_t now) {
+  Result r = tx.one(Sql("UPDATE jobs SET pending_children = pending_children + 1, updated_ms = ")
+                    << now << " WHERE id = " << parent << " AND status IN " << kActive);
+  return r.affected > 0;
+}
+
+// --- recovery ------------------------------------------------------------------------------
+
+constexpr int kSweepChunk = 500;
+constexpr int kPruneChunk = 1000;
+
+// An expired lease: the worker crashed or hung. The attempt counts.
+void expire_lease(Tx& tx, Writes& w, const JobState& s, int64_t now, SweepResult& result) {
+  const std::string expired = "lease expired (worker crashed or hung)";
+  end_attempt(w, s, "lease_expired", expired, now);
+  if (s.attempts >= s.max_attempts) {  // would not requeue: dies even if cancel was requested
+    mark_dead(
+        w, s,
+        "lease expired after " + std::to_string(s.attempts) + " attempts (worker crashed or hung)",
+        now);
+    ++result.dead;
+  } else if (s.cancel_requested) {
+    mark_cancelled(tx, w, s, 0, expired, now);
+  } else {
+    requeue(w, s, now, 0, expired, now);
+    ++result.requeued;
+  }
+}
+
+// --- the store -----------------------------------------------------------------------------
+
+template <class T>
+T first_or(const Result& r, T fallback) {
+  if (r.rows.empty() || r.rows[0].empty() || !r.rows[0][0]) return fallback;
+  if constexpr (std::is_same_v<T, int>) {
+    return to_int(r.rows[0][0]);
+  } else {
+    return static_cast<T>(to_i64(r.rows[0][0]));
+  }
+}
+
+mysql::Config store_config(const std::string& connection_string) {
+  mysql::Config config = mysql::parse_config(connection_string);
+  if (config.db.empty()) throw ConfigError("mysql connection string: db= is required");
+  return config;
+}
+
+class MysqlStore final : public JobStore {
+ public:
+  MysqlStore(const std::string& connection_string, size_t pool_size)
+      : pool_(store_config(connection_string), pool_size) {
+    migrate();
+    Result r = read("open", [](mysql::Connection& c) {
+      return c.one("SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment");
+    });
+    if (!r.rows.empty()) {
+      autoinc_.consecutive = to_i64(r.rows[0][0]) != 2;
+      autoinc_.step = std::max<int64_t>(to_i64(r.rows[0][1]), 1);
+    }
+  }
+
+  int migrate() override;
+  std::string backend() const override { return "mysql"; }
+
+  EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
+    return enqueue_batch({spec}, now_ms).front();
+  }
+  std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
+                                           int64_t now_ms) override {
+    for (const JobSpec& spec : specs) {
+      if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
+    }
+    if (specs.empty()) return {};
+    return transact("enqueue", [&](Tx& tx) { return enqueue_jobs(tx, specs, now_ms, autoinc_); });
+  }
+
+  // Group-committed: concurrent claims with the same kinds and lease length share a transaction.
+  std::vector<Claimed> claim(const ClaimRequest& request) override {
+    if (request.limit == 0) return {};
+    ClaimOp op{request, {}, nullptr, false};
+    claims_.submit(op, [&](std::vector<ClaimOp*>& batch) {
+      // A failed claim changed nothing durable that matters (at worst leases that expire): every
+      // op gets the error, and the callers claim again later.
+      try {
+        transact("claim", [&](Tx& tx) { claim_jobs(tx, batch, capped_hint_, hint_mutex_); });
+      } catch (...) {
+        for (ClaimOp* o : batch) o->error = std::current_exception();
+      }
+    });
+    if (op.error) std::rethrow_exception(op.error);
+    return std::move(op.result);
+  }
+
+  HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                            const std::optional<std::string>& checkpoint) override {
+    return transact("heartbeat", [&](Tx& tx) {
+      JobState s = lock_running(tx, id, token);
+      HeartbeatResult result{now_ms + lease_ms, s.cancel_requested};
+      Sql sql("UPDATE jobs SET lease_expires_ms = ");
+      sql << result.lease_expires_ms << ", updated_ms = " << now_ms;
+      if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
+      sql << " WHERE id = " << id;
+      tx.commit({std::move(sql)});
+      return result;
+    });
+  }
+
+  // Group-committed: concurrent completions share a transaction (set-based statements).
+  void complete(JobId id, const std::string& token, const std::string& result_json,
+                int64_t now_ms) override {
+    CompleteOp op{id, token, result_json, now_ms, nullptr, false};
+    completions_.submit(op, [&](std::vector<CompleteOp*>& batch) {
+      try {
+        transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
+      } catch (...) {
+        if (batch.size() == 1) {
+          batch.front()->error = std::current_exception();
+          return;
+        }
+        // The failure may be one op's doing (say, a result too large): each alone, so that only
+        // that one fails. One whose batch did commit after all finds its job done: LeaseLost.
+        for (CompleteOp* o : batch) {
+          try {
+            transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
+          } catch (...) {
+            o->error = std::current_exception();
+          }
+        }
+      }
+    });
+    if (op.error) std::rethrow_exception(op.error);
+  }
+
+  JobStatus fail(JobId id, const std::string& token, const Failure& failure,
+                 int64_t now_ms) override {
+    return transact("fail", [&](Tx& tx) {
+      JobState s = lock_running(tx, id, token);
+      Writes w;
+      end_attempt(w, s, failure.fatal ? "fatal" : "failed", failure.error, now_ms);
+      JobStatus status = JobStatus::kQueued;
+      // The cancellation rule turns only what would requeue into kCancelled: a FATAL or last
+      // failure still dies (and opens a dead letter), as complete() still succeeds.
+      if (failure.fatal || s.attempts >= s.max_attempts) {
+        mark_dead(w, s, failure.error, now_ms);
+        status = JobStatus::kDead;
+      } else if (s.cancel_requested) {
+        mark_cancelled(tx, w, s, 0, failure.error, now_ms);
+        status = JobStatus::kCancelled;
+      } else {
+        requeue(w, s, now_ms + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error,
+                now_ms);
+      }
+      w.commit(tx);
+      return status;
+    });
+  }
+
+  void defer(JobId id, const std::string& token, int64_t run_after_ms, const std::string& reason,
+             int64_t now_ms) override {
+    return_job(id, token, run_after_ms, "deferred", reason, now_ms);
+  }
+  void release(JobId id, const std::string& token, int64_t now_ms) override {
+    return_job(id, token, now_ms, "released", std::nullopt, now_ms);
+  }
+
+  void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
+                         const std::optional<std::string>& checkpoint, int64_t now_ms) override {
+    transact("wait_for_children", [&](Tx& tx) {
+      JobState s = lock_running(tx, id, token);
+      Writes w;
+      if (s.cancel_requested) {
+        end_attempt(w, s, "cancelled", std::nullopt, now_ms);
+        mark_cancelled(tx, w, s, 1, std::nullopt, now_ms);
+        w.commit(tx);
+        return;
+      }
+      end_attempt(w, s, "waiting", std::nullopt, now_ms);
+      // pending_children is read under our lock, and a child's terminal transaction locks this
+      // row to decrement it: no wake-up is lost between the two.
+      bool wait = s.pending_children > 0;
+      Sql sql("UPDATE jobs SET status = ");
+      sql << (wait ? "'waiting'" : "'queued'")
+          << ", wait_deadline_ms = " << (wait ? deadline_ms : 0)
+          << ", run_after_ms = " << (wait ? std::string("run_after_ms") : std::to_string(now_ms))
+          << ", attempts = GREATEST(attempts - 1, 0), lease_owner = NULL, lease_token = NULL, "
+             "lease_expires_ms = 0, updated_ms = "
+          << now_ms;
+      if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
+      sql << " WHERE id = " << id;
+      w.push_back(std::move(sql));
+      w.commit(tx);
+    });
+  }
+
+  SweepResult sweep(int64_t now_ms) override {
+    return transact("sweep", [&](Tx& tx) {
+      SweepResult result;
+      Writes w;
+      while (true) {
+        Result expired =
+            read_after(tx, w,
+                       Sql("SELECT ")
+                               .raw(kStateColumns)
+                               .raw(" FROM jobs WHERE status = 'running' AND lease_expires_ms <= ")
+                           << now_ms << " ORDER BY lease_expires_ms, id LIMIT " << kSweepChunk
+                           << " FOR UPDATE SKIP LOCKED");
+        for (const Row& row : expired.rows) expire_lease(tx, w, read_state(row), now_ms, result);
+        if (expired.rows.size() < static_cast<size_t>(kSweepChunk)) break;
+      }
+      // Waiting parents past their deadline (SKIP LOCKED: a concurrent sweep has them).
+      Result waiting = read_after(tx, w,
+                                  Sql("SELECT id FROM jobs WHERE status = 'waiting' AND "
+                                      "wait_deadline_ms <= ")
+                                      << now_ms << " FOR UPDATE SKIP LOCKED");
+      if (!waiting.rows.empty()) {
+        std::vector<JobId> ids;
+        for (const Row& row : waiting.rows) ids.push_back(to_i64(row[0]));
+        w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
+                    << now_ms << ", wait_deadline_ms = 0, updated_ms = " << now_ms
+                    << " WHERE id IN (" << id_list(ids) << ")");
+        result.parents_woken = static_cast<int>(ids.size());
+      }
+      w.commit(tx);
+      return result;
+    });
+  }
+
+  // Deletes in chunks of kPruneChunk jobs, each its own transaction, so that a large retention
+  // pass never holds thousands of row locks or a huge undo log at once.
+  int64_t prune(int64_t finished_before_ms) override {
+    int64_t total = 0;
+    while (true) {
+      auto [found, deleted] = transact("prune", [&](Tx& tx) {
+        Result candidates = tx.one(
+            Sql("SELECT j.id FROM jobs j WHERE j.finished_ms > 0 AND j.finished_ms < ")
+            << finished_before_ms
+            << " AND j.status IN ('succeeded', 'cancelled', 'dead') AND (j.status <> 'dead' OR "
+               "NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = j.id AND d.status IN "
+               "('pending', 'retrying'))) ORDER BY j.finished_ms, j.id LIMIT "
+            << kPruneChunk);
+        if (candidates.rows.empty()) return std::pair<size_t, int64_t>{0, 0};
+        std::vector<JobId> ids;
+        for (const Row& row : candidates.rows) ids.push_back(to_i64(row[0]));
+        // Re-checked under the row locks: a dead job retried meanwhile is active again.
+        Result locked = tx.one(Sql("SELECT id FROM jobs WHERE id IN (")
+                               << id_list(ids)
+                               << ") AND status IN ('succeeded', 'cancelled', 'dead') AND "
+                                  "finished_ms > 0 AND finished_ms < "
+                               << finished_before_ms << " FOR UPDATE");
+        std::vector<JobId> doomed;
+        for (const Row& row : locked.rows) doomed.push_back(to_i64(row[0]));
+        if (!doomed.empty()) {
+          std::string list = id_list(doomed);
+          tx.commit({"DELETE FROM job_attempts WHERE job_id IN (" + list + ")",
+                     "DELETE FROM jobs WHERE id IN (" + list + ")"});
+        }
+        return std::pair<size_t, int64_t>{ids.size(), static_cast<int64_t>(doomed.size())};
+      });
+      total += deleted;
+      if (found < static_cast<size_t>(kPruneChunk)) return total;
+    }
+  }
+
+  CancelOutcome cancel(JobId id, int64_t now_ms) override {
+    return transact("cancel", [&](Tx& tx) {
+      Writes w;
+      CancelOutcome outcome = cancel_job(tx, w, id, now_ms);
+      w.commit(tx);
+      return outcome;
+    });
+  }
+
+  // Every job of the key that is active now ends cancelled or asked to stop (a child may be
+  // cancelled through its parent first); the count is theirs.
+  int cancel_key(const std::string& concurrency_key, const std::string& kind,
+                 int64_t now_ms) override {
+    return transact("cancel_key", [&](Tx& tx) {
+      Sql sql("SELECT id FROM jobs WHERE concurrency_key = ");
+      sql.str(concurrency_key);
+      if (!kind.empty()) sql << " AND kind = " << quote(kind);
+      sql << " AND status IN " << kActive << " ORDER BY id";
+      Result active = tx.one(sql.text());
+      Writes w;
+      for (const Row& row : active.rows) cancel_job(tx, w, to_i64(row[0]), now_ms);
+      w.commit(tx);
+      return static_cast<int>(active.rows.size());
+    });
+  }
+
+  std::optional<Job> get(JobId id) override {
+    Result r = read("get", [&](mysql::Connection& c) {
+      return c.one(Sql("SELECT ").raw(kJobColumns).raw(" FROM jobs WHERE id = ") << id);
+    });
+    if (r.rows.empty()) return std::nullopt;
+    return read_job(r.rows[0]);
+  }
+
+  JobPage list(const JobQuery& query) override {
+    if (query.limit == 0) return {};
+    Sql sql("SELECT ");
+    sql << kJobColumns << " FROM jobs WHERE 1 = 1";
+    if (query.status) sql << " AND status = " << status_sql(*query.status);
+    if (query.kind) sql << " AND kind = " << quote(*query.kind);
+    if (query.concurrency_key) sql << " AND concurrency_key = " << quote(*query.concurrency_key);
+    if (query.parent_id) sql << " AND parent_id = " << *query.parent_id;
+    if (query.before_id) sql << " AND id < " << *query.before_id;
+    // One row more than asked tells whether another page exists.
+    sql << " ORDER BY id DESC LIMIT " << (query.limit + 1);
+    Result r = read("list", [&](mysql::Connection& c) { return c.one(sql.text()); });
+    JobPage page;
+    for (const Row& row : r.rows) page.jobs.push_back(read_job(row));
+    if (page.jobs.size() > query.limit) {
+      page.jobs.pop_back();
+      page.next_before = page.jobs.back().id;
+    }
+    return page;
+  }
+
+  std::vector<Attempt> attempts(JobId id) override {
+    Result r = read("attempts", [&](mysql::Connection& c) {
+      return c.one(Sql("SELECT attempt, owner, started_ms, finished_ms, outcome, error FROM "
+                       "job_attempts WHERE job_id = ")
+                   << id << " ORDER BY id");
+    });
+    std::vector<Attempt> out;
+    for (const Row& row : r.rows) {
+      out.push_back({id, to_int(row[0]), to_str(row[1]), to_i64(row[2]), to_i64(row[3]),
+                     to_str(row[4]), row[5]});
+    }
+    return out;
+  }
+
+  std::map<std::pair<std::string, JobStatus>, int64_t> counts() override {
+    Result r = read("counts", [](mysql::Connection& c) {
+      return c.one("SELECT kind, status, COUNT(*) FROM jobs GROUP BY kind, status");
+    });
+    std::map<std::pair<std::string, JobStatus>, int64_t> out;
+    for (const Row& row : r.rows) out[{to_str(row[0]), status_from(row[1])}] = to_i64(row[2]);
+    return out;
+  }
+
+  void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
+                      int64_t now_ms) override {
+    transact("set_checkpoint", [&](Tx& tx) {
+      JobState s = lock_existing(tx, id);
+      if (s.status == JobStatus::kRunning) {
+        throw InvalidTransition("job " + std::to_string(id) +
+                                " is running: its checkpoint belongs to the worker");
+      }
+      tx.commit({Sql("UPDATE jobs SET checkpoint = ")
+                 << quote(checkpoint) << ", updated_ms = " << now_ms << " WHERE id = " << id});
+    });
+  }
+
+  void set_caps(const std::string& kind, Caps caps) override {
+    transact("set_caps", [&](Tx& tx) {
+      tx.commit({Sql("INSERT INTO job_caps (kind, per_key_cap, global_cap) VALUES (").str(kind)
+                 << ", " << std::max(caps.per_key, 0) << ", " << std::max(caps.global, 0)
+                 << ") ON DUPLICATE KEY UPDATE per_key_cap = VALUES(per_key_cap), "
+                    "global_cap = VALUES(global_cap)"});
+    });
+  }
+
+  std::map<std::string, Caps> caps() override {
+    Result r = read("caps", [](mysql::Connection& c) {
+      return c.one("SELECT kind, per_key_cap, global_cap FROM job_caps");
+    });
+    std::map<std::string, Caps> out;
+    for (const Row& row : r.rows) out[to_str(row[0])] = Caps{to_int(row[1]), to_int(row[2])};
+    return out;
+  }
+
+  int max_running_seen(const std::string& kind, const std::string& concurrency_key) override {
+    std::string sql = concurrency_key.empty()
+                          ? "SELECT max_running FROM running_totals WHERE kind = " + quote(kind)
+                          : "SELECT max_running FROM running_counts WHERE kind = " + quote(kind) +
+                                " AND concurrency_key = " + quote(concurrency_key);
+    return first_or(read("max_running_seen", [&](mysql::Connection& c) { return c.one(sql); }), 0);
+  }
+
+  // The truth (the jobs themselves), not the counters.
+  int running(const std::string& kind, const std::string& concurrency_key) override {
+    std::string sql =
+        "SELECT COUNT(*) FROM jobs WHERE status = 'running' AND kind = " + quote(kind);
+    if (!concurrency_key.empty()) sql += " AND concurrency_key = " + quote(concurrency_key);
+    return first_or(read("running", [&](mysql::Connection& c) { return c.one(sql); }), 0);
+  }
+
+  // Token bucket: starts full, refills continuously, never above capacity. Clocks of different
+  // hosts may disagree a little: time never runs backwards for a bucket.
+  int64_t take_tokens(const std::string& key, double cost, double capacity, double refill_per_hour,
+                      int64_t now_ms) override {
+    if (capacity <= 0 || cost < 0 || cost > capacity) {
+      throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
+    }
+    constexpr double kMsPerHour = 3'600'000.0;
+    return transact("take_tokens", [&](Tx& tx) {
+      Result r = tx.one("SELECT tokens, updated_ms FROM throttle_buckets WHERE bucket_key = " +
+                        quote(key) + " FOR UPDATE");
+      double tokens = capacity;
+      int64_t updated = now_ms;
+      if (!r.rows.empty()) {
+        int64_t last = to_i64(r.rows[0][1]);
+        int64_t elapsed = std::max<int64_t>(now_ms - last, 0);
+        tokens =
+            std::min(capacity, mysql::to_double(r.rows[0][0]) +
+                                   static_cast<double>(elapsed) * refill_per_hour / kMsPerHour);
+        updated = std::max(now_ms, last);
+      }
+      int64_t wait_ms = 0;
+      if (tokens >= cost) {
+        tokens -= cost;
+      } else if (refill_per_hour <= 0) {
+        wait_ms = std::numeric_limits<int64_t>::max();
+      } else {
+        wait_ms = static_cast<int64_t>(std::ceil((cost - tokens) * kMsPerHour / refill_per_hour));
+        wait_ms = std::max<int64_t>(wait_ms, 1);
+      }
+      Sql sql;
+      if (r.rows.empty()) {
+        // Absent rows cannot be locked at READ COMMITTED: two hosts may both insert; the loser
+        // gets a duplicate key and re-runs against the winner's row.
+        sql << "INSERT INTO throttle_buckets (bucket_key, tokens, updated_ms) VALUES (";
+        sql.str(key) << ", ";
+        sql.real(tokens) << ", " << updated << ")";
+      } else {
+        sql << "UPDATE throttle_buckets SET tokens = ";
+        sql.real(tokens) << ", updated_ms = " << updated << " WHERE bucket_key = " << quote(key);
+      }
+      commit_retrying_duplicates(tx, sql.text());
+      return wait_ms;
+    });
+  }
+
+  // `next` may run more than once when the transaction is re-run after a conflict.
+  CircuitRecord update_circuit(
+      const std::string& name,
+      const std::function<CircuitRecord(const CircuitRecord&)>& next) override {
+    return transact("update_circuit", [&](Tx& tx) {
+      Result r = tx.one(
+          "SELECT state, failures, opened_ms, retry_at_ms, updated_ms FROM circuits WHERE name = " +
+          quote(name) + " FOR UPDATE");
+      CircuitRecord current;
+      if (!r.rows.empty()) {
+        const Row& row = r.rows[0];
+        current = {to_str(row[0]), to_int(row[1]), to_i64(row[2]), to_i64(row[3]), to_i64(row[4])};
+      }
+      CircuitRecord updated = next(current);
+      Sql sql(
+          "INSERT INTO circuits (name, state, failures, opened_ms, retry_at_ms, updated_ms) "
+          "VALUES (");
+      sql.str(name) << ", " << quote(updated.state) << ", " << updated.failures << ", "
+                    << updated.opened_ms << ", " << updated.retry_at_ms << ", "
+                    << updated.updated_ms;
+      if (r.rows.empty()) {
+        sql << ")";
+      } else {
+        sql << ") ON DUPLICATE KEY UPDATE state = VALUES(state), failures = VALUES(failures), "
+               "opened_ms = VALUES(opened_ms), retry_at_ms = VALUES(retry_at_ms), "
+               "updated_ms = VALUES(updated_ms)";
+      }
+      commit_retrying_duplicates(tx, sql.text());
+      return updated;
+    });
+  }
+
+  DeadLetterPage list_dead_letters(const DeadLetterQuery& query) override {
+    if (query.limit == 0) return {};
+    std::string sql = std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
+                      letter_filter(query) + " ORDER BY id DESC LIMIT " +
+                      std::to_string(query.limit + 1);
+    Result r = read("list_dead_letters", [&](mysql::Connection& c) { return c.one(sql); });
+    DeadLetterPage page;
+    for (const Row& row : r.rows) page.items.push_back(read_letter(row));
+    if (page.items.size() > query.limit) {
+      page.items.pop_back();
+      page.next_before = page.items.back().id;
+    }
+    return page;
+  }
+
+  std::optional<DeadLetter> get_dead_letter(int64_t id) override {
+    Result r = read("get_dead_letter", [&](mysql::Connection& c) {
+      return c.one(Sql("SELECT ").raw(kLetterColumns).raw(" FROM dead_letters WHERE id = ") << id);
+    });
+    if (r.rows.empty()) return std::nullopt;
+    return read_letter(r.rows[0]);
+  }
+
+  std::map<std::pair<std::string, DeadLetterStatus>, int64_t> dead_letter_stats() override {
+    Result r = read("dead_letter_stats", [](mysql::Connection& c) {
+      return c.one("SELECT kind, status, COUNT(*) FROM dead_letters GROUP BY kind, status");
+    });
+    std::map<std::pair<std::string, DeadLetterStatus>, int64_t> out;
+    for (const Row& row : r.rows) {
+      out[{to_str(row[0]), letter_status_from(row[1])}] = to_i64(row[2]);
+    }
+    return out;
+  }
+
+  void retry_dead_letter(int64_t id, int64_t now_ms) override {
+    transact("retry_dead_letter", [&](Tx& tx) {
+      Result r = tx.one(Sql("SELECT ").raw(kLetterColumns).raw(" FROM dead_letters WHERE id = ")
+                        << id << " FOR UPDATE");
+      if (r.rows.empty()) throw JobNotFound("dead letter " + std::to_string(id) + " not found");
+      Writes w;
+      retry_letter(tx, w, read_letter(r.rows[0]), now_ms);
+      commit_retrying_duplicates(tx, w);
+    });
+  }
+
+  int retry_dead_letters(const DeadLetterQuery& query, size_t limit, int64_t now_ms) override {
+    if (query.status && *query.status != DeadLetterStatus::kPending) return 0;
+    if (limit == 0) return 0;
+    DeadLetterQuery pending = query;
+    pending.status = DeadLetterStatus::kPending;
+    return transact("retry_dead_letters", [&](Tx& tx) {
+      Result r = tx.one(std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
+                        letter_filter(pending) + " ORDER BY id DESC LIMIT " +
+                        std::to_string(limit) + " FOR UPDATE");
+      Writes w;
+      int retried = 0;
+      for (const Row& row : r.rows) {
+        try {
+          retry_letter(tx, w, read_letter(row), now_ms);
+          ++retried;
+        } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
+        } catch (const JobNotFound&) {        // the job was pruned
+        }
+      }
+      commit_retrying_duplicates(tx, w);
+      return retried;
+    });
+  }
+
+  void ignore_dead_letter(int64_t id, int64_t now_ms) override {
+    transact("ignore_dead_letter", [&](Tx& tx) {
+      Result r = tx.one(Sql("SELECT status FROM dead_letters WHERE id = ") << id << " FOR UPDATE");
+      if (r.rows.empty()) throw JobNotFound("dead letter " + std::to_string(id) + " not found");
+      DeadLetterStatus status = letter_status_from(r.rows[0][0]);
+      if (status == DeadLetterStatus::kIgnored) return;
+      if (status != DeadLetterStatus::kPending) {
+        throw InvalidTransition("dead letter " + std::to_string(id) + " is " +
+                                std::string(to_string(status)));
+      }
+      tx.commit({Sql("UPDATE dead_letters SET status = 'ignored', updated_ms = ")
+                 << now_ms << " WHERE id = " << id});
+    });
+  }
+
+  int64_t purge_dead_letters(int64_t updated_before_ms) override {
+    return transact("purge_dead_letters", [&](Tx& tx) {
+      std::vector<Result> r =
+          tx.commit({Sql("DELETE FROM dead_letters WHERE status IN ('resolved', 'ignored') AND "
+                         "updated_ms < ")
+                     << updated_before_ms});
+      return static_cast<int64_t>(r[0].affected);
+    });
+  }
+
+ private:
+  template <class Body>
+  auto transact(const char* what, Body&& body) -> std::invoke_result_t<Body&, Tx&> {
+    return mysql::transact(pool_, what, std::forward<Body>(body));
+  }
+
+  // A read outside any transaction (autocommit, one statement): re-run when the connection was
+  // lost, since reading twice is harmless.
+  template <class Body>
+  auto read(const char* what, Body&& body) -> std::invoke_result_t<Body&, mysql::Connection&> {
+    for (int attempt = 1;; ++attempt) {
+      try {
+        Pool::Lease c = pool_.acquire();
+        return body(*c);
+      } catch (const mysql::Error& e) {
+        if ((e.connection_lost() || e.lock_conflict()) && attempt < 5) {
+          mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
+          continue;
+        }
+        throw StorageError(std::string("mysql: ") + what + ": " + e.what());
+      }
+    }
+  }
+
+  // The commit of a body whose writes may hit a unique key another transaction just took (dedupe
+  // key, new bucket or circuit): the whole transaction is re-run and sees the other's row.
+  static void commit_retrying_duplicates(Tx& tx, const std::string& statement) {
+    Writes w;
+    w.push_back(statement);
+    commit_retrying_duplicates(tx, w);
+  }
+  static void commit_retrying_duplicates(Tx& tx, Writes& w) {
+    try {
+      w.commit(tx);
+    } catch (const mysql::Error& e) {
+      if (e.duplicate_key() && !tx.commit_unknown()) {
+        throw mysql::RetryTransaction(std::string("unique key race: ") + e.what());
+      }
+      throw;
+    }
+  }
+
+  void return_job(JobId id, const std::string& token, int64_t run_after, std::string_view outcome,
+                  const std::optional<std::string>& reason, int64_t now_ms) {
+    transact(outcome == "deferred" ? "defer" : "release", [&](Tx& tx) {
+      JobState s = lock_running(tx, id, token);
+      Writes w;
+      if (s.cancel_requested) {
+        // Leaving running is where a requested cancellation takes effect.
+        end_attempt(w, s, "cancelled", reason, now_ms);
+        mark_cancelled(tx, w, s, 1, std::nullopt, now_ms);
+      } else {
+        end_attempt(w, s, outcome, reason, now_ms);
+        requeue(w, s, run_after, 1, std::nullopt, now_ms);
+      }
+      w.commit(tx);
+    });
+  }
+
+  static std::string letter_filter(const DeadLetterQuery& q) {
+    std::string sql = " WHERE 1 = 1";
+    if (q.status) sql += " AND status = " + quote(to_string(*q.status));
+    if (q.kind) sql += " AND kind = " + quote(*q.kind);
+    if (q.concurrency_key) sql += " AND concurrency_key = " + quote(*q.concurrency_key);
+    if (q.before_id) sql += " AND id < " + std::to_string(*q.before_id);
+    return sql;
+  }
+
+  // The job goes back to queued with attempts reset (counted again by an active parent). Every
+  // check comes before any write, so that a refused letter leaves no trace (the bulk retry skips
+  // refused letters inside one transaction).
+  static void retry_letter(Tx& tx, Writes& w, const DeadLetter& letter, int64_t now) {
+    std::string name = "dead letter " + std::to_string(letter.id);
+    if (letter.status != DeadLetterStatus::kPending &&
+        letter.status != DeadLetterStatus::kIgnored) {
+      throw InvalidTransition(name + " is " + std::string(to_string(letter.status)));
+    }
+    w.flush(tx);
+    std::optional<JobState> s = lock_state(tx, letter.job_id);
+    if (!s) throw JobNotFound(name + ": job " + std::to_string(letter.job_id) + " was pruned");
+    if (s->status != JobStatus::kDead) {
+      throw InvalidTransition(name + ": job " + std::to_string(s->id) + " is " +
+                              std::string(to_string(s->status)));
+    }
+    if (s->dedupe_key) {
+      Result other = tx.one(Sql("SELECT id FROM jobs WHERE kind = ").str(s->kind)
+                            << " AND active_dedupe_key = " << quote(*s->dedupe_key));
+      if (!other.rows.empty()) {
+        throw InvalidTransition(name + ": job " + to_str(other.rows[0][0]) +
+                                " is active with the same dedupe key");
+      }
+    }
+    bool counted = s->parent_id && count_child(tx, *s->parent_id, now);
+    w.push_back(Sql("UPDATE jobs SET status = 'queued', attempts = 0, run_after_ms = ")
+                << now << ", finished_ms = 0, cancel_requested = 0, counted_in_parent = "
+                << (counted ? 1 : 0)
+                << ", active_dedupe_key = dedupe_key, lease_owner = NULL, lease_token = NULL, "
+                   "lease_expires_ms = 0, wait_deadline_ms = 0, updated_ms = "
+                << now << " WHERE id = " << s->id);
+    w.push_back(Sql("UPDATE dead_letters SET status = 'retrying', retries = retries + 1, "
+                    "updated_ms = ")
+                << now << " WHERE id = " << letter.id);
+  }
+
+  Pool pool_;
+  AutoIncrement autoinc_;
+  // One batch in flight per operation: while it runs (statements, then the commit's fsync), the
+  // next one fills. Two in flight gave smaller batches and more server CPU per job in the W1
+  // measurements, with no clear gain in throughput.
+  GroupCommit<ClaimOp> claims_{1, 64, 1u << 20};
+  GroupCommit<CompleteOp> completions_{1, 256, 4u << 20};
+  // Kinds last seen with caps: the uncapped claim scan excludes them (see claim_jobs).
+  std::mutex hint_mutex_;
+  std::set<std::string> capped_hint_;
+};
+
+// Applies what is missing of mysql_migrations() under a server-wide named lock, so that hosts
+// starting together migrate one at a time and the later ones find the work done. DDL commits on
+// its own in MySQL, so a migration is not atomic: its statements are written to be re-run
+// (IF NOT EXISTS) after a crash halfway, and schema_migrations records it only once all ran.
+int MysqlStore::migrate() {
+  const std::string lock_name = [&] {
+    std::string name = "backhaul_migrate:" + pool_.config().db;
+    return name.substr(0, 64);  // the server's limit for lock names
+  }();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      Pool::Lease c = pool_.acquire();
+      Result got = c->one("SELECT GET_LOCK(" + quote(lock_name) + ", 30)");
+      if (first_or(got, 0) != 1) {
+        throw StorageError("mysql: migrate: another process held the migration lock '" + lock_name +
+                           "' for 30 s");
+      }
+      struct Release {
+        mysql::Connection& c;
+        std::string name;
+        ~Release() {
+          try {
+            c.one("SELECT RELEASE_LOCK(" + quote(name) + ")");
+          } catch (...) {  // a lost session releases its locks anyway
+          }
+        }
+      } release{*c, lock_name};
+      c->one(
+          "CREATE TABLE IF NOT EXISTS schema_migrations (version INT NOT NULL PRIMARY KEY, "
+          "name VARCHAR(255) NOT NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB DEFAULT "
+          "CHARSET = utf8mb4");
+      std::set<int> applied;
+      for (const Row& row : c->one("SELECT version FROM schema_migrations").rows) {
+        applied.insert(to_int(row[0]));
+      }
+      for (const Migration& m : mysql_migrations()) {
+        if (applied.count(m.version)) continue;
+        for (const std::string& statement : split_sql_statements(m.sql)) c->one(statement);
+        // applied_ms audits when an operator upgraded; it is not job time (no clock here).
+        int64_t wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+        c->one(Sql("INSERT INTO schema_migrations (version, name, applied_ms) VALUES (")
+               << m.version << ", " << quote(std::string_view(m.name)) << ", " << wall_ms << ")");
+      }
+      return first_or(c->one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"), 0);
+    } catch (const mysql::Error& e) {
+      if ((e.connection_lost() || e.lock_conflict()) && attempt < 5) {
+        mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
+        continue;
+      }
+      throw StorageError(std::string("mysql: migrate: ") + e.what());
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string, size_t pool_size) {
+  return std::make_unique<MysqlStore>(connection_string, pool_size);
+}
+
+}  // namespace backhaul::jobs

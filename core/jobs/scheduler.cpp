@@ -1,0 +1,319 @@
+#include "core/jobs/scheduler.h"
+
+#include <algorithm>
+
+#include "core/common/logging.h"
+
+namespace backhaul::jobs {
+
+// --- JobContext -----------------------------------------------------------------------------
+
+bool JobContext::stopping() const noexcept { return stopping_.load(); }
+
+void JobContext::beat(const std::optional<std::string>& checkpoint) {
+  if (lease_lost_) throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost");
+  try {
+    int64_t now = clock_.now_ms();
+    HeartbeatResult r = store_.heartbeat(job_.id, token_, now, lease_ms_, checkpoint);
+    last_beat_ms_ = now;
+    if (r.cancel_requested) cancelled_ = true;
+  } catch (const LeaseLost& e) {
+    lease_lost_ = true;
+    throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
+  }
+  if (cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "job was cancelled");
+  if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
+}
+
+void JobContext::checkpoint(const std::string& checkpoint_json) { beat(checkpoint_json); }
+void JobContext::heartbeat() { beat(std::nullopt); }
+
+// --- Scheduler ------------------------------------------------------------------------------
+
+Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions options)
+    : store_(store), clock_(clock), options_(std::move(options)),
+      log_(logging::get("scheduler")) {
+  options_.workers = std::max(options_.workers, 1);
+  options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
+}
+
+Scheduler::~Scheduler() { drain(std::chrono::milliseconds(0)); }
+
+void Scheduler::register_handler(const std::string& kind, Handler handler) {
+  std::lock_guard lock(mutex_);
+  handlers_[kind] = std::move(handler);
+}
+
+std::vector<std::string> Scheduler::kinds() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> out;
+  for (const auto& [kind, handler] : handlers_) out.push_back(kind);
+  return out;
+}
+
+void Scheduler::start() {
+  SweepResult recovered = store_.sweep(clock_.now_ms());
+  if (recovered.requeued || recovered.dead || recovered.parents_woken) {
+    log_->info("start-up recovery: {} requeued, {} dead, {} parents woken", recovered.requeued,
+               recovered.dead, recovered.parents_woken);
+  }
+  std::lock_guard lock(mutex_);
+  if (claiming_ || !threads_.empty()) return;
+  claiming_ = true;
+  stopped_ = false;
+  for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+  threads_.emplace_back([this] { claim_loop(); });
+  threads_.emplace_back([this] { heartbeat_loop(); });
+  threads_.emplace_back([this] { sweep_loop(); });
+}
+
+void Scheduler::pause(std::unique_lock<std::mutex>& lock, int64_t ms) {
+  wake_.wait_for(lock, std::chrono::milliseconds(ms));
+}
+
+void Scheduler::claim_loop() {
+  const std::vector<std::string> claim_kinds = kinds();
+  int64_t backoff_ms = options_.idle_poll_ms;
+  std::unique_lock lock(mutex_);
+  while (claiming_ && !stopped_) {
+    int free = options_.workers - busy_;
+    if (free <= 0) {
+      wake_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    std::vector<Claimed> claimed;
+    bool store_failed = false;
+    try {
+      ClaimRequest request{options_.owner,
+                           std::min<size_t>(static_cast<size_t>(free), options_.claim_batch),
+                           clock_.now_ms(), options_.lease_ms, claim_kinds};
+      claimed = store_.claim(request);
+      backoff_ms = options_.idle_poll_ms;
+    } catch (const std::exception& e) {
+      store_failed = true;
+      log_->error("claim failed, retrying in {} ms: {}", backoff_ms, e.what());
+    }
+    lock.lock();
+    if (!claiming_) {
+      // Drain started while we were claiming: hand these back untouched.
+      lock.unlock();
+      for (auto& c : claimed) store_.release(c.job.id, c.lease_token, clock_.now_ms());
+      lock.lock();
+      break;
+    }
+    claimed_ += static_cast<int64_t>(claimed.size());
+    busy_ += static_cast<int>(claimed.size());
+    for (auto& c : claimed) ready_.push_back(std::move(c));
+    if (!claimed.empty()) work_ready_.notify_all();
+    if (store_failed) {
+      pause(lock, backoff_ms);
+      backoff_ms = std::min<int64_t>(backoff_ms * 2, 10'000);
+    } else if (claimed.empty()) {
+      pause(lock, options_.idle_poll_ms);
+    }
+  }
+}
+
+void Scheduler::worker_loop() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    work_ready_.wait(lock, [this] { return stopped_ || !ready_.empty(); });
+    if (ready_.empty()) return;  // stopped
+    Claimed claimed = std::move(ready_.front());
+    ready_.pop_front();
+    lock.unlock();
+    execute(std::move(claimed));
+    lock.lock();
+    --busy_;
+    wake_.notify_all();
+  }
+}
+
+void Scheduler::heartbeat_loop() {
+  std::unique_lock lock(mutex_);
+  while (!stopped_) {
+    pause(lock, std::max<int64_t>(options_.heartbeat_interval_ms / 2, 10));
+    if (stopped_) break;
+    std::vector<std::shared_ptr<JobContext>> running = running_;
+    lock.unlock();
+    int64_t now = clock_.now_ms();
+    for (const auto& context : running) {
+      if (now - context->last_beat_ms_ < options_.heartbeat_interval_ms) continue;
+      try {
+        HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
+                                             options_.lease_ms, std::nullopt);
+        context->last_beat_ms_ = now;
+        if (r.cancel_requested) context->cancelled_ = true;
+      } catch (const LeaseLost&) {
+        context->lease_lost_ = true;
+      } catch (const std::exception& e) {
+        log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
+      }
+    }
+    lock.lock();
+  }
+}
+
+void Scheduler::sweep_loop() {
+  std::unique_lock lock(mutex_);
+  while (!stopped_) {
+    pause(lock, options_.sweep_interval_ms);
+    if (stopped_) break;
+    lock.unlock();
+    try {
+      int64_t now = clock_.now_ms();
+      SweepResult r = store_.sweep(now);
+      if (r.requeued || r.dead || r.parents_woken) {
+        log_->warn("sweep: {} expired leases requeued, {} dead, {} parents woken", r.requeued,
+                   r.dead, r.parents_woken);
+      }
+      if (options_.retention_ms > 0) store_.prune(now - options_.retention_ms);
+    } catch (const std::exception& e) {
+      log_->error("sweep failed: {}", e.what());
+    }
+    lock.lock();
+  }
+}
+
+void Scheduler::execute(Claimed claimed) {
+  Handler handler;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = handlers_.find(claimed.job.kind);
+    if (it != handlers_.end()) handler = it->second;
+  }
+  auto context = std::shared_ptr<JobContext>(
+      new JobContext(store_, clock_, std::move(claimed), options_.lease_ms, stopping_));
+  context->last_beat_ms_ = clock_.now_ms();
+  {
+    std::lock_guard lock(mutex_);
+    running_.push_back(context);
+  }
+  try {
+    if (!handler) throw JobFailure("no handler for job kind '" + context->job_.kind + "'", true);
+    if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
+    finish(*context, handler(*context));
+  } catch (const JobInterrupted& e) {
+    ++interrupted_;
+    if (e.reason() != JobInterrupted::Reason::kLeaseLost) {
+      // Cancelled jobs become cancelled in the store; drained ones go back to queued.
+      try {
+        store_.release(context->job_.id, context->token_, clock_.now_ms());
+        ++released_;
+      } catch (const std::exception& release_error) {
+        log_->warn("job {}: release after interruption failed: {}", context->job_.id,
+                   release_error.what());
+      }
+    } else {
+      log_->warn("job {} lost its lease; another worker owns it now", context->job_.id);
+    }
+  } catch (const JobFailure& e) {
+    fail(*context, e.what(), e.fatal(), e.retry_after_ms());
+  } catch (const LeaseLost& e) {
+    log_->warn("job {} lost its lease: {}", context->job_.id, e.what());
+  } catch (const std::exception& e) {
+    fail(*context, e.what(), false, 0);
+  }
+  std::lock_guard lock(mutex_);
+  running_.erase(std::find(running_.begin(), running_.end(), context));
+}
+
+void Scheduler::finish(JobContext& c, const Outcome& outcome) {
+  int64_t now = clock_.now_ms();
+  switch (outcome.kind) {
+    case Outcome::Kind::kComplete:
+      store_.complete(c.job_.id, c.token_, outcome.result_json, now);
+      ++succeeded_;
+      return;
+    case Outcome::Kind::kDefer:
+      store_.defer(c.job_.id, c.token_, outcome.until_ms, outcome.reason, now);
+      ++deferred_;
+      return;
+    case Outcome::Kind::kWaitForChildren:
+      store_.wait_for_children(c.job_.id, c.token_, outcome.until_ms, outcome.checkpoint, now);
+      ++waiting_;
+      return;
+  }
+}
+
+void Scheduler::fail(JobContext& c, const std::string& error, bool fatal, int64_t retry_after_ms) {
+  ++failed_;
+  int64_t delay = retry_after_ms > 0
+                      ? retry_after_ms
+                      : options_.retry.delay_ms(c.job_.attempts, options_.unit_random);
+  try {
+    JobStatus status = store_.fail(c.job_.id, c.token_, {error, fatal, delay}, clock_.now_ms());
+    if (status == JobStatus::kDead) {
+      log_->error("job {} ({}) is dead after {} attempts: {}", c.job_.id, c.job_.kind,
+                  c.job_.attempts, error);
+    } else {
+      log_->warn("job {} ({}) failed attempt {}/{}, retrying in {} ms: {}", c.job_.id,
+                 c.job_.kind, c.job_.attempts, c.job_.max_attempts, delay, error);
+    }
+  } catch (const LeaseLost& e) {
+    log_->warn("job {} failed but its lease was lost: {}", c.job_.id, e.what());
+  } catch (const std::exception& e) {
+    log_->error("job {}: recording the failure failed (the lease will expire): {}", c.job_.id,
+                e.what());
+  }
+}
+
+size_t Scheduler::run_once(size_t limit) {
+  std::vector<Claimed> claimed =
+      store_.claim({options_.owner, limit, clock_.now_ms(), options_.lease_ms, kinds()});
+  claimed_ += static_cast<int64_t>(claimed.size());
+  size_t n = claimed.size();
+  for (auto& c : claimed) execute(std::move(c));
+  return n;
+}
+
+void Scheduler::drain(std::chrono::milliseconds grace) {
+  std::unique_lock lock(mutex_);
+  if (threads_.empty()) return;
+  claiming_ = false;
+  // Claimed but not started: nothing was done, give them back at once.
+  std::deque<Claimed> unstarted;
+  unstarted.swap(ready_);
+  busy_ -= static_cast<int>(unstarted.size());
+  lock.unlock();
+  wake_.notify_all();
+  for (auto& c : unstarted) {
+    try {
+      store_.release(c.job.id, c.lease_token, clock_.now_ms());
+      ++released_;
+    } catch (const std::exception& e) {
+      log_->warn("drain: release of job {} failed: {}", c.job.id, e.what());
+    }
+  }
+  lock.lock();
+  if (!wake_.wait_for(lock, grace, [this] { return busy_ == 0; })) {
+    log_->info("drain: {} jobs still running after {} ms; asking them to stop", busy_,
+               grace.count());
+    stopping_ = true;
+    wake_.wait(lock, [this] { return busy_ == 0; });
+  }
+  stopped_ = true;
+  lock.unlock();
+  wake_.notify_all();
+  work_ready_.notify_all();
+  for (auto& t : threads_) t.join();
+  lock.lock();
+  threads_.clear();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.claimed = claimed_;
+  s.succeeded = succeeded_;
+  s.failed = failed_;
+  s.deferred = deferred_;
+  s.waiting = waiting_;
+  s.released = released_;
+  s.interrupted = interrupted_;
+  std::lock_guard lock(mutex_);
+  s.in_flight = busy_;
+  return s;
+}
+
+}  // namespace backhaul::jobs

@@ -1,0 +1,195 @@
+// Runs jobs from a JobStore: a claim loop feeding a worker pool, a heartbeat loop that renews the
+// leases of running jobs, and a sweeper that recovers expired leases (SPEC D3-D6, F6). Handlers
+// are registered by job kind. Job time comes from the injected Clock; only the loops' own pacing
+// uses real waiting.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/logger.h>
+
+#include "core/common/clock.h"
+#include "core/jobs/job_store.h"
+#include "core/jobs/retry_policy.h"
+
+namespace backhaul::jobs {
+
+// Thrown by a handler to end the attempt as a failure. `fatal` sends the job straight to the dead
+// letters; `retry_after_ms` > 0 overrides the retry policy's delay.
+class JobFailure : public Error {
+ public:
+  explicit JobFailure(const std::string& message, bool fatal = false, int64_t retry_after_ms = 0)
+      : Error(message), fatal_(fatal), retry_after_ms_(retry_after_ms) {}
+  bool fatal() const noexcept { return fatal_; }
+  int64_t retry_after_ms() const noexcept { return retry_after_ms_; }
+
+ private:
+  bool fatal_;
+  int64_t retry_after_ms_;
+};
+
+// Thrown by JobContext at a page boundary when the handler must stop: the job was cancelled, its
+// lease was lost, or the scheduler is draining. Handlers let it propagate.
+class JobInterrupted : public Error {
+ public:
+  enum class Reason { kCancelled = 1, kLeaseLost, kDraining };
+  JobInterrupted(Reason reason, const std::string& message) : Error(message), reason_(reason) {}
+  Reason reason() const noexcept { return reason_; }
+
+ private:
+  Reason reason_;
+};
+
+// What a handler returns when it did not fail.
+struct Outcome {
+  enum class Kind { kComplete = 1, kDefer, kWaitForChildren };
+  Kind kind = Kind::kComplete;
+  std::string result_json = "{}";
+  int64_t until_ms = 0;  // defer: run_after; wait: deadline
+  std::string reason;
+  std::optional<std::string> checkpoint;
+
+  static Outcome complete(std::string result_json = "{}") {
+    return {Kind::kComplete, std::move(result_json), 0, {}, std::nullopt};
+  }
+  // Not an attempt: rate limit, throttle, open circuit.
+  static Outcome defer(int64_t run_after_ms, std::string reason) {
+    return {Kind::kDefer, "{}", run_after_ms, std::move(reason), std::nullopt};
+  }
+  static Outcome wait_for_children(int64_t deadline_ms,
+                                   std::optional<std::string> checkpoint = std::nullopt) {
+    return {Kind::kWaitForChildren, "{}", deadline_ms, {}, std::move(checkpoint)};
+  }
+};
+
+// A running job as its handler sees it. [worker-thread]: used by one handler at a time.
+class JobContext {
+ public:
+  const Job& job() const noexcept { return job_; }
+  const std::string& lease_token() const noexcept { return token_; }
+  int64_t now_ms() const { return clock_.now_ms(); }
+  JobStore& store() const noexcept { return store_; }
+
+  // Saves progress atomically with a lease heartbeat. Throws JobInterrupted when the job was
+  // cancelled, its lease was lost, or the scheduler is draining (after saving).
+  void checkpoint(const std::string& checkpoint_json);
+  // A heartbeat without a checkpoint; same throws.
+  void heartbeat();
+  // True once the scheduler asked running handlers to stop (drain past its grace period).
+  bool stopping() const noexcept;
+
+ private:
+  friend class Scheduler;
+  JobContext(JobStore& store, const Clock& clock, Claimed claimed, int64_t lease_ms,
+             const std::atomic<bool>& stopping)
+      : store_(store), clock_(clock), job_(std::move(claimed.job)),
+        token_(std::move(claimed.lease_token)), lease_ms_(lease_ms), stopping_(stopping) {}
+  void beat(const std::optional<std::string>& checkpoint);
+
+  JobStore& store_;
+  const Clock& clock_;
+  Job job_;
+  std::string token_;
+  int64_t lease_ms_;
+  const std::atomic<bool>& stopping_;
+  std::atomic<bool> cancelled_{false};  // set by the heartbeat loop too
+  std::atomic<bool> lease_lost_{false};
+  std::atomic<int64_t> last_beat_ms_{0};
+};
+
+using Handler = std::function<Outcome(JobContext&)>;
+
+struct SchedulerOptions {
+  std::string owner = "backhaul";  // lease owner; make it unique per host/process
+  int workers = 8;
+  size_t claim_batch = 16;          // at most this many per claim call
+  int64_t lease_ms = 30'000;
+  int64_t heartbeat_interval_ms = 10'000;
+  int64_t idle_poll_ms = 200;       // claim again after this long when nothing was due
+  int64_t sweep_interval_ms = 5'000;
+  int64_t retention_ms = 0;         // prune finished jobs older than this; 0 = keep forever
+  RetryPolicy retry;
+  std::function<double()> unit_random = default_unit_random;
+};
+
+struct SchedulerStats {
+  int64_t claimed = 0;
+  int64_t succeeded = 0;
+  int64_t failed = 0;    // attempts that failed (retried or dead)
+  int64_t deferred = 0;
+  int64_t waiting = 0;   // parents that started waiting for children
+  int64_t released = 0;
+  int64_t interrupted = 0;
+  int64_t in_flight = 0;
+};
+
+class Scheduler {
+ public:
+  // `store` and `clock` must outlive the scheduler.
+  Scheduler(JobStore& store, const Clock& clock, SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Before start(). Claims only kinds that have a handler.
+  void register_handler(const std::string& kind, Handler handler);
+
+  // Recovers what a crashed host left running (a sweep), then starts the loops. [main-thread]
+  void start();
+  // Graceful drain (SPEC F6): stop claiming; wait up to `grace` for running handlers; then ask
+  // the rest to stop at their next page boundary and release their jobs without an attempt.
+  // Returns when every worker has returned. Idempotent. [main-thread]
+  void drain(std::chrono::milliseconds grace);
+
+  // Claims up to `limit` jobs and runs them on the calling thread, one after another; returns how
+  // many ran. For tests and tools; do not mix with start(). [any-thread]
+  size_t run_once(size_t limit);
+
+  SchedulerStats stats() const;
+
+ private:
+  void claim_loop();
+  void worker_loop();
+  void heartbeat_loop();
+  void sweep_loop();
+  void execute(Claimed claimed);
+  void finish(JobContext& context, const Outcome& outcome);
+  void fail(JobContext& context, const std::string& error, bool fatal, int64_t retry_after_ms);
+  std::vector<std::string> kinds() const;
+  // Sleeps up to `ms` or until woken (stop or a freed worker slot).
+  void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
+
+  JobStore& store_;
+  const Clock& clock_;
+  SchedulerOptions options_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::map<std::string, Handler> handlers_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;       // claim loop, heartbeat and sweep loops
+  std::condition_variable work_ready_; // workers
+  std::deque<Claimed> ready_;
+  std::vector<std::shared_ptr<JobContext>> running_;  // in execute(), for heartbeats
+  int busy_ = 0;                       // claimed and not yet finished (queued in ready_ or running)
+  bool claiming_ = false;
+  bool stopped_ = false;               // loops exit
+  std::atomic<bool> stopping_{false};  // handlers asked to stop
+  std::vector<std::thread> threads_;
+
+  std::atomic<int64_t> claimed_{0}, succeeded_{0}, failed_{0}, deferred_{0}, waiting_{0},
+      released_{0}, interrupted_{0};
+};
+
+}  // namespace backhaul::jobs

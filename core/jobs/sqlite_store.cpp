@@ -1,0 +1,1248 @@
+// The SQLite backend of the job queue (SPEC D2). The contract is job_store.h; the schema is
+// schemas/sql/sqlite/; the connection layer, group commit and reader pool are sqlite_db.h.
+//
+// Every write method is one operation run by the group-commit writer: it executes inside a
+// savepoint of the writer's current BEGIN IMMEDIATE transaction and its caller returns after
+// that transaction committed (synchronous=FULL: the commit is on disk). Operations read and write
+// through the same connection, so they are serialized with each other and, through SQLite's
+// write lock, with every other process using the file. Reads use the reader pool.
+//
+// Invariants kept by the operations below:
+// * running_counts holds the number of running jobs per (kind, key) and per kind (total row):
+//   +n in the claim, -1 in end_attempt(), which every exit from running calls exactly once.
+// * An attempt row is opened by each claim (seq = jobs.claims) and closed by end_attempt().
+// * A child counted in its parent's pending_children (counted_in_parent = 1) is uncounted in the
+//   transaction that makes it terminal (succeeded, dead, cancelled), once.
+// * A dead job has a pending dead letter; a retried one a retrying letter that becomes resolved
+//   when the job succeeds, pending again when it dies, ignored when it is cancelled.
+#include "core/jobs/sqlite_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "core/jobs/migrations.h"
+#include "core/jobs/sqlite_db.h"
+
+namespace backhaul::jobs {
+namespace {
+
+using sqlite::Connection;
+using sqlite::Query;
+
+// --- rows ----------------------------------------------------------------------------------
+
+const std::string kJobColumns =
+    "id, kind, concurrency_key, dedupe_key, payload, status, priority, attempts, max_attempts, "
+    "run_after_ms, lease_owner, lease_token, lease_expires_ms, checkpoint, result, last_error, "
+    "parent_id, pending_children, wait_deadline_ms, timeout_ms, cancel_requested, created_ms, "
+    "started_ms, finished_ms, updated_ms";
+
+JobStatus status_from(const std::string& text) {
+  std::optional<JobStatus> status = parse_job_status(text);
+  if (!status) throw StorageError("sqlite: unknown job status '" + text + "'");
+  return *status;
+}
+
+DeadLetterStatus letter_status_from(const std::string& text) {
+  std::optional<DeadLetterStatus> status = parse_dead_letter_status(text);
+  if (!status) throw StorageError("sqlite: unknown dead letter status '" + text + "'");
+  return *status;
+}
+
+// Reads a row selected with kJobColumns.
+Job read_job(const Query& q) {
+  Job job;
+  job.id = q.i64(0);
+  job.kind = q.text(1);
+  job.concurrency_key = q.text(2);
+  job.dedupe_key = q.opt_text(3);
+  job.payload = q.text(4);
+  job.status = status_from(q.text(5));
+  job.priority = q.i32(6);
+  job.attempts = q.i32(7);
+  job.max_attempts = q.i32(8);
+  job.run_after_ms = q.i64(9);
+  job.lease_owner = q.opt_text(10);
+  job.lease_token = q.opt_text(11);
+  job.lease_expires_ms = q.i64(12);
+  job.checkpoint = q.opt_text(13);
+  job.result = q.opt_text(14);
+  job.last_error = q.opt_text(15);
+  job.parent_id = q.opt_i64(16);
+  job.pending_children = q.i32(17);
+  job.wait_deadline_ms = q.i64(18);
+  job.timeout_ms = q.i64(19);
+  job.cancel_requested = q.i64(20) != 0;
+  job.created_ms = q.i64(21);
+  job.started_ms = q.i64(22);
+  job.finished_ms = q.i64(23);
+  job.updated_ms = q.i64(24);
+  return job;
+}
+
+const std::string kLetterColumns =
+    "id, job_id, kind, concurrency_key, status, error, retries, created_ms, updated_ms";
+
+DeadLetter read_letter(const Query& q) {
+  DeadLetter letter;
+  letter.id = q.i64(0);
+  letter.job_id = q.i64(1);
+  letter.kind = q.text(2);
+  letter.concurrency_key = q.text(3);
+  letter.status = letter_status_from(q.text(4));
+  letter.error = q.text(5);
+  letter.retries = q.i32(6);
+  letter.created_ms = q.i64(7);
+  letter.updated_ms = q.i64(8);
+  return letter;
+}
+
+// What the transitions need to know about a job.
+struct JobState {
+  JobId id = 0;
+  JobStatus status = JobStatus::kQueued;
+  std::string kind;
+  std::string key;
+  std::optional<std::string> token;
+  std::optional<std::string> dedupe_key;
+  int attempts = 0;
+  int max_attempts = 0;
+  int claims = 0;
+  int pending_children = 0;
+  bool cancel_requested = false;
+  bool counted_in_parent = false;
+  std::optional<JobId> parent_id;
+  std::optional<int64_t> dead_letter_id;
+};
+
+const std::string kLoadState =
+    "SELECT status, kind, concurrency_key, lease_token, dedupe_key, attempts, max_attempts, "
+    "claims, pending_children, cancel_requested, counted_in_parent, parent_id, dead_letter_id "
+    "FROM jobs WHERE id = ?1";
+
+std::optional<JobState> load_state(Connection& c, JobId id) {
+  Query q = c.query(kLoadState);
+  q.args(id);
+  if (!q.step()) return std::nullopt;
+  JobState s;
+  s.id = id;
+  s.status = status_from(q.text(0));
+  s.kind = q.text(1);
+  s.key = q.text(2);
+  s.token = q.opt_text(3);
+  s.dedupe_key = q.opt_text(4);
+  s.attempts = q.i32(5);
+  s.max_attempts = q.i32(6);
+  s.claims = q.i32(7);
+  s.pending_children = q.i32(8);
+  s.cancel_requested = q.i64(9) != 0;
+  s.counted_in_parent = q.i64(10) != 0;
+  s.parent_id = q.opt_i64(11);
+  s.dead_letter_id = q.opt_i64(12);
+  return s;
+}
+
+JobState load_existing(Connection& c, JobId id) {
+  std::optional<JobState> s = load_state(c, id);
+  if (!s) throw JobNotFound("job " + std::to_string(id) + " not found");
+  return *s;
+}
+
+// Fencing: the job must be running under `token`, or the caller has lost it.
+JobState load_running(Connection& c, JobId id, const std::string& token) {
+  std::optional<JobState> s = load_state(c, id);
+  std::string job = "job " + std::to_string(id);
+  if (!s) throw LeaseLost(job + " no longer exists");
+  if (s->status != JobStatus::kRunning) {
+    throw LeaseLost(job + " is " + std::string(to_string(s->status)) + ", not running");
+  }
+  if (s->token != token) throw LeaseLost(job + ": the lease was taken over (token mismatch)");
+  return *s;
+}
+
+// --- transitions ---------------------------------------------------------------------------
+
+const std::string kEndAttempt =
+    "UPDATE attempts SET finished_ms = ?3, outcome = ?4, error = ?5 WHERE job_id = ?1 AND seq = ?2";
+// The key's row and the kind's total row, by two primary-key seeks in one statement.
+const std::string kRunningDown =
+    "UPDATE running_counts SET running = running - 1 WHERE kind = ?1 "
+    "AND ((total = 0 AND concurrency_key = ?2) OR (total = 1 AND concurrency_key = ''))";
+
+// Every exit from running: closes the open attempt row and frees the running slot.
+void end_attempt(Connection& c, const JobState& s, std::string_view outcome,
+                 const std::optional<std::string>& error, int64_t now) {
+  c.query(kEndAttempt).args(s.id, s.claims, now, outcome, error).run();
+  c.query(kRunningDown).args(s.kind, s.key).run();
+}
+
+const std::string kUncountChild =
+    "UPDATE jobs SET pending_children = pending_children - 1, updated_ms = ?2, "
+    "status = CASE WHEN status = 'waiting' AND pending_children = 1 THEN 'queued' "
+    "ELSE status END, "
+    "run_after_ms = CASE WHEN status = 'waiting' AND pending_children = 1 THEN ?2 "
+    "ELSE run_after_ms END, "
+    "wait_deadline_ms = CASE WHEN status = 'waiting' AND pending_children = 1 THEN 0 "
+    "ELSE wait_deadline_ms END "
+    "WHERE id = ?1 AND pending_children > 0";
+
+// Fan-in: the job just became terminal (its own UPDATE set counted_in_parent = 0). A waiting
+// parent whose last child this was becomes queued in this same transaction.
+void uncount_from_parent(Connection& c, const JobState& s, int64_t now) {
+  if (!s.parent_id || !s.counted_in_parent) return;
+  c.query(kUncountChild).args(*s.parent_id, now).run();
+}
+
+const std::string kRequeue =
+    "UPDATE jobs SET status = 'queued', run_after_ms = ?2, attempts = attempts - ?3, "
+    "last_error = COALESCE(?4, last_error), lease_owner = NULL, lease_token = NULL, "
+    "lease_expires_ms = 0, updated_ms = ?5 WHERE id = ?1";
+
+// Back to queued; `refund` = 1 when the attempt does not count (defer, release).
+void requeue(Connection& c, const JobState& s, int64_t run_after, int refund,
+             const std::optional<std::string>& error, int64_t now) {
+  c.query(kRequeue).args(s.id, run_after, refund, error, now).run();
+}
+
+const std::string kUpsertLetter =
+    "INSERT INTO dead_letters (job_id, kind, concurrency_key, status, error, retries, "
+    "created_ms, updated_ms) VALUES (?1, ?2, ?3, 'pending', ?4, 0, ?5, ?5) "
+    "ON CONFLICT (job_id) DO UPDATE SET status = 'pending', error = excluded.error, "
+    "updated_ms = excluded.updated_ms RETURNING id";
+const std::string kMarkDead =
+    "UPDATE jobs SET status = 'dead', last_error = ?2, dead_letter_id = ?3, finished_ms = ?4, "
+    "updated_ms = ?4, lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+    "counted_in_parent = 0 WHERE id = ?1";
+
+// Dead (attempts exhausted, FATAL, or an expired last lease): the dead letter is created, or a
+// retried one is pending again with the new error.
+void mark_dead(Connection& c, const JobState& s, const std::string& error, int64_t now) {
+  int64_t letter_id = 0;
+  {
+    Query q = c.query(kUpsertLetter);
+    q.args(s.id, s.kind, s.key, error, now);
+    if (!q.step()) throw StorageError("sqlite: dead letter upsert returned no id");
+    letter_id = q.i64(0);
+  }
+  c.query(kMarkDead).args(s.id, error, letter_id, now).run();
+  uncount_from_parent(c, s, now);
+}
+
+const std::string kMarkCancelled =
+    "UPDATE jobs SET status = 'cancelled', attempts = attempts - ?2, "
+    "last_error = COALESCE(?3, last_error), finished_ms = ?4, updated_ms = ?4, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, wait_deadline_ms = 0, "
+    "counted_in_parent = 0 WHERE id = ?1";
+const std::string kIgnoreRetryingLetter =
+    "UPDATE dead_letters SET status = 'ignored', updated_ms = ?2 "
+    "WHERE id = ?1 AND status = 'retrying'";
+const std::string kActiveChildren =
+    "SELECT id FROM jobs WHERE parent_id = ?1 AND status IN ('queued', 'running', 'waiting') "
+    "ORDER BY id";
+
+CancelOutcome cancel_job(Connection& c, JobId id, int64_t now);
+
+// Cancelled (terminal), with its active children: queued and waiting ones at once, running ones
+// asked to stop.
+void mark_cancelled(Connection& c, const JobState& s, int refund,
+                    const std::optional<std::string>& error, int64_t now) {
+  c.query(kMarkCancelled).args(s.id, refund, error, now).run();
+  if (s.dead_letter_id) c.query(kIgnoreRetryingLetter).args(*s.dead_letter_id, now).run();
+  uncount_from_parent(c, s, now);
+  std::vector<JobId> children;
+  {
+    Query q = c.query(kActiveChildren);
+    q.args(s.id);
+    while (q.step()) children.push_back(q.i64(0));
+  }
+  for (JobId child : children) cancel_job(c, child, now);
+}
+
+const std::string kRequestCancel =
+    "UPDATE jobs SET cancel_requested = 1, updated_ms = ?2 WHERE id = ?1";
+
+CancelOutcome cancel_job(Connection& c, JobId id, int64_t now) {
+  JobState s = load_existing(c, id);
+  if (is_terminal(s.status)) return CancelOutcome::kAlreadyFinished;
+  if (s.status == JobStatus::kRunning) {
+    c.query(kRequestCancel).args(id, now).run();
+    return CancelOutcome::kRequested;
+  }
+  mark_cancelled(c, s, 0, std::nullopt, now);
+  return CancelOutcome::kCancelled;
+}
+
+// --- producing -----------------------------------------------------------------------------
+
+const std::string kFindActiveDedupe =
+    "SELECT id FROM jobs WHERE kind = ?1 AND dedupe_key = ?2 "
+    "AND status IN ('queued', 'running', 'waiting')";
+const std::string kCountChild =
+    "UPDATE jobs SET pending_children = pending_children + 1, updated_ms = ?2 "
+    "WHERE id = ?1 AND status IN ('queued', 'running', 'waiting')";
+const std::string kJobExists = "SELECT 1 FROM jobs WHERE id = ?1";
+const std::string kInsertJob =
+    "INSERT INTO jobs (kind, concurrency_key, dedupe_key, status, priority, max_attempts, "
+    "run_after_ms, parent_id, counted_in_parent, timeout_ms, created_ms, updated_ms, payload) "
+    "VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)";
+
+std::optional<JobId> active_duplicate(Connection& c, const std::string& kind,
+                                      const std::string& dedupe_key) {
+  Query q = c.query(kFindActiveDedupe);
+  q.args(kind, dedupe_key);
+  if (!q.step()) return std::nullopt;
+  return q.i64(0);
+}
+
+bool job_exists(Connection& c, JobId id) {
+  Query q = c.query(kJobExists);
+  q.args(id);
+  return q.step();
+}
+
+// Adds a child to an active parent's pending_children. Returns false when the parent is
+// already terminal (nothing waits for the child); throws JobNotFound when it does not exist.
+bool count_child(Connection& c, JobId parent, int64_t now) {
+  if (c.query(kCountChild).args(parent, now).run() > 0) return true;
+  if (!job_exists(c, parent)) {
+    throw JobNotFound("parent job " + std::to_string(parent) + " not found");
+  }
+  return false;
+}
+
+EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now) {
+  if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
+  if (spec.dedupe_key) {
+    if (auto existing = active_duplicate(c, spec.kind, *spec.dedupe_key)) {
+      return {*existing, false};
+    }
+  }
+  bool counted = spec.parent_id && count_child(c, *spec.parent_id, now);
+  int64_t run_after = spec.run_after_ms > 0 ? spec.run_after_ms : now;
+  c.query(kInsertJob)
+      .args(spec.kind, spec.concurrency_key, spec.dedupe_key, spec.priority, spec.max_attempts,
+            run_after, spec.parent_id, counted, spec.timeout_ms, now, spec.payload)
+      .run();
+  return {sqlite3_last_insert_rowid(c.handle()), true};
+}
+
+// --- claiming ------------------------------------------------------------------------------
+
+struct Candidate {
+  JobId id = 0;
+  int priority = 0;
+  int64_t run_after = 0;
+  int64_t load = 0;  // running jobs of its key + its rank in the key (fair share)
+};
+
+bool claim_order(const Candidate& a, const Candidate& b) {
+  return std::tie(a.priority, a.run_after, a.id) < std::tie(b.priority, b.run_after, b.id);
+}
+
+bool fair_order(const Candidate& a, const Candidate& b) {
+  return std::tie(a.priority, a.load, a.run_after, a.id) <
+         std::tie(b.priority, b.load, b.run_after, b.id);
+}
+
+const std::string kCaps = "SELECT kind, per_key_cap, global_cap FROM caps";
+const std::string kFirstQueuedKind =
+    "SELECT kind FROM jobs WHERE status = 'queued' ORDER BY kind LIMIT 1";
+const std::string kNextQueuedKind =
+    "SELECT kind FROM jobs WHERE status = 'queued' AND kind > ?1 ORDER BY kind LIMIT 1";
+const std::string kFirstQueuedKey =
+    "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND kind = ?1 "
+    "ORDER BY concurrency_key LIMIT 1";
+const std::string kNextQueuedKey =
+    "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND kind = ?1 "
+    "AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1";
+const std::string kCandidatesOfKind =
+    "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_kind "
+    "WHERE status = 'queued' AND kind = ?1 AND run_after_ms <= ?2 "
+    "ORDER BY priority, run_after_ms, id LIMIT ?3";
+const std::string kCandidatesOfKey =
+    "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_key "
+    "WHERE status = 'queued' AND kind = ?1 AND concurrency_key = ?2 AND run_after_ms <= ?3 "
+    "ORDER BY priority, run_after_ms, id LIMIT ?4";
+const std::string kKeyRunning =
+    "SELECT running FROM running_counts WHERE kind = ?1 AND total = 0 AND concurrency_key = ?2";
+const std::string kKindRunning =
+    "SELECT running FROM running_counts WHERE kind = ?1 AND total = 1 AND concurrency_key = ''";
+
+std::map<std::string, Caps> read_caps(Connection& c) {
+  std::map<std::string, Caps> caps;
+  Query q = c.query(kCaps);
+  while (q.step()) caps[q.text(0)] = Caps{q.i32(1), q.i32(2)};
+  return caps;
+}
+
+// Steps through the distinct values of an index prefix with one seek each (a skip scan).
+std::optional<std::string> first_or_next(Connection& c, const std::string& first_sql,
+                                         const std::string& next_sql,
+                                         const std::optional<std::string>& kind,
+                                         const std::optional<std::string>& after) {
+  Query q = c.query(after ? next_sql : first_sql);
+  if (kind) q.bind(1, *kind);
+  if (after) q.bind(kind ? 2 : 1, *after);
+  if (!q.step()) return std::nullopt;
+  return q.text(0);
+}
+
+std::vector<std::string> queued_kinds(Connection& c) {
+  std::vector<std::string> kinds;
+  std::optional<std::string> kind;
+  while ((kind = first_or_next(c, kFirstQueuedKind, kNextQueuedKind, std::nullopt, kind))) {
+    kinds.push_back(*kind);
+  }
+  return kinds;
+}
+
+int64_t read_count(Connection& c, const std::string& sql, const std::string& kind,
+                   const std::optional<std::string>& key) {
+  Query q = c.query(sql);
+  q.bind(1, kind);
+  if (key) q.bind(2, *key);
+  return q.step() ? q.i64(0) : 0;
+}
+
+void append_candidates(Query& q, int64_t base_load, std::vector<Candidate>& out) {
+  int64_t rank = 0;
+  while (q.step()) out.push_back({q.i64(0), q.i32(1), q.i64(2), base_load + rank++});
+}
+
+// A kind with a per-key cap: each unsaturated key contributes its first (cap - running) jobs by
+// one index seek, so saturated keys' backlogs are never scanned; then the least-loaded keys go
+// first (fair share: with 10 keys and a global cap of 30, each key gets 3 rather than the
+// oldest keys all 30), and within a key the (priority, run_after, id) order holds.
+std::vector<Candidate> fair_candidates(Connection& c, const std::string& kind, int per_key,
+                                       int64_t want, int64_t now) {
+  std::vector<Candidate> all;
+  std::optional<std::string> key;
+  while ((key = first_or_next(c, kFirstQueuedKey, kNextQueuedKey, kind, key))) {
+    int64_t running = read_count(c, kKeyRunning, kind, key);
+    if (running >= per_key) continue;
+    Query q = c.query(kCandidatesOfKey);
+    q.args(kind, *key, now, std::min<int64_t>(per_key - running, want));
+    append_candidates(q, running, all);
+  }
+  std::sort(all.begin(), all.end(), fair_order);
+  if (static_cast<int64_t>(all.size()) > want) all.resize(static_cast<size_t>(want));
+  return all;
+}
+
+// The runnable jobs of one kind this claim may take, in the order it should take them.
+std::vector<Candidate> kind_candidates(Connection& c, const std::string& kind, const Caps& caps,
+                                       size_t limit, int64_t now) {
+  int64_t want = static_cast<int64_t>(limit);
+  if (caps.global > 0) {
+    want = std::min<int64_t>(want, caps.global - read_count(c, kKindRunning, kind, std::nullopt));
+    if (want <= 0) return {};
+  }
+  if (caps.per_key > 0) return fair_candidates(c, kind, caps.per_key, want, now);
+  std::vector<Candidate> out;
+  Query q = c.query(kCandidatesOfKind);
+  q.args(kind, now, want);
+  append_candidates(q, 0, out);
+  return out;
+}
+
+// Merges the kinds' lists by (priority, run_after, id), keeping each list's own order.
+std::vector<Candidate> merge_heads(const std::vector<std::vector<Candidate>>& lists, size_t limit) {
+  std::vector<Candidate> out;
+  std::vector<size_t> next(lists.size(), 0);
+  while (out.size() < limit) {
+    int best = -1;
+    for (size_t i = 0; i < lists.size(); ++i) {
+      if (next[i] == lists[i].size()) continue;
+      if (best < 0 || claim_order(lists[i][next[i]], lists[best][next[best]])) {
+        best = static_cast<int>(i);
+      }
+    }
+    if (best < 0) break;
+    out.push_back(lists[best][next[best]++]);
+  }
+  return out;
+}
+
+// Lease tokens: 128 random bits as hex. Used on the writer thread only.
+class TokenSource {
+ public:
+  TokenSource() {
+    std::random_device device;
+    std::seed_seq seed{device(), device(), device(), device(),
+                       device(), device(), device(), device()};
+    rng_.seed(seed);
+  }
+  std::string next() {
+    char buffer[33];
+    std::snprintf(buffer, sizeof buffer, "%016llx%016llx", static_cast<unsigned long long>(rng_()),
+                  static_cast<unsigned long long>(rng_()));
+    return buffer;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+const std::string kClaimJob =
+    "UPDATE jobs SET status = 'running', attempts = attempts + 1, claims = claims + 1, "
+    "lease_owner = ?2, lease_token = ?3, lease_expires_ms = ?4, started_ms = ?5, "
+    "updated_ms = ?5 WHERE id = ?1 AND status = 'queued' RETURNING " +
+    kJobColumns + ", claims";
+const std::string kOpenAttempt =
+    "INSERT INTO attempts (job_id, seq, attempt, owner, started_ms) "
+    "VALUES (?1, ?2, ?3, ?4, ?5)";
+// total = 0: one (kind, key); total = 1: the whole kind (key '').
+const std::string kRunningUp =
+    "INSERT INTO running_counts (kind, total, concurrency_key, running, max_running) "
+    "VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (kind, total, concurrency_key) DO UPDATE SET "
+    "running = running + excluded.running, "
+    "max_running = MAX(max_running, running + excluded.running)";
+
+std::optional<Claimed> take_one(Connection& c, JobId id, const ClaimRequest& r,
+                                TokenSource& tokens) {
+  Claimed claimed;
+  claimed.lease_token = tokens.next();
+  claimed.lease_expires_ms = r.now_ms + r.lease_ms;
+  int claims = 0;
+  {
+    Query q = c.query(kClaimJob);
+    q.args(id, r.owner, claimed.lease_token, claimed.lease_expires_ms, r.now_ms);
+    if (!q.step()) return std::nullopt;
+    claimed.job = read_job(q);
+    claims = q.i32(25);
+  }
+  c.query(kOpenAttempt).args(id, claims, claimed.job.attempts, r.owner, r.now_ms).run();
+  return claimed;
+}
+
+// Records the new running jobs and the high-water marks, once per key and kind.
+void count_running(Connection& c, const std::vector<Claimed>& claimed) {
+  std::map<std::pair<std::string, std::string>, int> per_key;
+  std::map<std::string, int> per_kind;
+  for (const Claimed& one : claimed) {
+    ++per_key[{one.job.kind, one.job.concurrency_key}];
+    ++per_kind[one.job.kind];
+  }
+  for (const auto& [key, n] : per_key) {
+    c.query(kRunningUp).args(key.first, 0, key.second, n).run();
+  }
+  for (const auto& [kind, n] : per_kind) c.query(kRunningUp).args(kind, 1, "", n).run();
+}
+
+std::vector<Claimed> claim_jobs(Connection& c, const ClaimRequest& r, TokenSource& tokens) {
+  if (r.limit == 0) return {};
+  std::map<std::string, Caps> caps = read_caps(c);
+  std::set<std::string> kinds(r.kinds.begin(), r.kinds.end());
+  if (kinds.empty()) {
+    for (std::string& kind : queued_kinds(c)) kinds.insert(std::move(kind));
+  }
+  std::vector<std::vector<Candidate>> lists;
+  for (const std::string& kind : kinds) {
+    auto it = caps.find(kind);
+    lists.push_back(
+        kind_candidates(c, kind, it == caps.end() ? Caps{} : it->second, r.limit, r.now_ms));
+  }
+  std::vector<Claimed> claimed;
+  for (const Candidate& candidate : merge_heads(lists, r.limit)) {
+    if (auto one = take_one(c, candidate.id, r, tokens)) claimed.push_back(std::move(*one));
+  }
+  count_running(c, claimed);
+  return claimed;
+}
+
+// --- running jobs --------------------------------------------------------------------------
+
+const std::string kHeartbeat =
+    "UPDATE jobs SET lease_expires_ms = ?3, updated_ms = ?4, "
+    "checkpoint = CASE WHEN ?5 THEN ?6 ELSE checkpoint END "
+    "WHERE id = ?1 AND lease_token = ?2 AND status = 'running' RETURNING cancel_requested";
+
+HeartbeatResult heartbeat_job(Connection& c, JobId id, const std::string& token, int64_t now,
+                              int64_t lease_ms, const std::optional<std::string>& checkpoint) {
+  HeartbeatResult result;
+  result.lease_expires_ms = now + lease_ms;
+  {
+    Query q = c.query(kHeartbeat);
+    q.args(id, token, result.lease_expires_ms, now, checkpoint.has_value(), checkpoint);
+    if (q.step()) {
+      result.cancel_requested = q.i64(0) != 0;
+      return result;
+    }
+  }
+  load_running(c, id, token);  // throws LeaseLost with the reason
+  throw LeaseLost("job " + std::to_string(id) + ": lease lost");
+}
+
+const std::string kComplete =
+    "UPDATE jobs SET status = 'succeeded', result = ?2, finished_ms = ?3, updated_ms = ?3, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, counted_in_parent = 0 "
+    "WHERE id = ?1";
+const std::string kResolveLetter =
+    "UPDATE dead_letters SET status = 'resolved', updated_ms = ?2 "
+    "WHERE id = ?1 AND status = 'retrying'";
+
+void complete_job(Connection& c, JobId id, const std::string& token, const std::string& result,
+                  int64_t now) {
+  JobState s = load_running(c, id, token);
+  end_attempt(c, s, "succeeded", std::nullopt, now);
+  c.query(kComplete).args(id, result, now).run();
+  if (s.dead_letter_id) c.query(kResolveLetter).args(*s.dead_letter_id, now).run();
+  uncount_from_parent(c, s, now);
+}
+
+JobStatus fail_job(Connection& c, JobId id, const std::string& token, const Failure& failure,
+                   int64_t now) {
+  JobState s = load_running(c, id, token);
+  end_attempt(c, s, failure.fatal ? "fatal" : "failed", failure.error, now);
+  if (failure.fatal || s.attempts >= s.max_attempts) {
+    mark_dead(c, s, failure.error, now);
+    return JobStatus::kDead;
+  }
+  // A cancel request turns what would be a retry into the cancellation.
+  if (s.cancel_requested) {
+    mark_cancelled(c, s, 0, failure.error, now);
+    return JobStatus::kCancelled;
+  }
+  requeue(c, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
+  return JobStatus::kQueued;
+}
+
+// defer and release: back to queued without counting the attempt -- unless the job was asked to
+// stop: every exit that would requeue a cancel-requested job cancels it instead (fail, sweep and
+// wait_for_children too), while complete() still succeeds and a death still dies.
+void return_job(Connection& c, JobId id, const std::string& token, int64_t run_after,
+                std::string_view outcome, const std::optional<std::string>& reason, int64_t now) {
+  JobState s = load_running(c, id, token);
+  if (s.cancel_requested) {
+    end_attempt(c, s, "cancelled", reason, now);
+    mark_cancelled(c, s, 1, std::nullopt, now);
+    return;
+  }
+  end_attempt(c, s, outcome, reason, now);
+  requeue(c, s, run_after, 1, std::nullopt, now);
+}
+
+const std::string kWait =
+    "UPDATE jobs SET "
+    "status = CASE WHEN pending_children > 0 THEN 'waiting' ELSE 'queued' END, "
+    "wait_deadline_ms = CASE WHEN pending_children > 0 THEN ?2 ELSE 0 END, "
+    "run_after_ms = CASE WHEN pending_children > 0 THEN run_after_ms ELSE ?3 END, "
+    "checkpoint = CASE WHEN ?4 THEN ?5 ELSE checkpoint END, attempts = attempts - 1, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = ?3 "
+    "WHERE id = ?1";
+
+// Fan-in: waiting until pending_children reaches 0 (queued at once if it already is).
+void wait_job(Connection& c, JobId id, const std::string& token, int64_t deadline,
+              const std::optional<std::string>& checkpoint, int64_t now) {
+  JobState s = load_running(c, id, token);
+  if (s.cancel_requested) {
+    end_attempt(c, s, "cancelled", std::nullopt, now);
+    mark_cancelled(c, s, 1, std::nullopt, now);
+    return;
+  }
+  end_attempt(c, s, "waiting", std::nullopt, now);
+  c.query(kWait).args(id, deadline, now, checkpoint.has_value(), checkpoint).run();
+}
+
+// --- recovery ------------------------------------------------------------------------------
+
+const std::string kExpiredLeases =
+    "SELECT id FROM jobs WHERE status = 'running' AND lease_expires_ms <= ?1 "
+    "ORDER BY lease_expires_ms, id";
+const std::string kWakeParents =
+    "UPDATE jobs SET status = 'queued', run_after_ms = ?1, wait_deadline_ms = 0, "
+    "updated_ms = ?1 WHERE status = 'waiting' AND wait_deadline_ms <= ?1";
+
+std::vector<JobId> select_ids(Connection& c, const std::string& sql, int64_t arg) {
+  std::vector<JobId> ids;
+  Query q = c.query(sql);
+  q.args(arg);
+  while (q.step()) ids.push_back(q.i64(0));
+  return ids;
+}
+
+// An expired lease: the worker crashed or hung. The attempt counts.
+void expire_lease(Connection& c, const JobState& s, int64_t now, SweepResult& result) {
+  const std::string expired = "lease expired (worker crashed or hung)";
+  end_attempt(c, s, "lease_expired", expired, now);
+  if (s.attempts >= s.max_attempts) {
+    mark_dead(
+        c, s,
+        "lease expired after " + std::to_string(s.attempts) + " attempts (worker crashed or hung)",
+        now);
+    ++result.dead;
+  } else if (s.cancel_requested) {
+    mark_cancelled(c, s, 0, expired, now);  // it would have been requeued
+  } else {
+    requeue(c, s, now, 0, expired, now);
+    ++result.requeued;
+  }
+}
+
+SweepResult sweep_jobs(Connection& c, int64_t now) {
+  SweepResult result;
+  for (JobId id : select_ids(c, kExpiredLeases, now)) {
+    expire_lease(c, load_existing(c, id), now, result);
+  }
+  result.parents_woken = static_cast<int>(c.query(kWakeParents).args(now).run());
+  return result;
+}
+
+constexpr int64_t kPruneChunk = 1000;
+const std::string kPruneSql =
+    "DELETE FROM jobs WHERE id IN (SELECT j.id FROM jobs j "
+    "WHERE j.status IN ('succeeded', 'dead', 'cancelled') AND j.finished_ms < ?1 "
+    "AND (j.status <> 'dead' OR NOT EXISTS (SELECT 1 FROM dead_letters d "
+    "WHERE d.job_id = j.id AND d.status IN ('pending', 'retrying'))) LIMIT ?2)";
+
+// --- cancellation, checkpoints -------------------------------------------------------------
+
+const std::string kActiveOfKey =
+    "SELECT id FROM jobs WHERE concurrency_key = ?1 AND (?2 = '' OR kind = ?2) "
+    "AND status IN ('queued', 'running', 'waiting') ORDER BY id";
+
+// Every job of the key that is active now ends cancelled or asked to stop (a child may be
+// cancelled through its parent first); the count is theirs.
+int cancel_key_jobs(Connection& c, const std::string& key, const std::string& kind, int64_t now) {
+  std::vector<JobId> ids;
+  {
+    Query q = c.query(kActiveOfKey);
+    q.args(key, kind);
+    while (q.step()) ids.push_back(q.i64(0));
+  }
+  for (JobId id : ids) cancel_job(c, id, now);
+  return static_cast<int>(ids.size());
+}
+
+const std::string kSetCheckpoint = "UPDATE jobs SET checkpoint = ?2, updated_ms = ?3 WHERE id = ?1";
+
+void set_job_checkpoint(Connection& c, JobId id, const std::optional<std::string>& checkpoint,
+                        int64_t now) {
+  JobState s = load_existing(c, id);
+  if (s.status == JobStatus::kRunning) {
+    throw InvalidTransition("job " + std::to_string(id) +
+                            " is running: its checkpoint belongs to the worker");
+  }
+  c.query(kSetCheckpoint).args(id, checkpoint, now).run();
+}
+
+// --- throttle, circuits --------------------------------------------------------------------
+
+const std::string kLoadBucket =
+    "SELECT tokens, updated_ms FROM throttle_buckets WHERE bucket_key = ?1";
+const std::string kSaveBucket =
+    "INSERT INTO throttle_buckets (bucket_key, tokens, updated_ms) VALUES (?1, ?2, ?3) "
+    "ON CONFLICT (bucket_key) DO UPDATE SET tokens = excluded.tokens, "
+    "updated_ms = excluded.updated_ms";
+
+constexpr double kMsPerHour = 3'600'000.0;
+
+// Token bucket: starts full, refills continuously, never above capacity. Clocks of different
+// hosts may disagree a little: time never runs backwards for a bucket.
+int64_t take_bucket_tokens(Connection& c, const std::string& key, double cost, double capacity,
+                           double refill_per_hour, int64_t now) {
+  if (capacity <= 0 || cost < 0 || cost > capacity) {
+    throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
+  }
+  double tokens = capacity;
+  int64_t updated = now;
+  {
+    Query q = c.query(kLoadBucket);
+    q.args(key);
+    if (q.step()) {
+      int64_t elapsed = std::max<int64_t>(now - q.i64(1), 0);
+      tokens = std::min(capacity,
+                        q.real(0) + static_cast<double>(elapsed) * refill_per_hour / kMsPerHour);
+      updated = std::max(now, q.i64(1));
+    }
+  }
+  int64_t wait_ms = 0;
+  if (tokens >= cost) {
+    tokens -= cost;
+  } else if (refill_per_hour <= 0) {
+    wait_ms = std::numeric_limits<int64_t>::max();
+  } else {
+    wait_ms = static_cast<int64_t>(std::ceil((cost - tokens) * kMsPerHour / refill_per_hour));
+    wait_ms = std::max<int64_t>(wait_ms, 1);
+  }
+  c.query(kSaveBucket).args(key, tokens, updated).run();
+  return wait_ms;
+}
+
+const std::string kLoadCircuit =
+    "SELECT state, failures, opened_ms, retry_at_ms, updated_ms FROM circuits WHERE name = ?1";
+const std::string kSaveCircuit =
+    "INSERT INTO circuits (name, state, failures, opened_ms, retry_at_ms, updated_ms) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (name) DO UPDATE SET state = excluded.state, "
+    "failures = excluded.failures, opened_ms = excluded.opened_ms, "
+    "retry_at_ms = excluded.retry_at_ms, updated_ms = excluded.updated_ms";
+
+CircuitRecord update_circuit_record(
+    Connection& c, const std::string& name,
+    const std::function<CircuitRecord(const CircuitRecord&)>& next) {
+  CircuitRecord current;
+  {
+    Query q = c.query(kLoadCircuit);
+    q.args(name);
+    if (q.step()) current = {q.text(0), q.i32(1), q.i64(2), q.i64(3), q.i64(4)};
+  }
+  CircuitRecord updated = next(current);
+  c.query(kSaveCircuit)
+      .args(name, updated.state, updated.failures, updated.opened_ms, updated.retry_at_ms,
+            updated.updated_ms)
+      .run();
+  return updated;
+}
+
+// --- dead letters --------------------------------------------------------------------------
+
+const std::string kLoadLetter = "SELECT " + kLetterColumns + " FROM dead_letters WHERE id = ?1";
+const std::string kRetryJob =
+    "UPDATE jobs SET status = 'queued', attempts = 0, run_after_ms = ?2, finished_ms = 0, "
+    "cancel_requested = 0, counted_in_parent = ?3, updated_ms = ?2 WHERE id = ?1";
+const std::string kRetryLetter =
+    "UPDATE dead_letters SET status = 'retrying', retries = retries + 1, updated_ms = ?2 "
+    "WHERE id = ?1";
+const std::string kIgnoreLetter =
+    "UPDATE dead_letters SET status = 'ignored', updated_ms = ?2 WHERE id = ?1";
+
+std::optional<DeadLetter> load_letter(Connection& c, int64_t id) {
+  Query q = c.query(kLoadLetter);
+  q.args(id);
+  if (!q.step()) return std::nullopt;
+  return read_letter(q);
+}
+
+DeadLetter load_existing_letter(Connection& c, int64_t id) {
+  std::optional<DeadLetter> letter = load_letter(c, id);
+  if (!letter) throw JobNotFound("dead letter " + std::to_string(id) + " not found");
+  return *letter;
+}
+
+// Checks everything before writing anything, so that a refusal leaves no trace (the bulk retry
+// skips refused letters inside one transaction).
+JobState check_retryable(Connection& c, const DeadLetter& letter) {
+  std::string name = "dead letter " + std::to_string(letter.id);
+  if (letter.status != DeadLetterStatus::kPending && letter.status != DeadLetterStatus::kIgnored) {
+    throw InvalidTransition(name + " is " + std::string(to_string(letter.status)));
+  }
+  std::optional<JobState> s = load_state(c, letter.job_id);
+  if (!s) throw JobNotFound(name + ": job " + std::to_string(letter.job_id) + " was pruned");
+  if (s->status != JobStatus::kDead) {
+    throw InvalidTransition(name + ": job " + std::to_string(s->id) + " is " +
+                            std::string(to_string(s->status)));
+  }
+  if (s->dedupe_key) {
+    if (auto other = active_duplicate(c, s->kind, *s->dedupe_key)) {
+      throw InvalidTransition(name + ": job " + std::to_string(*other) +
+                              " is active with the same dedupe key");
+    }
+  }
+  return *s;
+}
+
+// The job goes back to queued with attempts reset (counted again by an active parent).
+void retry_letter(Connection& c, const DeadLetter& letter, int64_t now) {
+  JobState s = check_retryable(c, letter);
+  bool counted = s.parent_id && count_child(c, *s.parent_id, now);
+  c.query(kRetryJob).args(s.id, now, counted).run();
+  c.query(kRetryLetter).args(letter.id, now).run();
+}
+
+void ignore_letter(Connection& c, int64_t id, int64_t now) {
+  DeadLetter letter = load_existing_letter(c, id);
+  if (letter.status == DeadLetterStatus::kIgnored) return;
+  if (letter.status != DeadLetterStatus::kPending) {
+    throw InvalidTransition("dead letter " + std::to_string(id) + " is " +
+                            std::string(to_string(letter.status)));
+  }
+  c.query(kIgnoreLetter).args(id, now).run();
+}
+
+// Dynamic filters bind fixed parameter numbers; unused ones are bound but absent from the text.
+std::string letter_filter(const DeadLetterQuery& q) {
+  std::string sql = " WHERE 1 = 1";
+  if (q.status) sql += " AND status = '" + std::string(to_string(*q.status)) + "'";
+  if (q.kind) sql += " AND kind = ?2";
+  if (q.concurrency_key) sql += " AND concurrency_key = ?3";
+  if (q.before_id) sql += " AND id < ?4";
+  return sql + " ORDER BY id DESC LIMIT ?5";
+}
+
+void bind_letter_filter(Query& query, const DeadLetterQuery& q, size_t limit) {
+  query.args(std::nullopt, q.kind, q.concurrency_key, q.before_id, static_cast<int64_t>(limit));
+}
+
+int retry_letters(Connection& c, const DeadLetterQuery& query, size_t limit, int64_t now) {
+  if (query.status && *query.status != DeadLetterStatus::kPending) return 0;
+  DeadLetterQuery pending = query;
+  pending.status = DeadLetterStatus::kPending;
+  std::vector<DeadLetter> letters;
+  {
+    Query q = c.query("SELECT " + kLetterColumns + " FROM dead_letters" + letter_filter(pending));
+    bind_letter_filter(q, pending, limit);
+    while (q.step()) letters.push_back(read_letter(q));
+  }
+  int retried = 0;
+  for (const DeadLetter& letter : letters) {
+    try {
+      retry_letter(c, letter, now);
+      ++retried;
+    } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
+    } catch (const JobNotFound&) {
+    }
+  }
+  return retried;
+}
+
+// --- schema --------------------------------------------------------------------------------
+
+int64_t wall_clock_ms() {
+  // The one wall-clock read of the store: schema_migrations.applied_ms audits when an operator
+  // upgraded; it is not job time, and migrate() takes no clock.
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs inside the writer's BEGIN IMMEDIATE transaction, so two processes migrating at once are
+// serialized and the second finds the work done.
+int migrate_schema(Connection& c) {
+  c.exec(
+      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+      "name TEXT NOT NULL, applied_ms INTEGER NOT NULL)");
+  std::set<int> applied;
+  {
+    Query q = c.query("SELECT version FROM schema_migrations");
+    while (q.step()) applied.insert(q.i32(0));
+  }
+  for (const Migration& m : sqlite_migrations()) {
+    if (applied.count(m.version)) continue;
+    for (const std::string& statement : split_sql_statements(m.sql)) c.exec(statement);
+    c.query("INSERT INTO schema_migrations (version, name, applied_ms) VALUES (?1, ?2, ?3)")
+        .args(m.version, std::string_view(m.name), wall_clock_ms())
+        .run();
+  }
+  Query q = c.query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations");
+  return q.step() ? q.i32(0) : 0;
+}
+
+// --- the store -----------------------------------------------------------------------------
+
+sqlite::ConnectionOptions connection_options(const SqliteStoreOptions& options) {
+  sqlite::ConnectionOptions o;
+  o.busy_timeout_ms = options.busy_timeout_ms;
+  return o;
+}
+
+class SqliteStore final : public SqliteJobStore {
+ public:
+  SqliteStore(const std::string& path, const SqliteStoreOptions& options)
+      : writer_(std::make_unique<Connection>(path, connection_options(options)),
+                options.max_batch) {
+    // An in-memory database is private to its connection: reads must use the writer's.
+    if (options.readers > 0 && path != ":memory:") {
+      readers_ =
+          std::make_unique<sqlite::ReaderPool>(path, connection_options(options), options.readers);
+    }
+    if (options.migrate) migrate();
+  }
+
+  int migrate() override {
+    return write([](Connection& c) { return migrate_schema(c); });
+  }
+  std::string backend() const override { return "sqlite"; }
+
+  EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
+    return write([&](Connection& c) { return enqueue_one(c, spec, now_ms); });
+  }
+  std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
+                                           int64_t now_ms) override {
+    return write([&](Connection& c) {
+      std::vector<EnqueueResult> results;
+      results.reserve(specs.size());
+      for (const JobSpec& spec : specs) results.push_back(enqueue_one(c, spec, now_ms));
+      return results;
+    });
+  }
+
+  std::vector<Claimed> claim(const ClaimRequest& request) override {
+    return write([&](Connection& c) { return claim_jobs(c, request, tokens_); });
+  }
+  HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                            const std::optional<std::string>& checkpoint) override {
+    return write(
+        [&](Connection& c) { return heartbeat_job(c, id, token, now_ms, lease_ms, checkpoint); });
+  }
+  void complete(JobId id, const std::string& token, const std::string& result_json,
+                int64_t now_ms) override {
+    write([&](Connection& c) { complete_job(c, id, token, result_json, now_ms); });
+  }
+  JobStatus fail(JobId id, const std::string& token, const Failure& failure,
+                 int64_t now_ms) override {
+    return write([&](Connection& c) { return fail_job(c, id, token, failure, now_ms); });
+  }
+  void defer(JobId id, const std::string& token, int64_t run_after_ms, const std::string& reason,
+             int64_t now_ms) override {
+    write(
+        [&](Connection& c) { return_job(c, id, token, run_after_ms, "deferred", reason, now_ms); });
+  }
+  void release(JobId id, const std::string& token, int64_t now_ms) override {
+    write(
+        [&](Connection& c) { return_job(c, id, token, now_ms, "released", std::nullopt, now_ms); });
+  }
+  void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
+                         const std::optional<std::string>& checkpoint, int64_t now_ms) override {
+    write([&](Connection& c) { wait_job(c, id, token, deadline_ms, checkpoint, now_ms); });
+  }
+
+  SweepResult sweep(int64_t now_ms) override {
+    return write([&](Connection& c) { return sweep_jobs(c, now_ms); });
+  }
+  // Deletes in chunks, each its own operation, so that a large retention pass never holds the
+  // writer for long; each chunk is atomic.
+  int64_t prune(int64_t finished_before_ms) override {
+    int64_t total = 0;
+    while (true) {
+      int64_t n = write([&](Connection& c) {
+        return c.query(kPruneSql).args(finished_before_ms, kPruneChunk).run();
+      });
+      total += n;
+      if (n < kPruneChunk) return total;
+    }
+  }
+
+  CancelOutcome cancel(JobId id, int64_t now_ms) override {
+    return write([&](Connection& c) { return cancel_job(c, id, now_ms); });
+  }
+  int cancel_key(const std::string& concurrency_key, const std::string& kind,
+                 int64_t now_ms) override {
+    return write([&](Connection& c) { return cancel_key_jobs(c, concurrency_key, kind, now_ms); });
+  }
+
+  std::optional<Job> get(JobId id) override;
+  JobPage list(const JobQuery& query) override;
+  std::vector<Attempt> attempts(JobId id) override;
+  std::map<std::pair<std::string, JobStatus>, int64_t> counts() override;
+  void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
+                      int64_t now_ms) override {
+    write([&](Connection& c) { set_job_checkpoint(c, id, checkpoint, now_ms); });
+  }
+
+  void set_caps(const std::string& kind, Caps caps) override;
+  std::map<std::string, Caps> caps() override {
+    return read([](Connection& c) { return read_caps(c); });
+  }
+  int max_running_seen(const std::string& kind, const std::string& concurrency_key) override {
+    return running_column(kind, concurrency_key, "max_running");
+  }
+  int running(const std::string& kind, const std::string& concurrency_key) override {
+    return running_column(kind, concurrency_key, "running");
+  }
+
+  int64_t take_tokens(const std::string& key, double cost, double capacity, double refill_per_hour,
+                      int64_t now_ms) override {
+    return write([&](Connection& c) {
+      return take_bucket_tokens(c, key, cost, capacity, refill_per_hour, now_ms);
+    });
+  }
+  CircuitRecord update_circuit(
+      const std::string& name,
+      const std::function<CircuitRecord(const CircuitRecord&)>& next) override {
+    return write([&](Connection& c) { return update_circuit_record(c, name, next); });
+  }
+
+  DeadLetterPage list_dead_letters(const DeadLetterQuery& query) override;
+  std::optional<DeadLetter> get_dead_letter(int64_t id) override {
+    return read([&](Connection& c) { return load_letter(c, id); });
+  }
+  std::map<std::pair<std::string, DeadLetterStatus>, int64_t> dead_letter_stats() override;
+  void retry_dead_letter(int64_t id, int64_t now_ms) override {
+    write([&](Connection& c) { retry_letter(c, load_existing_letter(c, id), now_ms); });
+  }
+  int retry_dead_letters(const DeadLetterQuery& query, size_t limit, int64_t now_ms) override {
+    return write([&](Connection& c) { return retry_letters(c, query, limit, now_ms); });
+  }
+  void ignore_dead_letter(int64_t id, int64_t now_ms) override {
+    write([&](Connection& c) { ignore_letter(c, id, now_ms); });
+  }
+  int64_t purge_dead_letters(int64_t updated_before_ms) override {
+    return write([&](Connection& c) {
+      return c
+          .query(
+              "DELETE FROM dead_letters WHERE status IN ('resolved', 'ignored') "
+              "AND updated_ms < ?1")
+          .args(updated_before_ms)
+          .run();
+    });
+  }
+
+  std::string writer_pragma(const std::string& name) override {
+    return write([&](Connection& c) { return c.pragma(name); });
+  }
+  SqliteStoreStats stats() const override {
+    sqlite::WriterStats s = writer_.stats();
+    return {s.transactions, s.operations, s.max_batch};
+  }
+
+ private:
+  template <class Op>
+  auto write(Op&& op) -> std::invoke_result_t<Op&, Connection&> {
+    return writer_.run(std::forward<Op>(op));
+  }
+  // Reads use a pooled reader connection (concurrent with the writer under WAL), or the writer
+  // when there is no pool.
+  template <class Op>
+  auto read(Op&& op) -> std::invoke_result_t<Op&, Connection&> {
+    if (readers_) return readers_->run(std::forward<Op>(op));
+    return writer_.run(std::forward<Op>(op));
+  }
+
+  int running_column(const std::string& kind, const std::string& key, const char* column);
+
+  TokenSource tokens_;  // before writer_: claim operations use it on the writer thread
+  std::unique_ptr<sqlite::ReaderPool> readers_;
+  sqlite::GroupCommitWriter writer_;
+};
+
+// The status as a literal (statuses come from the enum, never from user text), so that the
+// planner can match the partial indexes, which a bound parameter would hide from it.
+std::string status_filter(JobStatus status) {
+  std::string literal = "'" + std::string(to_string(status)) + "'";
+  if (!is_terminal(status)) return " AND status = " + literal;
+  return " AND status = " + literal + " AND status IN ('succeeded', 'dead', 'cancelled')";
+}
+
+// Each part is a covering scan of one partial index, not of the table.
+const std::string kCounts =
+    "SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' GROUP BY kind "
+    "UNION ALL SELECT kind, 'running', COUNT(*) FROM jobs WHERE status = 'running' GROUP BY kind "
+    "UNION ALL SELECT kind, 'waiting', COUNT(*) FROM jobs WHERE status = 'waiting' GROUP BY kind "
+    "UNION ALL SELECT kind, status, COUNT(*) FROM jobs "
+    "WHERE status IN ('succeeded', 'dead', 'cancelled') GROUP BY kind, status";
+
+std::optional<Job> SqliteStore::get(JobId id) {
+  return read([&](Connection& c) -> std::optional<Job> {
+    Query q = c.query("SELECT " + kJobColumns + " FROM jobs WHERE id = ?1");
+    q.args(id);
+    if (!q.step()) return std::nullopt;
+    return read_job(q);
+  });
+}
+
+JobPage SqliteStore::list(const JobQuery& query) {
+  if (query.limit == 0) return {};
+  std::string sql = "SELECT " + kJobColumns + " FROM jobs WHERE 1 = 1";
+  if (query.status) sql += status_filter(*query.status);
+  if (query.kind) sql += " AND kind = ?2";
+  if (query.concurrency_key) sql += " AND concurrency_key = ?3";
+  if (query.parent_id) sql += " AND parent_id = ?4";
+  if (query.before_id) sql += " AND id < ?5";
+  sql += " ORDER BY id DESC LIMIT ?6";
+  return read([&](Connection& c) {
+    Query q = c.query(sql);
+    // One row more than asked tells whether another page exists.
+    q.args(std::nullopt, query.kind, query.concurrency_key, query.parent_id, query.before_id,
+           static_cast<int64_t>(query.limit + 1));
+    JobPage page;
+    while (q.step()) page.jobs.push_back(read_job(q));
+    if (page.jobs.size() > query.limit) {
+      page.jobs.pop_back();
+      page.next_before = page.jobs.back().id;
+    }
+    return page;
+  });
+}
+
+std::vector<Attempt> SqliteStore::attempts(JobId id) {
+  return read([&](Connection& c) {
+    std::vector<Attempt> out;
+    Query q = c.query(
+        "SELECT attempt, owner, started_ms, finished_ms, outcome, error FROM attempts "
+        "WHERE job_id = ?1 ORDER BY seq");
+    q.args(id);
+    while (q.step()) {
+      out.push_back({id, q.i32(0), q.text(1), q.i64(2), q.i64(3), q.text(4), q.opt_text(5)});
+    }
+    return out;
+  });
+}
+
+std::map<std::pair<std::string, JobStatus>, int64_t> SqliteStore::counts() {
+  return read([](Connection& c) {
+    std::map<std::pair<std::string, JobStatus>, int64_t> out;
+    Query q = c.query(kCounts);
+    while (q.step()) out[{q.text(0), status_from(q.text(1))}] = q.i64(2);
+    return out;
+  });
+}
+
+void SqliteStore::set_caps(const std::string& kind, Caps caps) {
+  write([&](Connection& c) {
+    c.query(
+         "INSERT INTO caps (kind, per_key_cap, global_cap) VALUES (?1, ?2, ?3) "
+         "ON CONFLICT (kind) DO UPDATE SET per_key_cap = excluded.per_key_cap, "
+         "global_cap = excluded.global_cap")
+        .args(kind, std::max(caps.per_key, 0), std::max(caps.global, 0))
+        .run();
+  });
+}
+
+// "" means the whole kind (the total row); any other key its own row.
+int SqliteStore::running_column(const std::string& kind, const std::string& key,
+                                const char* column) {
+  std::string sql = std::string("SELECT ") + column +
+                    " FROM running_counts WHERE kind = ?1 AND total = ?2 AND concurrency_key = ?3";
+  return read([&](Connection& c) {
+    Query q = c.query(sql);
+    q.args(kind, key.empty(), key);
+    return q.step() ? q.i32(0) : 0;
+  });
+}
+
+DeadLetterPage SqliteStore::list_dead_letters(const DeadLetterQuery& query) {
+  if (query.limit == 0) return {};
+  return read([&](Connection& c) {
+    Query q = c.query("SELECT " + kLetterColumns + " FROM dead_letters" + letter_filter(query));
+    bind_letter_filter(q, query, query.limit + 1);
+    DeadLetterPage page;
+    while (q.step()) page.items.push_back(read_letter(q));
+    if (page.items.size() > query.limit) {
+      page.items.pop_back();
+      page.next_before = page.items.back().id;
+    }
+    return page;
+  });
+}
+
+std::map<std::pair<std::string, DeadLetterStatus>, int64_t> SqliteStore::dead_letter_stats() {
+  return read([](Connection& c) {
+    std::map<std::pair<std::string, DeadLetterStatus>, int64_t> out;
+    Query q = c.query("SELECT kind, status, COUNT(*) FROM dead_letters GROUP BY kind, status");
+    while (q.step()) out[{q.text(0), letter_status_from(q.text(1))}] = q.i64(2);
+    return out;
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<SqliteJobStore> open_sqlite_store(const std::string& path,
+                                                  const SqliteStoreOptions& options) {
+  return std::make_unique<SqliteStore>(path, options);
+}
+
+std::unique_ptr<JobStore> open_sqlite_store(const std::string& path) {
+  return open_sqlite_store(path, SqliteStoreOptions{});
+}
+
+}  // namespace backhaul::jobs

@@ -1,0 +1,38 @@
+// The SQLite backend of the job queue (SPEC D2) beyond the JobStore contract: tuning options and
+// diagnostics for tests and benchmarks. open_sqlite_store() (job_store.h) returns a
+// SqliteJobStore; dynamic_cast to reach these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/jobs/job_store.h"
+
+namespace backhaul::jobs {
+
+struct SqliteStoreOptions {
+  size_t max_batch = 512;        // operations merged into one transaction at most
+  size_t readers = 4;            // reader connections (0 = reads go through the writer)
+  int busy_timeout_ms = 10'000;  // how long to wait for another process's write lock
+  bool migrate = true;           // apply pending migrations on open
+};
+
+struct SqliteStoreStats {
+  int64_t transactions = 0;  // write transactions run by the group-commit writer
+  int64_t operations = 0;    // write operations merged into them
+  int64_t max_batch = 0;     // most operations in one transaction
+};
+
+class SqliteJobStore : public JobStore {
+ public:
+  // A PRAGMA as the writer connection sees it ("journal_mode", "synchronous", ...). [thread-safe]
+  virtual std::string writer_pragma(const std::string& name) = 0;
+  virtual SqliteStoreStats stats() const = 0;
+};
+
+std::unique_ptr<SqliteJobStore> open_sqlite_store(const std::string& path,
+                                                  const SqliteStoreOptions& options);
+
+}  // namespace backhaul::jobs

@@ -1,0 +1,297 @@
+// G3: every request the plugin makes is answered with one fault; the status it returns must be
+// the one the ABI asks for, with a message. No fixtures needed: the FaultTransport answers any URL.
+#include <thread>
+
+#include "core/validate/checks.h"
+
+namespace backhaul::validate {
+namespace {
+
+using nlohmann::json;
+
+enum class Expect {
+  kAuthExpired = 1,
+  kRateLimitedUntilReset,  // retry_after_ms = x-ratelimit-reset - now (within a tolerance)
+  kRateLimitedRetryAfter,  // retry_after_ms = retry-after * 1000 (within a tolerance)
+  kRetryable,
+  kFatal,
+  kAnyError,  // any status but OK, with a message
+  kNoCrash,   // OK or an error with a message; crashing or hanging fails
+};
+
+struct FaultCase {
+  Fault fault;
+  Expect expect;
+};
+
+// A wait may be a little longer than the provider asked (GitHub's connector adds a second of
+// margin), never much shorter, and not a made-up default such as one minute.
+constexpr int64_t kEarlyToleranceMs = 1'000;
+constexpr int64_t kLateToleranceMs = 5'000;
+constexpr int kConcurrentCallsPerThread = 10;
+
+json call_json(const CallResult& r) {
+  return {{"status", r.status},
+          {"text", r.describe()},
+          {"message", r.message},
+          {"retry_after_ms", r.retry_after_ms}};
+}
+
+json observe_fetch(CheckContext& ctx, Fault fault) {
+  const Target& t = ctx.target();
+  return ctx.with_fault(fault, [&](const PluginDriver& driver, FaultTransport& transport) {
+    InstanceHandle instance = driver.create_or_throw(t.config_json);
+    FetchOutcome out = driver.fetch(instance.get(), t.first_page(t.entity_types.front()));
+    json r = call_json(out.result);
+    r["requests"] = transport.request_count();
+    r["request_ms"] = transport.last_request_ms();
+    if (auto reset = transport.last_reset_s()) r["reset_s"] = *reset;
+    return r;
+  });
+}
+
+std::string expected_name(Expect e) {
+  switch (e) {
+    case Expect::kAuthExpired:
+      return "AUTH_EXPIRED";
+    case Expect::kRateLimitedUntilReset:
+    case Expect::kRateLimitedRetryAfter:
+      return "RATE_LIMITED";
+    case Expect::kRetryable:
+      return "RETRYABLE";
+    case Expect::kFatal:
+      return "FATAL";
+    case Expect::kAnyError:
+      return "an error status";
+    case Expect::kNoCrash:
+      return "any status";
+  }
+  return "?";
+}
+
+backhaul_status_t expected_status(Expect e) {
+  switch (e) {
+    case Expect::kAuthExpired:
+      return BACKHAUL_AUTH_EXPIRED;
+    case Expect::kRateLimitedUntilReset:
+    case Expect::kRateLimitedRetryAfter:
+      return BACKHAUL_RATE_LIMITED;
+    case Expect::kRetryable:
+      return BACKHAUL_RETRYABLE;
+    case Expect::kFatal:
+      return BACKHAUL_FATAL;
+    default:
+      return -1;
+  }
+}
+
+// Checks the wait a RATE_LIMITED result asks for against what the response said.
+std::optional<std::string> wait_problem(Expect e, const json& r) {
+  int64_t want = 0;
+  std::string source;
+  if (e == Expect::kRateLimitedUntilReset) {
+    if (!r.contains("reset_s")) return std::nullopt;
+    want = r["reset_s"].get<int64_t>() * 1000 - r["request_ms"].get<int64_t>();
+    source = "x-ratelimit-reset minus host->now_ms()";
+  } else if (e == Expect::kRateLimitedRetryAfter) {
+    want = FaultTransport::kRetryAfterS * 1000;
+    source = "retry-after: " + std::to_string(FaultTransport::kRetryAfterS) + " s";
+  } else {
+    return std::nullopt;
+  }
+  const int64_t got = r["retry_after_ms"].get<int64_t>();
+  if (got >= want - kEarlyToleranceMs && got <= want + kLateToleranceMs) return std::nullopt;
+  return "retry_after_ms is " + std::to_string(got) + ", expected about " + std::to_string(want) +
+         " (" + source + ")";
+}
+
+// `call` is "fetch_page" or "validate_scopes". The fault must have been seen: a call that made
+// no request proves nothing about how the plugin maps it.
+Verdict judge(Expect e, const json& r, const std::string& call) {
+  const backhaul_status_t status = r["status"].get<backhaul_status_t>();
+  const std::string text = r["text"].get<std::string>();
+  if (r.value("requests", size_t{1}) == 0) {
+    std::string reason =
+        call + " made no HTTP request, so the fault was never seen (it returned " + text + ")";
+    if (status == BACKHAUL_INVALID_ARGUMENT)
+      reason += "; give a unit it accepts with --resource, --resource-name, --entity and --config";
+    return fail(reason);
+  }
+  if (e == Expect::kNoCrash && status == BACKHAUL_OK) return pass(call + " returned a page");
+  if (status == BACKHAUL_OK) return fail(call + " returned OK; expected " + expected_name(e));
+  if (r["message"].get<std::string>().empty())
+    return fail(call + " returned " + status_text(status) + " without a message");
+  const backhaul_status_t want = expected_status(e);
+  if (want >= 0 && status != want)
+    return fail(call + " returned " + text + "; expected " + expected_name(e));
+  if (auto problem = wait_problem(e, r)) return fail(call + ": " + *problem);
+  return pass(text);
+}
+
+const FaultCase kCases[] = {
+    {Fault::kHttp401, Expect::kAuthExpired},
+    {Fault::kRateLimit403, Expect::kRateLimitedUntilReset},
+    {Fault::kRateLimit429, Expect::kRateLimitedRetryAfter},
+    {Fault::kHttp500, Expect::kRetryable},
+    {Fault::kHttp502, Expect::kRetryable},
+    {Fault::kHttp404, Expect::kFatal},
+    {Fault::kHttp422, Expect::kFatal},
+    {Fault::kTruncatedBody, Expect::kAnyError},
+    {Fault::kNonJsonBody, Expect::kAnyError},
+    {Fault::kEmptyBody, Expect::kAnyError},
+    {Fault::kHugeBody, Expect::kNoCrash},
+    {Fault::kSlowResponse, Expect::kRetryable},
+    {Fault::kConnectionError, Expect::kRetryable},
+};
+
+Expect expectation(Fault fault) {
+  for (const FaultCase& c : kCases) {
+    if (c.fault == fault) return c.expect;
+  }
+  return Expect::kAnyError;
+}
+
+template <Fault F>
+Verdict fault_check(CheckContext& ctx) {
+  return judge(expectation(F), observe_fetch(ctx, F), "fetch_page");
+}
+
+// The faults whose status does not depend on reading a body: validate_scopes must map them too.
+const Fault kScopeFaults[] = {Fault::kHttp401, Fault::kRateLimit403, Fault::kRateLimit429,
+                              Fault::kHttp500, Fault::kConnectionError};
+
+Verdict faults_in_validate_scopes(CheckContext& ctx) {
+  const Target& t = ctx.target();
+  json results =
+      ctx.with_fault(kScopeFaults[0], [&](const PluginDriver& driver, FaultTransport& transport) {
+        InstanceHandle instance = driver.create_or_throw(t.config_json);
+        json out = json::array();
+        for (Fault fault : kScopeFaults) {
+          transport.set_fault(fault);
+          const size_t before = transport.request_count();
+          json r = call_json(driver.validate_scopes(instance.get(), t.unit));
+          r["requests"] = transport.request_count() - before;
+          r["request_ms"] = transport.last_request_ms();
+          if (auto reset = transport.last_reset_s()) r["reset_s"] = *reset;
+          out.push_back(r);
+        }
+        return out;
+      });
+  for (size_t i = 0; i < std::size(kScopeFaults); ++i) {
+    Verdict v = judge(expectation(kScopeFaults[i]), results[i], "validate_scopes");
+    if (v.status != CheckStatus::kPass)
+      return fail(std::string(fault_name(kScopeFaults[i])) + ": " + v.reason);
+  }
+  return pass("401, 403/429 rate limits, 500 and connection errors map as for fetch_page");
+}
+
+// Every fault but the slow and the huge one (they only cost time): no message may carry the token.
+Verdict error_messages_hide_token(CheckContext& ctx) {
+  const Target& t = ctx.target();
+  json leaks =
+      ctx.with_fault(Fault::kHttp401, [&](const PluginDriver& driver, FaultTransport& transport) {
+        InstanceHandle instance = driver.create_or_throw(t.config_json);
+        json out = json::array();
+        for (const FaultCase& c : kCases) {
+          if (c.fault == Fault::kSlowResponse || c.fault == Fault::kHugeBody) continue;
+          transport.set_fault(c.fault);
+          const std::string fetched =
+              driver.fetch(instance.get(), t.first_page(t.entity_types.front())).result.message;
+          const std::string scoped = driver.validate_scopes(instance.get(), t.unit).message;
+          for (const std::string* message : {&fetched, &scoped}) {
+            if (message->find(kAccessToken) != std::string::npos)
+              out.push_back(std::string(fault_name(c.fault)) + ": " + *message);
+          }
+        }
+        return out;
+      });
+  if (!leaks.empty())
+    return fail("an error message contains the access token (" +
+                leaks[0].get<std::string>().substr(0, 200) + ")");
+  return pass("no error message contains the access token");
+}
+
+// Fetches from many threads at once while every request fails: exercises the error paths
+// concurrently (the concurrent_fetch conformance check covers the success path with fixtures).
+Verdict concurrent_faults(CheckContext& ctx) {
+  const Target& t = ctx.target();
+  const int threads = ctx.options().threads;
+  json r = ctx.with_fault(Fault::kHttp500, [&](const PluginDriver& driver, FaultTransport&) {
+    InstanceHandle shared = driver.create_or_throw(t.config_json);
+    std::vector<std::string> problems(static_cast<size_t>(threads));
+    std::vector<std::thread> pool;
+    for (int k = 0; k < threads; ++k) {
+      pool.emplace_back([&, k] {
+        try {
+          for (int i = 0; i < kConcurrentCallsPerThread; ++i) {
+            CallResult result =
+                driver.fetch(shared.get(), t.first_page(t.entity_types.front())).result;
+            if (result.status != BACKHAUL_RETRYABLE || result.message.empty()) {
+              problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + " got " +
+                                                 result.describe() +
+                                                 " for HTTP 500; expected RETRYABLE";
+              return;
+            }
+          }
+        } catch (const std::exception& e) {
+          problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + ": " + e.what();
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    for (const std::string& p : problems) {
+      if (!p.empty()) return json{{"problem", p}};
+    }
+    return json::object();
+  });
+  if (r.contains("problem")) return fail(r["problem"].get<std::string>());
+  return pass(std::to_string(threads) + " threads x " + std::to_string(kConcurrentCallsPerThread) +
+              " failing calls on one instance");
+}
+
+}  // namespace
+
+std::vector<Check> fault_checks() {
+  return {
+      {"fault_http_401", "faults", 1, Needs::kLoadedPlugin, "HTTP 401 is AUTH_EXPIRED",
+       fault_check<Fault::kHttp401>},
+      {"fault_rate_limit_403", "faults", 1, Needs::kLoadedPlugin,
+       "403 with x-ratelimit-remaining: 0 is RATE_LIMITED with retry_after = reset - now",
+       fault_check<Fault::kRateLimit403>},
+      {"fault_rate_limit_429", "faults", 1, Needs::kLoadedPlugin,
+       "429 with retry-after: N is RATE_LIMITED with retry_after = N s",
+       fault_check<Fault::kRateLimit429>},
+      {"fault_http_500", "faults", 1, Needs::kLoadedPlugin, "HTTP 500 is RETRYABLE",
+       fault_check<Fault::kHttp500>},
+      {"fault_truncated_body", "faults", 1, Needs::kLoadedPlugin,
+       "a truncated JSON body is an error with a message, not a crash",
+       fault_check<Fault::kTruncatedBody>},
+      {"fault_non_json_body", "faults", 1, Needs::kLoadedPlugin,
+       "an HTML body is an error with a message, not a crash", fault_check<Fault::kNonJsonBody>},
+      {"fault_connection_error", "faults", 1, Needs::kLoadedPlugin,
+       "a connection error is RETRYABLE", fault_check<Fault::kConnectionError>},
+      {"fault_http_502", "faults", 2, Needs::kLoadedPlugin,
+       "HTTP 502 with an HTML body is RETRYABLE", fault_check<Fault::kHttp502>},
+      {"fault_empty_body", "faults", 2, Needs::kLoadedPlugin,
+       "an empty 200 body is an error with a message", fault_check<Fault::kEmptyBody>},
+      {"fault_slow_response", "faults", 2, Needs::kLoadedPlugin,
+       "a response that does not come within the request timeout is RETRYABLE",
+       fault_check<Fault::kSlowResponse>},
+      {"fault_http_404", "faults", 3, Needs::kLoadedPlugin, "HTTP 404 is FATAL",
+       fault_check<Fault::kHttp404>},
+      {"faults_in_validate_scopes", "faults", 3, Needs::kLoadedPlugin,
+       "validate_scopes maps 401, rate limits, 500 and connection errors like fetch_page",
+       faults_in_validate_scopes},
+      {"concurrent_faults", "faults", 3, Needs::kLoadedPlugin,
+       "N threads calling fetch_page on one instance while every request fails", concurrent_faults},
+      {"fault_huge_body", "faults", 4, Needs::kLoadedPlugin,
+       "a 50 MB body neither crashes nor exhausts the memory limit nor times out",
+       fault_check<Fault::kHugeBody>},
+      {"error_messages_hide_token", "faults", 4, Needs::kLoadedPlugin,
+       "no error message contains the access token", error_messages_hide_token},
+      {"fault_http_422", "faults", 5, Needs::kLoadedPlugin, "HTTP 422 is FATAL",
+       fault_check<Fault::kHttp422>},
+  };
+}
+
+}  // namespace backhaul::validate

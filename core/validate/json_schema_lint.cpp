@@ -1,0 +1,132 @@
+#include "core/validate/json_schema_lint.h"
+
+#include <regex>
+#include <set>
+
+namespace backhaul::validate {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMaxProblems = 20;
+constexpr int kMaxDepth = 64;
+
+class Linter {
+ public:
+  std::vector<std::string> problems;
+
+  void schema(const json& s, const std::string& at, int depth) {
+    if (problems.size() >= kMaxProblems) return;
+    if (depth > kMaxDepth) return report(at, "nested too deeply");
+    if (s.is_boolean()) return;
+    if (!s.is_object()) return report(at, "a schema must be an object or a boolean");
+    for (const auto& [key, value] : s.items()) keyword(key, value, at + "/" + key, depth);
+  }
+
+  void root_type_object(const json& s) {
+    auto type = s.find("type");
+    if (type == s.end()) return;
+    const bool object =
+        (type->is_string() && *type == "object") ||
+        (type->is_array() && std::find(type->begin(), type->end(), "object") != type->end());
+    if (!object)
+      report("/type", "the config is a JSON object, so the root type must be \"object\"");
+  }
+
+ private:
+  void report(const std::string& at, const std::string& what) {
+    if (problems.size() < kMaxProblems) problems.push_back((at.empty() ? "/" : at) + ": " + what);
+  }
+
+  void keyword(const std::string& key, const json& v, const std::string& at, int depth) {
+    static const std::set<std::string> kSchemaValued = {"additionalProperties",
+                                                        "additionalItems",
+                                                        "not",
+                                                        "if",
+                                                        "then",
+                                                        "else",
+                                                        "contains",
+                                                        "propertyNames",
+                                                        "unevaluatedProperties",
+                                                        "unevaluatedItems"};
+    static const std::set<std::string> kSchemaMaps = {"properties", "patternProperties", "$defs",
+                                                      "definitions", "dependentSchemas"};
+    static const std::set<std::string> kSchemaLists = {"allOf", "anyOf", "oneOf", "prefixItems"};
+    static const std::set<std::string> kCounts = {"minLength",   "maxLength",     "minItems",
+                                                  "maxItems",    "minProperties", "maxProperties",
+                                                  "minContains", "maxContains"};
+    static const std::set<std::string> kNumbers = {"minimum", "maximum", "multipleOf"};
+    static const std::set<std::string> kStrings = {"$schema",     "$id",    "$ref",    "title",
+                                                   "description", "format", "$comment"};
+    if (key == "type") return type(v, at);
+    if (kSchemaValued.count(key)) return schema(v, at, depth + 1);
+    if (kSchemaMaps.count(key)) return schema_map(v, at, depth);
+    if (kSchemaLists.count(key)) return schema_list(v, at, depth);
+    if (key == "items") return v.is_array() ? schema_list(v, at, depth) : schema(v, at, depth + 1);
+    if (key == "required") return string_set(v, at);
+    if (key == "enum" && !v.is_array()) return report(at, "must be an array");
+    if (kCounts.count(key) && !(v.is_number_unsigned() || (v.is_number_integer() && v >= 0)))
+      return report(at, "must be a non-negative integer");
+    if (kNumbers.count(key) && !v.is_number()) return report(at, "must be a number");
+    if (key == "multipleOf" && v.is_number() && v.get<double>() <= 0)
+      return report(at, "must be greater than 0");
+    if ((key == "exclusiveMinimum" || key == "exclusiveMaximum") && !v.is_number() &&
+        !v.is_boolean())
+      return report(at, "must be a number (or a boolean in draft 4)");
+    if (kStrings.count(key) && !v.is_string()) return report(at, "must be a string");
+    if (key == "pattern") return pattern(v, at);
+  }
+
+  void type(const json& v, const std::string& at) {
+    static const std::set<std::string> kTypes = {"null",   "boolean", "object", "array",
+                                                 "number", "string",  "integer"};
+    auto known = [&](const json& t) { return t.is_string() && kTypes.count(t.get<std::string>()); };
+    if (v.is_string()) {
+      if (!known(v)) report(at, "unknown type " + v.dump());
+      return;
+    }
+    if (!v.is_array() || v.empty()) return report(at, "must be a type name or a non-empty array");
+    for (const json& t : v) {
+      if (!known(t)) report(at, "unknown type " + t.dump());
+    }
+  }
+
+  void schema_map(const json& v, const std::string& at, int depth) {
+    if (!v.is_object()) return report(at, "must be an object of schemas");
+    for (const auto& [name, sub] : v.items()) schema(sub, at + "/" + name, depth + 1);
+  }
+
+  void schema_list(const json& v, const std::string& at, int depth) {
+    if (!v.is_array() || v.empty()) return report(at, "must be a non-empty array of schemas");
+    for (size_t i = 0; i < v.size(); ++i) schema(v[i], at + "/" + std::to_string(i), depth + 1);
+  }
+
+  void string_set(const json& v, const std::string& at) {
+    if (!v.is_array()) return report(at, "must be an array of strings");
+    std::set<std::string> seen;
+    for (const json& s : v) {
+      if (!s.is_string()) return report(at, "must be an array of strings");
+      if (!seen.insert(s.get<std::string>()).second) report(at, "lists " + s.dump() + " twice");
+    }
+  }
+
+  void pattern(const json& v, const std::string& at) {
+    if (!v.is_string()) return report(at, "must be a string");
+    try {
+      std::regex re(v.get<std::string>(), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      report(at, "is not a valid regular expression: " + std::string(e.what()));
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> lint_json_schema(const json& schema, bool root_is_config) {
+  Linter linter;
+  linter.schema(schema, "", 0);
+  if (root_is_config && schema.is_object()) linter.root_type_object(schema);
+  return linter.problems;
+}
+
+}  // namespace backhaul::validate

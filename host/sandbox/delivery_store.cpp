@@ -1,0 +1,99 @@
+#include "host/sandbox/delivery_store.h"
+
+#include <algorithm>
+
+namespace backhaul::sandbox {
+
+DeliveryStore::DeliveryStore(const DataModel& data)
+    : data_(data), tallies_(static_cast<size_t>(data.installations()) + 1) {}
+
+int DeliveryStore::attribute(std::optional<DataModel::DeliveryOwner> owner,
+                             const Webhook& hook) const {
+  if (owner) return owner->installation;
+  // Accept both the connection id ("gh-inst-1") and a bare installation id ("inst-1").
+  if (auto connection = data_.find_connection(hook.connection_id)) return connection->installation;
+  return data_.parse_installation_id(hook.connection_id).value_or(0);
+}
+
+DeliveryStore::Outcome DeliveryStore::record(Provider provider, const Webhook& hook) {
+  const auto owner = data_.classify_delivery(hook.delivery_id);  // pure; outside the lock
+  const int installation = attribute(owner, hook);
+  const size_t p = provider_index(provider);
+  std::lock_guard lock(mutex_);
+  DeliveryTally& tally = tallies_[static_cast<size_t>(installation)][p];
+  ++tally.received;
+  if (!received_.insert(hook.delivery_id).second) {
+    ++tally.duplicates;
+    return Outcome::kDuplicate;
+  }
+  ++tally.unique;
+  ++event_types_[{installation, hook.event_type}][p];
+  if (owner) {
+    // Matched against the provider the id names, so missing = expected - matched stays exact
+    // even if an id is posted under the wrong provider path.
+    ++tallies_[static_cast<size_t>(installation)][provider_index(owner->provider)].matched;
+  } else {
+    ++tally.unexpected;
+    if (unexpected_sample_.size() < kSampleSize) {
+      unexpected_sample_.emplace_back(installation, hook.delivery_id);
+    }
+  }
+  return Outcome::kAccepted;
+}
+
+void DeliveryStore::count_invalid() {
+  std::lock_guard lock(mutex_);
+  ++invalid_;
+}
+
+DeliveryStore::Summary DeliveryStore::summarize(std::optional<int> installation) const {
+  Summary summary;
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < tallies_.size(); ++i) {
+    if (installation && static_cast<size_t>(*installation) != i) continue;
+    for (size_t p = 0; p < 2; ++p) {
+      const DeliveryTally& from = tallies_[i][p];
+      DeliveryTally& to = summary.by_provider[p];
+      to.received += from.received;
+      to.unique += from.unique;
+      to.duplicates += from.duplicates;
+      to.matched += from.matched;
+      to.unexpected += from.unexpected;
+    }
+  }
+  for (const auto& [key, counts] : event_types_) {
+    if (installation && key.first != *installation) continue;
+    for (size_t p = 0; p < 2; ++p) {
+      if (counts[p] > 0) summary.event_types[p][key.second] += counts[p];
+    }
+  }
+  for (const auto& [owner, id] : unexpected_sample_) {
+    if (!installation || owner == *installation) summary.unexpected_sample.push_back(id);
+  }
+  summary.invalid = installation ? 0 : invalid_;
+  return summary;
+}
+
+std::vector<std::string> DeliveryStore::missing(std::optional<int> installation,
+                                                size_t limit) const {
+  std::vector<std::string> result;
+  std::lock_guard lock(mutex_);
+  for (int i = 1; i <= data_.installations() && result.size() < limit; ++i) {
+    if (installation && *installation != i) continue;
+    data_.for_each_expected(i, [&](const std::string& id, Provider) {
+      if (result.size() < limit && !received_.contains(id)) result.push_back(id);
+    });
+  }
+  return result;
+}
+
+void DeliveryStore::reset() {
+  std::lock_guard lock(mutex_);
+  received_.clear();
+  std::fill(tallies_.begin(), tallies_.end(), std::array<DeliveryTally, 2>{});
+  event_types_.clear();
+  unexpected_sample_.clear();
+  invalid_ = 0;
+}
+
+}  // namespace backhaul::sandbox

@@ -1,0 +1,87 @@
+#include "host/sandbox/options.h"
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace backhaul::sandbox {
+namespace {
+
+void require(bool ok, std::string_view name, std::string_view rule) {
+  if (!ok) throw std::invalid_argument(std::string(name) + " " + std::string(rule));
+}
+
+template <typename T>
+void patch_field(const nlohmann::json& patch, std::string_view key, T* field) {
+  auto it = patch.find(key);
+  if (it == patch.end()) return;
+  if (!it->is_number()) throw std::invalid_argument(std::string(key) + " must be a number");
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) {
+      throw std::invalid_argument(std::string(key) + " must be an integer");
+    }
+  }
+  *field = it->get<T>();
+}
+
+}  // namespace
+
+void validate(const Faults& f) {
+  require(f.fail_rate >= 0.0 && f.fail_rate <= 1.0, "fail_rate", "must be in [0, 1]");
+  require(f.gateway_fail_rate >= 0.0 && f.gateway_fail_rate <= 1.0, "gateway_fail_rate",
+          "must be in [0, 1]");
+  require(f.burst_429_every >= 0, "burst_429_every", "must be >= 0");
+  require(f.burst_len >= 1, "burst_len", "must be >= 1");
+  require(f.retry_after_s >= 0, "retry_after_s", "must be >= 0");
+  require(f.token_ttl_requests >= 0, "token_ttl_requests", "must be >= 0");
+  require(f.slow_ms >= 0 && f.slow_ms <= 60'000, "slow_ms", "must be in [0, 60000]");
+  require(f.rate_limit >= 1, "rate_limit", "must be >= 1");
+  require(f.rate_window_s >= 1, "rate_window_s", "must be >= 1");
+}
+
+nlohmann::json to_json(const Faults& f) {
+  return {{"fail_rate", f.fail_rate},
+          {"gateway_fail_rate", f.gateway_fail_rate},
+          {"burst_429_every", f.burst_429_every},
+          {"burst_len", f.burst_len},
+          {"retry_after_s", f.retry_after_s},
+          {"token_ttl_requests", f.token_ttl_requests},
+          {"slow_ms", f.slow_ms},
+          {"rate_limit", f.rate_limit},
+          {"rate_window_s", f.rate_window_s}};
+}
+
+Faults apply_patch(Faults base, const nlohmann::json& patch) {
+  if (!patch.is_object()) throw std::invalid_argument("faults must be a JSON object");
+  const nlohmann::json known = to_json(base);
+  for (const auto& [key, value] : patch.items()) {
+    if (!known.contains(key)) throw std::invalid_argument("unknown fault knob: " + key);
+  }
+  patch_field(patch, "fail_rate", &base.fail_rate);
+  patch_field(patch, "gateway_fail_rate", &base.gateway_fail_rate);
+  patch_field(patch, "burst_429_every", &base.burst_429_every);
+  patch_field(patch, "burst_len", &base.burst_len);
+  patch_field(patch, "retry_after_s", &base.retry_after_s);
+  patch_field(patch, "token_ttl_requests", &base.token_ttl_requests);
+  patch_field(patch, "slow_ms", &base.slow_ms);
+  patch_field(patch, "rate_limit", &base.rate_limit);
+  patch_field(patch, "rate_window_s", &base.rate_window_s);
+  validate(base);
+  return base;
+}
+
+void validate(const SandboxOptions& o) {
+  // The id formulas (repo id = 100000 * i + r, release id = repo id * 10^7 + n) must stay unique
+  // and below 2^53 so that JSON readers using doubles see them exactly.
+  require(o.installations >= 1 && o.installations <= 1000, "installations", "must be in [1, 1000]");
+  require(o.repos >= 0 && o.repos <= 9999, "repos", "must be in [0, 9999]");
+  require(o.projects >= 0 && o.projects <= 9999, "projects", "must be in [0, 9999]");
+  require(o.items >= 0 && o.items <= 1'000'000, "items", "must be in [0, 1000000]");
+  require(o.max_per_page >= 1 && o.max_per_page <= 1000, "max_per_page", "must be in [1, 1000]");
+  require(o.threads >= 1 && o.threads <= 1024, "threads", "must be in [1, 1024]");
+  require(o.token_lifetime_s >= 1, "token_lifetime_s", "must be >= 1");
+  validate(o.faults);
+}
+
+}  // namespace backhaul::sandbox

@@ -1,0 +1,96 @@
+#include "events.h"
+
+#include <utility>
+
+namespace backhaul::github {
+namespace {
+
+using nlohmann::json;
+
+// Payloads carry provider data verbatim; invalid UTF-8 (possible only in the unit's own strings,
+// since json::parse rejects it) is replaced rather than thrown on.
+std::string dump(const json& value) {
+  return value.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+// The decimal text of an integer field ("number", "id"), as it appears in delivery ids.
+std::string integer_text(const json& item, const char* key, std::string_view kind) {
+  const auto it = item.find(key);
+  if (it == item.end() || !it->is_number_integer()) {
+    throw sdk::Error(BACKHAUL_RETRYABLE, "github: " + std::string(kind) +
+                                             " item without an integer \"" + key + "\" field");
+  }
+  return it->dump();
+}
+
+// "closed" for closed issues and pull requests, "opened" for the rest: what a webhook receiver
+// would have seen last for an item in that state.
+const char* open_or_closed(const json& item) {
+  const auto state = item.find("state");
+  return state != item.end() && state->is_string() &&
+                 state->get_ref<const std::string&>() == "closed"
+             ? "closed"
+             : "opened";
+}
+
+bool is_all_digits(std::string_view s) {
+  if (s.empty() || s.size() > 19) return false;  // 19 digits always fit in uint64
+  for (const char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return !(s.size() > 1 && s.front() == '0');  // "007" stays a string: it would not round-trip
+}
+
+json resource_id_json(std::string_view resource_id) {
+  if (is_all_digits(resource_id)) return std::stoull(std::string(resource_id));
+  return std::string(resource_id);
+}
+
+}  // namespace
+
+std::optional<RepositoryName> parse_repository_name(std::string_view full_name) {
+  const size_t slash = full_name.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == full_name.size() ||
+      full_name.find('/', slash + 1) != std::string_view::npos) {
+    return std::nullopt;
+  }
+  return RepositoryName{std::string(full_name.substr(0, slash)),
+                        std::string(full_name.substr(slash + 1))};
+}
+
+EventBuilder::EventBuilder(std::string_view installation_id, std::string_view resource_id,
+                           const RepositoryName& name)
+    : delivery_prefix_("backfill-" + std::string(installation_id) + "-" + std::string(resource_id) +
+                       "-"),
+      repository_({{"id", resource_id_json(resource_id)},
+                   {"full_name", name.owner + "/" + name.repo},
+                   {"name", name.repo},
+                   {"owner", {{"login", name.owner}}}}) {}
+
+sdk::Event EventBuilder::pull_request(json&& item) const {
+  std::string number = integer_text(item, "number", "pull request");
+  json payload = {{"action", open_or_closed(item)}, {"number", item["number"]}};
+  payload["pull_request"] = std::move(item);
+  payload["repository"] = repository_;
+  return {delivery_prefix_ + "pr-" + number, "pull_request", dump(payload)};
+}
+
+sdk::Event EventBuilder::issue(json&& item) const {
+  std::string number = integer_text(item, "number", "issue");
+  json payload = {{"action", open_or_closed(item)}};
+  payload["issue"] = std::move(item);
+  payload["repository"] = repository_;
+  return {delivery_prefix_ + "issue-" + number, "issues", dump(payload)};
+}
+
+sdk::Event EventBuilder::release(json&& item) const {
+  std::string id = integer_text(item, "id", "release");
+  const auto draft = item.find("draft");
+  const bool is_draft = draft != item.end() && draft->is_boolean() && draft->get<bool>();
+  json payload = {{"action", is_draft ? "created" : "published"}};
+  payload["release"] = std::move(item);
+  payload["repository"] = repository_;
+  return {delivery_prefix_ + "release-" + id, "release", dump(payload)};
+}
+
+}  // namespace backhaul::github

@@ -1,0 +1,208 @@
+#include "github_client.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace backhaul::github {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kDefaultRateLimitWaitMs = 60'000;  // GitHub: "wait at least one minute"
+constexpr int64_t kResetMarginMs = 1'000;            // the reset second itself may still be limited
+constexpr size_t kMaxMessageChars = 300;
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::optional<int64_t> to_int64(std::optional<std::string_view> text) {
+  if (!text) return std::nullopt;
+  const std::string_view s = trim(*text);
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return value;
+}
+
+// Milliseconds of a header holding whole seconds (a delay or an epoch time), or nullopt when it
+// is absent, not a number, negative, or too large to be meant (which also rules out overflow).
+std::optional<int64_t> seconds_header_ms(const sdk::HttpResponse& response, std::string_view name) {
+  constexpr int64_t kMaxSeconds = 1'000'000'000'000;  // ~ year 33658 as an epoch time
+  const std::optional<int64_t> seconds = to_int64(response.header(name));
+  if (!seconds || *seconds < 0 || *seconds > kMaxSeconds) return std::nullopt;
+  return *seconds * 1000;
+}
+
+bool contains_icase(std::string_view haystack, std::string_view needle) {
+  const auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
+                              [](char a, char b) {
+                                return std::tolower(static_cast<unsigned char>(a)) ==
+                                       std::tolower(static_cast<unsigned char>(b));
+                              });
+  return it != haystack.end();
+}
+
+// A string member of an object, or "" (json::value() would throw on a non-string member).
+std::string string_field(const json& object, const char* key) {
+  const auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// The errors[] of a 422 body, e.g. "Label.color invalid, Issue.title missing_field"; "" if none.
+std::string validation_errors(const json& doc) {
+  const auto errors = doc.find("errors");
+  if (errors == doc.end() || !errors->is_array()) return {};
+  std::string details;
+  for (const json& e : *errors) {
+    if (!e.is_object()) continue;
+    if (!details.empty()) details += ", ";
+    details += string_field(e, "resource");
+    if (const std::string field = string_field(e, "field"); !field.empty()) {
+      details += '.';
+      details += field;
+    }
+    if (const std::string code = string_field(e, "code"); !code.empty()) {
+      details += ' ';
+      details += code;
+    }
+    if (details.size() > kMaxMessageChars) break;
+  }
+  return details;
+}
+
+// "github: HTTP 404 for GET https://...: Not Found"
+std::string describe(int status, std::string_view request, std::string_view message) {
+  std::string text = "github: HTTP " + std::to_string(status) + " for " + std::string(request);
+  if (!message.empty()) {
+    text += ": ";
+    text += message;
+  }
+  return text;
+}
+
+// Primary, secondary and 429 limits (GitHub docs "Exceeding the rate limit"; the order follows
+// octokit/plugin-throttling, except that an exhausted primary window is checked first because its
+// reset time is exact). nullopt: a 403 that is not a rate limit.
+std::optional<int64_t> rate_limit_wait_ms(const sdk::HttpResponse& response,
+                                          std::string_view message, int64_t now_ms) {
+  const std::optional<std::string_view> remaining = response.header("x-ratelimit-remaining");
+  const bool exhausted = remaining && trim(*remaining) == "0";
+  if (exhausted) {
+    if (const auto reset_ms = seconds_header_ms(response, "x-ratelimit-reset")) {
+      return std::max<int64_t>(0, *reset_ms - now_ms) + kResetMarginMs;
+    }
+  }
+  if (const auto retry_after_ms = seconds_header_ms(response, "retry-after")) {
+    return *retry_after_ms;
+  }
+  if (exhausted || contains_icase(message, "secondary rate") || response.status() == 429) {
+    return kDefaultRateLimitWaitMs;
+  }
+  return std::nullopt;
+}
+
+// 403 "Resource not accessible by integration": x-accepted-github-permissions says what the token
+// lacks (";" separates alternatives).
+std::string permission_message(const sdk::HttpResponse& response, std::string message) {
+  if (const auto needed = response.header("x-accepted-github-permissions")) {
+    message += message.empty() ? "" : " ";
+    message += "(required permissions: " + std::string(trim(*needed)) + ")";
+  }
+  return message;
+}
+
+}  // namespace
+
+sdk::HttpResponse GithubClient::send(const std::string& url, std::string_view token) const {
+  sdk::HttpRequest request;
+  request.method = "GET";
+  request.url = url;
+  request.timeout_ms = config_.timeout_ms;
+  request.headers = {
+      {"Accept", "application/vnd.github+json"},
+      {"Authorization", "Bearer " + std::string(token)},
+      {"X-GitHub-Api-Version", "2022-11-28"},
+      {"User-Agent", config_.user_agent},
+  };
+  try {
+    return sdk::Host::http(request);
+  } catch (const sdk::HostError& e) {
+    throw sdk::Error(e.status(), "github: GET " + url + " failed: " + e.what());
+  }
+}
+
+sdk::HttpResponse GithubClient::get(const std::string& url, std::string_view token) const {
+  sdk::HttpResponse response = send(url, token);
+  const int status = response.status();
+  if (status >= 200 && status < 300) return response;
+  throw error_for_response(response, "GET " + url, sdk::Host::now_ms());
+}
+
+std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response) {
+  const auto remaining = to_int64(response.header("x-ratelimit-remaining"));
+  const auto limit = to_int64(response.header("x-ratelimit-limit"));
+  const auto reset_ms = seconds_header_ms(response, "x-ratelimit-reset");
+  if (!remaining || !limit || !reset_ms) return std::nullopt;
+  return sdk::RateLimit{*remaining, *limit, *reset_ms};
+}
+
+sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_view request,
+                              int64_t now_ms) {
+  const int status = response.status();
+  std::string message = github_message(response.body());
+
+  if (status == 401) {
+    return sdk::Error(BACKHAUL_AUTH_EXPIRED, describe(status, request, message));
+  }
+  if (status == 403 || status == 429) {
+    if (const auto wait_ms = rate_limit_wait_ms(response, message, now_ms)) {
+      return sdk::Error(BACKHAUL_RATE_LIMITED,
+                        describe(status, request, message) + " (rate limited, retry in " +
+                            std::to_string(*wait_ms) + " ms)",
+                        *wait_ms);
+    }
+    return sdk::Error(BACKHAUL_FATAL,
+                      describe(status, request, permission_message(response, std::move(message))));
+  }
+  if (status >= 400 && status < 500) {
+    return sdk::Error(BACKHAUL_FATAL, describe(status, request, message));
+  }
+  if (status >= 300 && status < 400) {
+    // The host follows redirects; one still here means the host's redirect limit was hit.
+    return sdk::Error(BACKHAUL_RETRYABLE,
+                      describe(status, request, "redirect not followed by the host"));
+  }
+  return sdk::Error(BACKHAUL_RETRYABLE, describe(status, request, message));
+}
+
+std::string github_message(std::string_view body) {
+  const json doc = json::parse(body.data(), body.data() + body.size(), nullptr,
+                               /*allow_exceptions=*/false);
+  if (!doc.is_object()) return {};
+  const auto it = doc.find("message");
+  if (it == doc.end() || !it->is_string()) return {};
+  std::string message = it->get<std::string>();
+  for (char& c : message) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  if (message.size() > kMaxMessageChars) {
+    message.resize(kMaxMessageChars);
+    message += "...";
+  }
+
+  // 422 "Validation Failed" says what failed only in errors[].
+  if (const std::string details = validation_errors(doc); !details.empty()) {
+    message += " (" + details + ")";
+  }
+  return message;
+}
+
+}  // namespace backhaul::github

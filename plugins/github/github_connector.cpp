@@ -1,0 +1,319 @@
+#include "github_connector.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "events.h"
+#include "iso8601.h"
+#include "link_header.h"
+#include "url.h"
+
+namespace backhaul::github {
+namespace {
+
+using nlohmann::json;
+
+enum class EntityKind { kPullRequest = 1, kIssue, kRelease };
+
+EntityKind parse_entity_kind(std::string_view entity_type) {
+  if (entity_type == "pull_request") return EntityKind::kPullRequest;
+  if (entity_type == "issue") return EntityKind::kIssue;
+  if (entity_type == "release") return EntityKind::kRelease;
+  throw sdk::Error(BACKHAUL_INVALID_ARGUMENT, "github: unknown entity type \"" +
+                                                  std::string(entity_type) +
+                                                  "\" (expected pull_request, issue or release)");
+}
+
+RepositoryName require_repository(const sdk::Unit& unit) {
+  if (!unit.resource_name || unit.resource_name->empty()) {
+    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
+                     "github: the work unit has no resource name; GitHub needs \"owner/repo\"");
+  }
+  std::optional<RepositoryName> name = parse_repository_name(*unit.resource_name);
+  if (!name) {
+    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT, "github: resource name \"" +
+                                                    std::string(*unit.resource_name) +
+                                                    "\" is not of the form \"owner/repo\"");
+  }
+  return std::move(*name);
+}
+
+// "{base}/repos/{owner}/{repo}", segments percent-encoded.
+std::string repository_url(const Config& config, const RepositoryName& name) {
+  return config.base_url + "/repos/" + percent_encode(name.owner) + "/" + percent_encode(name.repo);
+}
+
+// Pull requests and issues come most recently updated first, so `since` can stop the walk
+// (pulls have no `since` parameter); releases come newest first and take no parameters at all.
+std::string first_page_url(const Config& config, EntityKind kind, const RepositoryName& name,
+                           int64_t since_ms) {
+  const std::string repo = repository_url(config, name);
+  const std::string per_page = "per_page=" + std::to_string(config.per_page);
+  switch (kind) {
+    case EntityKind::kPullRequest:
+      return repo + "/pulls?state=all&sort=updated&direction=desc&" + per_page;
+    case EntityKind::kIssue: {
+      std::string url = repo + "/issues?state=all&sort=updated&direction=desc&" + per_page;
+      if (since_ms > 0) url += "&since=" + format_iso8601(since_ms);
+      return url;
+    }
+    case EntityKind::kRelease:
+      return repo + "/releases?" + per_page;
+  }
+  throw sdk::Error(BACKHAUL_INVALID_ARGUMENT, "github: unhandled entity kind");
+}
+
+bool has_whitespace_or_control(std::string_view s) {
+  for (const char c : s) {
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7F) return true;
+  }
+  return false;
+}
+
+// A cursor is a next URL this connector returned earlier. It must stay on base_url's origin:
+// the request carries the token, so a cursor pointing elsewhere (a corrupted or tampered
+// checkpoint, a config moved to another GitHub) must never be followed.
+std::string checked_cursor(std::string_view cursor, const Config& config) {
+  const std::optional<std::string> origin = http_origin(cursor);
+  if (!origin || has_whitespace_or_control(cursor)) {
+    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
+                     "github: cursor is not an absolute http(s) URL: \"" +
+                         std::string(cursor.substr(0, 200)) + "\"");
+  }
+  if (*origin != http_origin(config.base_url)) {
+    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT, "github: cursor host " + *origin +
+                                                    " differs from base_url " + config.base_url);
+  }
+  return std::string(cursor);
+}
+
+// The rel="next" URL of a response, verbatim (GitHub docs: never construct page URLs; it may move
+// from /repos/{owner}/{repo}/... to /repositories/{id}/...). nullopt on the last page.
+std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const Config& config) {
+  const std::optional<std::string_view> link = response.header("link");
+  if (!link) return std::nullopt;
+  const std::optional<std::string_view> next = find_link(*link, "next");
+  if (!next) return std::nullopt;
+  const std::optional<std::string> origin = http_origin(*next);
+  if (!origin || has_whitespace_or_control(*next) || *origin != http_origin(config.base_url)) {
+    // Following it would fail (or send the token elsewhere) on the next call; say so now.
+    throw sdk::Error(BACKHAUL_FATAL, "github: rel=\"next\" link is not an absolute URL on " +
+                                         config.base_url + ": " +
+                                         std::string(next->substr(0, 200)));
+  }
+  return std::string(*next);
+}
+
+// The page body as a JSON array. Malformed JSON and other shapes are RETRYABLE: a truncated body
+// or an error page from a proxy in front of GitHub is usually transient.
+json parse_array(std::string_view body, std::string_view url) {
+  json items;
+  try {
+    items = json::parse(body.data(), body.data() + body.size());
+  } catch (const json::parse_error& e) {
+    throw sdk::Error(BACKHAUL_RETRYABLE,
+                     "github: malformed JSON from GET " + std::string(url) + ": " + e.what());
+  }
+  if (!items.is_array()) {
+    throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected a JSON array from GET " +
+                                             std::string(url) + ", got " + items.type_name());
+  }
+  for (const json& item : items) {
+    if (!item.is_object()) {
+      throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected an array of objects from GET " +
+                                               std::string(url) + ", found " + item.type_name());
+    }
+  }
+  return items;
+}
+
+// Milliseconds of a timestamp field, or nullopt when it is absent, null or unparseable.
+std::optional<int64_t> timestamp(const json& item, const char* key) {
+  const auto it = item.find(key);
+  if (it == item.end() || !it->is_string()) return std::nullopt;
+  return parse_iso8601(it->get_ref<const std::string&>());
+}
+
+// What the page contributes and whether `since` ends the walk here.
+struct Filtered {
+  std::vector<sdk::Event> events;
+  bool reached_since = false;
+};
+
+// Sorted by updated_at descending: the first item older than `since` ends the walk. Items
+// without a usable updated_at are kept (never silently dropped).
+Filtered pull_requests(json& items, const EventBuilder& builder, int64_t since_ms) {
+  Filtered out;
+  out.events.reserve(items.size());
+  for (json& item : items) {
+    const std::optional<int64_t> updated = timestamp(item, "updated_at");
+    if (since_ms > 0 && updated && *updated < since_ms) {
+      out.reached_since = true;
+      continue;
+    }
+    out.events.push_back(builder.pull_request(std::move(item)));
+  }
+  return out;
+}
+
+// GitHub filters by `since` itself; items with a "pull_request" key are pull requests (they come
+// through the pull_request entity type, with their PR numbers' delivery ids).
+Filtered issues(json& items, const EventBuilder& builder) {
+  Filtered out;
+  out.events.reserve(items.size());
+  for (json& item : items) {
+    if (item.contains("pull_request")) continue;
+    out.events.push_back(builder.issue(std::move(item)));
+  }
+  return out;
+}
+
+// Newest first, but by creation, while a release's date is when it was published (drafts: when
+// created): drop the older ones, and stop only when a whole page is older.
+Filtered releases(json& items, const EventBuilder& builder, int64_t since_ms) {
+  Filtered out;
+  out.events.reserve(items.size());
+  size_t older = 0;
+  for (json& item : items) {
+    std::optional<int64_t> date = timestamp(item, "published_at");
+    if (!date) date = timestamp(item, "created_at");
+    if (since_ms > 0 && date && *date < since_ms) {
+      ++older;
+      continue;
+    }
+    out.events.push_back(builder.release(std::move(item)));
+  }
+  out.reached_since = !items.empty() && older == items.size();
+  return out;
+}
+
+Filtered filter(EntityKind kind, json& items, const EventBuilder& builder, int64_t since_ms) {
+  switch (kind) {
+    case EntityKind::kPullRequest:
+      return pull_requests(items, builder, since_ms);
+    case EntityKind::kIssue:
+      return issues(items, builder);
+    case EntityKind::kRelease:
+      return releases(items, builder, since_ms);
+  }
+  return {};
+}
+
+// GitHub timestamps have one-second resolution: compare at that resolution, so that the
+// pull-request and release filters agree with the issues endpoint's `since` (inclusive).
+int64_t since_floor_seconds_ms(int64_t since_unix_ms) {
+  return since_unix_ms > 0 ? since_unix_ms - since_unix_ms % 1000 : 0;
+}
+
+// One page. Pages are numbered, so an item updated during a walk can move to a page already
+// fetched and be missed; its update also produced a real webhook, which is why that is
+// acceptable. Items can equally be seen twice; their delivery ids make that harmless.
+sdk::Page fetch(const Config& config, const GithubClient& client,
+                const sdk::FetchRequest& request) {
+  const EntityKind kind = parse_entity_kind(request.entity_type);
+  const RepositoryName name = require_repository(request.unit);
+  if (request.unit.resource_id.empty()) {
+    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
+                     "github: the work unit has no resource id (the repository id)");
+  }
+  const int64_t since_ms = since_floor_seconds_ms(request.since_unix_ms);
+  const std::string url = request.cursor ? checked_cursor(*request.cursor, config)
+                                         : first_page_url(config, kind, name, since_ms);
+
+  const sdk::HttpResponse response = client.get(url, request.unit.access_token);
+  sdk::Page page;
+  page.rate_limit = rate_limit_of(response);
+  if (response.status() == 204) return page;  // "No Content": an empty last page
+
+  json items = parse_array(response.body(), url);
+  page.raw_count = items.size();
+  const EventBuilder builder(request.unit.installation_id, request.unit.resource_id, name);
+  Filtered filtered = filter(kind, items, builder, since_ms);
+  page.events = std::move(filtered.events);
+  if (!filtered.reached_since) page.next_cursor = next_cursor(response, config);
+  return page;
+}
+
+std::string redacted(std::string message, std::string_view token) {
+  static constexpr std::string_view kRedacted = "[redacted]";
+  if (token.empty()) return message;
+  for (size_t at = message.find(token); at != std::string::npos;
+       at = message.find(token, at + kRedacted.size())) {
+    message.replace(at, token.size(), kRedacted);
+  }
+  return message;
+}
+
+// Runs `fn`, translating everything it throws into sdk::Error with the token scrubbed from the
+// message (belt and braces: no message is built from the token, but a host or server message
+// could echo it).
+template <class Fn>
+auto guarded(std::string_view token, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const sdk::Error& e) {
+    throw sdk::Error(e.status(), redacted(e.what(), token), e.retry_after_ms());
+  } catch (const sdk::HostError& e) {
+    throw sdk::Error(e.status(), redacted(std::string("github: ") + e.what(), token));
+  } catch (const json::exception& e) {
+    // A field of an unexpected type somewhere in a response.
+    throw sdk::Error(BACKHAUL_RETRYABLE,
+                     redacted(std::string("github: unexpected response: ") + e.what(), token));
+  }
+}
+
+// The answer to GET /repos/{owner}/{repo}. GitHub answers 404, not 403, for a private repository
+// the token cannot see, so 404 gets a message that says both.
+void check_repository_readable(const sdk::HttpResponse& response, const RepositoryName& name,
+                               const std::string& url) {
+  const std::string full_name = name.owner + "/" + name.repo;
+  const int status = response.status();
+  if (status == 404) {
+    throw sdk::Error(BACKHAUL_FATAL, "github: repository " + full_name +
+                                         " not found or not readable with this token" +
+                                         " (HTTP 404 for GET " + url + ")");
+  }
+  if (status < 200 || status >= 300) {
+    throw error_for_response(response, "GET " + url, sdk::Host::now_ms());
+  }
+  if (status != 200) return;
+
+  const std::string_view body = response.body();
+  const json repo = json::parse(body.data(), body.data() + body.size(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (!repo.is_object()) {
+    throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected a JSON object from GET " + url);
+  }
+  // Present for authenticated requests; "pull" is the read permission.
+  const auto permissions = repo.find("permissions");
+  if (permissions == repo.end() || !permissions->is_object()) return;
+  const auto pull = permissions->find("pull");
+  if (pull != permissions->end() && pull->is_boolean() && !pull->get<bool>()) {
+    throw sdk::Error(BACKHAUL_FATAL, "github: the token cannot read repository " + full_name +
+                                         " (permissions.pull is false)");
+  }
+}
+
+}  // namespace
+
+void GithubConnector::validate_config(std::string_view config_json) { parse_config(config_json); }
+
+GithubConnector::GithubConnector(std::string_view config_json)
+    : config_(parse_config(config_json)) {}
+
+void GithubConnector::validate_scopes(const sdk::Unit& unit) {
+  guarded(unit.access_token, [&] {
+    const RepositoryName name = require_repository(unit);
+    const std::string url = repository_url(config_, name);
+    check_repository_readable(client_.send(url, unit.access_token), name, url);
+  });
+}
+
+sdk::Page GithubConnector::fetch_page(const sdk::FetchRequest& request) {
+  return guarded(request.unit.access_token, [&] { return fetch(config_, client_, request); });
+}
+
+}  // namespace backhaul::github

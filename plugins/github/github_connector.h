@@ -1,0 +1,43 @@
+// The GitHub connector (SPEC C1): pull requests, issues and releases of one repository per work
+// unit, paginated by the Link header, as webhook-shaped events.
+#pragma once
+
+#include <string_view>
+
+#include "backhaul/connector.hpp"
+
+#include "config.h"
+#include "github_client.h"
+
+namespace backhaul::github {
+
+// One instance per config. Holds only immutable state, so validate_scopes() and fetch_page() may
+// run concurrently on the same instance. [thread-safe]
+//
+// Work units: resource name "owner/repo" (required), resource id the numeric repository id
+// (opaque; it goes into delivery ids). Cursors are GitHub's rel="next" URLs, used verbatim.
+// Every method throws backhaul::sdk::Error; messages never contain the access token.
+class GithubConnector final : public sdk::Connector {
+ public:
+  // Throws Error(INVALID_ARGUMENT) naming the bad key or field; see config.h.
+  static void validate_config(std::string_view config_json);
+  explicit GithubConnector(std::string_view config_json);
+
+  GithubConnector(const GithubConnector&) = delete;
+  GithubConnector& operator=(const GithubConnector&) = delete;
+
+  // GET /repos/{owner}/{repo}: FATAL when the repository is missing or hidden from the token (404)
+  // or the token may not read it (permissions.pull false); otherwise the common status mapping.
+  void validate_scopes(const sdk::Unit& unit) override;
+
+  // One page of `entity_type` ("pull_request", "issue" or "release"); see github_connector.cpp
+  // for how `since` is honoured per type. INVALID_ARGUMENT for an unknown entity type, a unit
+  // without "owner/repo" or resource id, or a cursor that is not an http(s) URL on base_url's host.
+  sdk::Page fetch_page(const sdk::FetchRequest& request) override;
+
+ private:
+  const Config config_;
+  const GithubClient client_{config_};  // refers to config_, declared before it
+};
+
+}  // namespace backhaul::github

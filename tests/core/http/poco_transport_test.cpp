@@ -1,0 +1,853 @@
+// PocoTransport against real servers on 127.0.0.1 (port 0): a Poco HTTPServer for ordinary
+// exchanges, a bare TCP server for connection-level misbehaviour, and a Poco HTTPS server with a
+// CA and certificate generated at test time by the openssl CLI.
+#include "core/http/poco_transport.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>  // std::system, mkdtemp (POSIX)
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <Poco/Exception.h>
+#include <Poco/Net/Context.h>
+#include <Poco/Net/HTTPRequestHandler.h>
+#include <Poco/Net/HTTPRequestHandlerFactory.h>
+#include <Poco/Net/HTTPServer.h>
+#include <Poco/Net/HTTPServerParams.h>
+#include <Poco/Net/HTTPServerRequest.h>
+#include <Poco/Net/HTTPServerResponse.h>
+#include <Poco/Net/NetSSL.h>
+#include <Poco/Net/SecureServerSocket.h>
+#include <Poco/Net/ServerSocket.h>
+#include <Poco/Net/Socket.h>
+#include <Poco/Net/SocketAddress.h>
+#include <Poco/Net/StreamSocket.h>
+#include <Poco/StreamCopier.h>
+#include <Poco/ThreadPool.h>
+#include <Poco/URI.h>
+#include <gtest/gtest.h>
+
+#include "core/http/http.h"
+
+namespace backhaul::http {
+namespace {
+
+using namespace std::chrono_literals;
+using Poco::Net::HTTPResponse;
+using Poco::Net::HTTPServerRequest;
+using Poco::Net::HTTPServerResponse;
+
+bool contains(std::string_view haystack, std::string_view needle) {
+  return to_lower(haystack).find(to_lower(needle)) != std::string::npos;
+}
+
+// The TransportError message of `request`, or "" with a test failure when it succeeds.
+std::string transport_error(PocoTransport& transport, const Request& request) {
+  try {
+    const Response r = transport.perform(request);
+    ADD_FAILURE() << "expected a TransportError, got status " << r.status;
+  } catch (const TransportError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// A Poco HTTPServer calling a function for each request.
+
+using Handler = std::function<void(HTTPServerRequest&, HTTPServerResponse&)>;
+
+class FunctionHandler final : public Poco::Net::HTTPRequestHandler {
+ public:
+  explicit FunctionHandler(const Handler& handler) : handler_(handler) {}
+  void handleRequest(HTTPServerRequest& request, HTTPServerResponse& response) override {
+    handler_(request, response);
+  }
+
+ private:
+  const Handler& handler_;
+};
+
+class FunctionHandlerFactory final : public Poco::Net::HTTPRequestHandlerFactory {
+ public:
+  explicit FunctionHandlerFactory(Handler handler) : handler_(std::move(handler)) {}
+  Poco::Net::HTTPRequestHandler* createRequestHandler(const HTTPServerRequest&) override {
+    return new FunctionHandler(handler_);
+  }
+
+ private:
+  Handler handler_;
+};
+
+class TestServer {
+ public:
+  explicit TestServer(Handler handler)
+      : TestServer(std::move(handler),
+                   Poco::Net::ServerSocket(Poco::Net::SocketAddress("127.0.0.1", 0))) {}
+
+  TestServer(Handler handler, const Poco::Net::ServerSocket& socket)
+      : pool_(2, 32),
+        port_(socket.address().port()),
+        server_(new FunctionHandlerFactory(std::move(handler)), pool_, socket, params()) {
+    server_.start();
+  }
+
+  ~TestServer() {
+    server_.stopAll(true);
+    pool_.joinAll();
+  }
+
+  uint16_t port() const { return port_; }
+  std::string url(std::string_view path, std::string_view host = "127.0.0.1",
+                  std::string_view scheme = "http") const {
+    return std::string(scheme) + "://" + std::string(host) + ":" + std::to_string(port_) +
+           std::string(path);
+  }
+  int total_connections() const { return server_.totalConnections(); }
+
+ private:
+  static Poco::Net::HTTPServerParams::Ptr params() {
+    Poco::Net::HTTPServerParams::Ptr p = new Poco::Net::HTTPServerParams;
+    p->setMaxThreads(32);
+    p->setKeepAliveTimeout(Poco::Timespan(60, 0));
+    return p;
+  }
+
+  Poco::ThreadPool pool_;
+  uint16_t port_;
+  Poco::Net::HTTPServer server_;
+};
+
+void reply(HTTPServerResponse& response, const std::string& body) {
+  response.setContentLength64(static_cast<Poco::Int64>(body.size()));
+  response.send() << body;
+}
+
+// Echoes the request: the body as the body, the rest in X-Echo-* headers.
+void echo(HTTPServerRequest& request, HTTPServerResponse& response) {
+  std::string body;
+  Poco::StreamCopier::copyToString(request.stream(), body);
+  response.set("X-Echo-Method", request.getMethod());
+  response.set("X-Echo-Uri", request.getURI());
+  response.set("X-Echo-Host", request.get("Host", "<none>"));
+  response.set("X-Echo-User-Agent", request.get("User-Agent", "<none>"));
+  response.set("X-Echo-Test", request.get("X-Test", "<none>"));
+  response.set("X-Echo-Authorization", request.get("Authorization", "<none>"));
+  response.set("X-Echo-Content-Length", request.get("Content-Length", "<none>"));
+  reply(response, body);
+}
+
+// The routes most tests share.
+class RoutingServer {
+ public:
+  RoutingServer() : server_([this](auto& request, auto& response) { route(request, response); }) {}
+
+  std::string url(std::string_view path, std::string_view host = "127.0.0.1") const {
+    return server_.url(path, host);
+  }
+  int total_connections() const { return server_.total_connections(); }
+  int loop_hits() const { return loop_hits_.load(); }
+
+ private:
+  void route(HTTPServerRequest& request, HTTPServerResponse& response) {
+    const std::string path = Poco::URI(request.getURI()).getPath();
+    const std::string self = "http://" + request.get("Host");
+    if (path == "/echo") {
+      echo(request, response);
+      return;
+    }
+    // Poco's server leaves an unread request body on a kept-alive connection, where it would be
+    // taken for the next request.
+    std::string unread;
+    Poco::StreamCopier::copyToString(request.stream(), unread);
+    if (path == "/repeat") {
+      response.add("Set-Cookie", "a=1");
+      response.add("Set-Cookie", "b=2");
+      response.set("X-Mixed-Case", "v");
+      reply(response, "r");
+    } else if (path == "/close") {
+      response.setKeepAlive(false);
+      reply(response, "bye");
+    } else if (path == "/bytes") {
+      const size_t n = std::stoul(Poco::URI(request.getURI()).getQuery());
+      reply(response, std::string(n, 'b'));
+    } else if (path == "/chunked") {
+      const size_t n = std::stoul(Poco::URI(request.getURI()).getQuery());
+      response.setChunkedTransferEncoding(true);
+      std::ostream& out = response.send();
+      for (size_t i = 0; i < n; i += 100) out << std::string(std::min<size_t>(100, n - i), 'c');
+    } else if (path == "/nocontent") {
+      response.setStatus(HTTPResponse::HTTP_NO_CONTENT);
+      response.send();
+    } else if (path == "/r301") {
+      response.redirect(self + "/echo", HTTPResponse::HTTP_MOVED_PERMANENTLY);
+    } else if (path == "/dir/rel") {
+      response.redirect("target", HTTPResponse::HTTP_FOUND);
+    } else if (path == "/dir/target") {
+      reply(response, "dir-target");
+    } else if (path == "/r307") {
+      response.redirect("/echo", HTTPResponse::HTTP_TEMPORARY_REDIRECT);
+    } else if (path == "/r303") {
+      response.redirect("/echo", HTTPResponse::HTTP_SEE_OTHER);
+    } else if (path.rfind("/loop/", 0) == 0) {
+      ++loop_hits_;
+      const int n = std::stoi(path.substr(6));
+      response.redirect("/loop/" + std::to_string(n + 1), HTTPResponse::HTTP_FOUND);
+    } else if (path == "/cross") {
+      const std::string port = std::to_string(request.serverAddress().port());
+      response.redirect("http://localhost:" + port + "/echo", HTTPResponse::HTTP_FOUND);
+    } else if (path == "/same") {
+      response.redirect("/echo", HTTPResponse::HTTP_FOUND);
+    } else {
+      response.setStatus(HTTPResponse::HTTP_NOT_FOUND);
+      reply(response, "no route " + path);
+    }
+  }
+
+  std::atomic<int> loop_hits_{0};
+  TestServer server_;  // last: stops before the members its handler uses
+};
+
+// ---------------------------------------------------------------------------------------------
+// A bare TCP server: reads requests, answers each with a canned response, and misbehaves with the
+// connection as told.
+
+class RawServer {
+ public:
+  enum class Then {
+    kKeepOpen = 1,
+    kClose,               // close right after the response: an idle connection the server dropped
+    kCloseOnNextRequest,  // read the next request, then close without an answer: the race where
+                          // the server drops an idle connection just as the client reuses it
+  };
+
+  RawServer(std::string response, Then then)
+      : response_(std::move(response)),
+        then_(then),
+        listener_(Poco::Net::SocketAddress("127.0.0.1", 0)),
+        acceptor_([this] { accept_loop(); }) {}
+
+  ~RawServer() {
+    stop_ = true;
+    acceptor_.join();
+    std::lock_guard lock(mutex_);
+    for (std::thread& t : connections_) t.join();
+  }
+
+  std::string url(std::string_view path) const {
+    return "http://127.0.0.1:" + std::to_string(listener_.address().port()) + std::string(path);
+  }
+  int requests() const { return requests_.load(); }
+
+ private:
+  // Stop checks are the only reason for the poll timeouts; no test logic waits on them.
+  static Poco::Timespan poll_interval() { return Poco::Timespan(0, 20'000); }
+
+  void accept_loop() {
+    while (!stop_) {
+      if (!listener_.poll(poll_interval(), Poco::Net::Socket::SELECT_READ)) continue;
+      Poco::Net::StreamSocket socket = listener_.acceptConnection();
+      std::lock_guard lock(mutex_);
+      connections_.emplace_back([this, socket]() mutable { serve(socket); });
+    }
+  }
+
+  void serve(Poco::Net::StreamSocket socket) {
+    std::string buffer;
+    int answered = 0;
+    try {
+      while (read_request(socket, buffer)) {
+        ++requests_;
+        if (then_ == Then::kCloseOnNextRequest && answered == 1) break;
+        socket.sendBytes(response_.data(), static_cast<int>(response_.size()));
+        ++answered;
+        if (then_ == Then::kClose) break;
+      }
+      socket.shutdown();
+    } catch (const Poco::Exception&) {
+      // The client went away: nothing to do.
+    }
+    socket.close();
+  }
+
+  // Reads one request (header and Content-Length body) into nothing; false at EOF or on stop.
+  bool read_request(Poco::Net::StreamSocket& socket, std::string& buffer) {
+    for (;;) {
+      const size_t header_end = buffer.find("\r\n\r\n");
+      if (header_end != std::string::npos) {
+        size_t body_length = 0;
+        const std::string header = to_lower(buffer.substr(0, header_end));
+        if (const size_t at = header.find("\ncontent-length:"); at != std::string::npos) {
+          body_length = std::stoul(header.substr(at + 16));
+        }
+        if (buffer.size() >= header_end + 4 + body_length) {
+          buffer.erase(0, header_end + 4 + body_length);
+          return true;
+        }
+      }
+      if (stop_) return false;
+      if (!socket.poll(poll_interval(), Poco::Net::Socket::SELECT_READ)) continue;
+      char chunk[4096];
+      const int n = socket.receiveBytes(chunk, sizeof chunk);
+      if (n <= 0) return false;
+      buffer.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+  const std::string response_;
+  const Then then_;
+  Poco::Net::ServerSocket listener_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::mutex mutex_;
+  std::vector<std::thread> connections_;  // guarded by mutex_
+  std::thread acceptor_;                  // last: starts once everything else exists
+};
+
+const std::string kOkResponse = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+Request get(std::string url) {
+  Request r;
+  r.url = std::move(url);
+  r.timeout = 10s;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exchanges
+
+TEST(PocoTransportTest, GetRoundTripsHeadersAndReportsLowerCaseNames) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/echo?x=1&y=%2F"));
+  request.headers = {{"X-Test", "hello"}};
+  const Response response = transport.perform(request);
+
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.url, request.url);
+  EXPECT_EQ(response.header("x-echo-method"), "GET");
+  EXPECT_EQ(response.header("x-echo-uri"), "/echo?x=1&y=%2F");
+  EXPECT_EQ(response.header("x-echo-test"), "hello");
+  EXPECT_EQ(response.header("x-echo-user-agent"), "backhaul");
+  EXPECT_EQ(response.header("x-echo-host"), request.url.substr(7, request.url.find('/', 7) - 7));
+  EXPECT_EQ(response.header("x-echo-content-length"), "<none>");
+  EXPECT_EQ(response.body, "");
+  for (const auto& [name, value] : response.headers) EXPECT_EQ(name, to_lower(name));
+}
+
+TEST(PocoTransportTest, PostSendsBodyWithContentLengthAndKeepsCustomUserAgent) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/echo"));
+  request.method = "POST";
+  request.headers = {{"Content-Type", "application/json"}, {"user-agent", "mine/1"}};
+  request.body = R"({"hello":"world"})";
+  const Response response = transport.perform(request);
+
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body, R"({"hello":"world"})");
+  EXPECT_EQ(response.header("x-echo-method"), "POST");
+  EXPECT_EQ(response.header("x-echo-content-length"), "17");
+  EXPECT_EQ(response.header("x-echo-user-agent"), "mine/1");
+}
+
+TEST(PocoTransportTest, PostWithoutBodySendsContentLengthZero) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/echo"));
+  request.method = "POST";
+  const Response response = transport.perform(request);
+  EXPECT_EQ(response.header("x-echo-content-length"), "0");
+  EXPECT_EQ(response.body, "");
+}
+
+TEST(PocoTransportTest, KeepsRepeatedHeaders) {
+  RoutingServer server;
+  PocoTransport transport;
+  const Response response = transport.perform(get(server.url("/repeat")));
+  std::vector<std::string> cookies;
+  for (const auto& [name, value] : response.headers) {
+    if (name == "set-cookie") cookies.push_back(value);
+  }
+  EXPECT_EQ(cookies, (std::vector<std::string>{"a=1", "b=2"}));
+  EXPECT_EQ(response.header("X-MIXED-CASE"), "v");
+}
+
+TEST(PocoTransportTest, KeepsHeadersInArrivalOrder) {
+  RawServer server(
+      "HTTP/1.1 200 OK\r\nX-A: 1\r\nX-B:  2 \r\nLink: <a>\r\nX-A: 3\r\n  folded\r\n"
+      "Content-Length: 0\r\n\r\n",
+      RawServer::Then::kKeepOpen);
+  PocoTransport transport;
+  const Response response = transport.perform(get(server.url("/")));
+  const Headers expected = {
+      {"x-a", "1"}, {"x-b", "2"}, {"link", "<a>"}, {"x-a", "3 folded"}, {"content-length", "0"}};
+  EXPECT_EQ(response.headers, expected);
+}
+
+TEST(PocoTransportTest, SkipsInterimResponses) {
+  RawServer server(
+      "HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n"
+      "HTTP/1.1 200 OK\r\nX-Final: 1\r\nContent-Length: 2\r\n\r\nok",
+      RawServer::Then::kKeepOpen);
+  PocoTransport transport;
+  const Response response = transport.perform(get(server.url("/")));
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body, "ok");
+  const Headers expected = {{"x-final", "1"}, {"content-length", "2"}};
+  EXPECT_EQ(response.headers, expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection reuse
+
+TEST(PocoTransportTest, ReusesOneConnectionForSequentialRequests) {
+  RoutingServer server;
+  PocoTransport transport;
+  for (int i = 0; i < 10; ++i) {
+    Request request = get(server.url("/echo"));
+    request.method = i % 2 ? "POST" : "GET";
+    request.body = std::to_string(i);
+    const Response response = transport.perform(request);
+    ASSERT_EQ(response.status, 200);
+    ASSERT_EQ(response.body, std::to_string(i));
+  }
+  EXPECT_EQ(transport.connections_opened(), 1u);
+  EXPECT_EQ(server.total_connections(), 1);
+}
+
+TEST(PocoTransportTest, ReusesConnectionsAfterNoContentAndHead) {
+  RoutingServer server;
+  PocoTransport transport;
+  EXPECT_EQ(transport.perform(get(server.url("/nocontent"))).status, 204);
+  Request head = get(server.url("/echo"));
+  head.method = "HEAD";
+  const Response head_response = transport.perform(head);
+  EXPECT_EQ(head_response.status, 200);
+  EXPECT_EQ(head_response.body, "");
+  EXPECT_EQ(transport.perform(get(server.url("/echo"))).status, 200);
+  EXPECT_EQ(transport.connections_opened(), 1u);
+}
+
+TEST(PocoTransportTest, OpensANewConnectionWhenTheServerSaysClose) {
+  RoutingServer server;
+  PocoTransport transport;
+  for (int i = 0; i < 4; ++i) {
+    const Response response = transport.perform(get(server.url("/close")));
+    ASSERT_EQ(response.body, "bye");
+    EXPECT_TRUE(contains(response.header("connection").value_or(""), "close"));
+  }
+  EXPECT_EQ(transport.connections_opened(), 4u);
+}
+
+TEST(PocoTransportTest, KeepsNoIdleConnectionsWhenPoolingIsOff) {
+  RoutingServer server;
+  PocoTransportOptions options;
+  options.max_idle_per_origin = 0;
+  PocoTransport transport(options);
+  for (int i = 0; i < 3; ++i) transport.perform(get(server.url("/echo")));
+  EXPECT_EQ(transport.connections_opened(), 3u);
+}
+
+TEST(PocoTransportTest, ReconnectsTransparentlyWhenTheServerClosedAnIdleConnection) {
+  RawServer server(kOkResponse, RawServer::Then::kClose);
+  PocoTransport transport;
+  for (int i = 0; i < 3; ++i) {
+    const Response response = transport.perform(get(server.url("/")));
+    EXPECT_EQ(response.body, "ok");
+  }
+  EXPECT_EQ(transport.connections_opened(), 3u);
+}
+
+TEST(PocoTransportTest, RetriesAnIdempotentRequestOnceWhenAReusedConnectionDies) {
+  RawServer server(kOkResponse, RawServer::Then::kCloseOnNextRequest);
+  PocoTransport transport;
+  EXPECT_EQ(transport.perform(get(server.url("/first"))).body, "ok");
+  EXPECT_EQ(transport.perform(get(server.url("/second"))).body, "ok");
+  EXPECT_EQ(transport.connections_opened(), 2u);
+  EXPECT_EQ(server.requests(), 3);  // /first, /second swallowed, /second again
+}
+
+TEST(PocoTransportTest, DoesNotRetryAPostTheServerMayHaveReceived) {
+  RawServer server(kOkResponse, RawServer::Then::kCloseOnNextRequest);
+  PocoTransport transport;
+  EXPECT_EQ(transport.perform(get(server.url("/first"))).body, "ok");
+  Request post = get(server.url("/create"));
+  post.method = "POST";
+  post.body = "x";
+  const std::string error = transport_error(transport, post);
+  EXPECT_TRUE(contains(error, "POST " + server.url("/create") + ": ")) << error;
+  EXPECT_EQ(server.requests(), 2);
+}
+
+TEST(PocoTransportTest, ServesConcurrentRequests) {
+  RoutingServer server;
+  PocoTransport transport;
+  constexpr int kThreads = 8;
+  constexpr int kRequestsPerThread = 25;
+  std::atomic<int> succeeded{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRequestsPerThread; ++i) {
+        Request request = get(server.url("/echo"));
+        request.method = "POST";
+        request.body = std::to_string(t) + ":" + std::to_string(i);
+        try {
+          const Response response = transport.perform(request);
+          if (response.status == 200 && response.body == request.body) ++succeeded;
+        } catch (const std::exception&) {
+          // counted as a failure below
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(succeeded.load(), kThreads * kRequestsPerThread);
+  EXPECT_GE(transport.connections_opened(), 1u);
+  EXPECT_LE(transport.connections_opened(), static_cast<size_t>(kThreads));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures
+
+TEST(PocoTransportTest, TimesOutWhenTheServerDoesNotAnswer) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  TestServer server([released](HTTPServerRequest&, HTTPServerResponse& response) {
+    released.wait();
+    reply(response, "late");
+  });
+  // Releases the handler on every path out of the test, before the server stops.
+  const std::unique_ptr<std::promise<void>, void (*)(std::promise<void>*)> releaser(
+      &release, [](std::promise<void>* p) { p->set_value(); });
+
+  PocoTransport transport;
+  Request request = get(server.url("/slow"));
+  request.timeout = 200ms;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = transport_error(transport, request);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(contains(error, "timeout")) << error;
+  EXPECT_TRUE(contains(error, "GET " + request.url + ": ")) << error;
+  EXPECT_GE(elapsed, 150ms);
+  EXPECT_LT(elapsed, 5s);
+}
+
+TEST(PocoTransportTest, ReportsConnectionRefused) {
+  uint16_t port = 0;
+  {
+    Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", 0));
+    port = socket.address().port();
+  }  // closed: nothing listens on `port` now
+  PocoTransport transport;
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/x";
+  const std::string error = transport_error(transport, get(url));
+  EXPECT_EQ(error, "GET " + url + ": connection refused");
+  EXPECT_EQ(transport.connections_opened(), 0u);
+}
+
+TEST(PocoTransportTest, KeepsQuerySecretsOutOfErrorMessages) {
+  uint16_t port = 0;
+  {
+    Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", 0));
+    port = socket.address().port();
+  }
+  PocoTransport transport;
+  const std::string url =
+      "http://127.0.0.1:" + std::to_string(port) + "/x?page=2&access_token=s3cr3t";
+  const std::string error = transport_error(transport, get(url));
+  EXPECT_EQ(error.find("s3cr3t"), std::string::npos) << error;
+  EXPECT_TRUE(contains(error, "/x?page=2&access_token=[REDACTED]")) << error;
+}
+
+TEST(PocoTransportTest, RejectsBodiesLargerThanMaxResponseBytes) {
+  RoutingServer server;
+  PocoTransportOptions options;
+  options.max_response_bytes = 100;
+  PocoTransport transport(options);
+
+  EXPECT_EQ(transport.perform(get(server.url("/bytes?100"))).body.size(), 100u);
+  EXPECT_EQ(transport.perform(get(server.url("/chunked?100"))).body.size(), 100u);
+  for (const char* path : {"/bytes?101", "/chunked?1000"}) {
+    const std::string error = transport_error(transport, get(server.url(path)));
+    EXPECT_TRUE(contains(error, "max_response_bytes (100 bytes)")) << error;
+  }
+  // The transport still works afterwards.
+  EXPECT_EQ(transport.perform(get(server.url("/echo"))).status, 200);
+}
+
+TEST(PocoTransportTest, ReportsABodyCutShort) {
+  RawServer server("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", RawServer::Then::kClose);
+  PocoTransport transport;
+  const std::string error = transport_error(transport, get(server.url("/")));
+  EXPECT_TRUE(contains(error, "3 of 10 body bytes")) << error;
+}
+
+TEST(PocoTransportTest, ReportsAMalformedResponse) {
+  RawServer server("SPDY/9 nonsense\r\n\r\n", RawServer::Then::kClose);
+  PocoTransport transport;
+  const std::string error = transport_error(transport, get(server.url("/")));
+  EXPECT_TRUE(contains(error, "malformed response")) << error;
+}
+
+TEST(PocoTransportTest, RejectsMalformedRequestsBeforeAnyIo) {
+  PocoTransport transport;
+  for (const char* url :
+       {"", "not a url", "api.github.com/x", "ftp://h/x", "http://", "http:///x", "http://h:0/",
+        "http://h:65536/", "http://h:8x/", "http://h/a b", "http://[::1/"}) {
+    EXPECT_THROW(transport.perform(get(url)), RequestError) << url;
+  }
+  Request injected = get("http://127.0.0.1:1/");
+  injected.headers = {{"X-Evil", "a\r\nHost: other"}};
+  EXPECT_THROW(transport.perform(injected), RequestError);
+  Request bad_name = get("http://127.0.0.1:1/");
+  bad_name.headers = {{"Bad Name", "v"}};
+  EXPECT_THROW(transport.perform(bad_name), RequestError);
+  Request bad_method = get("http://127.0.0.1:1/");
+  bad_method.method = "GET /evil";
+  EXPECT_THROW(transport.perform(bad_method), RequestError);
+  EXPECT_EQ(transport.connections_opened(), 0u);
+}
+
+TEST(PocoTransportTest, UnsupportedSchemeMessageNamesTheScheme) {
+  PocoTransport transport;
+  try {
+    transport.perform(get("ftp://h/x?token=abc"));
+    FAIL() << "expected RequestError";
+  } catch (const RequestError& e) {
+    EXPECT_TRUE(contains(e.what(), "ftp")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "abc")) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redirects through send()
+
+TEST(PocoTransportRedirectTest, Follows301ToA200) {
+  RoutingServer server;
+  PocoTransport transport;
+  const Response response = send(transport, get(server.url("/r301")));
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.url, server.url("/echo"));
+}
+
+TEST(PocoTransportRedirectTest, FollowsRelativeLocation) {
+  RoutingServer server;
+  PocoTransport transport;
+  const Response response = send(transport, get(server.url("/dir/rel")));
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body, "dir-target");
+  EXPECT_EQ(response.url, server.url("/dir/target"));
+}
+
+TEST(PocoTransportRedirectTest, Redirect307KeepsMethodAndBody) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/r307"));
+  request.method = "POST";
+  request.body = "payload";
+  const Response response = send(transport, request);
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.header("x-echo-method"), "POST");
+  EXPECT_EQ(response.body, "payload");
+}
+
+TEST(PocoTransportRedirectTest, Redirect303ContinuesAsGet) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/r303"));
+  request.method = "POST";
+  request.body = "payload";
+  const Response response = send(transport, request);
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.header("x-echo-method"), "GET");
+  EXPECT_EQ(response.header("x-echo-content-length"), "<none>");
+  EXPECT_EQ(response.body, "");
+}
+
+TEST(PocoTransportRedirectTest, ReturnsTheRedirectAfterTooManyHops) {
+  RoutingServer server;
+  PocoTransport transport;
+  const Response response = send(transport, get(server.url("/loop/0")), 5);
+  EXPECT_EQ(response.status, 302);
+  EXPECT_EQ(response.header("location"), "/loop/6");
+  EXPECT_EQ(server.loop_hits(), 6);
+}
+
+TEST(PocoTransportRedirectTest, DropsAuthorizationForAnotherHost) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/cross"));
+  request.headers = {{"Authorization", "Bearer s3cr3t"}};
+  const Response response = send(transport, request);
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.url, server.url("/echo", "localhost"));
+  EXPECT_EQ(response.header("x-echo-authorization"), "<none>");
+}
+
+TEST(PocoTransportRedirectTest, KeepsAuthorizationOnTheSameHost) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request request = get(server.url("/same"));
+  request.headers = {{"Authorization", "Bearer s3cr3t"}};
+  const Response response = send(transport, request);
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.header("x-echo-authorization"), "Bearer s3cr3t");
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS
+
+// A CA and a server certificate for 127.0.0.1 (SAN IP:127.0.0.1), made with the openssl CLI.
+struct TestPki {
+  std::filesystem::path dir;
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  std::string error;  // why the PKI could not be made; empty on success
+};
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TestPki make_pki() {
+  TestPki pki;
+  if (std::system("openssl version >/dev/null 2>&1") != 0) {
+    pki.error =
+        "the openssl CLI is not on PATH; the TLS tests need it to generate their certificates "
+        "(install the openssl package)";
+    return pki;
+  }
+  std::string templ = (std::filesystem::temp_directory_path() / "backhaul_tls_XXXXXX").string();
+  if (mkdtemp(templ.data()) == nullptr) {
+    pki.error = "mkdtemp failed for " + templ;
+    return pki;
+  }
+  pki.dir = templ;
+  const auto path = [&](const char* name) { return (pki.dir / name).string(); };
+  std::ofstream(path("ca.cnf")) << "[req]\n"
+                                   "distinguished_name = dn\n"
+                                   "prompt = no\n"
+                                   "x509_extensions = v3_ca\n"
+                                   "[dn]\n"
+                                   "CN = backhaul test CA\n"
+                                   "[v3_ca]\n"
+                                   "basicConstraints = critical,CA:TRUE\n"
+                                   "keyUsage = critical,keyCertSign,cRLSign\n"
+                                   "subjectKeyIdentifier = hash\n";
+  std::ofstream(path("server.ext")) << "basicConstraints = CA:FALSE\n"
+                                       "keyUsage = critical,digitalSignature,keyEncipherment\n"
+                                       "extendedKeyUsage = serverAuth\n"
+                                       "subjectAltName = IP:127.0.0.1,DNS:localhost\n";
+  const std::string key_options = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string commands[] = {
+      "openssl req -x509 -new" + key_options + " -days 2 -config '" + path("ca.cnf") +
+          "' -keyout '" + path("ca.key") + "' -out '" + path("ca.pem") + "'",
+      "openssl req -new" + key_options + " -subj /CN=127.0.0.1 -config '" + path("ca.cnf") +
+          "' -keyout '" + path("server.key") + "' -out '" + path("server.csr") + "'",
+      "openssl x509 -req -days 2 -in '" + path("server.csr") + "' -CA '" + path("ca.pem") +
+          "' -CAkey '" + path("ca.key") + "' -CAcreateserial -extfile '" + path("server.ext") +
+          "' -out '" + path("server.pem") + "'",
+  };
+  for (const std::string& command : commands) {
+    if (std::system((command + " >'" + path("openssl.log") + "' 2>&1").c_str()) != 0) {
+      pki.error = "'" + command + "' failed:\n" + read_file(path("openssl.log"));
+      return pki;
+    }
+  }
+  pki.ca_file = path("ca.pem");
+  pki.cert_file = path("server.pem");
+  pki.key_file = path("server.key");
+  return pki;
+}
+
+class PocoTransportTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    Poco::Net::initializeSSL();
+    pki_ = new TestPki(make_pki());
+  }
+
+  static void TearDownTestSuite() {
+    if (!pki_->dir.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(pki_->dir, ignored);
+    }
+    delete pki_;
+    pki_ = nullptr;
+    Poco::Net::uninitializeSSL();
+  }
+
+  void SetUp() override {
+    // Never skipped: without openssl the TLS path would go untested unnoticed.
+    ASSERT_TRUE(pki_->error.empty()) << pki_->error;
+    Poco::Net::Context::Ptr context =
+        new Poco::Net::Context(Poco::Net::Context::TLS_SERVER_USE, pki_->key_file, pki_->cert_file,
+                               "", Poco::Net::Context::VERIFY_NONE);
+    server_ = std::make_unique<TestServer>(
+        [](HTTPServerRequest& request, HTTPServerResponse& response) { echo(request, response); },
+        Poco::Net::SecureServerSocket(Poco::Net::SocketAddress("127.0.0.1", 0), 64, context));
+  }
+
+  void TearDown() override { server_.reset(); }
+
+  std::string url() const { return server_->url("/echo", "127.0.0.1", "https"); }
+
+  static TestPki* pki_;
+  std::unique_ptr<TestServer> server_;
+};
+
+TestPki* PocoTransportTlsTest::pki_ = nullptr;
+
+TEST_F(PocoTransportTlsTest, TrustsAServerSignedByTheConfiguredCa) {
+  PocoTransportOptions options;
+  options.ca_file = pki_->ca_file;
+  PocoTransport transport(options);
+  for (int i = 0; i < 3; ++i) {
+    Request request = get(url());
+    request.method = "POST";
+    request.body = "over tls " + std::to_string(i);
+    const Response response = transport.perform(request);
+    EXPECT_EQ(response.status, 200);
+    EXPECT_EQ(response.body, request.body);
+  }
+  EXPECT_EQ(transport.connections_opened(), 1u);
+}
+
+TEST_F(PocoTransportTlsTest, RejectsAnUntrustedCertificateWithTheDefaultStore) {
+  PocoTransport transport;  // verify_peer, system CAs
+  const std::string error = transport_error(transport, get(url()));
+  EXPECT_TRUE(contains(error, "certificate")) << error;
+  EXPECT_TRUE(contains(error, "GET " + url() + ": ")) << error;
+}
+
+TEST_F(PocoTransportTlsTest, AcceptsAnyCertificateWhenVerificationIsOff) {
+  PocoTransportOptions options;
+  options.verify_peer = false;
+  PocoTransport transport(options);
+  EXPECT_EQ(transport.perform(get(url())).status, 200);
+}
+
+TEST_F(PocoTransportTlsTest, ReportsAMissingCaFile) {
+  PocoTransportOptions options;
+  options.ca_file = (pki_->dir / "missing.pem").string();
+  PocoTransport transport(options);
+  EXPECT_THROW(transport.perform(get(url())), TransportError);
+}
+
+}  // namespace
+}  // namespace backhaul::http

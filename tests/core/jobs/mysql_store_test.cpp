@@ -1,0 +1,749 @@
+// MySQL/MariaDB specifics of the job store (the shared behaviour is job_store_conformance_test):
+// concurrent migrations, claims from two store instances ("hosts") under contention, caps held
+// across them, a provoked deadlock that the store re-runs, a lost connection it reconnects
+// after, utf8mb4 and MEDIUMTEXT round trips, and batch ids.
+//
+// The server comes from the `mariadb` CTest fixture (packaging/scripts/mariadb.sh), which writes
+// connection.txt and root_connection.txt into BACKHAUL_MARIADB_DIR; the environment variables
+// BACKHAUL_TEST_MYSQL / BACKHAUL_TEST_MYSQL_ROOT (connection strings) or
+// BACKHAUL_TEST_MARIADB_DIR override it. Without a server every test FAILS with the reason; none
+// is skipped. Each test works in a database of its own, dropped afterwards.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/jobs/job_store.h"
+#include "core/jobs/migrations.h"
+#include "core/jobs/mysql_db.h"
+#include <unistd.h>
+
+#ifndef BACKHAUL_MARIADB_DIR
+#define BACKHAUL_MARIADB_DIR "mariadb"
+#endif
+
+namespace backhaul::jobs {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::runtime_error(
+        "the MySQL tests need a running MariaDB, but " + path +
+        " does not exist. Run them through ctest, whose fixture `mariadb` (test mariadb_start) "
+        "starts one, or set BACKHAUL_TEST_MYSQL and BACKHAUL_TEST_MYSQL_ROOT.");
+  }
+  std::string line;
+  std::getline(in, line);
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+std::string mariadb_dir() {
+  const char* dir = std::getenv("BACKHAUL_TEST_MARIADB_DIR");
+  return dir && *dir ? dir : BACKHAUL_MARIADB_DIR;
+}
+
+std::string setting(const char* env, const char* file) {
+  if (const char* value = std::getenv(env); value && *value) return value;
+  return read_first_line(mariadb_dir() + "/" + file);
+}
+
+// Replaces (or adds) db= in a connection string.
+std::string with_db(const std::string& connection, const std::string& db) {
+  std::string out;
+  size_t pos = 0;
+  while (pos <= connection.size()) {
+    size_t end = connection.find(';', pos);
+    if (end == std::string::npos) end = connection.size();
+    std::string item = connection.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty() || item.rfind("db=", 0) == 0) continue;
+    out += item + ";";
+  }
+  return out + "db=" + db;
+}
+
+// A database of its own on the fixture's server, created and dropped with the root login.
+class TestDatabase {
+ public:
+  TestDatabase() {
+    static std::atomic<int> counter{0};
+    name_ = "backhaul_mst_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+    root_ = setting("BACKHAUL_TEST_MYSQL_ROOT", "root_connection.txt");
+    app_ = with_db(setting("BACKHAUL_TEST_MYSQL", "connection.txt"), name_);
+    root_session()->one("CREATE DATABASE `" + name_ +
+                        "` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci");
+  }
+  ~TestDatabase() {
+    try {
+      root_session()->one("DROP DATABASE IF EXISTS `" + name_ + "`");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "cannot drop " << name_ << ": " << e.what();
+    }
+  }
+
+  const std::string& name() const { return name_; }
+  const std::string& connection() const { return app_; }
+  std::unique_ptr<JobStore> open(size_t pool = 8) const { return open_mysql_store(app_, pool); }
+  // A session of the application user on this database, outside any store.
+  std::unique_ptr<mysql::Connection> app_session() const {
+    return std::make_unique<mysql::Connection>(mysql::parse_config(app_));
+  }
+  // The administrator (PROCESS, KILL, global status), on this database.
+  std::unique_ptr<mysql::Connection> root_session() const {
+    return std::make_unique<mysql::Connection>(mysql::parse_config(root_));
+  }
+  std::unique_ptr<mysql::Connection> root_session_in_db() const {
+    return std::make_unique<mysql::Connection>(mysql::parse_config(with_db(root_, name_)));
+  }
+
+ private:
+  std::string name_;
+  std::string root_;
+  std::string app_;
+};
+
+JobSpec spec(const std::string& kind, const std::string& key = "", std::string payload = "{}") {
+  JobSpec s;
+  s.kind = kind;
+  s.concurrency_key = key;
+  s.payload = std::move(payload);
+  return s;
+}
+
+int64_t scalar(mysql::Connection& c, const std::string& sql) {
+  mysql::Result r = c.one(sql);
+  if (r.rows.empty() || r.rows[0].empty()) throw std::runtime_error("no row: " + sql);
+  return mysql::to_i64(r.rows[0][0]);
+}
+
+// --- connection strings --------------------------------------------------------------------
+
+TEST(MysqlConfig, ParsesPocoKeysAndRejectsTypos) {
+  mysql::Config c = mysql::parse_config(
+      "host=127.0.0.1;port=3307;db=q;user=u;password=p=w;compress=true;auto-reconnect=true;"
+      "character-set=utf8mb4");
+  EXPECT_EQ(c.host, "127.0.0.1");
+  EXPECT_EQ(c.port, 3307u);
+  EXPECT_EQ(c.db, "q");
+  EXPECT_EQ(c.user, "u");
+  EXPECT_EQ(c.password, "p=w");
+  EXPECT_TRUE(c.compress);
+  // Poco silently ignores unknown keys (env-recipe.md section 4); a typo here is an error.
+  EXPECT_THROW(mysql::parse_config("host=h;prot=1;db=q"), ConfigError);
+  EXPECT_THROW(mysql::parse_config("host=h;db=q;character-set=latin1"), ConfigError);
+  EXPECT_THROW(mysql::parse_config("host=h;port=x;db=q"), ConfigError);
+  EXPECT_THROW(open_mysql_store("host=127.0.0.1;port=1;user=u"), ConfigError);  // no db
+}
+
+TEST(MysqlConfig, QuotingIsCompleteForUtf8mb4) {
+  EXPECT_EQ(mysql::quote(std::string_view("a'b\\c\"d\n\r\x1a", 10)), "'a\\'b\\\\c\\\"d\\n\\r\\Z'");
+  EXPECT_EQ(mysql::quote(std::string("x\0y", 3)), "'x\\0y'");
+  EXPECT_EQ(mysql::quote(std::optional<std::string>()), "NULL");
+}
+
+// --- sessions and migrations ----------------------------------------------------------------
+
+TEST(MysqlStore, SessionsRunReadCommittedWithStrictMode) {
+  TestDatabase db;
+  auto c = db.app_session();
+  mysql::Result r = c->one("SELECT @@tx_isolation, @@sql_mode, @@character_set_client");
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(mysql::to_str(r.rows[0][0]), "READ-COMMITTED");
+  EXPECT_NE(mysql::to_str(r.rows[0][1]).find("STRICT_ALL_TABLES"), std::string::npos);
+  EXPECT_EQ(mysql::to_str(r.rows[0][1]).find("NO_BACKSLASH_ESCAPES"), std::string::npos);
+  EXPECT_EQ(mysql::to_str(r.rows[0][2]), "utf8mb4");
+}
+
+TEST(MysqlStore, ThreeHostsMigrateAtOnce) {
+  TestDatabase db;
+  const int expected = mysql_migrations().back().version;
+  std::vector<std::thread> threads;
+  std::vector<int> versions(3, -1);
+  std::vector<std::string> errors(3);
+  std::atomic<bool> go{false};
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      try {
+        auto store = db.open(2);  // opening migrates
+        versions[i] = store->migrate();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(errors[i], "") << "host " << i;
+    EXPECT_EQ(versions[i], expected) << "host " << i;
+  }
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM schema_migrations"),
+            static_cast<int64_t>(mysql_migrations().size()));
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '" +
+                           db.name() + "' AND TABLE_NAME = 'jobs'"),
+            1);
+  // The text columns are MEDIUMTEXT: never LONGTEXT/JSON (env-recipe.md section 4).
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '" +
+                           db.name() + "' AND DATA_TYPE IN ('longtext', 'longblob', 'json')"),
+            0);
+}
+
+// --- claiming ------------------------------------------------------------------------------
+
+// Two store instances (two "hosts"), eight threads each, claim 2000 jobs with random batch
+// sizes: every job is claimed exactly once and ends succeeded with one attempt.
+TEST(MysqlStore, TwoStoresClaimDisjointJobsUnderContention) {
+  TestDatabase db;
+  auto a = db.open(8);
+  auto b = db.open(8);
+  constexpr int kJobs = 2000;
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < kJobs; ++i) {
+    specs.push_back(
+        spec("bench", "k" + std::to_string(i % 10), "{\"i\":" + std::to_string(i) + "}"));
+  }
+  for (size_t i = 0; i < specs.size(); i += 500) {
+    a->enqueue_batch({specs.begin() + static_cast<std::ptrdiff_t>(i),
+                      specs.begin() + static_cast<std::ptrdiff_t>(i + 500)},
+                     1000);
+  }
+  std::mutex mutex;
+  std::multiset<JobId> claimed;
+  std::atomic<int> done{0};
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    JobStore* store = t % 2 ? b.get() : a.get();
+    threads.emplace_back([&, store, t] {
+      try {
+        int idle = 0;
+        while (done < kJobs && idle < 200) {
+          ClaimRequest r;
+          r.owner = "host" + std::to_string(t % 2) + "-w" + std::to_string(t);
+          r.limit = static_cast<size_t>(1 + (t + done) % 8);
+          r.now_ms = 2000;
+          std::vector<Claimed> got = store->claim(r);
+          if (got.empty()) {
+            ++idle;
+            std::this_thread::sleep_for(5ms);
+            continue;
+          }
+          idle = 0;
+          {
+            std::lock_guard<std::mutex> lock(mutex);
+            for (const Claimed& c : got) claimed.insert(c.job.id);
+          }
+          for (const Claimed& c : got) {
+            store->complete(c.job.id, c.lease_token, "{}", 2001);
+            ++done;
+          }
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(claimed.size(), static_cast<size_t>(kJobs));
+  std::set<JobId> unique(claimed.begin(), claimed.end());
+  EXPECT_EQ(unique.size(), static_cast<size_t>(kJobs)) << "a job was claimed twice";
+  auto counts = a->counts();
+  EXPECT_EQ((counts[{"bench", JobStatus::kSucceeded}]), kJobs);
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM job_attempts WHERE outcome = 'succeeded'"), kJobs);
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(DISTINCT job_id) FROM job_attempts"), kJobs);
+}
+
+// Caps per key and per kind hold across two hosts: the high-water marks recorded at claim time
+// never exceed them, and neither does what the workers observe. "entity" is capped per key (2;
+// three keys), "run" globally (3); workers claim any kind, three at a time.
+TEST(MysqlStore, CapsHoldAcrossTwoStores) {
+  TestDatabase db;
+  auto a = db.open(8);
+  auto b = db.open(8);
+  constexpr int kPerKey = 2;
+  constexpr int kGlobal = 3;
+  constexpr int kJobs = 240;
+  a->set_caps("entity", Caps{kPerKey, 0});
+  b->set_caps("run", Caps{0, kGlobal});
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < kJobs; ++i) {
+    specs.push_back(i % 2 ? spec("entity", "inst" + std::to_string(i % 3))
+                          : spec("run", "inst" + std::to_string(i % 5)));
+  }
+  a->enqueue_batch(specs, 1000);
+
+  std::mutex mutex;
+  // What the workers observe: claimed and not yet completed. Never above the truth, since a job
+  // is counted after its claim committed and uncounted before its completion starts.
+  std::map<std::string, int> running;
+  std::map<std::string, int> max_seen;
+  std::atomic<int> done{0};
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    JobStore* store = t % 2 ? b.get() : a.get();
+    threads.emplace_back([&, store, t] {
+      try {
+        int idle = 0;
+        while (done < kJobs && idle < 400) {
+          ClaimRequest r;
+          r.owner = "w" + std::to_string(t);
+          r.limit = 3;
+          r.now_ms = 2000;
+          std::vector<Claimed> got = store->claim(r);
+          if (got.empty()) {
+            ++idle;
+            std::this_thread::sleep_for(2ms);
+            continue;
+          }
+          idle = 0;
+          {
+            std::lock_guard<std::mutex> lock(mutex);
+            for (const Claimed& c : got) {
+              for (const std::string& name :
+                   {c.job.kind + "/" + c.job.concurrency_key, c.job.kind + "/*"}) {
+                max_seen[name] = std::max(max_seen[name], ++running[name]);
+              }
+            }
+          }
+          std::this_thread::sleep_for(3ms);  // hold the slots for a while
+          for (const Claimed& c : got) {
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              --running[c.job.kind + "/" + c.job.concurrency_key];
+              --running[c.job.kind + "/*"];
+            }
+            store->complete(c.job.id, c.lease_token, "{}", 2001);
+            ++done;
+          }
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(done.load(), kJobs);
+  int reached = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::string key = "inst" + std::to_string(i);
+    EXPECT_LE(max_seen["entity/" + key], kPerKey) << key;
+    int recorded = b->max_running_seen("entity", key);
+    EXPECT_LE(recorded, kPerKey) << key;
+    EXPECT_GE(recorded, max_seen["entity/" + key]) << key;
+    if (recorded == kPerKey) ++reached;
+  }
+  EXPECT_GT(reached, 0) << "no key ever reached its cap: the test exercised nothing";
+  EXPECT_LE(a->max_running_seen("entity", ""), 3 * kPerKey);
+  EXPECT_LE(max_seen["run/*"], kGlobal);
+  int recorded_total = a->max_running_seen("run", "");
+  EXPECT_LE(recorded_total, kGlobal);
+  EXPECT_GE(recorded_total, max_seen["run/*"]);
+  EXPECT_EQ(recorded_total, kGlobal) << "the global cap was never reached";
+  EXPECT_EQ(a->running("entity", ""), 0);
+  EXPECT_EQ(a->running("run", ""), 0);
+}
+
+// Every job of one tenant is ahead in claim order, but the tenant is at its cap: the claim goes
+// past its backlog to the other tenant's job instead of coming back empty (SPEC D7).
+TEST(MysqlStore, SaturatedKeyDoesNotStarveOthers) {
+  TestDatabase db;
+  auto store = db.open();
+  store->set_caps("entity", Caps{1, 0});
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 50; ++i) specs.push_back(spec("entity", "big"));
+  specs.push_back(spec("entity", "small"));
+  store->enqueue_batch(specs, 1000);
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 10;
+  r.now_ms = 2000;
+  std::vector<Claimed> first = store->claim(r);
+  ASSERT_EQ(first.size(), 2u);  // one per key: the cap is 1
+  std::set<std::string> keys;
+  for (const Claimed& c : first) keys.insert(c.job.concurrency_key);
+  EXPECT_EQ(keys, (std::set<std::string>{"big", "small"}));
+  EXPECT_TRUE(store->claim(r).empty());
+  EXPECT_EQ(store->max_running_seen("entity", "big"), 1);
+  EXPECT_EQ(store->max_running_seen("entity", ""), 2);
+}
+
+// --- failure handling ------------------------------------------------------------------------
+
+// A transaction that InnoDB picks as a deadlock victim (1213) is re-run by the store, which then
+// succeeds. The deadlock is provoked with a second session locking the same two rows in the
+// opposite order; that session's transaction is made heavier (more undo) so that InnoDB rolls back
+// the store's transaction rather than it.
+TEST(MysqlStore, DeadlockVictimIsRetried) {
+  TestDatabase db;
+  auto store = db.open(2);
+  EnqueueResult parent = store->enqueue(spec("run"), 1000);
+  JobSpec child_spec = spec("entity");
+  child_spec.parent_id = parent.id;
+  EnqueueResult child = store->enqueue(child_spec, 1000);
+
+  auto root = db.root_session();
+  int64_t deadlocks_before =
+      scalar(*root,
+             "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE "
+             "VARIABLE_NAME = 'INNODB_DEADLOCKS'");
+
+  auto other = db.app_session();
+  other->one("CREATE TABLE ballast (id INT AUTO_INCREMENT PRIMARY KEY, pad VARCHAR(64))");
+  other->one("START TRANSACTION");
+  for (int i = 0; i < 4; ++i) {  // CTEs recurse at most 1000 times by default
+    other->one(
+        "INSERT INTO ballast (pad) WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM "
+        "s WHERE n < 900) SELECT REPEAT('x', 60) FROM s");
+  }
+  other->one("SELECT id FROM jobs WHERE id = " + std::to_string(child.id) + " FOR UPDATE");
+
+  // cancel(parent) locks the parent, then its child (held by `other`): it waits.
+  std::atomic<bool> finished{false};
+  CancelOutcome outcome = CancelOutcome::kAlreadyFinished;
+  std::string error;
+  std::thread canceller([&] {
+    try {
+      outcome = store->cancel(parent.id, 5000);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    finished = true;
+  });
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  // The store's session executing (so: waiting in) its locking read of the child. (A row lock
+  // wait shows in PROCESSLIST; INNODB_TRX does not list the transaction on MariaDB 10.11.)
+  const std::string waiting =
+      "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '" + db.name() +
+      "' AND INFO LIKE 'SELECT % FROM jobs WHERE id = " + std::to_string(child.id) + " FOR UPDATE'";
+  // Whatever happens below, `other` lets go and the canceller is joined.
+  struct Cleanup {
+    mysql::Connection& other;
+    std::thread& canceller;
+    ~Cleanup() {
+      try {
+        other.one("ROLLBACK");
+      } catch (...) {
+      }
+      if (canceller.joinable()) canceller.join();
+    }
+  } cleanup{*other, canceller};
+  while (scalar(*root, waiting) == 0) {
+    ASSERT_FALSE(finished) << "cancel did not wait for the child's lock: " << error;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string sessions;
+      for (const mysql::Row& row :
+           root->one("SELECT ID, DB, COMMAND, STATE, INFO FROM information_schema.PROCESSLIST")
+               .rows) {
+        sessions += mysql::to_str(row[0]) + " " + mysql::to_str(row[1]) + " " +
+                    mysql::to_str(row[2]) + " " + mysql::to_str(row[3]) + " " +
+                    mysql::to_str(row[4]) + "\n";
+      }
+      FAIL() << "cancel never waited for the lock; sessions:\n" << sessions;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  // Now `other` asks for the parent, which the store holds: a cycle. InnoDB rolls back the
+  // lighter transaction (the store's), so this lock is granted.
+  ASSERT_NO_THROW(
+      other->one("SELECT id FROM jobs WHERE id = " + std::to_string(parent.id) + " FOR UPDATE"));
+  other->one("COMMIT");
+  canceller.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(outcome, CancelOutcome::kCancelled);
+  EXPECT_EQ(store->get(parent.id)->status, JobStatus::kCancelled);
+  EXPECT_EQ(store->get(child.id)->status, JobStatus::kCancelled);
+  EXPECT_EQ(store->get(parent.id)->pending_children, 0);
+  int64_t deadlocks_after =
+      scalar(*root,
+             "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE "
+             "VARIABLE_NAME = 'INNODB_DEADLOCKS'");
+  EXPECT_GT(deadlocks_after, deadlocks_before);
+}
+
+// The server drops every session of the store (as after a restart or wait_timeout): the next
+// operations reconnect and succeed ("server has gone away" is retried, not reported).
+TEST(MysqlStore, ReconnectsAfterConnectionsAreKilled) {
+  TestDatabase db;
+  auto store = db.open(4);
+  EnqueueResult first = store->enqueue(spec("k"), 1000);
+  ASSERT_TRUE(store->get(first.id));
+  auto root = db.root_session();
+  mysql::Result sessions =
+      root->one("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = '" + db.name() + "'");
+  ASSERT_FALSE(sessions.rows.empty());
+  for (const mysql::Row& row : sessions.rows) {
+    root->one("KILL CONNECTION " + mysql::to_str(row[0]));
+  }
+  EnqueueResult second = store->enqueue(spec("k"), 1000);
+  EXPECT_TRUE(second.created);
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 5;
+  r.now_ms = 2000;
+  EXPECT_EQ(store->claim(r).size(), 2u);
+}
+
+// --- data ----------------------------------------------------------------------------------
+
+TEST(MysqlStore, Utf8mb4RoundTrips) {
+  TestDatabase db;
+  auto store = db.open();
+  const std::string text = "{\"emoji\":\"🚀🎉\",\"cjk\":\"漢字\",\"quote\":\"it's \\\"x\\\" \\\\ \"}";
+  const std::string nul = std::string("a\0b", 3);
+  JobSpec s = spec("kind-🚀", "inst-é-🎉", text + nul);
+  s.dedupe_key = "dedupe-💡";
+  EnqueueResult e = store->enqueue(s, 1000);
+  ClaimRequest r;
+  r.owner = "host-ü";
+  r.limit = 1;
+  r.now_ms = 2000;
+  std::vector<Claimed> got = store->claim(r);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].job.payload, text + nul);
+  EXPECT_EQ(got[0].job.kind, "kind-🚀");
+  store->heartbeat(e.id, got[0].lease_token, 2001, 30000, std::string("{\"cursor\":\"☃\"}"));
+  store->complete(e.id, got[0].lease_token, "{\"done\":\"✅\"}", 2002);
+  std::optional<Job> job = store->get(e.id);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->payload, text + nul);
+  EXPECT_EQ(job->concurrency_key, "inst-é-🎉");
+  EXPECT_EQ(job->dedupe_key, std::optional<std::string>("dedupe-💡"));
+  EXPECT_EQ(job->checkpoint, std::optional<std::string>("{\"cursor\":\"☃\"}"));
+  EXPECT_EQ(job->result, std::optional<std::string>("{\"done\":\"✅\"}"));
+  EXPECT_EQ(job->lease_owner, std::nullopt);
+  // Keys compare exactly (utf8mb4_bin): a differently-cased key is another key.
+  JobSpec other = s;
+  other.dedupe_key = "DEDUPE-💡";
+  EXPECT_TRUE(store->enqueue(other, 1000).created);
+}
+
+TEST(MysqlStore, MediumTextCheckpointOfOneMebibyte) {
+  TestDatabase db;
+  auto store = db.open();
+  std::string big(1 << 20, 'x');
+  for (size_t i = 0; i < big.size(); i += 997) big[i] = static_cast<char>('a' + i % 26);
+  std::string payload = "{\"pad\":\"" + std::string(512 * 1024, 'p') + "\"}";
+  EnqueueResult e = store->enqueue(spec("k", "", payload), 1000);
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 1;
+  r.now_ms = 2000;
+  std::vector<Claimed> got = store->claim(r);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].job.payload, payload);
+  store->heartbeat(e.id, got[0].lease_token, 2001, 30000, big);
+  EXPECT_EQ(store->get(e.id)->checkpoint, std::optional<std::string>(big));
+  store->release(e.id, got[0].lease_token, 2002);
+  r.now_ms = 3000;
+  got = store->claim(r);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].job.checkpoint, std::optional<std::string>(big));  // resumes from it (D11)
+}
+
+// enqueue_batch computes ids from one multi-row INSERT: each must be the row of its spec, with
+// dedupe hits (existing and within the batch) in place.
+TEST(MysqlStore, BatchIdsMatchTheirRows) {
+  TestDatabase db;
+  auto store = db.open();
+  JobSpec existing = spec("k", "", "existing");
+  existing.dedupe_key = "d1";
+  EnqueueResult old = store->enqueue(existing, 1000);
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 2500; ++i) {
+    JobSpec s = spec(i % 3 ? "a" : "b", "", "p" + std::to_string(i));
+    if (i == 10) s.dedupe_key = "d1", s.kind = "k";  // an active job has it
+    if (i == 20 || i == 23) s.dedupe_key = "d2";     // twice in the batch (kind "a")
+    specs.push_back(s);
+  }
+  std::vector<EnqueueResult> results = store->enqueue_batch(specs, 1000);
+  ASSERT_EQ(results.size(), specs.size());
+  EXPECT_EQ(results[10].id, old.id);
+  EXPECT_FALSE(results[10].created);
+  EXPECT_TRUE(results[20].created);
+  EXPECT_FALSE(results[23].created);
+  EXPECT_EQ(results[23].id, results[20].id);
+  std::set<JobId> ids;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (i == 10 || i == 23) continue;
+    EXPECT_TRUE(ids.insert(results[i].id).second);
+    if (i % 250 == 0 || i == 20) {
+      EXPECT_EQ(store->get(results[i].id)->payload, specs[i].payload) << i;
+    }
+  }
+  EXPECT_EQ(store->get(results.back().id)->payload, specs.back().payload);
+}
+
+// Eight threads enqueue the same dedupe key at once: one job is created and everyone gets its id
+// (a racing INSERT hits the unique index and re-runs its transaction).
+TEST(MysqlStore, ConcurrentDedupeCreatesOneJob) {
+  TestDatabase db;
+  auto a = db.open(4);
+  auto b = db.open(4);
+  for (int round = 0; round < 5; ++round) {
+    std::vector<EnqueueResult> results(8);
+    std::vector<std::string> errors(8);
+    std::vector<std::thread> threads;
+    std::atomic<bool> go{false};
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        while (!go) std::this_thread::yield();
+        JobSpec s = spec("run", "inst");
+        s.dedupe_key = "inst-" + std::to_string(round);
+        try {
+          results[t] = (t % 2 ? a : b)->enqueue(s, 1000);
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+        }
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    int created = 0;
+    for (int t = 0; t < 8; ++t) {
+      EXPECT_EQ(errors[t], "");
+      EXPECT_EQ(results[t].id, results[0].id);
+      created += results[t].created ? 1 : 0;
+    }
+    EXPECT_EQ(created, 1) << "round " << round;
+  }
+}
+
+// complete() is group-committed: calls from many threads share transactions. One stale lease
+// and one result too large for MEDIUMTEXT fail alone; every other completion in their batches
+// commits.
+TEST(MysqlStore, GroupedCompletionsFailOnlyTheirBadOps) {
+  TestDatabase db;
+  auto store = db.open(8);
+  std::vector<JobSpec> specs(24, spec("k"));
+  store->enqueue_batch(specs, 1000);
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 24;
+  r.now_ms = 2000;
+  std::vector<Claimed> got = store->claim(r);
+  ASSERT_EQ(got.size(), 24u);
+  const std::string too_large((16u << 20) + 1, 'x');  // MEDIUMTEXT holds 16 MiB - 1
+  std::vector<std::string> outcome(got.size());
+  std::vector<std::thread> threads;
+  std::atomic<bool> go{false};
+  for (size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      std::string token = i == 5 ? got[i].lease_token + "-stale" : got[i].lease_token;
+      const std::string& result = i == 9 ? too_large : std::string("{\"i\":1}");
+      try {
+        store->complete(got[i].job.id, token, result, 3000);
+        outcome[i] = "ok";
+      } catch (const LeaseLost&) {
+        outcome[i] = "lease lost";
+      } catch (const StorageError&) {
+        outcome[i] = "storage error";
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::string expected = i == 5 ? "lease lost" : i == 9 ? "storage error" : "ok";
+    EXPECT_EQ(outcome[i], expected) << i;
+    JobStatus status = store->get(got[i].job.id)->status;
+    EXPECT_EQ(status, expected == "ok" ? JobStatus::kSucceeded : JobStatus::kRunning) << i;
+  }
+  EXPECT_EQ(store->running("k", ""), 2);
+  EXPECT_EQ(store->max_running_seen("k", ""), 24);
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c, "SELECT running FROM running_totals WHERE kind = 'k'"), 2);
+}
+
+// Errors are stored even when they are not UTF-8 (a utf8mb4 column would refuse them).
+TEST(MysqlStore, ErrorsThatAreNotUtf8AreStored) {
+  TestDatabase db;
+  auto store = db.open();
+  EnqueueResult e = store->enqueue(spec("k"), 1000);
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 1;
+  r.now_ms = 2000;
+  std::vector<Claimed> got = store->claim(r);
+  ASSERT_EQ(got.size(), 1u);
+  Failure failure;
+  failure.error = "HTTP 502: \xff\xfe\xc3 body \xe2\x82";
+  failure.fatal = true;
+  EXPECT_EQ(store->fail(e.id, got[0].lease_token, failure, 2001), JobStatus::kDead);
+  std::optional<Job> job = store->get(e.id);
+  EXPECT_EQ(job->last_error,
+            std::optional<std::string>("HTTP 502: \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD body "
+                                       "\xEF\xBF\xBD\xEF\xBF\xBD"));
+  DeadLetterPage letters = store->list_dead_letters({});
+  ASSERT_EQ(letters.items.size(), 1u);
+  EXPECT_EQ(letters.items[0].error, *job->last_error);
+}
+
+// Expired leases are recovered once when two hosts sweep at once (SKIP LOCKED), and the fan-in
+// count of the parent drops exactly once per child.
+TEST(MysqlStore, ConcurrentSweepsRecoverEachLeaseOnce) {
+  TestDatabase db;
+  auto a = db.open(4);
+  auto b = db.open(4);
+  EnqueueResult parent = a->enqueue(spec("run"), 1000);
+  ClaimRequest r;
+  r.owner = "p";
+  r.limit = 1;
+  r.now_ms = 1000;
+  r.kinds = {"run"};
+  std::vector<Claimed> p = a->claim(r);
+  ASSERT_EQ(p.size(), 1u);
+  std::vector<JobSpec> children;
+  for (int i = 0; i < 300; ++i) {
+    JobSpec s = spec("entity");
+    s.parent_id = parent.id;
+    s.max_attempts = 1;
+    children.push_back(s);
+  }
+  a->enqueue_batch(children, 1000);
+  a->wait_for_children(parent.id, p[0].lease_token, 10'000'000, std::nullopt, 1001);
+  ASSERT_EQ(a->get(parent.id)->pending_children, 300);
+  r.owner = "crashing";
+  r.limit = 300;
+  r.kinds = {"entity"};
+  r.lease_ms = 1000;
+  ASSERT_EQ(a->claim(r).size(), 300u);
+  SweepResult sa;
+  SweepResult sb;
+  std::thread ta([&] { sa = a->sweep(10'000); });
+  std::thread tb([&] { sb = b->sweep(10'000); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(sa.dead + sb.dead, 300);
+  EXPECT_EQ(sa.requeued + sb.requeued, 0);
+  std::optional<Job> after = a->get(parent.id);
+  EXPECT_EQ(after->pending_children, 0);
+  EXPECT_EQ(after->status, JobStatus::kQueued);  // woken by its last child
+  EXPECT_EQ((a->dead_letter_stats()[{"entity", DeadLetterStatus::kPending}]), 300);
+}
+
+}  // namespace
+}  // namespace backhaul::jobs

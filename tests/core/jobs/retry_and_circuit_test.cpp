@@ -1,0 +1,230 @@
+// The pure pieces of the queue: retry delays (SPEC D4) and the circuit breaker state machine
+// (SPEC E4, seed 001). No store, no clock: randomness and time are injected.
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/jobs/circuit_breaker.h"
+#include "core/jobs/retry_policy.h"
+
+namespace backhaul::jobs {
+namespace {
+
+// A unit_random that always returns `value`.
+std::function<double()> fixed(double value) {
+  return [value] { return value; };
+}
+
+// A unit_random replaying `values` in a loop.
+std::function<double()> sequence(std::vector<double> values) {
+  auto index = std::make_shared<size_t>(0);
+  return [values = std::move(values), index] { return values[(*index)++ % values.size()]; };
+}
+
+RetryPolicy policy(int64_t initial_ms, double base, int64_t max_ms) {
+  RetryPolicy p;
+  p.initial_ms = initial_ms;
+  p.base = base;
+  p.max_ms = max_ms;
+  return p;
+}
+
+// ===========================================================================================
+// RetryPolicy: min(initial * base^attempt * jitter, max), jitter uniform in [0.5, 1.5]
+// ===========================================================================================
+
+TEST(RetryPolicyTest, WithNeutralJitterTheDelayIsInitialTimesBaseToTheAttempt) {
+  // Seed 001: initialMs=100, base=2: attempt 3 has a base delay of 800 ms (100 * 2^3).
+  const RetryPolicy p = policy(100, 2.0, 30'000);
+  EXPECT_EQ(p.delay_ms(3, fixed(0.5)), 800);
+  EXPECT_EQ(p.delay_ms(1, fixed(0.5)), 200);
+  EXPECT_EQ(p.delay_ms(2, fixed(0.5)), 400);
+}
+
+TEST(RetryPolicyTest, JitterScalesTheDelayBetweenHalfAndOneAndAHalf) {
+  // Seed 001: attempt 3 with jitter lands in 400-1200 ms.
+  const RetryPolicy p = policy(100, 2.0, 30'000);
+  const int64_t lowest = p.delay_ms(3, fixed(0.0));
+  const int64_t highest = p.delay_ms(3, fixed(std::nextafter(1.0, 0.0)));
+  EXPECT_EQ(lowest, p.delay_ms(3, fixed(0.5)) / 2);
+  EXPECT_GE(highest, p.delay_ms(3, fixed(0.5)) * 3 / 2 - 1);
+  EXPECT_LE(highest, p.delay_ms(3, fixed(0.5)) * 3 / 2);
+}
+
+TEST(RetryPolicyTest, EveryJitteredDelayStaysWithinItsBounds) {
+  const RetryPolicy p = policy(1'000, 2.0, 24 * 3'600'000LL);
+  for (int attempt = 1; attempt <= 12; ++attempt) {
+    const double neutral = static_cast<double>(p.delay_ms(attempt, fixed(0.5)));
+    for (int i = 0; i < 100; ++i) {
+      const double r = i / 100.0;
+      const auto d = static_cast<double>(p.delay_ms(attempt, fixed(r)));
+      EXPECT_GE(d, std::floor(neutral * 0.5)) << "attempt " << attempt << " r " << r;
+      EXPECT_LE(d, std::ceil(neutral * 1.5)) << "attempt " << attempt << " r " << r;
+    }
+  }
+}
+
+TEST(RetryPolicyTest, TheDelayGrowsWithTheAttemptForAFixedJitter) {
+  const RetryPolicy p;  // defaults: 1 s, base 2, 15 min cap
+  int64_t previous = 0;
+  for (int attempt = 1; attempt <= 20; ++attempt) {
+    const int64_t d = p.delay_ms(attempt, fixed(0.5));
+    EXPECT_GE(d, previous) << attempt;
+    previous = d;
+  }
+}
+
+TEST(RetryPolicyTest, TheDelayNeverExceedsTheMaximumEvenWithTheHighestJitter) {
+  const RetryPolicy p = policy(1'000, 2.0, 15 * 60'000);
+  EXPECT_EQ(p.delay_ms(30, fixed(std::nextafter(1.0, 0.0))), 15 * 60'000);
+  EXPECT_EQ(p.delay_ms(30, fixed(0.0)), 15 * 60'000) << "half of a huge delay is still capped";
+  EXPECT_EQ(p.delay_ms(1'000, fixed(0.5)), 15 * 60'000) << "no overflow for absurd attempts";
+  EXPECT_EQ(p.delay_ms(1'000'000, fixed(0.9)), 15 * 60'000);
+}
+
+TEST(RetryPolicyTest, TheSameRandomSequenceGivesTheSameDelays) {
+  const RetryPolicy p;
+  const std::vector<double> values = {0.13, 0.77, 0.5, 0.01, 0.99};
+  auto first = sequence(values);
+  auto second = sequence(values);
+  for (int attempt = 1; attempt <= 10; ++attempt) {
+    EXPECT_EQ(p.delay_ms(attempt, first), p.delay_ms(attempt, second)) << attempt;
+  }
+}
+
+TEST(RetryPolicyTest, TheDefaultRandomSourceIsUniformInTheUnitInterval) {
+  double sum = 0;
+  constexpr int kSamples = 10'000;
+  for (int i = 0; i < kSamples; ++i) {
+    const double r = default_unit_random();
+    ASSERT_GE(r, 0.0);
+    ASSERT_LT(r, 1.0);
+    sum += r;
+  }
+  EXPECT_NEAR(sum / kSamples, 0.5, 0.05);
+}
+
+// ===========================================================================================
+// Circuit breaker: closed -> open -> half_open -> closed | open
+// ===========================================================================================
+
+constexpr int64_t kNow = 1'700'000'000'000;
+
+CircuitPolicy breaker(int threshold, int64_t open_ms = 30'000) {
+  CircuitPolicy p;
+  p.failure_threshold = threshold;
+  p.open_ms = open_ms;
+  return p;
+}
+
+CircuitRecord closed_with(int failures) {
+  CircuitRecord r;
+  r.failures = failures;
+  return r;
+}
+
+CircuitRecord fail_times(CircuitRecord r, int n, const CircuitPolicy& p, int64_t now) {
+  for (int i = 0; i < n; ++i) r = record_event(r, CircuitEvent::kFailure, p, now);
+  return r;
+}
+
+TEST(CircuitBreakerTest, ANewCircuitIsClosedAndLetsCallsThrough) {
+  const CircuitRecord r;
+  EXPECT_EQ(r.state, "closed");
+  EXPECT_EQ(r.failures, 0);
+  EXPECT_TRUE(decide(r, kNow).allowed);
+}
+
+TEST(CircuitBreakerTest, ASuccessWhileClosedResetsTheFailureCount) {
+  const CircuitRecord r = record_event(closed_with(3), CircuitEvent::kSuccess, breaker(5), kNow);
+  EXPECT_EQ(r.state, "closed");
+  EXPECT_EQ(r.failures, 0);
+  EXPECT_EQ(r.updated_ms, kNow);
+}
+
+TEST(CircuitBreakerTest, FailuresBelowTheThresholdKeepItClosedAndCount) {
+  // Seed 001: sendgrid tolerates 10; after 5 failures it is closed with failureCount 5.
+  const CircuitRecord r = fail_times(CircuitRecord{}, 5, breaker(10), kNow);
+  EXPECT_EQ(r.state, "closed");
+  EXPECT_EQ(r.failures, 5);
+  EXPECT_TRUE(decide(r, kNow).allowed);
+}
+
+TEST(CircuitBreakerTest, TheThresholdthFailureOpensIt) {
+  // Seed 001: closed with 4 failures, threshold 5, one more failure -> open at now.
+  const CircuitRecord r = record_event(closed_with(4), CircuitEvent::kFailure, breaker(5), kNow);
+  EXPECT_EQ(r.state, "open");
+  EXPECT_EQ(r.opened_ms, kNow);
+  EXPECT_EQ(r.retry_at_ms, kNow + 30'000);
+  EXPECT_EQ(r.updated_ms, kNow);
+  // Seed 001: stripe-api with threshold 3 is open after 3 consecutive failures.
+  EXPECT_EQ(fail_times(CircuitRecord{}, 3, breaker(3), kNow).state, "open");
+}
+
+TEST(CircuitBreakerTest, ASuccessBetweenFailuresStartsTheCountAgain) {
+  CircuitRecord r = fail_times(CircuitRecord{}, 2, breaker(3), kNow);
+  r = record_event(r, CircuitEvent::kSuccess, breaker(3), kNow);
+  r = fail_times(r, 2, breaker(3), kNow);
+  EXPECT_EQ(r.state, "closed") << "failures must be consecutive";
+}
+
+TEST(CircuitBreakerTest, AnOpenCircuitFailsFastUntilItsRetryTime) {
+  // Seed 001: opened 10 s ago with a 30 s reset: denied, retry in about 20 s.
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5), kNow - 10'000);
+  const CircuitDecision d = decide(open, kNow);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_at_ms - kNow, 20'000);
+  EXPECT_FALSE(decide(open, kNow + 19'999).allowed);
+  EXPECT_TRUE(decide(open, kNow + 20'000).allowed) << "the half-open probe may go";
+}
+
+TEST(CircuitBreakerTest, BeginProbeMakesAnOpenCircuitHalfOpenOnlyWhenItsTimeHasCome) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  EXPECT_EQ(begin_probe(open, kNow + 29'999).state, "open");
+  const CircuitRecord probing = begin_probe(open, kNow + 30'000);
+  EXPECT_EQ(probing.state, "half_open");
+  EXPECT_EQ(probing.updated_ms, kNow + 30'000);
+  EXPECT_EQ(begin_probe(CircuitRecord{}, kNow).state, "closed") << "closed stays closed";
+}
+
+TEST(CircuitBreakerTest, WhileHalfOpenOnlyTheProbeRunsOthersWait) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord probing = begin_probe(open, kNow + 30'000);
+  const CircuitDecision d = decide(probing, kNow + 30'001);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_GT(d.retry_at_ms, kNow + 30'001);
+}
+
+TEST(CircuitBreakerTest, AProbeThatNeverReportsBackDoesNotLeaveTheCircuitStuck) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord probing = begin_probe(open, kNow + 30'000);
+  EXPECT_TRUE(decide(probing, kNow + 60'000).allowed) << "another probe after the open period";
+}
+
+TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
+  const CircuitRecord probing =
+      begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);
+  const CircuitRecord r = record_event(probing, CircuitEvent::kSuccess, breaker(5), kNow + 30'500);
+  EXPECT_EQ(r.state, "closed");
+  EXPECT_EQ(r.failures, 0);
+  EXPECT_EQ(r.opened_ms, 0);
+  EXPECT_EQ(r.retry_at_ms, 0);
+  EXPECT_TRUE(decide(r, kNow + 30'501).allowed);
+}
+
+TEST(CircuitBreakerTest, AFailedProbeReopensTheCircuitForAnotherPeriod) {
+  const CircuitRecord probing =
+      begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);
+  const CircuitRecord r = record_event(probing, CircuitEvent::kFailure, breaker(5), kNow + 30'500);
+  EXPECT_EQ(r.state, "open");
+  EXPECT_EQ(r.opened_ms, kNow + 30'500);
+  EXPECT_EQ(r.retry_at_ms, kNow + 60'500);
+  EXPECT_FALSE(decide(r, kNow + 31'000).allowed);
+}
+
+}  // namespace
+}  // namespace backhaul::jobs

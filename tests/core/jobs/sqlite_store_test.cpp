@@ -1,0 +1,455 @@
+// What is specific to the SQLite backend of the job queue: the file and its pragmas, migrations,
+// several store instances ("hosts") on one file, group commit (results to the right caller, one
+// operation's failure isolated from its batch), durability across reopen, and the schema's claim
+// plans. The shared contract is tested by job_store_conformance_test against both backends.
+#include "core/jobs/sqlite_store.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/jobs/migrations.h"
+#include <sqlite3.h>
+#include <unistd.h>
+
+namespace backhaul::jobs {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr int64_t kT0 = 1'700'000'000'000;
+constexpr int64_t kLeaseMs = 30'000;
+
+// A directory of its own under the system temp directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("backhaul-sqlite-store-test-" + std::to_string(::getpid()) + "-" +
+             std::to_string(counter++) + "-" + std::to_string(std::random_device{}()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Reads the file through a connection of its own, outside the store: what another process sees.
+std::vector<std::vector<std::string>> query_file(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    std::string error = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    throw std::runtime_error("cannot open " + path + ": " + error);
+  }
+  sqlite3_busy_timeout(db, 5'000);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    std::string error = sqlite3_errmsg(db);
+    sqlite3_close(db);
+    throw std::runtime_error(error + " in " + sql);
+  }
+  std::vector<std::vector<std::string>> rows;
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    std::vector<std::string> row;
+    for (int i = 0; i < sqlite3_column_count(stmt); ++i) {
+      const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(stmt, i));
+      row.emplace_back(text ? text : "NULL");
+    }
+    rows.push_back(std::move(row));
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return rows;
+}
+
+std::string query_value(const std::string& path, const std::string& sql) {
+  auto rows = query_file(path, sql);
+  return rows.empty() || rows[0].empty() ? "" : rows[0][0];
+}
+
+JobSpec spec(std::string kind = "entity", std::string key = "inst-1", std::string payload = "{}") {
+  JobSpec s;
+  s.kind = std::move(kind);
+  s.concurrency_key = std::move(key);
+  s.payload = std::move(payload);
+  return s;
+}
+
+ClaimRequest claim_request(const std::string& owner, size_t limit, int64_t now = kT0) {
+  ClaimRequest r;
+  r.owner = owner;
+  r.limit = limit;
+  r.now_ms = now;
+  r.lease_ms = kLeaseMs;
+  return r;
+}
+
+class SqliteStoreTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<SqliteJobStore> open(const SqliteStoreOptions& options = {}) {
+    return open_sqlite_store(path_, options);
+  }
+  // Occupies the writer: the operation blocks inside its transaction until `release` is set, so
+  // that operations submitted meanwhile queue up and share the next transaction.
+  std::thread hold_writer(SqliteJobStore& store, std::atomic<bool>& holding,
+                          std::atomic<bool>& release) {
+    std::thread holder([&store, &holding, &release] {
+      store.update_circuit("hold", [&](const CircuitRecord& r) {
+        holding = true;
+        while (!release) std::this_thread::sleep_for(1ms);
+        return r;
+      });
+    });
+    while (!holding) std::this_thread::sleep_for(1ms);
+    return holder;
+  }
+
+  TempDir dir_;
+  std::string path_ = dir_.file("jobs.db");
+};
+
+// --- the file ------------------------------------------------------------------------------
+
+TEST_F(SqliteStoreTest, CreatesTheFileInWalModeWithFullSyncAndForeignKeys) {
+  ASSERT_FALSE(fs::exists(path_));
+  auto store = open();
+  EXPECT_TRUE(fs::exists(path_));
+  EXPECT_EQ(store->backend(), "sqlite");
+  EXPECT_EQ(store->writer_pragma("journal_mode"), "wal");
+  EXPECT_EQ(store->writer_pragma("synchronous"), "2") << "2 = FULL: an fsync per commit";
+  EXPECT_EQ(store->writer_pragma("foreign_keys"), "1");
+  // WAL is a property of the file: every other connection (process, host) uses it too.
+  EXPECT_EQ(query_value(path_, "PRAGMA journal_mode"), "wal");
+}
+
+TEST_F(SqliteStoreTest, OpeningInAMissingDirectoryFailsWithAStorageError) {
+  EXPECT_THROW(open_sqlite_store(dir_.file("missing/dir/jobs.db")), StorageError);
+}
+
+TEST_F(SqliteStoreTest, AnInMemoryStoreWorks) {
+  auto store = open_sqlite_store(":memory:");
+  EnqueueResult r = store->enqueue(spec(), kT0);
+  ASSERT_TRUE(store->get(r.id).has_value()) << "reads must use the writer's connection";
+  EXPECT_EQ(store->claim(claim_request("w", 5)).size(), 1u);
+}
+
+TEST_F(SqliteStoreTest, ASqlErrorIsAStorageErrorAndLeavesTheWriterUsable) {
+  auto store = open();
+  EXPECT_THROW(store->writer_pragma("no such syntax ("), StorageError);
+  EXPECT_THROW(store->writer_pragma("no such syntax ("), StorageError) << "not cached broken";
+  EXPECT_EQ(store->writer_pragma("journal_mode"), "wal");
+  EXPECT_TRUE(store->enqueue(spec(), kT0).created);
+}
+
+// --- migrations ----------------------------------------------------------------------------
+
+TEST_F(SqliteStoreTest, MigrateRecordsEachVersionOnceAndIsANoOpTheSecondTime) {
+  const auto& migrations = sqlite_migrations();
+  ASSERT_FALSE(migrations.empty());
+  auto store = open();
+  const std::string rows_sql = "SELECT version, name, applied_ms FROM schema_migrations";
+  auto before = query_file(path_, rows_sql);
+  ASSERT_EQ(before.size(), migrations.size());
+  EXPECT_EQ(before[0][0], std::to_string(migrations[0].version));
+  EXPECT_EQ(before[0][1], migrations[0].name);
+
+  EXPECT_EQ(store->migrate(), migrations.back().version);
+  EXPECT_EQ(store->migrate(), migrations.back().version);
+  auto again = open();  // a second host starting up migrates too
+  EXPECT_EQ(again->migrate(), migrations.back().version);
+  EXPECT_EQ(query_file(path_, rows_sql), before) << "nothing re-applied, applied_ms unchanged";
+}
+
+TEST_F(SqliteStoreTest, HostsStartingTogetherOnAFreshFileMigrateItOnce) {
+  constexpr int kHosts = 4;
+  std::latch start(kHosts);
+  std::vector<std::unique_ptr<SqliteJobStore>> stores(kHosts);
+  std::vector<std::string> errors(kHosts);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kHosts; ++i) {
+    threads.emplace_back([&, i] {
+      start.arrive_and_wait();
+      try {
+        stores[i] = open();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kHosts; ++i) {
+    ASSERT_EQ(errors[i], "") << "host " << i;
+    EXPECT_EQ(stores[i]->migrate(), sqlite_migrations().back().version);
+  }
+  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM schema_migrations"),
+            std::to_string(sqlite_migrations().size()));
+}
+
+// --- several hosts on one file -------------------------------------------------------------
+
+TEST_F(SqliteStoreTest, TwoHostsOnOneFileClaimDisjointJobs) {
+  auto host_a = open();
+  auto host_b = open();
+  constexpr int kJobs = 400;
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < kJobs; ++i) specs.push_back(spec("entity", "inst-" + std::to_string(i % 7)));
+  host_a->enqueue_batch(specs, kT0);
+
+  std::mutex mutex;
+  std::multiset<JobId> claimed;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 8; ++w) {
+    JobStore& store = w % 2 ? *host_b : *host_a;
+    workers.emplace_back([&, w] {
+      const std::string owner = (w % 2 ? "host-b/" : "host-a/") + std::to_string(w);
+      while (true) {
+        auto batch = store.claim(claim_request(owner, 1 + w % 4));
+        if (batch.empty()) return;
+        for (const Claimed& c : batch) {
+          {
+            std::lock_guard lock(mutex);
+            claimed.insert(c.job.id);
+          }
+          store.complete(c.job.id, c.lease_token, "{}", kT0 + 1);
+        }
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+
+  EXPECT_EQ(claimed.size(), static_cast<size_t>(kJobs));
+  EXPECT_EQ(std::set<JobId>(claimed.begin(), claimed.end()).size(), claimed.size())
+      << "a job was claimed twice";
+  EXPECT_EQ((host_b->counts()[{"entity", JobStatus::kSucceeded}]), kJobs);
+  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM attempts"), std::to_string(kJobs));
+  EXPECT_EQ(host_a->running("entity", ""), 0);
+}
+
+// --- group commit --------------------------------------------------------------------------
+
+TEST_F(SqliteStoreTest, GroupCommitDeliversEachResultToItsOwnCaller) {
+  auto store = open();
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 150;
+  std::vector<std::vector<JobId>> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        std::string payload =
+            "{\"thread\":" + std::to_string(t) + ",\"i\":" + std::to_string(i) + "}";
+        EnqueueResult r = store->enqueue(spec("entity", "k", payload), kT0);
+        ids[t].push_back(r.id);
+        // Read-your-writes: the acknowledgement means committed, so any reader sees it.
+        std::optional<Job> job = store->get(r.id);
+        ASSERT_TRUE(job.has_value());
+        ASSERT_EQ(job->payload, payload);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<JobId> distinct;
+  for (const auto& v : ids) distinct.insert(v.begin(), v.end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(kThreads * kPerThread));
+  SqliteStoreStats stats = store->stats();
+  EXPECT_GE(stats.operations, kThreads * kPerThread);
+  EXPECT_LE(stats.transactions, stats.operations);
+}
+
+TEST_F(SqliteStoreTest,
+       OperationsQueuedBehindATransactionShareTheNextAndALeaseLostFailsOnlyItself) {
+  auto store = open();
+  constexpr int kJobs = 6;
+  for (int i = 0; i < kJobs; ++i) store->enqueue(spec(), kT0);
+  std::vector<Claimed> claimed = store->claim(claim_request("w", kJobs));
+  ASSERT_EQ(claimed.size(), static_cast<size_t>(kJobs));
+
+  std::atomic<bool> holding{false}, release{false};
+  const int64_t transactions_before = store->stats().transactions;
+  std::thread holder = hold_writer(*store, holding, release);
+  // kJobs - 1 completions with their tokens, one with a stale token: all queue behind the holder.
+  std::vector<std::string> outcome(kJobs);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kJobs; ++i) {
+    callers.emplace_back([&, i] {
+      const bool stale = i == 2;
+      try {
+        store->complete(claimed[i].job.id, stale ? "stale-token" : claimed[i].lease_token,
+                        "{\"i\":" + std::to_string(i) + "}", kT0 + 1);
+        outcome[i] = "ok";
+      } catch (const LeaseLost&) {
+        outcome[i] = "lease lost";
+      } catch (const std::exception& e) {
+        outcome[i] = e.what();
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);  // let every caller queue up behind the holder
+  release = true;
+  holder.join();
+  for (auto& t : callers) t.join();
+
+  for (int i = 0; i < kJobs; ++i) {
+    EXPECT_EQ(outcome[i], i == 2 ? "lease lost" : "ok") << "caller " << i;
+    const std::string status = query_value(
+        path_, "SELECT status FROM jobs WHERE id = " + std::to_string(claimed[i].job.id));
+    EXPECT_EQ(status, i == 2 ? "running" : "succeeded") << "job of caller " << i;
+  }
+  EXPECT_EQ(store->stats().transactions - transactions_before, 2)
+      << "the holder's transaction, then one for all six completions";
+  EXPECT_GE(store->stats().max_batch, kJobs);
+}
+
+TEST_F(SqliteStoreTest, AFailedOperationIsRolledBackAloneWithinItsBatch) {
+  auto store = open();
+  std::atomic<bool> holding{false}, release{false};
+  const int64_t transactions_before = store->stats().transactions;
+  std::thread holder = hold_writer(*store, holding, release);
+  std::string batch_error;
+  std::thread failing([&] {
+    // The first job is inserted, then the second is refused: the whole batch must vanish.
+    try {
+      store->enqueue_batch({spec("entity", "k", "{\"first\":1}"), spec("", "k")}, kT0);
+    } catch (const std::invalid_argument& e) {
+      batch_error = e.what();
+    }
+  });
+  std::optional<EnqueueResult> ok;
+  std::thread succeeding([&] { ok = store->enqueue(spec("entity", "k", "{\"ok\":1}"), kT0); });
+  std::this_thread::sleep_for(200ms);
+  release = true;
+  holder.join();
+  failing.join();
+  succeeding.join();
+
+  EXPECT_NE(batch_error, "");
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(store->stats().transactions - transactions_before, 2) << "both in one transaction";
+  EXPECT_EQ(query_file(path_, "SELECT payload FROM jobs"),
+            (std::vector<std::vector<std::string>>{{"{\"ok\":1}"}}));
+}
+
+// --- durability ----------------------------------------------------------------------------
+
+TEST_F(SqliteStoreTest, AcknowledgedChangesAreCommittedAndSurviveReopening) {
+  std::vector<JobId> completed;
+  std::vector<JobId> dead;
+  {
+    auto store = open();
+    for (int i = 0; i < 60; ++i) store->enqueue(spec(), kT0);
+    std::vector<Claimed> claimed = store->claim(claim_request("w", 40));
+    ASSERT_EQ(claimed.size(), 40u);
+    for (size_t i = 0; i < claimed.size(); ++i) {
+      const Claimed& c = claimed[i];
+      if (i % 4 == 0) {
+        Failure fatal{"HTTP 404", true, 0};
+        store->fail(c.job.id, c.lease_token, fatal, kT0 + 1);
+        dead.push_back(c.job.id);
+      } else {
+        store->complete(c.job.id, c.lease_token, "{\"n\":" + std::to_string(i) + "}", kT0 + 1);
+        completed.push_back(c.job.id);
+      }
+      // Acknowledged = committed: a connection of another process sees it at once.
+      const std::string status =
+          query_value(path_, "SELECT status FROM jobs WHERE id = " + std::to_string(c.job.id));
+      EXPECT_TRUE(status == "succeeded" || status == "dead") << status;
+    }
+  }
+  auto reopened = open();
+  for (JobId id : completed) {
+    std::optional<Job> job = reopened->get(id);
+    ASSERT_TRUE(job.has_value());
+    EXPECT_EQ(job->status, JobStatus::kSucceeded);
+    ASSERT_TRUE(job->result.has_value());
+  }
+  for (JobId id : dead) EXPECT_EQ(reopened->get(id)->status, JobStatus::kDead);
+  auto counts = reopened->counts();
+  EXPECT_EQ((counts[{"entity", JobStatus::kSucceeded}]), 30);
+  EXPECT_EQ((counts[{"entity", JobStatus::kDead}]), 10);
+  EXPECT_EQ((counts[{"entity", JobStatus::kQueued}]), 20);
+  EXPECT_EQ((reopened->dead_letter_stats()[{"entity", DeadLetterStatus::kPending}]), 10);
+  EXPECT_EQ(reopened->running("entity", ""), 0);
+  EXPECT_EQ(reopened->max_running_seen("entity", ""), 40);
+}
+
+// --- claiming under caps -------------------------------------------------------------------
+
+TEST_F(SqliteStoreTest, EveryKeyProgressesWhenTheGlobalCapBinds) {
+  auto store = open();
+  store->set_caps("entity", Caps{5, 30});
+  // Ten tenants, each enqueued as one block of 1000 (as a backfill run fans out): the oldest
+  // tenants' backlogs come first in (priority, run_after, id) order.
+  for (int k = 0; k < 10; ++k) {
+    std::vector<JobSpec> block(1000, spec("entity", "inst-" + std::to_string(k)));
+    store->enqueue_batch(block, kT0);
+  }
+  std::vector<Claimed> first = store->claim(claim_request("w", 100));
+  ASSERT_EQ(first.size(), 30u) << "the global cap";
+  for (int k = 0; k < 10; ++k) {
+    EXPECT_EQ(store->running("entity", "inst-" + std::to_string(k)), 3) << "tenant " << k;
+  }
+  EXPECT_EQ(store->max_running_seen("entity", ""), 30);
+
+  // Tenant 0 finishes its three: the freed slots go to the least-loaded tenant, tenant 0 again,
+  // rather than to whichever tenant is oldest.
+  for (const Claimed& c : first) {
+    if (c.job.concurrency_key == "inst-0") store->complete(c.job.id, c.lease_token, "{}", kT0 + 1);
+  }
+  std::vector<Claimed> second = store->claim(claim_request("w", 100, kT0 + 2));
+  ASSERT_EQ(second.size(), 3u);
+  for (const Claimed& c : second) EXPECT_EQ(c.job.concurrency_key, "inst-0");
+  EXPECT_EQ(store->max_running_seen("entity", "inst-0"), 3);
+}
+
+TEST_F(SqliteStoreTest, TheSchemaLetsClaimsSeekInsteadOfScanning) {
+  auto store = open();
+  store->enqueue(spec(), kT0);
+  auto plan = [&](const std::string& sql) {
+    std::string text;
+    for (const auto& row : query_file(path_, "EXPLAIN QUERY PLAN " + sql)) {
+      text += row.back() + "\n";
+    }
+    return text;
+  };
+  // A saturated tenant's backlog is skipped by seeking each unsaturated key's head.
+  std::string by_key = plan(
+      "SELECT id FROM jobs WHERE status = 'queued' AND kind = 'entity' AND concurrency_key = 'k' "
+      "AND run_after_ms <= 5 ORDER BY priority, run_after_ms, id LIMIT 5");
+  EXPECT_NE(by_key.find("jobs_claim_key (kind=? AND concurrency_key=?)"), std::string::npos)
+      << by_key;
+  EXPECT_EQ(by_key.find("TEMP B-TREE"), std::string::npos) << by_key;
+  std::string next_key = plan(
+      "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND kind = 'entity' "
+      "AND concurrency_key > 'k' ORDER BY concurrency_key LIMIT 1");
+  EXPECT_NE(next_key.find("jobs_claim_key (kind=? AND concurrency_key>?)"), std::string::npos)
+      << next_key;
+  std::string by_kind = plan(
+      "SELECT id FROM jobs WHERE status = 'queued' AND kind = 'entity' AND run_after_ms <= 5 "
+      "ORDER BY priority, run_after_ms, id LIMIT 5");
+  EXPECT_NE(by_kind.find("jobs_claim_kind (kind=?)"), std::string::npos) << by_kind;
+  EXPECT_EQ(by_kind.find("TEMP B-TREE"), std::string::npos) << by_kind;
+}
+
+}  // namespace
+}  // namespace backhaul::jobs

@@ -1,0 +1,231 @@
+// The fake gateway and the control endpoints over real HTTP: connections, tokens, webhook
+// validation and dedupe, the report, faults and reset.
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "host/sandbox/sandbox.h"
+#include "tests/host/sandbox/test_client.h"
+
+namespace backhaul::sandbox {
+namespace {
+
+using nlohmann::json;
+using testing::FakeClock;
+using testing::HttpResult;
+using testing::TestClient;
+using testing::webhook_body;
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void start(SandboxOptions options) {
+    options.now_ms = clock_.function();
+    sandbox_ = std::make_unique<Sandbox>(std::move(options));
+    sandbox_->start();
+    client_ = std::make_unique<TestClient>(sandbox_->port());
+  }
+  HttpResult deliver(const std::string& provider, const json& body) {
+    return client_->post("/gateway/webhooks/" + provider, body.dump());
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<Sandbox> sandbox_;
+  std::unique_ptr<TestClient> client_;
+};
+
+SandboxOptions small(int installations = 1) {
+  SandboxOptions options;
+  options.installations = installations;
+  options.repos = 2;
+  options.projects = 1;
+  options.items = 12;
+  return options;
+}
+
+TEST_F(GatewayTest, ConnectionsDescribeTheDataModel) {
+  start(small(2));
+  HttpResult github = client_->get("/gateway/connections/gh-inst-2");
+  ASSERT_EQ(github.status, 200);
+  EXPECT_EQ(github.json(), json::parse(R"({
+    "id": "gh-inst-2", "installationId": "inst-2", "provider": "github", "orgId": "org-2",
+    "status": "active",
+    "resources": [{"providerResourceId": "200001", "resourceName": "org-2/repo-1"},
+                  {"providerResourceId": "200002", "resourceName": "org-2/repo-2"}]})"));
+  HttpResult vercel = client_->get("/gateway/connections/vc-inst-1");
+  EXPECT_EQ(vercel.json()["resources"],
+            json::parse(R"([{"providerResourceId": "prj_1_1", "resourceName": "project-1"}])"));
+  EXPECT_EQ(client_->get("/gateway/connections/inst-1?provider=vercel").json()["id"], "vc-inst-1");
+
+  HttpResult unknown = client_->get("/gateway/connections/gh-inst-3");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(unknown.json()["error"]["code"], "not_found");
+}
+
+TEST_F(GatewayTest, EveryTokenCallGivesANewValidToken) {
+  start(small());
+  const json first = client_->get("/gateway/connections/gh-inst-1/token").json();
+  const json second = client_->get("/gateway/connections/gh-inst-1/token").json();
+  const std::string a = first["accessToken"];
+  const std::string b = second["accessToken"];
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(std::regex_match(a, std::regex("ghs_[A-Za-z0-9]{36,59}"))) << a;
+  EXPECT_TRUE(std::regex_match(first["expiresAt"].get<std::string>(),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")));
+  for (const std::string& token : {a, b}) {
+    EXPECT_EQ(client_->get("/github/repos/org-1/repo-1", testing::github_headers(token)).status,
+              200);
+  }
+  const std::string vercel = client_->token("vc-inst-1");
+  EXPECT_TRUE(std::regex_match(vercel, std::regex("vcp_[A-Za-z0-9]{24,35}"))) << vercel;
+}
+
+TEST_F(GatewayTest, DedupesByDeliveryIdAndReportsAgainstExpected) {
+  start(small());
+  const std::string id = "backfill-inst-1-100001-pr-12";
+  HttpResult accepted = deliver("github", webhook_body("gh-inst-1", id));
+  EXPECT_EQ(accepted.status, 202);
+  EXPECT_EQ(accepted.json()["status"], "accepted");
+  HttpResult duplicate = deliver("github", webhook_body("gh-inst-1", id));
+  EXPECT_EQ(duplicate.status, 200);
+  EXPECT_EQ(duplicate.json()["status"], "duplicate");
+  EXPECT_EQ(deliver("github", webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-13")).status,
+            202);  // number 13 does not exist
+
+  const json report = client_->get("/_sandbox/report").json();
+  const json& gateway = report["gateway"];
+  const int64_t expected = 2 * 3 * 12 + 1 * 12;
+  EXPECT_EQ(gateway["received"], 3);
+  EXPECT_EQ(gateway["unique"], 2);
+  EXPECT_EQ(gateway["duplicates"], 1);
+  EXPECT_EQ(gateway["expected"], expected);
+  EXPECT_EQ(gateway["missing"], expected - 1);
+  EXPECT_EQ(gateway["unexpected"], 1);
+  EXPECT_EQ(gateway["unexpected_sample"], json::array({"backfill-inst-1-100001-pr-13"}));
+  EXPECT_EQ(gateway["by_provider"]["github"]["expected"], 2 * 3 * 12);
+  EXPECT_EQ(gateway["by_provider"]["github"]["by_event_type"]["pull_request"], 2);
+  EXPECT_EQ(gateway["by_provider"]["vercel"]["missing"], 12);
+  EXPECT_EQ(report["complete"], false);
+
+  const Report direct = sandbox_->report();
+  EXPECT_EQ(direct.gateway.unique, 2);
+  EXPECT_EQ(direct.gateway.missing, expected - 1);
+}
+
+TEST_F(GatewayTest, MalformedWebhooksGet400NamingTheField) {
+  start(small());
+  json body = webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-1");
+  for (const char* field :
+       {"connectionId", "orgId", "deliveryId", "eventType", "payload", "receivedAt"}) {
+    json broken = body;
+    broken.erase(field);
+    HttpResult result = deliver("github", broken);
+    EXPECT_EQ(result.status, 400) << field;
+    EXPECT_EQ(result.json()["error"]["field"], field);
+    EXPECT_NE(result.json()["error"]["message"].get<std::string>().find(field), std::string::npos);
+  }
+  json not_object = body;
+  not_object["payload"] = "text";
+  EXPECT_EQ(deliver("github", not_object).json()["error"]["field"], "payload");
+  EXPECT_EQ(client_->post("/gateway/webhooks/github", "{not json").status, 400);
+  EXPECT_EQ(client_->post("/gateway/webhooks/gitlab", body.dump()).status, 404);
+  EXPECT_EQ(client_->get("/_sandbox/report").json()["gateway"]["invalid"], 8);
+  EXPECT_EQ(client_->get("/_sandbox/report").json()["gateway"]["received"], 0);
+}
+
+TEST_F(GatewayTest, ReportPerInstallationAndMissingList) {
+  start(small(2));
+  const json inst1 = client_->get("/_sandbox/expected?installation=inst-1").json();
+  ASSERT_EQ(inst1["count"], 2 * 3 * 12 + 12);
+  for (const auto& id : inst1["ids"]) {
+    const bool vercel = id.get<std::string>().find("-deploy-") != std::string::npos;
+    ASSERT_EQ(
+        deliver(vercel ? "vercel" : "github", webhook_body(vercel ? "vc-inst-1" : "gh-inst-1", id))
+            .status,
+        202);
+  }
+  const json one = client_->get("/_sandbox/report?installation=inst-1").json();
+  EXPECT_EQ(one["installation"], "inst-1");
+  EXPECT_EQ(one["gateway"]["missing"], 0);
+  EXPECT_EQ(one["complete"], true);
+  const json all = client_->get("/_sandbox/report").json();
+  EXPECT_EQ(all["gateway"]["missing"], inst1["count"]);
+
+  const json missing = client_->get("/_sandbox/missing?limit=5").json();
+  EXPECT_EQ(missing["count"], inst1["count"]);
+  ASSERT_EQ(missing["ids"].size(), 5u);
+  EXPECT_EQ(missing["ids"][0].get<std::string>().rfind("backfill-inst-2-", 0), 0u);
+  EXPECT_EQ(client_->get("/_sandbox/report?installation=inst-3").status, 404);
+  EXPECT_EQ(sandbox_->expected_delivery_ids().size(), 2 * inst1["ids"].size());
+}
+
+TEST_F(GatewayTest, ConcurrentDeliveriesAreCountedExactly) {
+  start(small());
+  const auto ids = sandbox_->expected_delivery_ids();
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      TestClient client(sandbox_->port());
+      // Every thread posts every other id; each id is posted by kThreads / 2 threads.
+      for (size_t k = static_cast<size_t>(t % 2); k < ids.size(); k += 2) {
+        client.post("/gateway/webhooks/github", webhook_body("gh-inst-1", ids[k]).dump());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  const Report report = sandbox_->report();
+  EXPECT_EQ(report.gateway.received, static_cast<int64_t>(ids.size()) * kThreads / 2);
+  EXPECT_EQ(report.gateway.unique, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(report.gateway.duplicates, report.gateway.received - report.gateway.unique);
+  EXPECT_EQ(report.gateway.missing, 0);
+  EXPECT_TRUE(report.complete());
+}
+
+TEST_F(GatewayTest, ApiKeyIsCheckedWhenConfigured) {
+  SandboxOptions options = small();
+  options.gateway_api_key = "s3cret";
+  start(options);
+  EXPECT_EQ(client_->get("/gateway/connections/gh-inst-1").status, 401);
+  EXPECT_EQ(client_->get("/gateway/connections/gh-inst-1", {{"X-Api-Key", "wrong"}}).status, 401);
+  EXPECT_EQ(client_->get("/gateway/connections/gh-inst-1", {{"X-Api-Key", "s3cret"}}).status, 200);
+}
+
+TEST_F(GatewayTest, GatewayFailRateAnswers503WithoutRecording) {
+  SandboxOptions options = small();
+  options.faults.gateway_fail_rate = 1.0;
+  start(options);
+  HttpResult failed = deliver("github", webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-1"));
+  EXPECT_EQ(failed.status, 503);
+  const json report = client_->get("/_sandbox/report").json();
+  EXPECT_EQ(report["gateway"]["received"], 0);
+  EXPECT_EQ(report["faults_injected"]["gateway_5xx"], 1);
+}
+
+TEST_F(GatewayTest, FaultsCanBeChangedAndStateResetAtRuntime) {
+  start(small());
+  HttpResult changed = client_->post("/_sandbox/faults", R"({"fail_rate": 0.25, "burst_len": 3})");
+  ASSERT_EQ(changed.status, 200);
+  EXPECT_EQ(changed.json()["fail_rate"], 0.25);
+  EXPECT_EQ(sandbox_->faults().burst_len, 3);
+  EXPECT_EQ(client_->post("/_sandbox/faults", R"({"fail_rate": 2})").status, 400);
+  EXPECT_EQ(client_->post("/_sandbox/faults", R"({"nonsense": 1})").status, 400);
+  EXPECT_EQ(client_->get("/_sandbox/faults").json()["fail_rate"], 0.25);
+
+  deliver("github", webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-1"));
+  const std::string token = client_->token("gh-inst-1");
+  sandbox_->set_faults({});
+  client_->get("/github/repos/org-1/repo-1", testing::github_headers(token));
+  EXPECT_EQ(client_->post("/_sandbox/reset", "").status, 200);
+  const json report = client_->get("/_sandbox/report").json();
+  EXPECT_EQ(report["gateway"]["received"], 0);
+  EXPECT_EQ(report["provider_requests"]["github"], 0);
+  // Tokens survive a reset.
+  EXPECT_EQ(client_->get("/github/repos/org-1/repo-1", testing::github_headers(token)).status, 200);
+}
+
+}  // namespace
+}  // namespace backhaul::sandbox

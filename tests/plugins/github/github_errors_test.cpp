@@ -1,0 +1,292 @@
+// How every HTTP outcome maps to a status (SPEC C1, API-FACTS A4/A5), and validate_scopes.
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "github_test_support.h"
+
+namespace backhaul::github_test {
+namespace {
+
+class GithubStatusTest : public GithubPluginTest {
+ protected:
+  // Fetches the first pull request page, answered by the named scenario of errors.json.
+  plugins::ConnectorFailure fetch_failure(const std::string& scenario) {
+    add_scenario(scenario, pulls_url());
+    return failure_of([&] { connect().fetch_page(params("pull_request")); });
+  }
+  plugins::ConnectorFailure fetch_failure_for(int status, std::string body,
+                                              http::Headers headers = {}) {
+    add_get(pulls_url(), status, std::move(body), std::move(headers));
+    return failure_of([&] { connect().fetch_page(params("pull_request")); });
+  }
+};
+
+void expect_message(const plugins::ConnectorFailure& f, const std::string& part) {
+  EXPECT_NE(std::string(f.what()).find(part), std::string::npos)
+      << "\"" << f.what() << "\" lacks \"" << part << "\"";
+  EXPECT_EQ(std::string(f.what()).find(kToken), std::string::npos) << f.what();
+}
+
+TEST_F(GithubStatusTest, UnauthorizedIsAuthExpired) {
+  const auto f = fetch_failure("401-bad-credentials");
+  EXPECT_EQ(f.status(), BACKHAUL_AUTH_EXPIRED);
+  expect_message(f, "HTTP 401");
+  expect_message(f, "Bad credentials");
+}
+
+TEST_F(GithubStatusTest, PrimaryLimitWaitsUntilResetPlusOneSecond) {
+  // reset 1700000120 s; the clock is at 1'700'000'000'000 ms.
+  auto f = fetch_failure("403-primary-rate-limit");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 121'000);
+  expect_message(f, "API rate limit exceeded");
+
+  clock_.advance_ms(100'500);
+  f = failure_of([&] { connect().fetch_page(params("pull_request")); });
+  EXPECT_EQ(f.retry_after_ms(), 20'500);
+
+  clock_.set_ms(1'800'000'000'000);  // long past the reset: just the margin
+  f = failure_of([&] { connect().fetch_page(params("pull_request")); });
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 1'000);
+}
+
+TEST_F(GithubStatusTest, PrimaryLimitAlsoComesAs429) {
+  const auto f = fetch_failure("429-primary-rate-limit");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 121'000);
+}
+
+TEST_F(GithubStatusTest, SecondaryLimitHonoursRetryAfter) {
+  // The real capture: retry-after: 60 and no x-ratelimit-* headers.
+  const auto f = fetch_failure("403-secondary-retry-after");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+  expect_message(f, "secondary rate limit");
+}
+
+TEST_F(GithubStatusTest, SecondaryLimitWithoutRetryAfterWaitsOneMinute) {
+  const auto f = fetch_failure("403-secondary-no-retry-after");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+TEST_F(GithubStatusTest, TooManyRequestsHonoursRetryAfter) {
+  const auto f = fetch_failure("429-retry-after");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 30'000);
+}
+
+TEST_F(GithubStatusTest, BareTooManyRequestsWaitsOneMinute) {
+  const auto f = fetch_failure_for(429, "");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+TEST_F(GithubStatusTest, ExhaustedWindowWithoutResetWaitsOneMinute) {
+  const auto f = fetch_failure_for(403, R"({"message":"API rate limit exceeded"})",
+                                   {{"x-ratelimit-remaining", "0"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+TEST_F(GithubStatusTest, AnAbsurdResetOrRetryAfterIsIgnored) {
+  const auto f = fetch_failure_for(403, R"({"message":"API rate limit exceeded"})",
+                                   {{"x-ratelimit-remaining", "0"},
+                                    {"x-ratelimit-limit", "5000"},
+                                    {"x-ratelimit-reset", "9223372036854775807"},
+                                    {"retry-after", "-5"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+TEST_F(GithubStatusTest, ForbiddenWithoutRateLimitSignsIsAPermissionError) {
+  const auto f = fetch_failure("403-permission");
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "HTTP 403");
+  expect_message(f, "Resource not accessible by integration");
+  expect_message(f, "pull_requests=read");
+}
+
+TEST_F(GithubStatusTest, NotFoundIsFatal) {
+  const auto f = fetch_failure("404-not-found");
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "HTTP 404");
+  expect_message(f, "Not Found");
+}
+
+TEST_F(GithubStatusTest, GoneIsFatal) {
+  const auto f = fetch_failure("410-issues-disabled");
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "HTTP 410");
+  expect_message(f, "Issues are disabled for this repo");
+}
+
+TEST_F(GithubStatusTest, ValidationFailedIsFatalWithTheRecordedErrors) {
+  // The real 422 recording (a POST in octokit's scenario), replayed for our GET.
+  http::Exchange e = load_nock("recorded/errors-422.normalized-fixture.json", "POST").at(0);
+  e.method = "GET";
+  e.url = pulls_url();
+  e.response.url = e.url;
+  add(std::move(e));
+  const auto f = failure_of([&] { connect().fetch_page(params("pull_request")); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "HTTP 422");
+  expect_message(f, "Validation Failed");
+  expect_message(f, "Label.color invalid");
+}
+
+TEST_F(GithubStatusTest, OtherClientErrorsAreFatal) {
+  const auto f = fetch_failure_for(400, R"({"message":"Problems parsing JSON"})");
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "Problems parsing JSON");
+}
+
+TEST_F(GithubStatusTest, ServerErrorsAreRetryable) {
+  const auto e500 = fetch_failure("500-server-error");
+  EXPECT_EQ(e500.status(), BACKHAUL_RETRYABLE);
+  expect_message(e500, "HTTP 500");
+  expect_message(e500, "Server Error");
+}
+
+TEST_F(GithubStatusTest, BadGatewayWithAnHtmlBodyIsRetryable) {
+  const auto f = fetch_failure("502-bad-gateway");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "HTTP 502");
+}
+
+TEST_F(GithubStatusTest, UnavailableIsRetryable) {
+  const auto f = fetch_failure("503-unavailable");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "HTTP 503");
+}
+
+TEST_F(GithubStatusTest, NetworkErrorsAreRetryable) {
+  http::Exchange reset;
+  reset.method = "GET";
+  reset.url = pulls_url();
+  reset.error = "connection reset by peer";  // the transport throws TransportError
+  add(std::move(reset));
+  const auto f = failure_of([&] { connect().fetch_page(params("pull_request")); });
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "connection reset by peer");
+}
+
+TEST_F(GithubStatusTest, MalformedJsonIsRetryable) {
+  const auto f = fetch_failure("200-truncated-json");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "malformed JSON");
+}
+
+TEST_F(GithubStatusTest, AnObjectInsteadOfAnArrayIsRetryable) {
+  const auto f = fetch_failure("200-object-not-array");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "expected a JSON array");
+}
+
+TEST_F(GithubStatusTest, AnEmptyBodyOn200IsRetryable) {
+  const auto f = fetch_failure("200-empty-body");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "malformed JSON");
+}
+
+TEST_F(GithubStatusTest, ItemsWithoutTheirIdFieldAreRetryable) {
+  const auto f = fetch_failure_for(200, R"([{"id":1,"title":"no number"}])");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "number");
+  const auto g = failure_of([&] {
+    add_get(std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100", 200, R"([42])");
+    connect().fetch_page(params("release"));
+  });
+  EXPECT_EQ(g.status(), BACKHAUL_RETRYABLE);
+}
+
+TEST_F(GithubStatusTest, ARedirectTheHostGaveUpOnIsRetryable) {
+  // Redirects to itself until the host's limit is reached.
+  const auto f = fetch_failure_for(302, "", {{"location", pulls_url()}});
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "HTTP 302");
+}
+
+TEST_F(GithubStatusTest, MessagesNeverContainTheToken) {
+  const std::string body = std::string(R"({"message":"token )") + kToken + R"( is not valid"})";
+  const auto f = fetch_failure_for(401, body);
+  EXPECT_EQ(f.status(), BACKHAUL_AUTH_EXPIRED);
+  expect_message(f, "[redacted]");
+
+  // A token that occurs in the replacement text itself must not make redaction loop forever.
+  plugins::Unit u = unit();
+  u.access_token = "e";
+  const auto g =
+      failure_of([&] { connect().fetch_page(params("pull_request", std::nullopt, 0, u)); });
+  EXPECT_EQ(g.status(), BACKHAUL_AUTH_EXPIRED);
+}
+
+// --- validate_scopes -----------------------------------------------------------------------------
+
+using GithubScopesTest = GithubStatusTest;
+
+const std::string kRepoUrl = std::string(kApi) + "/repos/" + kRepo;
+
+TEST_F(GithubScopesTest, AReadableRepositoryPasses) {
+  add_all(load_nock("recorded/get-repository.normalized-fixture.json"));
+  EXPECT_NO_THROW(connect().validate_scopes(unit()));
+  EXPECT_EQ(requested_urls(), std::vector<std::string>{kRepoUrl});
+}
+
+TEST_F(GithubScopesTest, ARenamedRepositoryPassesThroughTheHostsRedirect) {
+  add_all(load_nock("recorded/rename-repository-301.normalized-fixture.json"));
+  EXPECT_NO_THROW(connect().validate_scopes(
+      unit("1000", std::string("octokit-fixture-org/rename-repository"))));
+  EXPECT_EQ(
+      requested_urls(),
+      (std::vector<std::string>{kApi + std::string("/repos/octokit-fixture-org/rename-repository"),
+                                kApi + std::string("/repositories/1000")}));
+}
+
+TEST_F(GithubScopesTest, NoPullPermissionIsFatal) {
+  add_get(kRepoUrl, 200,
+          R"({"id":1000,"full_name":"octokit-fixture-org/hello-world",)"
+          R"("permissions":{"admin":false,"push":false,"pull":false}})");
+  const auto f = failure_of([&] { connect().validate_scopes(unit()); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "permissions.pull");
+}
+
+TEST_F(GithubScopesTest, AMissingOrHiddenRepositoryIsFatal) {
+  add_scenario("404-not-found", kRepoUrl);
+  const auto f = failure_of([&] { connect().validate_scopes(unit()); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "not found or not readable with this token");
+  expect_message(f, kRepo);
+}
+
+TEST_F(GithubScopesTest, BadCredentialsAreAuthExpired) {
+  add_scenario("401-bad-credentials", kRepoUrl);
+  const auto f = failure_of([&] { connect().validate_scopes(unit()); });
+  EXPECT_EQ(f.status(), BACKHAUL_AUTH_EXPIRED);
+}
+
+TEST_F(GithubScopesTest, OtherStatusesMapAsForPages) {
+  add_scenario("403-primary-rate-limit", kRepoUrl);
+  const auto f = failure_of([&] { connect().validate_scopes(unit()); });
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 121'000);
+}
+
+TEST_F(GithubScopesTest, AMalformedRepositoryBodyIsRetryable) {
+  add_get(kRepoUrl, 200, "<html>");
+  const auto f = failure_of([&] { connect().validate_scopes(unit()); });
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+}
+
+TEST_F(GithubScopesTest, NeedsOwnerSlashRepo) {
+  const auto f = failure_of([&] { connect().validate_scopes(unit("1000", std::nullopt)); });
+  EXPECT_EQ(f.status(), BACKHAUL_INVALID_ARGUMENT);
+  EXPECT_EQ(transport_.request_count(), 0u);
+}
+
+}  // namespace
+}  // namespace backhaul::github_test

@@ -1,0 +1,267 @@
+// How Vercel's answers map to the statuses the host acts on, for fetch_page and validate_scopes.
+#include <ostream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "vercel_test_support.h"
+
+namespace backhaul::vercel::testing {
+namespace {
+
+class VercelStatusTest : public VercelTest {
+ protected:
+  // Answers the first-page request of project prj_1 with `status`, `body` and `headers`, fetches,
+  // and returns the failure. Every failure message must be free of the token.
+  plugins::ConnectorFailure fetch_failure(int status, std::string body,
+                                          http::Headers headers = rate_limit_headers(42)) {
+    reply(list_url("prj_1"), status, std::move(body), std::move(headers));
+    plugins::ConnectorFailure failure =
+        failure_of([&] { connector().fetch_page(params("prj_1")); });
+    EXPECT_EQ(std::string(failure.what()).find(kToken), std::string::npos) << failure.what();
+    return failure;
+  }
+  plugins::ConnectorFailure scope_failure(int status, std::string body,
+                                          http::Headers headers = rate_limit_headers(42)) {
+    reply("https://api.vercel.com/v9/projects/prj_1", status, std::move(body), std::move(headers));
+    plugins::ConnectorFailure failure =
+        failure_of([&] { connector().validate_scopes(unit("prj_1")); });
+    EXPECT_EQ(std::string(failure.what()).find(kToken), std::string::npos) << failure.what();
+    return failure;
+  }
+  static bool contains(const plugins::ConnectorFailure& failure, std::string_view text) {
+    return std::string(failure.what()).find(text) != std::string::npos;
+  }
+};
+
+// --- auth --------------------------------------------------------------------------------------
+
+TEST_F(VercelStatusTest, Http401IsAuthExpired) {
+  const auto failure = fetch_failure(401, R"({"error":{"code":"unauthorized","message":"x"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_AUTH_EXPIRED);
+}
+
+TEST_F(VercelStatusTest, Http403WithRecordedInvalidTokenBodyIsAuthExpired) {
+  const auto failure = fetch_failure(403, recorded_error_body(0));
+  EXPECT_EQ(failure.status(), BACKHAUL_AUTH_EXPIRED);
+  EXPECT_TRUE(contains(failure, "forbidden: Not authorized")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http403WithoutInvalidTokenIsAFatalScopeProblem) {
+  const auto failure = fetch_failure(403, recorded_error_body(1));
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "HTTP 403 forbidden: Not authorized")) << failure.what();
+  EXPECT_TRUE(contains(failure, "lacks access")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http403WithExhaustedRateLimitIsRateLimited) {
+  // The same rule as every connector (SPEC C1/C2): a 403 that says the limit is spent waits.
+  const auto failure =
+      fetch_failure(403, R"({"error":{"code":"forbidden","message":"Rate limit exceeded"}})",
+                    rate_limit_headers(0, 100, kResetSeconds));
+  EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(failure.retry_after_ms(), 60'000);
+}
+
+// --- rate limits -------------------------------------------------------------------------------
+
+TEST_F(VercelStatusTest, Http429WithRetryAfterWaitsThatManySeconds) {
+  http::Headers headers = rate_limit_headers(0, 100, kResetSeconds + 3600);
+  headers.emplace_back("retry-after", "17");
+  const auto failure = fetch_failure(429, recorded_error_body(4), headers);
+  EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(failure.retry_after_ms(), 17'000);
+  EXPECT_TRUE(contains(failure, "too_many_requests: Rate limit exceeded")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http429WithOnlyResetWaitsUntilTheResetByTheHostClock) {
+  clock_.set_ms(kResetSeconds * 1000 - 42'500);
+  const auto failure = fetch_failure(429, recorded_error_body(4), rate_limit_headers(0));
+  EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(failure.retry_after_ms(), 42'500);
+}
+
+TEST_F(VercelStatusTest, Http429WithResetInThePastWaitsZero) {
+  clock_.set_ms(kResetSeconds * 1000 + 5'000);
+  const auto failure = fetch_failure(429, recorded_error_body(4), rate_limit_headers(0));
+  EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(failure.retry_after_ms(), 0);
+}
+
+TEST_F(VercelStatusTest, Http429WithoutHeadersWaitsOneMinute) {
+  const auto failure = fetch_failure(429, recorded_error_body(4), {});
+  EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(failure.retry_after_ms(), 60'000);
+}
+
+// --- permanent failures ----------------------------------------------------------------------
+
+TEST_F(VercelStatusTest, Http404IsFatalWithVercelsMessage) {
+  const auto failure = fetch_failure(404, recorded_error_body(2));
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "HTTP 404 not_found: Not Found")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http400IsFatalWithTheCode) {
+  const auto failure = fetch_failure(400, R"({"error":{"code":"bad_request"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "HTTP 400 bad_request")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http410IsFatal) {
+  EXPECT_EQ(fetch_failure(410, R"({"error":{"code":"gone","message":"Gone"}})").status(),
+            BACKHAUL_FATAL);
+}
+
+TEST_F(VercelStatusTest, Http422IsFatal) {
+  const auto failure = fetch_failure(
+      422, R"({"error":{"code":"invalid_query","message":"until must be a number"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "until must be a number")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, ErrEnvelopeIsReadLikeError) {
+  const auto failure =
+      fetch_failure(400, R"({"err":{"code":"bad_request","message":"Invalid projectId"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "bad_request: Invalid projectId")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, TokenEchoedByTheProviderIsRedacted) {
+  const auto failure = fetch_failure(400, R"({"error":{"code":"bad_request","message":"token )" +
+                                              std::string(kToken) + R"( is malformed"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "token [redacted] is malformed")) << failure.what();
+}
+
+// --- transient failures ----------------------------------------------------------------------
+
+TEST_F(VercelStatusTest, Http500IsRetryable) {
+  const auto failure = fetch_failure(
+      500,
+      R"({"error":{"code":"internal_server_error","message":"An unexpected error occurred"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "HTTP 500")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http502WithHtmlBodyIsRetryable) {
+  const auto failure = fetch_failure(502, "<html><body><h1>502 Bad Gateway</h1></body></html>",
+                                     {{"content-type", "text/html"}});
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "HTTP 502")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, Http503PassesItsRetryAfterAlong) {
+  http::Headers headers = rate_limit_headers(42);
+  headers.emplace_back("retry-after", "5");
+  const auto failure = fetch_failure(503, "", headers);
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_EQ(failure.retry_after_ms(), 5'000);
+}
+
+TEST_F(VercelStatusTest, NetworkErrorIsRetryable) {
+  // Nothing recorded: the transport fails as a refused connection would.
+  const plugins::ConnectorFailure failure =
+      failure_of([&] { connector().fetch_page(params("prj_1")); });
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "request failed")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, MalformedJsonIsRetryable) {
+  const std::string truncated =
+      fixture("recorded/v6-deployments.page1.limit3.recorded-redacted.json").substr(0, 700);
+  const auto failure = fetch_failure(200, truncated);
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "not JSON")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, EmptyBodyIsRetryable) {
+  EXPECT_EQ(fetch_failure(200, "").status(), BACKHAUL_RETRYABLE);
+}
+
+TEST_F(VercelStatusTest, MissingDeploymentsArrayIsRetryable) {
+  const auto failure = fetch_failure(200, R"({"pagination":null})");
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "no deployments array")) << failure.what();
+}
+
+struct MalformedBody {
+  const char* name;
+  const char* body;
+};
+
+void PrintTo(const MalformedBody& param, std::ostream* out) { *out << param.name; }
+
+class VercelMalformedBodyTest : public VercelStatusTest,
+                                public ::testing::WithParamInterface<MalformedBody> {};
+
+TEST_P(VercelMalformedBodyTest, IsRetryableWithAMessage) {
+  const auto failure = fetch_failure(200, GetParam().body);
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "malformed response")) << failure.what();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Status, VercelMalformedBodyTest,
+    ::testing::Values(
+        MalformedBody{"JsonArray", R"([{"uid":"dpl_a","created":1}])"},
+        MalformedBody{"DeploymentsIsObject", R"({"deployments":{"uid":"dpl_a"}})"},
+        MalformedBody{"ItemIsString", R"({"deployments":["dpl_a"]})"},
+        MalformedBody{"ItemWithoutUid", R"({"deployments":[{"created":1}]})"},
+        MalformedBody{"UidWithComma", R"({"deployments":[{"uid":"dpl_a,b","created":1}]})"},
+        MalformedBody{"ItemWithoutCreated", R"({"deployments":[{"uid":"dpl_a"}]})"},
+        MalformedBody{"CreatedIsString", R"({"deployments":[{"uid":"dpl_a","created":"1"}]})"},
+        MalformedBody{"PaginationIsString", R"({"deployments":[],"pagination":"next"})"},
+        MalformedBody{"NextIsString",
+                      R"({"deployments":[],"pagination":{"next":"1784463388997"}})"},
+        MalformedBody{"NextIsNegative", R"({"deployments":[],"pagination":{"next":-1}})"}),
+    [](const ::testing::TestParamInfo<MalformedBody>& param_info) {
+      return std::string(param_info.param.name);
+    });
+
+// --- validate_scopes ---------------------------------------------------------------------------
+
+TEST_F(VercelStatusTest, ValidateScopesAcceptsAReadableProject) {
+  reply("https://api.vercel.com/v9/projects/prj_1", 200,
+        R"({"id":"prj_1","name":"storefront","accountId":"team_a1B2c3","framework":"nextjs"})");
+  EXPECT_NO_THROW(connector().validate_scopes(unit("prj_1")));
+  const std::vector<http::Request> asked = requests();
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(header_of(asked[0], "authorization"), "Bearer " + std::string(kToken));
+}
+
+TEST_F(VercelStatusTest, ValidateScopesAsksWithTheTeamAndEncodesTheProject) {
+  reply("https://api.vercel.com/v9/projects/my%20app%2Fx?teamId=team_a1B2c3", 200, R"({"id":"x"})");
+  EXPECT_NO_THROW(connector(R"({"team_id":"team_a1B2c3"})").validate_scopes(unit("my app/x")));
+}
+
+TEST_F(VercelStatusTest, ValidateScopesOfAMissingProjectIsFatal) {
+  const auto failure =
+      scope_failure(404, R"({"error":{"code":"not_found","message":"Project not found"}})");
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "project not found: prj_1")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, ValidateScopesWithAnInvalidTokenIsAuthExpired) {
+  EXPECT_EQ(scope_failure(403, recorded_error_body(0)).status(), BACKHAUL_AUTH_EXPIRED);
+}
+
+TEST_F(VercelStatusTest, ValidateScopesWithoutAccessIsFatal) {
+  const auto failure = scope_failure(403, recorded_error_body(1));
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "forbidden")) << failure.what();
+}
+
+TEST_F(VercelStatusTest, ValidateScopesMapsTransientFailures) {
+  EXPECT_EQ(scope_failure(503, "").status(), BACKHAUL_RETRYABLE);
+}
+
+TEST_F(VercelStatusTest, ValidateScopesOfAnEmptyProjectIdIsInvalid) {
+  const plugins::ConnectorFailure failure =
+      failure_of([&] { connector().validate_scopes(unit("")); });
+  EXPECT_EQ(failure.status(), BACKHAUL_INVALID_ARGUMENT);
+  EXPECT_EQ(transport_.request_count(), 0u);
+}
+
+}  // namespace
+}  // namespace backhaul::vercel::testing

@@ -1,0 +1,162 @@
+// The built `backhaul plugin validate` binary: exit status, text lines, and a --json document
+// that satisfies schemas/validate-report.schema.json.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+namespace {
+
+using nlohmann::json;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs the CLI with `args` (already shell-quoted where needed); stderr is left to the test log.
+CliRun run_cli(const std::string& args) {
+  const std::string command = std::string(VALIDATE_BACKHAUL_CLI) + " " + args;
+  CliRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return run;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+json read_json_file(const char* path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return json::parse(text.str());
+}
+
+// Enough of JSON Schema for the report schema: type, const, enum, required, properties,
+// additionalProperties: false, items, $ref to #/$defs, minimum, maximum, pattern. Returns the
+// first violation, or "" when `value` conforms.
+class MiniSchema {
+ public:
+  explicit MiniSchema(json root) : root_(std::move(root)) {}
+  std::string check(const json& value) const { return check(root_, value, "$"); }
+
+ private:
+  static bool has_type(const json& v, const std::string& type) {
+    if (type == "object") return v.is_object();
+    if (type == "array") return v.is_array();
+    if (type == "string") return v.is_string();
+    if (type == "integer") return v.is_number_integer();
+    if (type == "number") return v.is_number();
+    if (type == "boolean") return v.is_boolean();
+    if (type == "null") return v.is_null();
+    return false;
+  }
+
+  std::string check(const json& s, const json& v, const std::string& at) const {
+    if (s.contains("$ref")) {
+      const std::string ref = s["$ref"].get<std::string>();  // "#/$defs/name"
+      return check(root_["$defs"][ref.substr(ref.rfind('/') + 1)], v, at);
+    }
+    if (s.contains("type")) {
+      bool ok = false;
+      for (const json& t : s["type"].is_array() ? s["type"] : json::array({s["type"]}))
+        ok = ok || has_type(v, t.get<std::string>());
+      if (!ok) return at + ": not of type " + s["type"].dump();
+    }
+    if (s.contains("const") && v != s["const"]) return at + ": not " + s["const"].dump();
+    if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end())
+      return at + ": " + v.dump() + " not in " + s["enum"].dump();
+    if (v.is_number() && s.contains("minimum") && v < s["minimum"]) return at + ": below minimum";
+    if (v.is_number() && s.contains("maximum") && v > s["maximum"]) return at + ": above maximum";
+    if (v.is_string() && s.contains("pattern") &&
+        !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>())))
+      return at + ": does not match " + s["pattern"].get<std::string>();
+    if (v.is_object()) return check_object(s, v, at);
+    if (v.is_array() && s.contains("items")) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (auto e = check(s["items"], v[i], at + "[" + std::to_string(i) + "]"); !e.empty())
+          return e;
+      }
+    }
+    return "";
+  }
+
+  std::string check_object(const json& s, const json& v, const std::string& at) const {
+    for (const json& key : s.value("required", json::array())) {
+      if (!v.contains(key.get<std::string>())) return at + ": missing " + key.dump();
+    }
+    const json properties = s.value("properties", json::object());
+    for (const auto& [key, member] : v.items()) {
+      if (properties.contains(key)) {
+        if (auto e = check(properties[key], member, at + "." + key); !e.empty()) return e;
+      } else if (s.value("additionalProperties", true) == false) {
+        return at + ": unexpected member " + key;
+      }
+    }
+    return "";
+  }
+
+  json root_;
+};
+
+TEST(ValidateCommandTest, GithubConnectorPassesWithJsonReport) {
+  CliRun run = run_cli(std::string("plugin validate ") + VALIDATE_GITHUB_PLUGIN + " --fixtures " +
+                       VALIDATE_CONNECTOR_FIXTURES + "/github --json --timeout-ms 60000");
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  json report = json::parse(run.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << "stdout is not one JSON document:\n" << run.out;
+  EXPECT_EQ(MiniSchema(read_json_file(VALIDATE_REPORT_SCHEMA)).check(report), "");
+  EXPECT_EQ(report["result"], "PASS");
+  EXPECT_EQ(report["plugin"]["id"], "github");
+  EXPECT_EQ(report["strictness"], 10);
+  EXPECT_EQ(report["summary"]["failed"], 0);
+  EXPECT_EQ(report["summary"]["total"], report["checks"].size());
+  for (const json& check : report["checks"]) EXPECT_EQ(check["status"], "PASS") << check.dump();
+}
+
+TEST(ValidateCommandTest, PluginThatSegfaultsInEveryCallExitsOne) {
+  CliRun run = run_cli(std::string("plugin validate ") + VALIDATE_PLUGIN_DIR +
+                       "/broken_segv_always.so --fixtures " + VALIDATE_REFERENCE_FIXTURES +
+                       " --timeout-ms 5000");
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("FAIL  lifecycle    config_accepted"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("killed by SIGSEGV (Segmentation fault) in create()"), std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("PASS  static       loader_accepts"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find(" failed, 0 skipped (strictness 10)"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.rfind(": FAIL\n"), std::string::npos) << run.out;
+}
+
+TEST(ValidateCommandTest, JsonReportOfAFailingPluginMatchesTheSchema) {
+  CliRun run = run_cli(std::string("plugin validate ") + VALIDATE_PLUGIN_DIR +
+                       "/broken_wrong_abi.so --json");
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  json report = json::parse(run.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << run.out;
+  EXPECT_EQ(MiniSchema(read_json_file(VALIDATE_REPORT_SCHEMA)).check(report), "");
+  EXPECT_EQ(report["result"], "FAIL");
+  EXPECT_TRUE(report["plugin"]["id"].is_null());
+  EXPECT_EQ(report["fixtures"], nullptr);
+}
+
+TEST(ValidateCommandTest, UnreadableFixturesExitTwo) {
+  const std::string dir = ::testing::TempDir() + "validate_bad_fixtures";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/broken.json") << "{not json";
+  CliRun run = run_cli(std::string("plugin validate ") + VALIDATE_PLUGIN_DIR +
+                       "/reference.so --fixtures " + dir + " 2>/dev/null");
+  EXPECT_EQ(run.exit_code, 2) << run.out;
+}
+
+}  // namespace

@@ -1,0 +1,262 @@
+// The validator, in-process, against the reference connector, one broken variant of it per
+// defect, and the two real connectors. Each broken plugin must fail the check that names its
+// defect, for the right reason, and the run must still finish.
+#include "core/validate/validator.h"
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "core/common/errors.h"
+
+namespace backhaul::validate {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+fs::path test_plugin(const std::string& name) {
+  return fs::path(VALIDATE_PLUGIN_DIR) / (name + ".so");
+}
+
+ValidateOptions options_for(const fs::path& plugin, std::optional<fs::path> fixtures,
+                            int strictness = kMaxStrictness) {
+  ValidateOptions o;
+  o.plugin_path = plugin;
+  o.fixtures_dir = std::move(fixtures);
+  o.strictness = strictness;
+  // Generous: parsing the 50 MB body of fault_huge_body takes a connector built with -O0 and
+  // ASan 15 s or more on a loaded machine (about 1 s otherwise). The hang test sets a short one.
+  o.timeout = 60'000ms;
+  o.threads = 4;
+  return o;
+}
+
+ValidateOptions reference_options(const std::string& name, int strictness = kMaxStrictness) {
+  return options_for(test_plugin(name), fs::path(VALIDATE_REFERENCE_FIXTURES), strictness);
+}
+
+const CheckResult* find(const Report& report, const std::string& name) {
+  for (const CheckResult& r : report.checks) {
+    if (r.name == name) return &r;
+  }
+  ADD_FAILURE() << "no check named " << name;
+  return nullptr;
+}
+
+std::string dump(const Report& report) {
+  std::string text;
+  for (const CheckResult& r : report.checks) text += format_line(r) + "\n";
+  return text + format_summary(report);
+}
+
+// The check failed, and its reason says why.
+void expect_fail(const Report& report, const std::string& check, const std::string& reason) {
+  const CheckResult* r = find(report, check);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status, CheckStatus::kFail) << dump(report);
+  EXPECT_NE(r->reason.find(reason), std::string::npos)
+      << check << ": expected \"" << reason << "\" in \"" << r->reason << "\"";
+  EXPECT_FALSE(report.passed());
+}
+
+void expect_pass(const Report& report, const std::string& check) {
+  const CheckResult* r = find(report, check);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status, CheckStatus::kPass) << check << ": " << r->reason;
+}
+
+void expect_all_pass(const Report& report) {
+  EXPECT_TRUE(report.passed()) << dump(report);
+  EXPECT_EQ(report.count(CheckStatus::kSkip), 0u) << dump(report);
+  EXPECT_EQ(report.count(CheckStatus::kPass), list_checks().size());
+}
+
+// --- the control: a correct plugin passes everything --------------------------------------------
+
+TEST(ValidatorTest, ReferencePluginPassesAtFullStrictness) {
+  expect_all_pass(validate(reference_options("reference")));
+}
+
+TEST(ValidatorTest, ReportsOneResultPerCheckInOrder) {
+  std::vector<std::string> seen;
+  ValidateOptions o = reference_options("reference", 1);
+  o.on_result = [&](const CheckResult& r) { seen.push_back(r.name); };
+  Report report = validate(o);
+  ASSERT_EQ(seen.size(), list_checks().size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], report.checks[i].name);
+  EXPECT_EQ(report.plugin.id, "reference");
+  EXPECT_EQ(report.plugin.abi_version, "1.1");
+}
+
+TEST(ValidatorTest, SkipsChecksAboveTheStrictness) {
+  Report report = validate(reference_options("reference", 2));
+  EXPECT_TRUE(report.passed()) << dump(report);
+  const CheckResult* leak = find(report, "page_release_frees");
+  ASSERT_NE(leak, nullptr);
+  EXPECT_EQ(leak->status, CheckStatus::kSkip);
+  EXPECT_EQ(leak->reason, "strictness 2 < level 3");
+  expect_pass(report, "cursor_resumes");
+}
+
+TEST(ValidatorTest, SkipsConformanceWithoutFixtures) {
+  Report report = validate(options_for(test_plugin("reference"), std::nullopt));
+  EXPECT_TRUE(report.passed()) << dump(report);
+  const CheckResult* walk = find(report, "pagination_terminates");
+  ASSERT_NE(walk, nullptr);
+  EXPECT_EQ(walk->status, CheckStatus::kSkip);
+  EXPECT_NE(walk->reason.find("no fixtures"), std::string::npos);
+  expect_pass(report, "fault_http_401");  // fault injection needs no fixtures
+}
+
+TEST(ValidatorTest, RefusesUnusableOptions) {
+  EXPECT_THROW(validate(reference_options("reference", 11)), ConfigError);
+  EXPECT_THROW(validate(options_for(test_plugin("reference"), fs::path("/nonexistent/fixtures"))),
+               ConfigError);
+}
+
+// --- static defects -----------------------------------------------------------------------------
+
+TEST(ValidatorTest, FailsWrongAbi) {
+  Report report = validate(reference_options("broken_wrong_abi"));
+  expect_fail(report, "abi_version", "plugin ABI 2.1 is incompatible with host ABI 1.1");
+  expect_fail(report, "loader_accepts", "incompatible");
+  const CheckResult* later = find(report, "fault_http_401");
+  ASSERT_NE(later, nullptr);
+  EXPECT_EQ(later->status, CheckStatus::kSkip);
+  EXPECT_NE(later->reason.find("did not load"), std::string::npos);
+}
+
+TEST(ValidatorTest, FailsMissingEntrySymbol) {
+  Report report = validate(reference_options("broken_no_entry"));
+  expect_fail(report, "entry_symbol_exported", "backhaul_entry is not exported");
+  expect_pass(report, "elf_shared_object");
+  expect_pass(report, "library_loads");
+  expect_fail(report, "loader_accepts", "does not export the entry symbol");
+}
+
+TEST(ValidatorTest, FailsAFileThatIsNoSharedObject) {
+  Report report = validate(options_for(VALIDATE_REFERENCE_FIXTURES "/validate.json", std::nullopt));
+  expect_fail(report, "elf_shared_object", "is not an ELF file");
+}
+
+// --- crashes, hangs, exits, memory: the child dies, the validator goes on -----------------------
+
+TEST(ValidatorTest, FailsACrashInFetchPageWithTheSignal) {
+  Report report = validate(reference_options("broken_crash_in_fetch"));
+  expect_fail(report, "pagination_terminates", "SIGSEGV");
+  expect_fail(report, "fault_http_401", "SIGSEGV");
+  expect_pass(report, "config_accepted");  // the checks after a crash still run
+}
+
+TEST(ValidatorTest, ReportsEveryFailureOfAPluginThatCrashesInEveryCall) {
+  Report report = validate(reference_options("broken_segv_always"));
+  for (const char* check :
+       {"config_accepted", "invalid_config_rejected", "pagination_terminates", "cursor_resumes",
+        "scopes_accepted", "fault_http_401", "faults_in_validate_scopes", "concurrent_faults"}) {
+    expect_fail(report, check, "SIGSEGV");
+  }
+  expect_pass(report, "loader_accepts");
+  for (const CheckResult& r : report.checks) {
+    if (r.group != "static") {
+      EXPECT_EQ(r.status, CheckStatus::kFail) << r.name << ": " << r.reason;
+    }
+  }
+}
+
+TEST(ValidatorTest, FailsAHangWithATimeout) {
+  ValidateOptions o = reference_options("broken_hang", 1);
+  o.timeout = 1000ms;
+  Report report = validate(o);
+  expect_fail(report, "pagination_terminates", "timed out after 1000 ms in fetch_page()");
+  expect_fail(report, "fault_http_500", "timed out");
+  expect_pass(report, "config_accepted");
+}
+
+TEST(ValidatorTest, FailsAnExitInPluginCode) {
+  Report report = validate(reference_options("broken_exit", 1));
+  expect_fail(report, "pagination_terminates", "exited with status 3");
+}
+
+TEST(ValidatorTest, FailsAMemoryBlowUp) {
+  ValidateOptions o = reference_options("broken_memory_hog", 1);
+  o.memory_limit_bytes = uint64_t{384} << 20;
+  Report report = validate(o);
+  expect_fail(report, "pagination_terminates", "memory");
+  expect_fail(report, "fault_http_401", "memory");
+}
+
+TEST(ValidatorTest, FailsAnExceptionThrownThroughTheAbi) {
+  Report report = validate(reference_options("broken_throws"));
+  expect_fail(report, "pagination_terminates", "let a C++ exception cross the ABI");
+  expect_fail(report, "pagination_terminates", "fetch_page exploded");
+}
+
+// --- conformance defects ------------------------------------------------------------------------
+
+TEST(ValidatorTest, FailsNeverEndingPagination) {
+  Report report = validate(reference_options("broken_endless"));
+  expect_fail(report, "pagination_terminates", "no last page after 100 pages");
+}
+
+TEST(ValidatorTest, FailsARepeatingCursor) {
+  Report report = validate(reference_options("broken_repeat_cursor"));
+  expect_fail(report, "cursor_advances", "returned the cursor it was given");
+  expect_fail(report, "pagination_terminates", "would never end");
+}
+
+TEST(ValidatorTest, FailsDuplicateDeliveryIds) {
+  Report report = validate(reference_options("broken_duplicate_ids"));
+  expect_fail(report, "delivery_ids_unique", "was already delivered");
+}
+
+TEST(ValidatorTest, FailsNonDeterministicDeliveryIds) {
+  Report report = validate(reference_options("broken_random_ids"));
+  expect_fail(report, "delivery_ids_deterministic", "ids differ between two processes");
+  expect_pass(report, "delivery_ids_unique");
+}
+
+TEST(ValidatorTest, FailsAWrongStatusOn401) {
+  Report report = validate(reference_options("broken_wrong_401"));
+  expect_fail(report, "fault_http_401", "expected AUTH_EXPIRED");
+  expect_fail(report, "faults_in_validate_scopes", "http_401");
+  expect_pass(report, "fault_http_500");
+}
+
+TEST(ValidatorTest, FailsALeakedPage) {
+  Report report = validate(reference_options("broken_leaks_page"));
+  expect_fail(report, "page_release_frees", "release_page does not free the page");
+}
+
+TEST(ValidatorTest, FailsAReusedPage) {
+  Report report = validate(reference_options("broken_reuses_page"));
+  expect_fail(report, "page_lifetime", "same page pointer");
+}
+
+// --- the real connectors ------------------------------------------------------------------------
+
+Report validate_connector(const char* plugin, const char* name) {
+  ValidateOptions o = options_for(plugin, fs::path(VALIDATE_CONNECTOR_FIXTURES) / name);
+  o.threads = 8;
+  Report report = validate(o);
+  std::cout << "[ timing   ] " << name << " at strictness 10: " << report.duration.count()
+            << " ms\n";
+  return report;
+}
+
+TEST(ValidatorTest, GithubConnectorPassesAtFullStrictness) {
+  Report report = validate_connector(VALIDATE_GITHUB_PLUGIN, "github");
+  expect_all_pass(report);
+  EXPECT_EQ(report.plugin.id, "github");
+}
+
+TEST(ValidatorTest, VercelConnectorPassesAtFullStrictness) {
+  Report report = validate_connector(VALIDATE_VERCEL_PLUGIN, "vercel");
+  expect_all_pass(report);
+  EXPECT_EQ(report.plugin.id, "vercel");
+}
+
+}  // namespace
+}  // namespace backhaul::validate
