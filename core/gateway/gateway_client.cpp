@@ -30,9 +30,9 @@ bool is_retryable_status(int status) { return status >= 500 || status == 429 || 
 
 [[noreturn]] void fail(const std::string& what, const http::Response& r) {
   std::string body = r.body.substr(0, 300);
-  throw GatewayError(what + ": gateway answered " + std::to_string(r.status) +
-                         (body.empty() ? "" : ": " + body),
-                     r.status, is_retryable_status(r.status));
+  throw GatewayError(
+      what + ": gateway answered " + std::to_string(r.status) + (body.empty() ? "" : ": " + body),
+      r.status, is_retryable_status(r.status));
 }
 
 json parse_object(const std::string& what, const http::Response& r) {
@@ -66,7 +66,9 @@ std::string iso8601_ms(int64_t unix_ms) {
 
 GatewayClient::GatewayClient(http::Transport& transport, std::string base_url,
                              std::optional<std::string> api_key, const Clock& clock)
-    : transport_(transport), base_url_(std::move(base_url)), api_key_(std::move(api_key)),
+    : transport_(transport),
+      base_url_(std::move(base_url)),
+      api_key_(std::move(api_key)),
       clock_(clock) {
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
 }
@@ -137,9 +139,8 @@ std::string GatewayClient::delivery_body(const Delivery& d) const {
 
 DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery& delivery) const {
   if (!json::accept(delivery.payload_json)) {
-    throw GatewayError("delivery " + std::string(delivery.delivery_id) +
-                           ": payload is not valid JSON",
-                       0, false);
+    throw GatewayError(
+        "delivery " + std::string(delivery.delivery_id) + ": payload is not valid JSON", 0, false);
   }
   http::Request r;
   r.method = "POST";

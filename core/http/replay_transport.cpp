@@ -24,8 +24,8 @@ Headers parse_headers(const json& j, const std::string& where) {
       if (value.is_array()) {  // a repeated header
         for (const auto& v : value) headers.emplace_back(to_lower(name), v.get<std::string>());
       } else {
-        headers.emplace_back(to_lower(name), value.is_string() ? value.get<std::string>()
-                                                               : value.dump());
+        headers.emplace_back(to_lower(name),
+                             value.is_string() ? value.get<std::string>() : value.dump());
       }
     }
     return headers;

@@ -15,8 +15,8 @@ namespace backhaul::http {
 
 struct Exchange {
   std::string method;  // upper case
-  std::string url;     // absolute; matched exactly, except that query parameters may come in any order
-  Response response;   // response.url is set to the request URL when the file leaves it out
+  std::string url;  // absolute; matched exactly, except that query parameters may come in any order
+  Response response;  // response.url is set to the request URL when the file leaves it out
   std::optional<std::string> error;  // set: the exchange fails with TransportError(error)
 };
 

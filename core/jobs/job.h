@@ -34,9 +34,9 @@ struct JobSpec {
   std::optional<std::string> dedupe_key;  // at most one active job per (kind, dedupe_key)
   int priority = 0;                       // lower runs first
   int max_attempts = 5;
-  int64_t run_after_ms = 0;               // not before this time (0 = now)
-  std::optional<JobId> parent_id;         // fan-in: the parent waits for this child
-  int64_t timeout_ms = 0;                 // child timeout as seen by the parent; 0 = none
+  int64_t run_after_ms = 0;        // not before this time (0 = now)
+  std::optional<JobId> parent_id;  // fan-in: the parent waits for this child
+  int64_t timeout_ms = 0;          // child timeout as seen by the parent; 0 = none
 };
 
 struct Job {

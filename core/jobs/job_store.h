@@ -49,11 +49,11 @@ struct EnqueueResult {
 };
 
 struct ClaimRequest {
-  std::string owner;                // host/worker id, recorded as lease_owner
-  size_t limit = 1;                 // claim at most this many
+  std::string owner;  // host/worker id, recorded as lease_owner
+  size_t limit = 1;   // claim at most this many
   int64_t now_ms = 0;
-  int64_t lease_ms = 30'000;        // lease length
-  std::vector<std::string> kinds;   // only these kinds; empty = any
+  int64_t lease_ms = 30'000;       // lease length
+  std::vector<std::string> kinds;  // only these kinds; empty = any
 };
 
 // Concurrency caps per job kind (SPEC D7): at most `per_key` running jobs of this kind per
@@ -83,9 +83,9 @@ struct SweepResult {
 };
 
 enum class CancelOutcome {
-  kCancelled = 1,     // was queued or waiting: now cancelled (with its active children)
-  kRequested,         // was running: the worker learns at its next heartbeat or checkpoint
-  kAlreadyFinished,   // terminal already; nothing changed
+  kCancelled = 1,    // was queued or waiting: now cancelled (with its active children)
+  kRequested,        // was running: the worker learns at its next heartbeat or checkpoint
+  kAlreadyFinished,  // terminal already; nothing changed
 };
 
 struct JobQuery {
@@ -98,7 +98,7 @@ struct JobQuery {
 };
 
 struct JobPage {
-  std::vector<Job> jobs;           // newest first (id descending)
+  std::vector<Job> jobs;             // newest first (id descending)
   std::optional<JobId> next_before;  // pass as before_id for the next page; nullopt = last page
 };
 
@@ -137,7 +137,7 @@ struct CircuitRecord {
   std::string state = "closed";  // "closed" | "open" | "half_open"
   int failures = 0;              // consecutive failures while closed
   int64_t opened_ms = 0;
-  int64_t retry_at_ms = 0;       // when an open circuit may be probed (half-open)
+  int64_t retry_at_ms = 0;  // when an open circuit may be probed (half-open)
   int64_t updated_ms = 0;
 };
 
@@ -181,8 +181,7 @@ class JobStore {
   // Fan-in: the parent stops running and waits for its children (attempt not counted). It
   // becomes queued again when pending_children reaches 0, or at deadline_ms.
   virtual void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
-                                 const std::optional<std::string>& checkpoint,
-                                 int64_t now_ms) = 0;
+                                 const std::optional<std::string>& checkpoint, int64_t now_ms) = 0;
 
   // --- recovery ----------------------------------------------------------------------------
   // Expired leases: queued again (the attempt counts) or, with no attempts left, dead with

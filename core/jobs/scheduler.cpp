@@ -31,8 +31,7 @@ void JobContext::heartbeat() { beat(std::nullopt); }
 // --- Scheduler ------------------------------------------------------------------------------
 
 Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions options)
-    : store_(store), clock_(clock), options_(std::move(options)),
-      log_(logging::get("scheduler")) {
+    : store_(store), clock_(clock), options_(std::move(options)), log_(logging::get("scheduler")) {
   options_.workers = std::max(options_.workers, 1);
   options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
 }
@@ -248,8 +247,8 @@ void Scheduler::fail(JobContext& c, const std::string& error, bool fatal, int64_
       log_->error("job {} ({}) is dead after {} attempts: {}", c.job_.id, c.job_.kind,
                   c.job_.attempts, error);
     } else {
-      log_->warn("job {} ({}) failed attempt {}/{}, retrying in {} ms: {}", c.job_.id,
-                 c.job_.kind, c.job_.attempts, c.job_.max_attempts, delay, error);
+      log_->warn("job {} ({}) failed attempt {}/{}, retrying in {} ms: {}", c.job_.id, c.job_.kind,
+                 c.job_.attempts, c.job_.max_attempts, delay, error);
     }
   } catch (const LeaseLost& e) {
     log_->warn("job {} failed but its lease was lost: {}", c.job_.id, e.what());

@@ -94,8 +94,12 @@ class JobContext {
   friend class Scheduler;
   JobContext(JobStore& store, const Clock& clock, Claimed claimed, int64_t lease_ms,
              const std::atomic<bool>& stopping)
-      : store_(store), clock_(clock), job_(std::move(claimed.job)),
-        token_(std::move(claimed.lease_token)), lease_ms_(lease_ms), stopping_(stopping) {}
+      : store_(store),
+        clock_(clock),
+        job_(std::move(claimed.job)),
+        token_(std::move(claimed.lease_token)),
+        lease_ms_(lease_ms),
+        stopping_(stopping) {}
   void beat(const std::optional<std::string>& checkpoint);
 
   JobStore& store_;
@@ -114,12 +118,12 @@ using Handler = std::function<Outcome(JobContext&)>;
 struct SchedulerOptions {
   std::string owner = "backhaul";  // lease owner; make it unique per host/process
   int workers = 8;
-  size_t claim_batch = 16;          // at most this many per claim call
+  size_t claim_batch = 16;  // at most this many per claim call
   int64_t lease_ms = 30'000;
   int64_t heartbeat_interval_ms = 10'000;
-  int64_t idle_poll_ms = 200;       // claim again after this long when nothing was due
+  int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
   int64_t sweep_interval_ms = 5'000;
-  int64_t retention_ms = 0;         // prune finished jobs older than this; 0 = keep forever
+  int64_t retention_ms = 0;  // prune finished jobs older than this; 0 = keep forever
   RetryPolicy retry;
   std::function<double()> unit_random = default_unit_random;
 };
@@ -127,9 +131,9 @@ struct SchedulerOptions {
 struct SchedulerStats {
   int64_t claimed = 0;
   int64_t succeeded = 0;
-  int64_t failed = 0;    // attempts that failed (retried or dead)
+  int64_t failed = 0;  // attempts that failed (retried or dead)
   int64_t deferred = 0;
-  int64_t waiting = 0;   // parents that started waiting for children
+  int64_t waiting = 0;  // parents that started waiting for children
   int64_t released = 0;
   int64_t interrupted = 0;
   int64_t in_flight = 0;
@@ -178,11 +182,11 @@ class Scheduler {
   std::map<std::string, Handler> handlers_;
 
   mutable std::mutex mutex_;
-  std::condition_variable wake_;       // claim loop, heartbeat and sweep loops
-  std::condition_variable work_ready_; // workers
+  std::condition_variable wake_;        // claim loop, heartbeat and sweep loops
+  std::condition_variable work_ready_;  // workers
   std::deque<Claimed> ready_;
   std::vector<std::shared_ptr<JobContext>> running_;  // in execute(), for heartbeats
-  int busy_ = 0;                       // claimed and not yet finished (queued in ready_ or running)
+  int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;
   bool stopped_ = false;               // loops exit
   std::atomic<bool> stopping_{false};  // handlers asked to stop

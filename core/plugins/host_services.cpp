@@ -58,11 +58,21 @@ void HostBinding::log(const backhaul_host_t* host, int32_t level,
     const auto& logger = self(host).log_;
     spdlog::level::level_enum l = spdlog::level::info;
     switch (level) {
-      case BACKHAUL_LOG_DEBUG: l = spdlog::level::debug; break;
-      case BACKHAUL_LOG_INFO: l = spdlog::level::info; break;
-      case BACKHAUL_LOG_WARN: l = spdlog::level::warn; break;
-      case BACKHAUL_LOG_ERROR: l = spdlog::level::err; break;
-      default: l = spdlog::level::info; break;
+      case BACKHAUL_LOG_DEBUG:
+        l = spdlog::level::debug;
+        break;
+      case BACKHAUL_LOG_INFO:
+        l = spdlog::level::info;
+        break;
+      case BACKHAUL_LOG_WARN:
+        l = spdlog::level::warn;
+        break;
+      case BACKHAUL_LOG_ERROR:
+        l = spdlog::level::err;
+        break;
+      default:
+        l = spdlog::level::info;
+        break;
     }
     // The sink redacts; the plugin's text is never trusted to be clean.
     logger->log(l, "{}", view(message));
@@ -134,7 +144,8 @@ backhaul_status_t HostBinding::http(const backhaul_host_t* host,
   }
 }
 
-void HostBinding::http_release(const backhaul_host_t*, backhaul_http_response_t* response) noexcept {
+void HostBinding::http_release(const backhaul_host_t*,
+                               backhaul_http_response_t* response) noexcept {
   delete reinterpret_cast<OwnedResponse*>(response);
 }
 

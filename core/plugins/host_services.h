@@ -8,6 +8,7 @@
 #include <spdlog/logger.h>
 
 #include "backhaul/host.h"
+
 #include "core/plugins/plugin_loader.h"
 
 namespace backhaul::plugins {
@@ -23,8 +24,7 @@ class HostBinding {
   const backhaul_host_t* c_host() const noexcept { return &host_; }
 
  private:
-  static void log(const backhaul_host_t* host, int32_t level,
-                  backhaul_string_t message) noexcept;
+  static void log(const backhaul_host_t* host, int32_t level, backhaul_string_t message) noexcept;
   static backhaul_status_t http(const backhaul_host_t* host, const backhaul_http_request_t* request,
                                 backhaul_http_response_t** response,
                                 backhaul_error_t* error) noexcept;

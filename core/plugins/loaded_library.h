@@ -6,6 +6,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "backhaul/backhaul.h"
+
 #include "core/plugins/host_services.h"
 #include "core/plugins/plugin.h"
 
@@ -17,7 +18,9 @@ class LoadedLibrary {
  public:
   LoadedLibrary(boost::dll::shared_library library, const backhaul_entry_t* entry, PluginInfo info,
                 std::unique_ptr<HostBinding> host)
-      : library_(std::move(library)), entry_(entry), info_(std::move(info)),
+      : library_(std::move(library)),
+        entry_(entry),
+        info_(std::move(info)),
         host_(std::move(host)) {}
   LoadedLibrary(const LoadedLibrary&) = delete;
   LoadedLibrary& operator=(const LoadedLibrary&) = delete;

@@ -8,13 +8,20 @@ namespace backhaul::plugins {
 
 std::string_view status_name(backhaul_status_t status) {
   switch (status) {
-    case BACKHAUL_OK: return "OK";
-    case BACKHAUL_RETRYABLE: return "RETRYABLE";
-    case BACKHAUL_RATE_LIMITED: return "RATE_LIMITED";
-    case BACKHAUL_AUTH_EXPIRED: return "AUTH_EXPIRED";
-    case BACKHAUL_FATAL: return "FATAL";
-    case BACKHAUL_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    default: return "UNKNOWN_STATUS";
+    case BACKHAUL_OK:
+      return "OK";
+    case BACKHAUL_RETRYABLE:
+      return "RETRYABLE";
+    case BACKHAUL_RATE_LIMITED:
+      return "RATE_LIMITED";
+    case BACKHAUL_AUTH_EXPIRED:
+      return "AUTH_EXPIRED";
+    case BACKHAUL_FATAL:
+      return "FATAL";
+    case BACKHAUL_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    default:
+      return "UNKNOWN_STATUS";
   }
 }
 
@@ -112,8 +119,7 @@ Page Connector::fetch_page(const FetchParams& params) const {
   request.cursor = c_optional(params.cursor);
   backhaul_page_t* page = nullptr;
   backhaul_error_t error{};
-  backhaul_status_t status =
-      library_->entry().fetch_page(instance_.get(), &request, &page, &error);
+  backhaul_status_t status = library_->entry().fetch_page(instance_.get(), &request, &page, &error);
   if (status != BACKHAUL_OK) {
     if (page) library_->entry().release_page(instance_.get(), page);  // a contract breach
     throw_failure(library_->info(), "fetch_page", status, error);
@@ -151,9 +157,8 @@ Connector Plugin::create(std::string_view config_json) const {
   backhaul_status_t status = library_->entry().create(c_string(config_json), &instance, &error);
   if (status != BACKHAUL_OK) throw_failure(library_->info(), "create", status, error);
   if (!instance) {
-    throw ConnectorFailure(BACKHAUL_FATAL,
-                           "plugin '" + library_->info().id + "' returned OK without an instance",
-                           0);
+    throw ConnectorFailure(
+        BACKHAUL_FATAL, "plugin '" + library_->info().id + "' returned OK without an instance", 0);
   }
   // The deleter holds the library too, so the instance is destroyed before the code unmaps.
   std::shared_ptr<const LoadedLibrary> library = library_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backhaul/backhaul.h"
+
 #include "core/common/errors.h"
 
 namespace backhaul::plugins {
@@ -28,7 +29,7 @@ struct PluginInfo {
   std::string config_schema_json;
   backhaul_version_t abi_version{};
   std::filesystem::path path;
-  std::string sha256;  // of the file as loaded
+  std::string sha256;  // of the file as loaded; empty unless asked for (load_plugin)
 };
 
 // A plugin call returned something other than BACKHAUL_OK.
@@ -125,7 +126,7 @@ class Plugin {
 
  private:
   friend class PluginRegistry;
-  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&);
+  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&, bool);
   explicit Plugin(std::shared_ptr<const LoadedLibrary> library) noexcept;
   std::shared_ptr<const LoadedLibrary> library_;
 };

@@ -136,8 +136,8 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
   if (unique.size() != info.entity_types.size()) {
     refuse(path, "plugin '" + info.id + "' lists an entity type twice");
   }
-  info.default_entity_types = string_list(path, d.default_entity_types,
-                                          d.default_entity_type_count, "default entity types");
+  info.default_entity_types = string_list(path, d.default_entity_types, d.default_entity_type_count,
+                                          "default entity types");
   for (const auto& t : info.default_entity_types) {
     if (!unique.count(t)) {
       refuse(path, "plugin '" + info.id + "' default entity type '" + t + "' is not supported");
@@ -167,11 +167,11 @@ LiveLibraries& live_libraries() {
 
 }  // namespace
 
-Plugin load_plugin(const fs::path& path, const HostServices& services) {
+Plugin load_plugin(const fs::path& path, const HostServices& services, bool compute_sha256) {
   std::error_code ec;
   if (!fs::exists(path, ec)) refuse(path, "file does not exist");
   if (!fs::is_regular_file(path, ec)) refuse(path, "is not a regular file");
-  std::string sha256 = sha256_of(path);
+  std::string sha256 = compute_sha256 ? sha256_of(path) : std::string();
   if (!looks_like_elf(path)) refuse(path, "is not an ELF shared object");
 
   boost::dll::shared_library library;
@@ -196,8 +196,8 @@ Plugin load_plugin(const fs::path& path, const HostServices& services) {
 
   auto host = std::make_unique<HostBinding>(services, info.id);
   const backhaul_host_t* c_host = host->c_host();
-  auto loaded = std::make_shared<LoadedLibrary>(std::move(library), &entry, std::move(info),
-                                                std::move(host));
+  auto loaded =
+      std::make_shared<LoadedLibrary>(std::move(library), &entry, std::move(info), std::move(host));
   backhaul_error_t error{};
   if (!entry.init(c_host, &error)) {
     error.message[sizeof(error.message) - 1] = '\0';
@@ -216,7 +216,7 @@ std::vector<LoadProblem> PluginRegistry::load_directory(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     problems.push_back({dir, fs::exists(dir, ec) ? "plugin directory is not a directory"
-                                                  : "plugin directory does not exist"});
+                                                 : "plugin directory does not exist"});
     logging::get("plugins")->warn("{}: {}", dir.string(), problems.back().reason);
     return problems;
   }
@@ -242,7 +242,7 @@ std::optional<LoadProblem> PluginRegistry::load_file(const fs::path& path) {
         refuse(path, "sha256 " + hash + " is not in the plugin allow-list");
       }
     }
-    Plugin plugin = load_plugin(path, services_);
+    Plugin plugin = load_plugin(path, services_, !allowed_sha256_.empty());
     const std::string& id = plugin.info().id;
     if (auto it = by_id_.find(id); it != by_id_.end()) {
       refuse(path, "duplicate plugin id '" + id + "' (already loaded from " +

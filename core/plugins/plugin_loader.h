@@ -26,8 +26,11 @@ struct HostServices {
 // magic block, the ABI version (same major, minor <= ours), the entry's size, then the descriptor
 // (id pattern, semantic version, entity types non-empty and unique, defaults a subset, schema is
 // a JSON object). Then calls init(). Throws PluginLoadError whose message names the file and the
-// reason. [main-thread]
-Plugin load_plugin(const std::filesystem::path& path, const HostServices& services);
+// reason. `compute_sha256` fills PluginInfo::sha256 (it reads the whole file, so it is off on the
+// hot path). Loading a library that is already loaded in this process returns the existing
+// Plugin, bound to the host services it was first loaded with. [main-thread]
+Plugin load_plugin(const std::filesystem::path& path, const HostServices& services,
+                   bool compute_sha256 = false);
 
 struct LoadProblem {
   std::filesystem::path path;

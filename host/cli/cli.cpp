@@ -1,13 +1,12 @@
 #include "host/cli/cli.h"
 
-#include <unistd.h>
-
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "core/common/errors.h"
 #include "core/common/logging.h"
+#include <unistd.h>
 
 namespace backhaul::cli {
 namespace fs = std::filesystem;

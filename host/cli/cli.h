@@ -22,7 +22,6 @@ void add_validate_command(CLI::App& plugin);
 
 // Plugin lookup shared by subcommands: `spec` is a path to a .so, or a plugin id searched in
 // `dirs` (then next to the executable in ../plugins, then the installed plugin directory).
-std::filesystem::path resolve_plugin(const std::string& spec,
-                                     const std::vector<std::string>& dirs);
+std::filesystem::path resolve_plugin(const std::string& spec, const std::vector<std::string>& dirs);
 
 }  // namespace backhaul::cli

@@ -112,8 +112,8 @@ class FetchRun {
           ++attempts;
           ++totals.retries;
           std::cerr << label << " " << entity << ": " << plugins::status_name(e.status()) << " ("
-                    << e.what() << "), retry " << attempts << "/" << o_.retries << " in "
-                    << wait_ms << " ms\n";
+                    << e.what() << "), retry " << attempts << "/" << o_.retries << " in " << wait_ms
+                    << " ms\n";
           std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
           continue;
         }
@@ -126,8 +126,9 @@ class FetchRun {
       handle_page(label, entity, page_no, *page, totals);
       auto next = page->next_cursor();
       if (!next) {
-        if (!o_.quiet) std::cout << label << " " << entity << ": done after " << page_no
-                                 << " pages, final cursor (none)\n";
+        if (!o_.quiet)
+          std::cout << label << " " << entity << ": done after " << page_no
+                    << " pages, final cursor (none)\n";
         return;
       }
       params.cursor = std::string(*next);
@@ -140,8 +141,8 @@ class FetchRun {
   void report_failure(const std::string& label, const std::string& entity,
                       const plugins::ConnectorFailure& e, Totals& totals) {
     ++totals.failed_units;
-    std::cerr << label << " " << entity << ": failed: " << plugins::status_name(e.status())
-              << ": " << e.what() << "\n";
+    std::cerr << label << " " << entity << ": failed: " << plugins::status_name(e.status()) << ": "
+              << e.what() << "\n";
   }
 
   void handle_page(const std::string& label, const std::string& entity, int page_no,
@@ -153,8 +154,8 @@ class FetchRun {
       for (size_t i = 0; i < page.size(); ++i) {
         auto e = page.event(i);
         std::cout << R"({"deliveryId":)" << nlohmann::json(e.delivery_id).dump()
-                  << R"(,"eventType":)" << nlohmann::json(e.event_type).dump()
-                  << R"(,"payload":)" << e.payload_json << "}\n";
+                  << R"(,"eventType":)" << nlohmann::json(e.event_type).dump() << R"(,"payload":)"
+                  << e.payload_json << "}\n";
       }
     }
     if (gateway_ && o_.dispatch) dispatch(page, totals);
@@ -210,16 +211,16 @@ void run_fetch(const FetchOptions& o) {
   std::optional<gateway::GatewayClient> gateway;
   std::optional<gateway::Connection> connection;
   if (!o.gateway.empty()) {
-    gateway.emplace(transport, o.gateway,
-                    o.gateway_api_key.empty() ? std::nullopt
-                                              : std::optional<std::string>(o.gateway_api_key));
+    gateway.emplace(
+        transport, o.gateway,
+        o.gateway_api_key.empty() ? std::nullopt : std::optional<std::string>(o.gateway_api_key));
   }
   if (!o.connection.empty()) {
     if (!gateway) throw ConfigError("--connection needs --gateway");
     connection = gateway->connection(o.connection);
     if (connection->provider != plugin.info().id) {
-      throw ConfigError("connection " + o.connection + " is for provider '" +
-                        connection->provider + "', not '" + plugin.info().id + "'");
+      throw ConfigError("connection " + o.connection + " is for provider '" + connection->provider +
+                        "', not '" + plugin.info().id + "'");
     }
   }
   if (o.dispatch && !connection) throw ConfigError("--dispatch needs --gateway and --connection");
@@ -246,7 +247,8 @@ void run_fetch(const FetchOptions& o) {
 
   int64_t since_ms = 0;
   if (!o.since.empty()) since_ms = parse_since(o.since);
-  if (o.depth_days > 0) since_ms = SystemClock::instance().now_ms() - int64_t{o.depth_days} * 86'400'000;
+  if (o.depth_days > 0)
+    since_ms = SystemClock::instance().now_ms() - int64_t{o.depth_days} * 86'400'000;
 
   std::string installation = connection ? connection->installation_id : o.installation;
   FetchRun run(o, connector, gateway ? &*gateway : nullptr, connection);
@@ -260,16 +262,20 @@ void run_fetch(const FetchOptions& o) {
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.json_summary) {
-    nlohmann::json j = {{"plugin", plugin.info().id},       {"units", totals.units},
-                        {"pages", totals.pages},            {"events", totals.events},
-                        {"raw", totals.raw},                {"accepted", totals.accepted},
-                        {"duplicates", totals.duplicates},  {"retries", totals.retries},
-                        {"failed_units", totals.failed_units}, {"seconds", seconds}};
+    nlohmann::json j = {{"plugin", plugin.info().id},
+                        {"units", totals.units},
+                        {"pages", totals.pages},
+                        {"events", totals.events},
+                        {"raw", totals.raw},
+                        {"accepted", totals.accepted},
+                        {"duplicates", totals.duplicates},
+                        {"retries", totals.retries},
+                        {"failed_units", totals.failed_units},
+                        {"seconds", seconds}};
     std::cout << j.dump() << "\n";
   } else {
     std::cout << "summary: plugin=" << plugin.info().id << " units=" << totals.units
-              << " pages=" << totals.pages << " events=" << totals.events
-              << " raw=" << totals.raw;
+              << " pages=" << totals.pages << " events=" << totals.events << " raw=" << totals.raw;
     if (o.dispatch) {
       std::cout << " dispatched=" << totals.accepted + totals.duplicates
                 << " accepted=" << totals.accepted << " duplicates=" << totals.duplicates;
@@ -329,8 +335,7 @@ void add_fetch_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--ca-file", o->ca_file, "PEM CA bundle to trust for https");
   cmd->add_flag("--insecure", o->insecure, "do not verify TLS certificates");
-  cmd->add_option("--timeout-ms", o->timeout_ms, "HTTP timeout per request")
-      ->capture_default_str();
+  cmd->add_option("--timeout-ms", o->timeout_ms, "HTTP timeout per request")->capture_default_str();
   cmd->callback([o] { run_fetch(*o); });
 }
 

@@ -143,7 +143,7 @@ int run_report(const std::string& url, bool require_complete) {
                   g.at("unexpected").get<long long>() == 0 &&
                   g.at("unique").get<long long>() == g.at("expected").get<long long>();
   std::printf("%s\n", complete ? "COMPLETE: every expected delivery arrived, nothing else did"
-                                : "INCOMPLETE: the gateway did not receive what it should have");
+                               : "INCOMPLETE: the gateway did not receive what it should have");
   return complete ? 0 : 1;
 }
 

@@ -14,9 +14,7 @@ using backhaul::sdk::Error;
 
 class TestConnector final : public backhaul::sdk::Connector {
  public:
-  explicit TestConnector(std::string_view config) : config_(config) {
-    validate_config(config);
-  }
+  explicit TestConnector(std::string_view config) : config_(config) { validate_config(config); }
   static void validate_config(std::string_view config) {
     if (config == "bad") throw Error(BACKHAUL_INVALID_ARGUMENT, "config.bad is not allowed");
     if (config == "oom") throw std::bad_alloc();
@@ -122,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
     Modes, ExceptionMappingTest,
     ::testing::Values(Case{"limited", BACKHAUL_RATE_LIMITED, "wait", 61'000},
                       Case{"logic", BACKHAUL_FATAL, "connector error: oops", 0},
-                      Case{"int", BACKHAUL_FATAL, "connector error: unknown exception", 0}));
+                      Case{"int", BACKHAUL_FATAL, "connector error: unknown exception", 0}),
+    [](const auto& param_info) { return std::string(param_info.param.config); });
 
 TEST(ConnectorWrapperTest, LongMessagesAreTruncatedAndTerminated) {
   backhaul_instance_t* instance = create("long");
@@ -179,13 +178,20 @@ TEST(AbiLayoutTest, CAndCppAgreeOnEveryStruct) {
   size_t c[32] = {};
   size_t n = backhaul_c_layout(c, 32);
   const size_t cpp[] = {
-      sizeof(backhaul_string_t),        sizeof(backhaul_error_t),
-      sizeof(backhaul_host_t),          sizeof(backhaul_http_request_t),
-      sizeof(backhaul_http_response_t), sizeof(backhaul_descriptor_t),
-      sizeof(backhaul_unit_t),          sizeof(backhaul_fetch_request_t),
-      sizeof(backhaul_event_t),         sizeof(backhaul_page_t),
-      sizeof(backhaul_entry_t),         offsetof(backhaul_entry_t, descriptor),
-      offsetof(backhaul_entry_t, get_extension), BACKHAUL_ENTRY_SIZE_V1_0,
+      sizeof(backhaul_string_t),
+      sizeof(backhaul_error_t),
+      sizeof(backhaul_host_t),
+      sizeof(backhaul_http_request_t),
+      sizeof(backhaul_http_response_t),
+      sizeof(backhaul_descriptor_t),
+      sizeof(backhaul_unit_t),
+      sizeof(backhaul_fetch_request_t),
+      sizeof(backhaul_event_t),
+      sizeof(backhaul_page_t),
+      sizeof(backhaul_entry_t),
+      offsetof(backhaul_entry_t, descriptor),
+      offsetof(backhaul_entry_t, get_extension),
+      BACKHAUL_ENTRY_SIZE_V1_0,
   };
   ASSERT_EQ(n, sizeof(cpp) / sizeof(cpp[0]));
   for (size_t i = 0; i < n; ++i) EXPECT_EQ(c[i], cpp[i]) << "field " << i;
@@ -193,10 +199,19 @@ TEST(AbiLayoutTest, CAndCppAgreeOnEveryStruct) {
 
 TEST(AbiLayoutTest, TheEntryIsAConstantTheHostCanCheckBeforeRunningCode) {
   // BACKHAUL_DEFINE_CONNECTOR builds a constant-initialized entry: a constexpr copy compiles.
-  static constexpr backhaul_entry_t entry = {
-      sizeof(backhaul_entry_t), BACKHAUL_ABI_VERSION_INIT, BACKHAUL_MAGIC_INIT, &kDescriptor,
-      &T::init, &T::deinit, &T::validate_config, &T::create, &T::destroy, &T::validate_scopes,
-      &T::fetch_page, &T::release_page, &T::get_extension};
+  static constexpr backhaul_entry_t entry = {sizeof(backhaul_entry_t),
+                                             BACKHAUL_ABI_VERSION_INIT,
+                                             BACKHAUL_MAGIC_INIT,
+                                             &kDescriptor,
+                                             &T::init,
+                                             &T::deinit,
+                                             &T::validate_config,
+                                             &T::create,
+                                             &T::destroy,
+                                             &T::validate_scopes,
+                                             &T::fetch_page,
+                                             &T::release_page,
+                                             &T::get_extension};
   EXPECT_EQ(entry.magic.magic, BACKHAUL_ABI_MAGIC);
   EXPECT_EQ(entry.abi_version.major, BACKHAUL_ABI_VERSION_MAJOR);
 }

@@ -2,10 +2,10 @@
 #ifndef BACKHAUL_CONNECTOR_H
 #define BACKHAUL_CONNECTOR_H
 
+#include "backhaul/status.h"
+
 #include <stddef.h>
 #include <stdint.h>
-
-#include "backhaul/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -14,10 +14,10 @@ extern "C" {
 /* Static facts about a connector. Lives as long as the library is loaded. */
 typedef struct backhaul_descriptor {
   uint32_t struct_size;
-  const char* id;           /* provider id, [a-z][a-z0-9_-]*, e.g. "github" */
-  const char* version;      /* semantic version of the plugin, e.g. "1.2.0" */
-  const char* display_name; /* e.g. "GitHub" */
-  const char* description;  /* one sentence */
+  const char* id;                  /* provider id, [a-z][a-z0-9_-]*, e.g. "github" */
+  const char* version;             /* semantic version of the plugin, e.g. "1.2.0" */
+  const char* display_name;        /* e.g. "GitHub" */
+  const char* description;         /* one sentence */
   const char* const* entity_types; /* every entity type the connector can fetch */
   size_t entity_type_count;
   const char* const* default_entity_types; /* fetched when a run names none; subset of the above */
@@ -67,7 +67,7 @@ typedef struct backhaul_page {
   const backhaul_event_t* events;
   size_t event_count;
   backhaul_string_t next_cursor; /* data == NULL: this was the last page */
-  uint64_t raw_count; /* items the provider returned, before filtering (>= event_count) */
+  uint64_t raw_count;     /* items the provider returned, before filtering (>= event_count) */
   int32_t has_rate_limit; /* nonzero: rate_limit holds the provider's last reported limits */
   backhaul_rate_limit_t rate_limit;
 } backhaul_page_t;

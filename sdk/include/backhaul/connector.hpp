@@ -207,9 +207,8 @@ struct Trampolines {
       set_error(error, "validate_scopes: null instance or unit");
       return BACKHAUL_INVALID_ARGUMENT;
     }
-    return call_guarded(error, [&] {
-      reinterpret_cast<Connector*>(instance)->validate_scopes(Unit::from(*unit));
-    });
+    return call_guarded(
+        error, [&] { reinterpret_cast<Connector*>(instance)->validate_scopes(Unit::from(*unit)); });
   }
 
   static backhaul_status_t fetch_page(backhaul_instance_t* instance,
@@ -225,8 +224,8 @@ struct Trampolines {
       return BACKHAUL_INVALID_ARGUMENT;
     }
     return call_guarded(error, [&] {
-      FetchRequest r{Unit::from(request->unit), view(request->entity_type),
-                     request->since_unix_ms, optional_view(request->cursor)};
+      FetchRequest r{Unit::from(request->unit), view(request->entity_type), request->since_unix_ms,
+                     optional_view(request->cursor)};
       *page = to_c_page(reinterpret_cast<Connector*>(instance)->fetch_page(r));
     });
   }
@@ -244,20 +243,20 @@ struct Trampolines {
 // Defines the exported entry for connector class T, described by `descriptor` (a
 // `const backhaul_descriptor_t` with static storage, so the entry is a compile-time constant and
 // no plugin code runs before the host has checked it). Use once per plugin, at global scope.
-#define BACKHAUL_DEFINE_CONNECTOR(T, descriptor)                                                    \
-  extern "C" BACKHAUL_EXPORT const backhaul_entry_t backhaul_entry = {                     \
-      sizeof(backhaul_entry_t),                                                            \
-      BACKHAUL_ABI_VERSION_INIT,                                                           \
-      BACKHAUL_MAGIC_INIT,                                                                 \
-      &(descriptor),                                                                         \
-      &::backhaul::sdk::detail::Trampolines<T>::init,                                      \
-      &::backhaul::sdk::detail::Trampolines<T>::deinit,                                    \
-      &::backhaul::sdk::detail::Trampolines<T>::validate_config,                           \
-      &::backhaul::sdk::detail::Trampolines<T>::create,                                    \
-      &::backhaul::sdk::detail::Trampolines<T>::destroy,                                   \
-      &::backhaul::sdk::detail::Trampolines<T>::validate_scopes,                           \
-      &::backhaul::sdk::detail::Trampolines<T>::fetch_page,                                \
-      &::backhaul::sdk::detail::Trampolines<T>::release_page,                              \
+#define BACKHAUL_DEFINE_CONNECTOR(T, descriptor)                       \
+  extern "C" BACKHAUL_EXPORT const backhaul_entry_t backhaul_entry = { \
+      sizeof(backhaul_entry_t),                                        \
+      BACKHAUL_ABI_VERSION_INIT,                                       \
+      BACKHAUL_MAGIC_INIT,                                             \
+      &(descriptor),                                                   \
+      &::backhaul::sdk::detail::Trampolines<T>::init,                  \
+      &::backhaul::sdk::detail::Trampolines<T>::deinit,                \
+      &::backhaul::sdk::detail::Trampolines<T>::validate_config,       \
+      &::backhaul::sdk::detail::Trampolines<T>::create,                \
+      &::backhaul::sdk::detail::Trampolines<T>::destroy,               \
+      &::backhaul::sdk::detail::Trampolines<T>::validate_scopes,       \
+      &::backhaul::sdk::detail::Trampolines<T>::fetch_page,            \
+      &::backhaul::sdk::detail::Trampolines<T>::release_page,          \
       &::backhaul::sdk::detail::Trampolines<T>::get_extension}
 
 #endif  // BACKHAUL_CONNECTOR_HPP

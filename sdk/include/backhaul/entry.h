@@ -2,14 +2,14 @@
 #ifndef BACKHAUL_ENTRY_H
 #define BACKHAUL_ENTRY_H
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "backhaul/connector.h"
 #include "backhaul/host.h"
 #include "backhaul/private/macros.h"
 #include "backhaul/status.h"
 #include "backhaul/version.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,9 +25,11 @@ typedef struct backhaul_magic {
   uint32_t event_size;   /* sizeof(backhaul_event_t) */
 } backhaul_magic_t;
 
-#define BACKHAUL_MAGIC_INIT                                                          \
-  {BACKHAUL_ABI_MAGIC, (uint16_t)sizeof(void*), (uint16_t)sizeof(backhaul_string_t), \
-   (uint32_t)sizeof(backhaul_error_t), (uint32_t)sizeof(backhaul_event_t)}
+#define BACKHAUL_MAGIC_INIT                                                           \
+  {                                                                                   \
+    BACKHAUL_ABI_MAGIC, (uint16_t)sizeof(void*), (uint16_t)sizeof(backhaul_string_t), \
+        (uint32_t)sizeof(backhaul_error_t), (uint32_t)sizeof(backhaul_event_t)        \
+  }
 
 /* Lifecycle and threading, per function:
  *   init       [main-thread] once, right after the host checked this struct. If it returns 0 the

@@ -2,11 +2,11 @@
 #ifndef BACKHAUL_HOST_H
 #define BACKHAUL_HOST_H
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "backhaul/status.h"
 #include "backhaul/version.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,7 +27,7 @@ typedef struct backhaul_http_header {
 /* A request the plugin asks the host to perform. Everything it points to belongs to the plugin
  * and only needs to stay valid until http() returns. */
 typedef struct backhaul_http_request {
-  uint32_t struct_size; /* sizeof(backhaul_http_request_t) as the plugin was built */
+  uint32_t struct_size;     /* sizeof(backhaul_http_request_t) as the plugin was built */
   backhaul_string_t method; /* "GET", "POST", ... */
   backhaul_string_t url;    /* absolute http:// or https:// URL */
   const backhaul_http_header_t* headers;
@@ -50,7 +50,8 @@ typedef struct backhaul_http_response {
 
 /* The host's services. Valid from init() until deinit() returns; the host never changes it. */
 typedef struct backhaul_host {
-  uint32_t struct_size; /* sizeof(backhaul_host_t) as the host was built; read fields only below it */
+  uint32_t
+      struct_size; /* sizeof(backhaul_host_t) as the host was built; read fields only below it */
   backhaul_version_t abi_version; /* the host's ABI version */
   void* host_data;                /* reserved for the host */
 
@@ -63,7 +64,8 @@ typedef struct backhaul_host {
    * back with http_release(). Returns BACKHAUL_RETRYABLE on a connection error or timeout, or
    * BACKHAUL_INVALID_ARGUMENT for a malformed request, with a message in *error and *response
    * left NULL. [thread-safe]: any number of calls may run at once. */
-  backhaul_status_t (*http)(const struct backhaul_host* host, const backhaul_http_request_t* request,
+  backhaul_status_t (*http)(const struct backhaul_host* host,
+                            const backhaul_http_request_t* request,
                             backhaul_http_response_t** response, backhaul_error_t* error);
 
   /* Frees a response returned by http(). NULL is ignored. [thread-safe] */

@@ -115,7 +115,8 @@ class Host {
   }
 
   static void log(int32_t level, std::string_view message) noexcept {
-    if (const backhaul_host_t* host = raw()) host->log(host, level, {message.data(), message.size()});
+    if (const backhaul_host_t* host = raw())
+      host->log(host, level, {message.data(), message.size()});
   }
 
   static int64_t now_ms() {

@@ -23,7 +23,8 @@ typedef struct backhaul_version {
   uint16_t minor;
 } backhaul_version_t;
 
-#define BACKHAUL_ABI_VERSION_INIT {BACKHAUL_ABI_VERSION_MAJOR, BACKHAUL_ABI_VERSION_MINOR}
+#define BACKHAUL_ABI_VERSION_INIT \
+  { BACKHAUL_ABI_VERSION_MAJOR, BACKHAUL_ABI_VERSION_MINOR }
 
 /* "BHL\x01": the first bytes the host checks, so a random exported symbol of the same name is
  * never mistaken for an entry. */

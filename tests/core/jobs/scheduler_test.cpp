@@ -2,13 +2,13 @@
 // failures use the retry policy, cancellation and draining stop handlers at page boundaries.
 #include "core/jobs/scheduler.h"
 
-#include <unistd.h>
-
 #include <atomic>
 #include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 namespace backhaul::jobs {
 namespace {
@@ -67,9 +67,8 @@ TEST_F(SchedulerTest, CompletedHandlersSucceedTheirJobsWithTheResult) {
 
 TEST_F(SchedulerTest, RetryableFailureIsRetriedAfterThePolicyDelay) {
   Scheduler scheduler(*store_, clock_, options());
-  scheduler.register_handler("work", [](JobContext&) -> Outcome {
-    throw std::runtime_error("upstream 503");
-  });
+  scheduler.register_handler(
+      "work", [](JobContext&) -> Outcome { throw std::runtime_error("upstream 503"); });
   JobId id = enqueue("work");
   scheduler.run_once(1);
   Job job = *store_->get(id);
@@ -111,9 +110,8 @@ TEST_F(SchedulerTest, ExplicitRetryAfterOverridesThePolicy) {
 
 TEST_F(SchedulerTest, DeferIsNotAnAttempt) {
   Scheduler scheduler(*store_, clock_, options());
-  scheduler.register_handler("work", [](JobContext& c) {
-    return Outcome::defer(c.now_ms() + 60'000, "rate limited");
-  });
+  scheduler.register_handler(
+      "work", [](JobContext& c) { return Outcome::defer(c.now_ms() + 60'000, "rate limited"); });
   JobId id = enqueue("work", 1);
   for (int i = 0; i < 3; ++i) {
     scheduler.run_once(1);

@@ -93,11 +93,13 @@ TEST(HostServicesTest, ClockIsTheInjectedOne) {
   http::ReplayTransport transport;
   FakeClock clock(42'000);
   Connector connector = load_plugin(fake_plugin(), {transport, clock}).create("{}");
-  EXPECT_EQ(nlohmann::json::parse(connector.fetch_page(first_page()).event(0).payload_json)["now_ms"],
-            42'000);
+  EXPECT_EQ(
+      nlohmann::json::parse(connector.fetch_page(first_page()).event(0).payload_json)["now_ms"],
+      42'000);
   clock.advance_ms(1'000);
-  EXPECT_EQ(nlohmann::json::parse(connector.fetch_page(first_page()).event(0).payload_json)["now_ms"],
-            43'000);
+  EXPECT_EQ(
+      nlohmann::json::parse(connector.fetch_page(first_page()).event(0).payload_json)["now_ms"],
+      43'000);
 }
 
 }  // namespace

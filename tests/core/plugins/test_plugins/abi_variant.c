@@ -11,11 +11,11 @@
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
  */
+#include "backhaul/backhaul.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "backhaul/backhaul.h"
 
 #ifndef VARIANT_ID
 #define VARIANT_ID "cplugin"
@@ -38,10 +38,16 @@ static const backhaul_host_t* g_host;
 static const char* const kTypes[] = {"item"};
 static const char* const kDefaults[] = {VARIANT_DEFAULT_TYPE};
 
-static const backhaul_descriptor_t kDescriptor = {
-    sizeof(backhaul_descriptor_t), VARIANT_ID, VARIANT_VERSION, "C test plugin",
-    "a plugin written in C against the ABI headers", kTypes, 1, kDefaults, 1,
-    "{\"type\":\"object\"}"};
+static const backhaul_descriptor_t kDescriptor = {sizeof(backhaul_descriptor_t),
+                                                  VARIANT_ID,
+                                                  VARIANT_VERSION,
+                                                  "C test plugin",
+                                                  "a plugin written in C against the ABI headers",
+                                                  kTypes,
+                                                  1,
+                                                  kDefaults,
+                                                  1,
+                                                  "{\"type\":\"object\"}"};
 
 static void set_message(backhaul_error_t* error, const char* message) {
   strncpy(error->message, message, sizeof(error->message) - 1);
@@ -138,8 +144,11 @@ static void plugin_release_page(backhaul_instance_t* instance, backhaul_page_t* 
 }
 
 #ifdef VARIANT_BAD_MAGIC
-#define VARIANT_MAGIC {0xDEADBEEFu, (uint16_t)sizeof(void*), (uint16_t)sizeof(backhaul_string_t), \
-                       (uint32_t)sizeof(backhaul_error_t), (uint32_t)sizeof(backhaul_event_t)}
+#define VARIANT_MAGIC                                                          \
+  {                                                                            \
+    0xDEADBEEFu, (uint16_t)sizeof(void*), (uint16_t)sizeof(backhaul_string_t), \
+        (uint32_t)sizeof(backhaul_error_t), (uint32_t)sizeof(backhaul_event_t) \
+  }
 #else
 #define VARIANT_MAGIC BACKHAUL_MAGIC_INIT
 #endif

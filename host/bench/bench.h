@@ -1,0 +1,12 @@
+// Benchmark subcommands of backhaul-bench.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace backhaul::bench {
+
+void add_plugin_bench(CLI::App& app);
+
+}  // namespace backhaul::bench
