@@ -8,5 +8,6 @@ class App;
 namespace backhaul::bench {
 
 void add_plugin_bench(CLI::App& app);
+void add_queue_bench(CLI::App& app);
 
 }  // namespace backhaul::bench

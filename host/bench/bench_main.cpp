@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   CLI::App app{"backhaul-bench: benchmark programs (one JSON line per measurement)"};
   app.require_subcommand(1);
   backhaul::bench::add_plugin_bench(app);
-  backhaul::logging::configure(backhaul::logging::Format::kText, "warn");
+  backhaul::bench::add_queue_bench(app);
+  backhaul::logging::configure(backhaul::logging::Format::kText, "critical");
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {
