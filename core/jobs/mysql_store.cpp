@@ -1687,19 +1687,15 @@ class MysqlStore final : public JobStore {
         for (const Row& row : expired.rows) expire_lease(tx, w, read_state(row), now_ms, result);
         if (expired.rows.size() < static_cast<size_t>(kSweepChunk)) break;
       }
-      // Waiting parents past their deadline (SKIP LOCKED: a concurrent sweep has them).
-      Result waiting = read_after(tx, w,
-                                  Sql("SELECT id FROM jobs WHERE status = 'waiting' AND "
-                                      "wait_deadline_ms <= ")
-                                      << now_ms << " FOR UPDATE SKIP LOCKED");
-      if (!waiting.rows.empty()) {
-        std::vector<JobId> ids;
-        for (const Row& row : waiting.rows) ids.push_back(to_i64(row[0]));
-        w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
-                    << now_ms << ", wait_deadline_ms = 0, updated_ms = " << now_ms
-                    << " WHERE id IN (" << id_list(ids) << ")");
-        result.parents_woken = static_cast<int>(ids.size());
-      }
+      // Waiting parents past their deadline. A plain UPDATE, not SKIP LOCKED: it waits for a
+      // concurrent sweep's lock and then re-reads the row, so each parent is woken exactly once
+      // and none is left for a later sweep. Every sweep locks parents in the same index order.
+      Result woken = read_after(tx, w,
+                                Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
+                                    << now_ms << ", wait_deadline_ms = 0, updated_ms = " << now_ms
+                                    << " WHERE status = 'waiting' AND wait_deadline_ms <= "
+                                    << now_ms);
+      result.parents_woken = static_cast<int>(woken.affected);
       w.commit(tx);
       return result;
     });
