@@ -48,8 +48,8 @@ struct PipelineOptions {
 struct RunRequest {
   std::string installation_id;
   std::string provider;
-  std::optional<std::string> org_id;  // default: the connection's
-  int depth_days = 30;                // 7, 30 or 90
+  std::optional<std::string> org_id;      // default: the connection's
+  int depth_days = 30;                    // 7, 30 or 90
   std::vector<std::string> entity_types;  // empty: the connector's defaults
 };
 
@@ -190,7 +190,7 @@ class Pipeline {
   void set_rate_limits(const RateLimitSettings& settings);
 
   PipelineMetrics metrics() const;
-  const PipelineOptions& options() const noexcept;
+  PipelineOptions options() const;
 
  private:
   struct Impl;
