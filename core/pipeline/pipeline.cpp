@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -189,8 +190,8 @@ struct Pipeline::Impl {
   std::map<std::string, CachedCircuit> circuits;
 
   std::atomic<int64_t> pages{0}, dispatched{0}, duplicates{0}, rate_limit_waits{0},
-      throttle_waits{0}, circuit_deferrals{0}, token_refreshes{0}, plugin_calls{0},
-      plugin_call_us{0};
+      throttle_waits{0}, circuit_deferrals{0}, token_refreshes{0}, retries_in_place{0},
+      plugin_calls{0}, plugin_call_us{0};
 
   PipelineOptions snapshot() const {
     std::lock_guard lock(mutex);
@@ -532,6 +533,7 @@ struct Pipeline::Impl {
     const std::string provider_breaker = provider_circuit(provider);
     bool have_token = false;
     bool refreshed = false;
+    int retried = 0;  // transient provider errors on the current page
     while (true) {
       PipelineOptions o = snapshot();
       int64_t now = ctx.now_ms();
@@ -553,7 +555,7 @@ struct Pipeline::Impl {
         params.unit.access_token = token_for(installation, o);
         have_token = true;
       }
-      Fetched fetched = fetch(*connector, params, installation, o, ctx, refreshed);
+      Fetched fetched = fetch(*connector, params, installation, o, ctx, refreshed, retried);
       if (fetched.stop) return *fetched.stop;
       if (!fetched.page) continue;  // the token was refreshed: fetch the same page again
       const plugins::Page& p = *fetched.page;
@@ -567,10 +569,15 @@ struct Pipeline::Impl {
       for (size_t i = 0; i < p.size(); ++i) {
         plugins::EventView e = p.event(i);
         gateway::Delivery d{installation, org_id, e.delivery_id, e.event_type, e.payload_json};
-        try {
-          if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
-        } catch (const gateway::GatewayError& err) {
-          gateway_failed(err, o);
+        for (int retry = 0;; ++retry) {
+          try {
+            if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
+            break;
+          } catch (const gateway::GatewayError& err) {
+            if (!err.retryable() || retry >= o.transient_retries) gateway_failed(err, o);
+            ++retries_in_place;
+            pause(o, retry);
+          }
         }
       }
       if (p.size() > 0)
@@ -619,22 +626,25 @@ struct Pipeline::Impl {
     }
   }
 
-  // One page, or why there is none: `retry` (the token was refreshed; fetch the same page
-  // again) or `stop` (wait until the provider's limit resets). Refreshes at most once per page: a
-  // second AUTH_EXPIRED fails the attempt. Other errors throw JobFailure.
+  // One page, or why there is none: neither (the token was refreshed, or a transient error is
+  // retried: fetch the same page again) or `stop` (wait until the provider's limit resets).
+  // Refreshes at most once per page: a second AUTH_EXPIRED fails the attempt. A RETRYABLE error
+  // is retried in place up to transient_retries times per page, then fails the attempt (the job's
+  // retry resumes from the checkpoint). Other errors throw JobFailure.
   struct Fetched {
     std::optional<plugins::Page> page;
     std::optional<Outcome> stop;
   };
   Fetched fetch(const plugins::Connector& connector, plugins::FetchParams& params,
                 const std::string& installation, const PipelineOptions& o, JobContext& ctx,
-                bool& refreshed) {
+                bool& refreshed, int& retried) {
     const std::string breaker = provider_circuit(connector.info().id);
     auto started = std::chrono::steady_clock::now();
     try {
       plugins::Page page = connector.fetch_page(params);
       note_call(started);
       refreshed = false;
+      retried = 0;
       circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, ctx.now_ms());
       return {std::move(page), std::nullopt};
     } catch (const plugins::ConnectorFailure& e) {
@@ -656,11 +666,21 @@ struct Pipeline::Impl {
         }
         case BACKHAUL_RETRYABLE:
           circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, ctx.now_ms());
-          throw JobFailure(what, false, e.retry_after_ms());
+          if (retried >= o.transient_retries || e.retry_after_ms() > o.transient_retry_ms * 4)
+            throw JobFailure(what, false, e.retry_after_ms());
+          ++retries_in_place;
+          pause(o, retried++);
+          return {};
         default:
           throw JobFailure(what, true);
       }
     }
+  }
+
+  // The short real wait before an in-place retry of a transient error (0 in tests).
+  static void pause(const PipelineOptions& o, int retry) {
+    if (o.transient_retry_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.transient_retry_ms << retry));
   }
 
   void note_call(std::chrono::steady_clock::time_point started) {

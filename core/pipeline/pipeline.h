@@ -38,7 +38,12 @@ struct PipelineOptions {
   double throttle_per_hour = 4000;  // provider requests per installation (D8)
   double throttle_burst = 100;      // bucket capacity
   double rate_limit_floor = 0.10;   // sleep until reset when remaining < floor * limit (E2)
-  jobs::Caps entity_caps{5, 30};    // per installation, global (D7)
+  // A transient error (provider RETRYABLE, gateway 5xx/429/unreachable) is retried in place this
+  // many times per page or delivery, after transient_retry_ms * 2^n of real waiting, before it
+  // fails the attempt (whose retry resumes from the checkpoint with the job's backoff).
+  int transient_retries = 2;
+  int64_t transient_retry_ms = 100;
+  jobs::Caps entity_caps{5, 30};  // per installation, global (D7)
   jobs::Caps run_caps{1, 10};
   jobs::CircuitPolicy provider_circuit;  // one breaker per provider API: "provider:<id>"
   jobs::CircuitPolicy gateway_circuit;   // "gateway"
@@ -154,6 +159,7 @@ struct PipelineMetrics {
   int64_t throttle_waits = 0;
   int64_t circuit_deferrals = 0;
   int64_t token_refreshes = 0;
+  int64_t transient_retries = 0;
   int64_t plugin_calls = 0;
   int64_t plugin_call_us = 0;  // sum of fetch_page wall time
 };

@@ -132,7 +132,14 @@ class PipelineTest : public ::testing::Test {
     for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db_.string() + suffix);
   }
 
-  void start(sandbox::SandboxOptions o = {}, PipelineOptions options = {}) {
+  // Test defaults: in-place retries of transient errors without real waiting.
+  static PipelineOptions fast() {
+    PipelineOptions o;
+    o.transient_retry_ms = 0;
+    return o;
+  }
+
+  void start(sandbox::SandboxOptions o = {}, PipelineOptions options = fast()) {
     o.now_ms = [] { return test_clock().now_ms(); };
     sandbox_ = std::make_unique<sandbox::Sandbox>(o);
     sandbox_->start();
@@ -375,7 +382,9 @@ TEST_F(PipelineTest, AnExpiredTokenIsRefreshedAndThePageFetchedAgain) {
 
 // D11: a unit failing at page 41 of 50 resumes there on its retry, not at page 1.
 TEST_F(PipelineTest, AUnitFailingAtPage41Of50ResumesFromItsCheckpoint) {
-  start(data(0, 1, 5000));
+  PipelineOptions options = fast();
+  options.transient_retries = 0;  // the 500 fails the attempt at once
+  start(data(0, 1, 5000), options);
   std::string failed_url;
   std::atomic<int> lists{0};
   plugin_transport().reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
@@ -430,7 +439,7 @@ TEST_F(PipelineTest, ALowRateLimitDefersTheUnitUntilTheResetWithoutAnAttempt) {
 // D8: the throttle (tokens per installation per hour) spaces requests; a throttled unit waits
 // with a run-after and its attempt does not count.
 TEST_F(PipelineTest, TheThrottleSpacesProviderRequestsPerInstallation) {
-  PipelineOptions options;
+  PipelineOptions options = fast();
   options.throttle_per_hour = 3600;  // one request per second
   options.throttle_burst = 5;
   start(data(0, 1, 2000), options);
@@ -443,6 +452,82 @@ TEST_F(PipelineTest, TheThrottleSpacesProviderRequestsPerInstallation) {
   EXPECT_GE(test_clock().now_ms() - kStart, (pages - 5) * 1000 - 1000);
   EXPECT_GT(pipeline_->metrics().throttle_waits, 0);
   EXPECT_EQ(units_of(run.run_id).at(0).attempts, 1);
+}
+
+// E4: a provider that keeps failing opens its circuit; units then wait (a run-after, no attempt
+// burnt) until the half-open probe, which succeeds once the provider is back.
+TEST_F(PipelineTest, AnOpenProviderCircuitDefersUnitsInsteadOfBurningTheirAttempts) {
+  PipelineOptions options = fast();
+  options.transient_retries = 0;
+  options.provider_circuit = {3, 60'000};
+  start(data(2, 0, 300), options);
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out: 6 units
+  sandbox::Faults failing;
+  failing.fail_rate = 1.0;
+  sandbox_->set_faults(failing);
+  for (int i = 0; i < 12 && pipeline_->metrics().circuit_deferrals == 0; ++i)
+    scheduler_->run_once(1);
+  ASSERT_GT(pipeline_->metrics().circuit_deferrals, 0) << "the circuit opened";
+  jobs::CircuitRecord circuit =
+      store_->update_circuit("provider:github", [](auto& r) { return r; });
+  EXPECT_EQ(circuit.state, "open");
+  int failed_attempts = 0;
+  for (const jobs::Job& u : units_of(run.run_id)) {
+    EXPECT_NE(u.status, JobStatus::kDead);
+    for (const jobs::Attempt& a : store_->attempts(u.id)) failed_attempts += a.outcome == "failed";
+  }
+  EXPECT_EQ(failed_attempts, 3) << "only the failures that opened the circuit counted";
+
+  sandbox::Faults healthy;
+  sandbox_->set_faults(healthy);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(store_->update_circuit("provider:github", [](auto& r) { return r; }).state, "closed");
+  EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].missing, 0);
+}
+
+// Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
+// with exact counts: every expected delivery once after dedupe, nothing unexpected.
+TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts) {
+  sandbox::SandboxOptions o = data(3, 0, 400);
+  o.faults.fail_rate = 0.1;
+  o.faults.gateway_fail_rate = 0.1;
+  o.faults.burst_429_every = 7;
+  o.faults.burst_len = 2;
+  o.faults.retry_after_s = 3;
+  start(o);
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  json result = run_result(run.run_id);
+  ASSERT_EQ(result["success"], true) << result.dump(2);
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_GT(report.faults_injected["provider_5xx"], 0);
+  EXPECT_GT(report.faults_injected["gateway_5xx"], 0);
+  EXPECT_GT(report.faults_injected["burst_429"], 0);
+  const sandbox::DeliveryCounts& gh = report.gateway_by_provider["github"];
+  EXPECT_EQ(gh.missing, 0);
+  EXPECT_EQ(gh.unexpected, 0);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(), gh.unique)
+      << "a page fetched again after a failed attempt is not counted twice";
+  EXPECT_GT(pipeline_->metrics().transient_retries, 0);
+}
+
+// A run that fans out again (it crashed after enqueuing, or its checkpoint was reset) adopts the
+// units it already has instead of enqueuing them twice.
+TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
+  start(data(2, 0, 120));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  ASSERT_EQ(units_of(run.run_id).size(), 6u);
+  store_->set_checkpoint(run.run_id, std::nullopt, test_clock().now_ms());
+  drive();
+  EXPECT_EQ(units_of(run.run_id).size(), 6u) << "no unit enqueued twice";
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 6);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(),
+            sandbox_->report("inst-1").gateway_by_provider["github"].unique);
 }
 
 // D10 and request validation: errors name the field; a second run for an installation gets the
