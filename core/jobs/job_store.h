@@ -82,6 +82,28 @@ struct SweepResult {
   int parents_woken = 0;  // waiting parents whose children-wait deadline passed
 };
 
+// One way a running job's attempt ends, for finish(): the arguments complete(), fail(), defer(),
+// release() or wait_for_children() would take.
+struct Finish {
+  enum class Kind { kComplete = 1, kFail, kDefer, kRelease, kWaitForChildren };
+  Kind kind = Kind::kComplete;
+  JobId id = 0;
+  std::string token;
+  std::string result_json = "{}";         // kComplete
+  Failure failure;                        // kFail
+  int64_t until_ms = 0;                   // kDefer: run_after; kWaitForChildren: deadline
+  std::string reason;                     // kDefer
+  std::optional<std::string> checkpoint;  // kWaitForChildren
+};
+
+struct FinishResult {
+  // The job's status after the item: kSucceeded, kQueued, kDead, kWaiting or kCancelled. Unset
+  // when the item was not applied.
+  std::optional<JobStatus> status;
+  bool lease_lost = false;  // not applied: the lease no longer matched (see LeaseLost)
+  std::string error;        // not applied: why
+};
+
 enum class CancelOutcome {
   kCancelled = 1,    // was queued or waiting: now cancelled (with its active children)
   kRequested,        // was running: the worker learns at its next heartbeat or checkpoint
@@ -178,6 +200,12 @@ class JobStore {
                      const std::string& reason, int64_t now_ms) = 0;
   // Graceful drain: back to queued at once, attempt not counted.
   virtual void release(JobId id, const std::string& token, int64_t now_ms) = 0;
+  // Applies many endings at once, as the methods above would one by one, in as few transactions
+  // as the backend can (SQLite: one). Each item stands alone: one whose lease was lost, or that
+  // fails for any reason, is reported in its result and changes nothing, and the others still
+  // apply. Returns once every applied item is durable; results are in input order. Throws only
+  // when the store itself fails (then no item may be assumed applied).
+  virtual std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms);
   // Fan-in: the parent stops running and waits for its children (attempt not counted). It
   // becomes queued again when pending_children reaches 0, or at deadline_ms.
   virtual void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
