@@ -444,9 +444,22 @@ TEST_F(PipelineTest, TheThrottleSpacesProviderRequestsPerInstallation) {
   options.throttle_per_hour = 3600;  // one request per second
   options.throttle_burst = 5;
   start(data(0, 1, 2000), options);
+  std::vector<int64_t> at;  // when each provider request went out (host clock)
+  plugin_transport().reset([&](const http::Request&, size_t) -> std::optional<http::Response> {
+    at.push_back(test_clock().now_ms());
+    return std::nullopt;
+  });
   RunStart run = start_run("vc-inst-1", "vercel");
   drive();
   EXPECT_EQ(run_result(run.run_id)["success"], true);
+  // The bucket's promise: in any window of W seconds, at most burst + W requests.
+  for (size_t i = 0; i < at.size(); ++i) {
+    for (int64_t window_s : {1, 5, 10}) {
+      int64_t n = std::count_if(at.begin() + static_cast<std::ptrdiff_t>(i), at.end(),
+                                [&](int64_t t) { return t < at[i] + window_s * 1000; });
+      EXPECT_LE(n, 5 + window_s) << "window of " << window_s << " s from request " << i;
+    }
+  }
   const int64_t pages = run_result(run.run_id)["pages"].get<int64_t>();
   EXPECT_EQ(requests_to("/v6/deployments"), pages);
   // A burst of 5, then one per second.
