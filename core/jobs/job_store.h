@@ -181,7 +181,9 @@ class JobStore {
 
   // --- consuming ---------------------------------------------------------------------------
   // Atomically takes up to `limit` queued jobs whose run_after has come, in (priority,
-  // run_after, id) order, skipping keys at their cap and kinds at their global cap. Each claimed
+  // run_after, id) order, skipping keys at their cap and kinds at their global cap. For a kind
+  // with a per-key cap, keys take turns: the least-loaded key's next job first, so one tenant's
+  // backlog cannot starve another's. Each claimed
   // job is running with a new lease token, attempts + 1, and an attempt row.
   virtual std::vector<Claimed> claim(const ClaimRequest& request) = 0;
 
@@ -191,7 +193,8 @@ class JobStore {
                                     const std::optional<std::string>& checkpoint) = 0;
   virtual void complete(JobId id, const std::string& token, const std::string& result_json,
                         int64_t now_ms) = 0;
-  // Returns the resulting status: kQueued (will retry) or kDead.
+  // Returns the resulting status: kQueued (will retry), kDead (FATAL or attempts exhausted), or
+  // kCancelled (a retry of a job whose cancel was requested: the cancellation rule).
   virtual JobStatus fail(JobId id, const std::string& token, const Failure& failure,
                          int64_t now_ms) = 0;
   // "Wait until T" (rate limit, throttle, open circuit): back to queued with run_after, and the
@@ -217,7 +220,8 @@ class JobStore {
   // deadline become queued. Concurrent sweeps from several hosts are safe.
   virtual SweepResult sweep(int64_t now_ms) = 0;
   // Deletes finished (succeeded, cancelled, dead with a resolved/ignored letter) jobs that
-  // finished before `before_ms`, with their attempts. Returns the number of jobs deleted.
+  // finished before `before_ms`, with their attempts, in chunks (one transaction each, so a
+  // large pass never holds the store for long). Returns the number of jobs deleted.
   virtual int64_t prune(int64_t finished_before_ms) = 0;
 
   // --- cancellation --------------------------------------------------------------------------
@@ -248,13 +252,16 @@ class JobStore {
 
   // --- throttle (token bucket per key, shared by every host) --------------------------------
   // Takes `cost` tokens from the bucket `key` (capacity `capacity`, refilled at
-  // `refill_per_hour`). Returns 0 when granted, else the milliseconds until it would be.
+  // `refill_per_hour`). Returns 0 when granted, else the milliseconds until it would be. Throws
+  // std::invalid_argument unless 0 <= cost <= capacity and capacity > 0 (a larger cost could
+  // never be granted).
   virtual int64_t take_tokens(const std::string& key, double cost, double capacity,
                               double refill_per_hour, int64_t now_ms) = 0;
 
   // --- circuit breakers ------------------------------------------------------------------------
   // Reads the record (a closed one when absent), applies `next`, stores and returns the result,
-  // in one transaction.
+  // in one transaction. `next` may run more than once (a transaction retried after a deadlock),
+  // so it must be a pure function of its argument.
   virtual CircuitRecord update_circuit(
       const std::string& name, const std::function<CircuitRecord(const CircuitRecord&)>& next) = 0;
 
