@@ -219,6 +219,10 @@ class JobStore {
   // "lease expired after N attempts (worker crashed or hung)". Waiting parents past their
   // deadline become queued. Concurrent sweeps from several hosts are safe.
   virtual SweepResult sweep(int64_t now_ms) = 0;
+  // Start-up recovery under a stable owner name: every job still running under `owner` (left by
+  // this host's previous process, which died holding it) is treated as an expired lease now, as
+  // sweep() would treat it once the lease ran out. Only for an owner name no live process uses.
+  virtual SweepResult recover_owner(const std::string& owner, int64_t now_ms) = 0;
   // Deletes finished (succeeded, cancelled, dead with a resolved/ignored letter) jobs that
   // finished before `before_ms`, with their attempts, in chunks (one transaction each, so a
   // large pass never holds the store for long). Returns the number of jobs deleted.

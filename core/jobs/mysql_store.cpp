@@ -1728,6 +1728,22 @@ class MysqlStore final : public JobStore {
     });
   }
 
+  SweepResult recover_owner(const std::string& owner, int64_t now_ms) override {
+    return transact("recover_owner", [&](Tx& tx) {
+      SweepResult result;
+      Writes w;
+      Result owned =
+          read_after(tx, w,
+                     Sql("SELECT ")
+                             .raw(kStateColumns)
+                             .raw(" FROM jobs WHERE status = 'running' AND lease_owner = ")
+                         << quote(owner) << " ORDER BY id FOR UPDATE");
+      for (const Row& row : owned.rows) expire_lease(tx, w, read_state(row), now_ms, result);
+      w.commit(tx);
+      return result;
+    });
+  }
+
   SweepResult sweep(int64_t now_ms) override {
     return transact("sweep", [&](Tx& tx) {
       SweepResult result;

@@ -52,6 +52,13 @@ std::vector<std::string> Scheduler::kinds() const {
 }
 
 void Scheduler::start() {
+  if (options_.recover_own_leases) {
+    SweepResult own = store_.recover_owner(options_.owner, clock_.now_ms());
+    if (own.requeued || own.dead) {
+      log_->info("start-up recovery: {} jobs this host ({}) left running requeued, {} dead",
+                 own.requeued, options_.owner, own.dead);
+    }
+  }
   SweepResult recovered = store_.sweep(clock_.now_ms());
   if (recovered.requeued || recovered.dead || recovered.parents_woken) {
     log_->info("start-up recovery: {} requeued, {} dead, {} parents woken", recovered.requeued,

@@ -733,6 +733,21 @@ void expire_lease(Connection& c, const JobState& s, int64_t now, SweepResult& re
   }
 }
 
+const std::string kOwnedLeases =
+    "SELECT id FROM jobs WHERE status = 'running' AND lease_owner = ?1 ORDER BY id";
+
+SweepResult recover_owned(Connection& c, const std::string& owner, int64_t now) {
+  SweepResult result;
+  std::vector<JobId> ids;
+  {
+    Query q = c.query(kOwnedLeases);
+    q.args(owner);
+    while (q.step()) ids.push_back(q.i64(0));
+  }
+  for (JobId id : ids) expire_lease(c, load_existing(c, id), now, result);
+  return result;
+}
+
 SweepResult sweep_jobs(Connection& c, int64_t now) {
   SweepResult result;
   for (JobId id : select_ids(c, kExpiredLeases, now)) {
@@ -1054,6 +1069,9 @@ class SqliteStore final : public SqliteJobStore {
     return write([&](Connection& c) { return finish_jobs(c, items, now_ms); });
   }
 
+  SweepResult recover_owner(const std::string& owner, int64_t now_ms) override {
+    return write([&](Connection& c) { return recover_owned(c, owner, now_ms); });
+  }
   SweepResult sweep(int64_t now_ms) override {
     return write([&](Connection& c) { return sweep_jobs(c, now_ms); });
   }

@@ -670,6 +670,34 @@ TEST_P(JobStoreConformance, SweepTouchesOnlyExpiredRunningJobsAndOverdueParents)
   for (const auto& [id, text] : before) EXPECT_EQ(describe(get_job(id)), text);
 }
 
+// Start-up recovery under a stable owner name: that owner's running jobs are expired at once,
+// live leases included; other owners' jobs are left alone.
+TEST_P(JobStoreConformance, RecoverOwnerExpiresEveryLeaseOfThatOwnerAtOnce) {
+  JobSpec last_try = spec();
+  last_try.max_attempts = 1;
+  const JobId mine = add(spec());
+  const JobId mine_last = add(last_try);
+  const JobId theirs = add(spec());
+  claim_job(mine, kT0, "host-1");
+  claim_job(mine_last, kT0, "host-1");
+  Claimed other = claim_job(theirs, kT0, "host-2");
+
+  SweepResult r = store().recover_owner("host-1", kT0 + kSecond);  // leases still live
+  EXPECT_EQ(r.requeued, 1);
+  EXPECT_EQ(r.dead, 1);
+  Job j = get_job(mine);
+  EXPECT_EQ(j.status, JobStatus::kQueued);
+  EXPECT_EQ(j.attempts, 1) << "the crashed attempt counts";
+  EXPECT_FALSE(j.lease_owner.has_value());
+  EXPECT_EQ(store().attempts(mine).back().outcome, "lease_expired");
+  EXPECT_EQ(status_of(mine_last), JobStatus::kDead);
+  EXPECT_THAT(letter_of(mine_last).error, HasSubstr("lease expired after 1 attempts"));
+  Job t = get_job(theirs);
+  EXPECT_EQ(t.status, JobStatus::kRunning);
+  EXPECT_EQ(t.lease_token, other.lease_token);
+  EXPECT_EQ(store().recover_owner("host-1", kT0 + 2 * kSecond).requeued, 0) << "idempotent";
+}
+
 TEST_P(JobStoreConformance, ConcurrentSweepsFromTwoHostsRequeueEachExpiredJobOnce) {
   constexpr int kJobs = 40;
   constexpr int kParents = 5;

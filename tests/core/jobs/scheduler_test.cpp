@@ -210,5 +210,38 @@ TEST_F(SchedulerTest, DrainReleasesRunningJobsWithoutCountingTheAttempt) {
   EXPECT_FALSE(job.lease_token);
 }
 
+// A host restarting under a stable owner name takes back at once what its previous process left
+// running (the lease has 30 s to go), with the attempt counted; without the option it waits for
+// the lease to expire.
+TEST_F(SchedulerTest, RestartingUnderTheSameOwnerRecoversItsJobsAtOnce) {
+  JobId id = enqueue("work");
+  ASSERT_EQ(store_->claim({"test-host", 1, clock_.now_ms(), 30'000, {"work"}}).size(), 1u);
+  {
+    Scheduler without(*store_, clock_, options());
+    without.register_handler("work", [](JobContext&) { return Outcome::complete(); });
+    without.start();
+    without.drain(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kRunning) << "a live lease is left alone";
+
+  SchedulerOptions o = options();
+  o.recover_own_leases = true;
+  Scheduler scheduler(*store_, clock_, o);
+  std::atomic<int> calls{0};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++calls;
+    return Outcome::complete();
+  });
+  scheduler.start();
+  for (int i = 0; i < 400 && store_->get(id)->status != JobStatus::kSucceeded; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kSucceeded);
+  EXPECT_EQ(job.attempts, 2) << "the crashed attempt counted";
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(store_->attempts(id).front().outcome, "lease_expired");
+}
+
 }  // namespace
 }  // namespace backhaul::jobs
