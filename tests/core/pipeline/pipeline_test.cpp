@@ -591,6 +591,48 @@ TEST_F(PipelineTest, ASmallInstallationFinishesWithoutWaitingForAHugeOne) {
   EXPECT_EQ(report.gateway.unexpected, 0);
 }
 
+// Bad input: a unit whose checkpoint is not JSON (an operator's bad repair) starts over from its
+// first page with an error in the log; the gateway dedupes what it had already received.
+TEST_F(PipelineTest, AUnitWithACorruptCheckpointStartsOverAndCompletes) {
+  PipelineOptions options = fast();
+  options.transient_retries = 0;
+  start(data(1, 0, 300), options);
+  RunStart run = start_run("gh-inst-1", "github", {"release"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  jobs::JobId unit = units_of(run.run_id).at(0).id;
+  int lists = 0;
+  plugin_transport().reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/releases") == std::string::npos || ++lists != 2) return std::nullopt;
+    return status_response(500, R"({"message":"Server Error"})");
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // page 1 delivered and checkpointed, page 2 failed
+  ASSERT_EQ(store_->get(unit)->status, JobStatus::kQueued);
+  ASSERT_THAT(store_->get(unit)->checkpoint.value_or(""), HasSubstr("cursor"));
+  store_->set_checkpoint(unit, std::string("{not json"), test_clock().now_ms());
+  drive();
+  EXPECT_EQ(store_->get(unit)->status, JobStatus::kSucceeded);
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  EXPECT_EQ(result["eventsDispatched"], 300) << "counted from the new start";
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_EQ(report.gateway.duplicates, 100) << "page 1 was sent again";
+  EXPECT_EQ(report.gateway_by_provider["github"].unique, 300);
+}
+
+// Bad input: a unit whose payload is not JSON fails at once (FATAL), named in the error.
+TEST_F(PipelineTest, AUnitWhosePayloadIsNotJsonFailsFatallyWithAClearError) {
+  start(data(1, 0, 10));
+  jobs::JobSpec spec;
+  spec.kind = kEntityKind;
+  spec.payload = "not json";
+  jobs::JobId id = store_->enqueue(spec, test_clock().now_ms()).id;
+  drive();
+  std::optional<jobs::Job> job = store_->get(id);
+  EXPECT_EQ(job->status, JobStatus::kDead);
+  EXPECT_EQ(job->attempts, 1);
+  EXPECT_THAT(job->last_error.value_or(""), HasSubstr("entity payload is not a JSON object"));
+}
+
 // D10 and request validation: errors name the field; a second run for an installation gets the
 // active one.
 TEST_F(PipelineTest, RunRequestsAreValidatedAndAtMostOneRunIsActivePerInstallation) {
