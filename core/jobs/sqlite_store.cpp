@@ -674,12 +674,40 @@ JobStatus finish_job(Connection& c, const Finish& f, int64_t now) {
   throw std::invalid_argument("finish: unknown kind");
 }
 
-// Every item in its own savepoint inside the one transaction, so that one item's failure undoes
-// only that item. An error that ended the transaction itself fails the whole call.
+const std::string kRunningDownBy =
+    "UPDATE running_counts SET running = running - ?3 WHERE kind = ?1 "
+    "AND ((total = 0 AND concurrency_key = ?2) OR (total = 1 AND concurrency_key = ''))";
+
+// complete_job() for a batch: the lease check comes before any write, and what follows cannot
+// fail short of an error that ends the whole transaction, so it needs no savepoint; the running
+// counters are decremented once per (kind, key) for the batch (`down`).
+void complete_in_batch(Connection& c, const Finish& f, int64_t now,
+                       std::map<std::pair<std::string, std::string>, int>& down) {
+  JobState s = load_running(c, f.id, f.token);
+  c.query(kEndAttempt).args(s.id, s.claims, now, "succeeded", std::nullopt).run();
+  ++down[{s.kind, s.key}];
+  c.query(kComplete).args(f.id, f.result_json, now).run();
+  if (s.dead_letter_id) c.query(kResolveLetter).args(*s.dead_letter_id, now).run();
+  uncount_from_parent(c, s, now);
+}
+
+// Every other item in its own savepoint inside the one transaction, so that one item's failure
+// undoes only that item. An error that ended the transaction itself fails the whole call.
 std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& items,
                                       int64_t now) {
   std::vector<FinishResult> results(items.size());
+  std::map<std::pair<std::string, std::string>, int> down;
   for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].kind == Finish::Kind::kComplete) {
+      try {
+        complete_in_batch(c, items[i], now, down);
+        results[i].status = JobStatus::kSucceeded;
+      } catch (const LeaseLost& e) {
+        results[i].lease_lost = true;
+        results[i].error = e.what();
+      }
+      continue;
+    }
     c.query("SAVEPOINT item").run();
     try {
       results[i].status = finish_job(c, items[i], now);
@@ -695,6 +723,7 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
     c.query("ROLLBACK TO item").run();
     c.query("RELEASE item").run();
   }
+  for (const auto& [key, n] : down) c.query(kRunningDownBy).args(key.first, key.second, n).run();
   return results;
 }
 
