@@ -38,7 +38,12 @@ struct PipelineOptions {
   double throttle_per_hour = 4000;  // provider requests per installation (D8)
   double throttle_burst = 100;      // bucket capacity
   double rate_limit_floor = 0.10;   // sleep until reset when remaining < floor * limit (E2)
-  jobs::Caps entity_caps{5, 30};    // per installation, global (D7)
+  // A transient error (provider RETRYABLE, gateway 5xx/429/unreachable) is retried in place this
+  // many times per page or delivery, after transient_retry_ms * 2^n of real waiting, before it
+  // fails the attempt (whose retry resumes from the checkpoint with the job's backoff).
+  int transient_retries = 2;
+  int64_t transient_retry_ms = 100;
+  jobs::Caps entity_caps{5, 30};  // per installation, global (D7)
   jobs::Caps run_caps{1, 10};
   jobs::CircuitPolicy provider_circuit;  // one breaker per provider API: "provider:<id>"
   jobs::CircuitPolicy gateway_circuit;   // "gateway"
@@ -48,8 +53,8 @@ struct PipelineOptions {
 struct RunRequest {
   std::string installation_id;
   std::string provider;
-  std::optional<std::string> org_id;  // default: the connection's
-  int depth_days = 30;                // 7, 30 or 90
+  std::optional<std::string> org_id;      // default: the connection's
+  int depth_days = 30;                    // 7, 30 or 90
   std::vector<std::string> entity_types;  // empty: the connector's defaults
 };
 
@@ -154,6 +159,7 @@ struct PipelineMetrics {
   int64_t throttle_waits = 0;
   int64_t circuit_deferrals = 0;
   int64_t token_refreshes = 0;
+  int64_t transient_retries = 0;
   int64_t plugin_calls = 0;
   int64_t plugin_call_us = 0;  // sum of fetch_page wall time
 };
@@ -190,7 +196,7 @@ class Pipeline {
   void set_rate_limits(const RateLimitSettings& settings);
 
   PipelineMetrics metrics() const;
-  const PipelineOptions& options() const noexcept;
+  PipelineOptions options() const;
 
  private:
   struct Impl;

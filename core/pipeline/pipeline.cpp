@@ -1,0 +1,914 @@
+#include "core/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/common/logging.h"
+
+namespace backhaul::pipeline {
+namespace {
+
+using jobs::JobContext;
+using jobs::JobFailure;
+using jobs::JobId;
+using jobs::JobStatus;
+using jobs::Outcome;
+using json = nlohmann::json;
+
+constexpr int64_t kDayMs = 24LL * 3600 * 1000;
+constexpr int64_t kCircuitRefreshMs = 1000;  // how stale this host's view of a circuit may be
+constexpr const char* kGatewayCircuit = "gateway";
+
+std::string provider_circuit(const std::string& provider) { return "provider:" + provider; }
+std::string throttle_key(const std::string& installation) { return "throttle:" + installation; }
+
+// A stored JSON document that must be an object; anything else is a fatal error naming `what`.
+json parse_object(const std::string& text, const std::string& what) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw JobFailure(what + " is not a JSON object", true);
+  return j;
+}
+
+std::string string_or(const json& j, const char* key, std::string fallback = {}) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+int64_t int_or(const json& j, const char* key, int64_t fallback = 0) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+
+json request_json(const RunRequest& r) {
+  json j = {{"installationId", r.installation_id},
+            {"provider", r.provider},
+            {"depth", r.depth_days},
+            {"entityTypes", r.entity_types}};
+  if (r.org_id) j["orgId"] = *r.org_id;
+  return j;
+}
+
+RunRequest request_from(const json& j) {
+  RunRequest r;
+  r.installation_id = string_or(j, "installationId");
+  r.provider = string_or(j, "provider");
+  if (auto it = j.find("orgId"); it != j.end() && it->is_string())
+    r.org_id = it->get<std::string>();
+  r.depth_days = static_cast<int>(int_or(j, "depth", 0));
+  if (auto it = j.find("entityTypes"); it != j.end() && it->is_array()) {
+    for (const json& t : *it)
+      if (t.is_string()) r.entity_types.push_back(t.get<std::string>());
+  }
+  return r;
+}
+
+// One work unit as the run's checkpoint and the entity job's payload describe it.
+struct UnitRef {
+  JobId job_id = 0;
+  std::string resource_id;
+  std::optional<std::string> resource_name;
+  std::string entity_type;
+};
+
+json unit_json(const UnitRef& u) {
+  json j = {{"jobId", u.job_id}, {"resourceId", u.resource_id}, {"entityType", u.entity_type}};
+  j["resourceName"] = u.resource_name ? json(*u.resource_name) : json(nullptr);
+  return j;
+}
+
+std::string dedupe_for(JobId run_id, const std::string& resource, const std::string& entity) {
+  return std::to_string(run_id) + "/" + resource + "/" + entity;
+}
+
+// Progress an entity job has saved: its checkpoint while it runs, its result once it succeeded.
+struct UnitCounts {
+  std::optional<std::string> cursor;
+  int64_t pages = 0;
+  int64_t produced = 0;
+  int64_t dispatched = 0;
+  int64_t rate_limit_waits = 0;
+};
+
+json counts_json(const UnitCounts& c) {
+  return {{"cursor", c.cursor ? json(*c.cursor) : json(nullptr)},
+          {"pages", c.pages},
+          {"eventsProduced", c.produced},
+          {"eventsDispatched", c.dispatched},
+          {"rateLimitWaits", c.rate_limit_waits}};
+}
+
+// Reads counts from a checkpoint or result; a document that is not an object (corrupt) reads
+// as "nothing yet" and `ok` is false.
+UnitCounts counts_from(const std::optional<std::string>& text, bool* ok = nullptr) {
+  UnitCounts c;
+  if (ok) *ok = true;
+  if (!text) return c;
+  json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    if (ok) *ok = false;
+    return c;
+  }
+  if (auto it = j.find("cursor"); it != j.end() && it->is_string())
+    c.cursor = it->get<std::string>();
+  c.pages = int_or(j, "pages");
+  c.produced = int_or(j, "eventsProduced");
+  c.dispatched = int_or(j, "eventsDispatched");
+  c.rate_limit_waits = int_or(j, "rateLimitWaits");
+  return c;
+}
+
+void validate_request(const RunRequest& r, const plugins::Connector* connector) {
+  if (r.installation_id.empty())
+    throw InvalidRequest("installationId", "installationId: must be a non-empty string");
+  if (r.provider.empty()) throw InvalidRequest("provider", "provider: must be a non-empty string");
+  if (!connector)
+    throw InvalidRequest("provider",
+                         "provider: no connector plugin is loaded for '" + r.provider + "'");
+  if (r.depth_days != 7 && r.depth_days != 30 && r.depth_days != 90)
+    throw InvalidRequest("depth",
+                         "depth: must be 7, 30 or 90 (got " + std::to_string(r.depth_days) + ")");
+  const auto& supported = connector->info().entity_types;
+  std::set<std::string> seen;
+  for (const std::string& t : r.entity_types) {
+    if (std::find(supported.begin(), supported.end(), t) == supported.end())
+      throw InvalidRequest("entityTypes", "entityTypes: '" + t + "' is not supported by " +
+                                              r.provider +
+                                              " (supported: " + json(supported).dump() + ")");
+    if (!seen.insert(t).second)
+      throw InvalidRequest("entityTypes", "entityTypes: '" + t + "' is listed twice");
+  }
+}
+
+std::vector<std::string> entity_types_for(const RunRequest& r, const plugins::Connector& c) {
+  return r.entity_types.empty() ? c.info().default_entity_types : r.entity_types;
+}
+
+// The run's status as the API shows it.
+std::string run_status(const jobs::Job& job) {
+  switch (job.status) {
+    case JobStatus::kQueued:
+      return job.checkpoint ? "running" : "queued";
+    case JobStatus::kRunning:
+    case JobStatus::kWaiting:
+      return "running";
+    case JobStatus::kSucceeded: {
+      json r = json::parse(job.result.value_or("{}"), nullptr, false);
+      return r.is_object() && r.value("success", false) ? "succeeded" : "failed";
+    }
+    case JobStatus::kDead:
+      return "failed";
+    case JobStatus::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+struct Pipeline::Impl {
+  Impl(jobs::JobStore& s, const Clock& c, const gateway::GatewayClient& g, ConnectorLookup l,
+       PipelineOptions o)
+      : store(s), clock(c), gateway(g), connectors(std::move(l)), options(std::move(o)) {}
+
+  jobs::JobStore& store;
+  const Clock& clock;
+  const gateway::GatewayClient& gateway;
+  ConnectorLookup connectors;
+  std::shared_ptr<spdlog::logger> log = logging::get("pipeline");
+
+  mutable std::mutex mutex;  // options, circuits
+  PipelineOptions options;
+  struct CachedCircuit {
+    jobs::CircuitRecord record;
+    int64_t read_ms = -1;
+  };
+  std::map<std::string, CachedCircuit> circuits;
+
+  std::atomic<int64_t> pages{0}, dispatched{0}, duplicates{0}, rate_limit_waits{0},
+      throttle_waits{0}, circuit_deferrals{0}, token_refreshes{0}, retries_in_place{0},
+      plugin_calls{0}, plugin_call_us{0};
+
+  PipelineOptions snapshot() const {
+    std::lock_guard lock(mutex);
+    return options;
+  }
+
+  // --- circuit breakers (E4) -------------------------------------------------------------------
+
+  // nullopt when a call may go; else when to try again. Reads the shared record at most once per
+  // kCircuitRefreshMs; an open circuit whose time has come is turned half-open (this call is the
+  // probe).
+  std::optional<int64_t> circuit_closed_until(const std::string& name, int64_t now) {
+    {
+      std::lock_guard lock(mutex);
+      auto it = circuits.find(name);
+      if (it != circuits.end() && now - it->second.read_ms < kCircuitRefreshMs) {
+        jobs::CircuitDecision d = jobs::decide(it->second.record, now);
+        if (!d.allowed) return d.retry_at_ms;
+        if (it->second.record.state == "closed") return std::nullopt;
+      }
+    }
+    jobs::CircuitDecision decision;
+    jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
+      decision = jobs::decide(r, now);
+      return decision.allowed && r.state == "open" ? jobs::begin_probe(r, now) : r;
+    });
+    {
+      std::lock_guard lock(mutex);
+      circuits[name] = {stored, now};
+    }
+    if (!decision.allowed) return decision.retry_at_ms;
+    return std::nullopt;
+  }
+
+  void circuit_event(const std::string& name, jobs::CircuitEvent event,
+                     const jobs::CircuitPolicy& policy, int64_t now) {
+    if (event == jobs::CircuitEvent::kSuccess) {
+      std::lock_guard lock(mutex);
+      auto it = circuits.find(name);
+      if (it != circuits.end() && it->second.record.state == "closed" &&
+          it->second.record.failures == 0)
+        return;  // nothing to record
+    }
+    jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
+      return jobs::record_event(r, event, policy, now);
+    });
+    std::lock_guard lock(mutex);
+    circuits[name] = {stored, now};
+  }
+
+  // Gateway calls: retryable errors count against the gateway circuit and retry the attempt;
+  // others (a 4xx: our request is wrong) are fatal.
+  [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o) {
+    if (e.retryable()) {
+      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, o.gateway_circuit,
+                    clock.now_ms());
+      throw JobFailure(e.what());
+    }
+    throw JobFailure(e.what(), true);
+  }
+
+  // --- the orchestrator (E1, E3) ---------------------------------------------------------------
+
+  Outcome run_job(JobContext& ctx) {
+    const jobs::Job& job = ctx.job();
+    json payload = parse_object(job.payload, "run payload");
+    RunRequest request = request_from(payload);
+    if (!job.checkpoint) return fan_out(ctx, request);
+    bool ok = true;
+    json cp = json::parse(*job.checkpoint, nullptr, false);
+    if (cp.is_discarded() || !cp.is_object() || !cp.contains("units")) ok = false;
+    if (!ok) {
+      // The units exist (they are this job's children); rebuild the list from them.
+      log->error("run {}: checkpoint is corrupt; rebuilding it from the run's units", job.id);
+      return fan_out(ctx, request);
+    }
+    return gather(ctx, request, cp);
+  }
+
+  Outcome fan_out(JobContext& ctx, const RunRequest& request) {
+    const jobs::Job& job = ctx.job();
+    PipelineOptions o = snapshot();
+    const plugins::Connector* connector = connectors(request.provider);
+    if (!connector) throw JobFailure("no connector plugin for provider: " + request.provider, true);
+
+    gateway::Connection connection;
+    try {
+      connection = gateway.connection(request.installation_id);
+    } catch (const gateway::GatewayError& e) {
+      if (e.status() == 404)
+        throw JobFailure("connection not found: " + request.installation_id, true);
+      gateway_failed(e, o);
+    }
+    if (connection.status != "active")
+      throw JobFailure("connection is not active: " + request.installation_id +
+                           " (status: " + connection.status + ")",
+                       true);
+    if (connection.provider != request.provider)
+      throw JobFailure("connection " + request.installation_id + " belongs to provider '" +
+                           connection.provider + "', not '" + request.provider + "'",
+                       true);
+    const std::string org_id = request.org_id.value_or(connection.org_id);
+    const std::vector<std::string> types = entity_types_for(request, *connector);
+    for (const std::string& t : types) {
+      const auto& supported = connector->info().entity_types;
+      if (std::find(supported.begin(), supported.end(), t) == supported.end())
+        throw JobFailure("entity type '" + t + "' is not supported by " + request.provider, true);
+    }
+    // `since` is computed once: every unit shares the window.
+    const int64_t now = ctx.now_ms();
+    const int64_t since = now - int64_t{request.depth_days} * kDayMs;
+
+    if (!connection.resources.empty()) validate_scopes(*connector, connection, request, o);
+
+    std::vector<UnitRef> units;
+    for (const auto& resource : connection.resources)
+      for (const std::string& t : types) units.push_back({0, resource.id, resource.name, t});
+    if (units.empty()) return Outcome::complete(aggregate(request, org_id, since, {}, {}).dump());
+
+    // A previous attempt may have enqueued some units before it crashed: adopt them (dedupe keys
+    // name the unit), so no unit is enqueued twice.
+    std::map<std::string, JobId> existing;
+    for (const jobs::Job& child : children(job.id)) {
+      if (child.dedupe_key) existing[*child.dedupe_key] = child.id;
+    }
+    std::vector<jobs::JobSpec> specs;
+    std::vector<size_t> spec_unit;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const UnitRef& u = units[i];
+      std::string key = dedupe_for(job.id, u.resource_id, u.entity_type);
+      if (auto it = existing.find(key); it != existing.end()) {
+        units[i].job_id = it->second;
+        continue;
+      }
+      json unit = {{"runId", job.id},
+                   {"installationId", request.installation_id},
+                   {"providerInstallationId", connection.installation_id},
+                   {"provider", request.provider},
+                   {"orgId", org_id},
+                   {"entityType", u.entity_type},
+                   {"resource", {{"id", u.resource_id}}},
+                   {"since", since},
+                   {"depth", request.depth_days}};
+      unit["resource"]["name"] = u.resource_name ? json(*u.resource_name) : json(nullptr);
+      jobs::JobSpec spec;
+      spec.kind = kEntityKind;
+      spec.payload = unit.dump();
+      spec.concurrency_key = request.installation_id;
+      spec.dedupe_key = key;
+      spec.max_attempts = o.entity_max_attempts;
+      spec.parent_id = job.id;
+      spec.timeout_ms = o.unit_timeout_ms;
+      specs.push_back(std::move(spec));
+      spec_unit.push_back(i);
+    }
+    if (!specs.empty()) {
+      std::vector<jobs::EnqueueResult> ids = store.enqueue_batch(specs, now);
+      for (size_t k = 0; k < ids.size(); ++k) units[spec_unit[k]].job_id = ids[k].id;
+    }
+    json cp = {{"stage", "waiting"},
+               {"since", since},
+               {"orgId", org_id},
+               {"deadline", now + o.unit_timeout_ms},
+               {"units", json::array()}};
+    for (const UnitRef& u : units) cp["units"].push_back(unit_json(u));
+    log->info("run {}: {} units for {} ({} resources x {} entity types)", job.id, units.size(),
+              request.installation_id, connection.resources.size(), types.size());
+    return Outcome::wait_for_children(now + o.unit_timeout_ms, cp.dump());
+  }
+
+  void validate_scopes(const plugins::Connector& connector, const gateway::Connection& connection,
+                       const RunRequest& request, const PipelineOptions& o) {
+    plugins::Unit unit;
+    unit.installation_id = connection.installation_id;
+    unit.resource_id = connection.resources.front().id;
+    unit.resource_name = connection.resources.front().name;
+    try {
+      unit.access_token = gateway.access_token(request.installation_id);
+    } catch (const gateway::GatewayError& e) {
+      gateway_failed(e, o);
+    }
+    try {
+      connector.validate_scopes(unit);
+    } catch (const plugins::ConnectorFailure& e) {
+      std::string what = std::string("scope validation failed: ") +
+                         std::string(plugins::status_name(e.status())) + ": " + e.what();
+      throw JobFailure(what, !e.is_retryable(), e.retry_after_ms());
+    }
+  }
+
+  std::vector<jobs::Job> children(JobId run_id) {
+    std::vector<jobs::Job> all;
+    jobs::JobQuery q;
+    q.parent_id = run_id;
+    q.limit = 500;
+    while (true) {
+      jobs::JobPage page = store.list(q);
+      for (auto& j : page.jobs) all.push_back(std::move(j));
+      if (!page.next_before) break;
+      q.before_id = page.next_before;
+    }
+    return all;
+  }
+
+  Outcome gather(JobContext& ctx, const RunRequest& request, const json& cp) {
+    const jobs::Job& job = ctx.job();
+    const int64_t now = ctx.now_ms();
+    const int64_t deadline = int_or(cp, "deadline", now);
+    std::map<JobId, jobs::Job> by_id;
+    for (jobs::Job& child : children(job.id)) by_id.emplace(child.id, std::move(child));
+
+    std::vector<UnitRef> units;
+    for (const json& u : cp["units"]) {
+      UnitRef ref;
+      ref.job_id = int_or(u, "jobId");
+      ref.resource_id = string_or(u, "resourceId");
+      ref.entity_type = string_or(u, "entityType");
+      if (auto it = u.find("resourceName"); it != u.end() && it->is_string())
+        ref.resource_name = it->get<std::string>();
+      units.push_back(std::move(ref));
+    }
+    std::vector<JobId> active;
+    for (const UnitRef& u : units) {
+      auto it = by_id.find(u.job_id);
+      if (it != by_id.end() && !jobs::is_terminal(it->second.status)) active.push_back(u.job_id);
+    }
+    std::set<JobId> timed_out;
+    if (!active.empty()) {
+      if (now < deadline) return Outcome::wait_for_children(deadline, cp.dump());
+      // Past the per-unit timeout: those units failed; stop them.
+      for (JobId id : active) {
+        store.cancel(id, now);
+        timed_out.insert(id);
+      }
+      log->warn("run {}: {} units did not finish before the unit timeout", job.id, active.size());
+    }
+    json result =
+        aggregate(request, string_or(cp, "orgId"), int_or(cp, "since"), units, by_id, timed_out);
+    log->info("run {}: done, success={}, {} of {} units completed, {} events dispatched", job.id,
+              result["success"].get<bool>(), result["completed"].get<int>(),
+              result["workUnits"].get<int>(), result["eventsDispatched"].get<int64_t>());
+    return Outcome::complete(result.dump());
+  }
+
+  json aggregate(const RunRequest& request, const std::string& org_id, int64_t since,
+                 const std::vector<UnitRef>& units, const std::map<JobId, jobs::Job>& by_id,
+                 const std::set<JobId>& timed_out = {}) {
+    int completed = 0, failed = 0;
+    UnitCounts total;
+    json results = json::array();
+    for (const UnitRef& u : units) {
+      json r = unit_json(u);
+      auto it = by_id.find(u.job_id);
+      bool success = false;
+      UnitCounts c;
+      std::optional<std::string> error;
+      if (it == by_id.end()) {
+        error = "unit job " + std::to_string(u.job_id) + " is missing";
+        r["status"] = "missing";
+      } else {
+        const jobs::Job& child = it->second;
+        r["status"] = std::string(jobs::to_string(child.status));
+        success = child.status == JobStatus::kSucceeded;
+        c = counts_from(success ? child.result : child.checkpoint);
+        if (timed_out.count(child.id)) {
+          error = "timeout: the unit did not complete within " +
+                  std::to_string(snapshot().unit_timeout_ms / 1000) + " s";
+          r["status"] = "timed_out";
+        } else if (!success) {
+          error = child.last_error.value_or(std::string(jobs::to_string(child.status)));
+        }
+      }
+      success ? ++completed : ++failed;
+      total.pages += c.pages;
+      total.produced += c.produced;
+      total.dispatched += c.dispatched;
+      total.rate_limit_waits += c.rate_limit_waits;
+      r["success"] = success;
+      r["pages"] = c.pages;
+      r["eventsProduced"] = c.produced;
+      r["eventsDispatched"] = c.dispatched;
+      r["rateLimitWaits"] = c.rate_limit_waits;
+      r["error"] = error ? json(*error) : json(nullptr);
+      results.push_back(std::move(r));
+    }
+    return {{"success", failed == 0},
+            {"installationId", request.installation_id},
+            {"provider", request.provider},
+            {"orgId", org_id},
+            {"since", since},
+            {"workUnits", static_cast<int>(units.size())},
+            {"completed", completed},
+            {"failed", failed},
+            {"pages", total.pages},
+            {"eventsProduced", total.produced},
+            {"eventsDispatched", total.dispatched},
+            {"rateLimitWaits", total.rate_limit_waits},
+            {"results", std::move(results)}};
+  }
+
+  // --- the entity worker (E2) ------------------------------------------------------------------
+
+  Outcome entity_job(JobContext& ctx) {
+    const jobs::Job& job = ctx.job();
+    json unit = parse_object(job.payload, "entity payload");
+    const std::string installation = string_or(unit, "installationId");
+    const std::string provider = string_or(unit, "provider");
+    const std::string org_id = string_or(unit, "orgId");
+    const std::string entity = string_or(unit, "entityType");
+    const json resource = unit.value("resource", json::object());
+    if (installation.empty() || provider.empty() || entity.empty() || !resource.is_object() ||
+        string_or(resource, "id").empty())
+      throw JobFailure("entity payload lacks installationId, provider, entityType or resource.id",
+                       true);
+    const plugins::Connector* connector = connectors(provider);
+    if (!connector) throw JobFailure("no connector plugin for provider: " + provider, true);
+
+    bool checkpoint_ok = true;
+    UnitCounts counts = counts_from(job.checkpoint, &checkpoint_ok);
+    if (!checkpoint_ok) {
+      // Deliveries are idempotent (deterministic ids), so starting over loses nothing.
+      log->error("job {}: checkpoint is not a JSON object; starting the unit from its first page",
+                 job.id);
+      counts = {};
+    }
+
+    plugins::FetchParams params;
+    // Delivery ids name the provider's installation (the connection's), not the connection.
+    params.unit.installation_id = string_or(unit, "providerInstallationId", installation);
+    params.unit.resource_id = string_or(resource, "id");
+    if (auto it = resource.find("name"); it != resource.end() && it->is_string())
+      params.unit.resource_name = it->get<std::string>();
+    params.entity_type = entity;
+    params.since_unix_ms = int_or(unit, "since");
+    params.cursor = counts.cursor;
+    // A unit that had a checkpoint but no cursor already finished its last page: it never stops
+    // there (the last page completes the job), so a cursor-less checkpoint means "first page".
+
+    const std::string provider_breaker = provider_circuit(provider);
+    bool have_token = false;
+    bool refreshed = false;
+    int retried = 0;  // transient provider errors on the current page
+    while (true) {
+      PipelineOptions o = snapshot();
+      int64_t now = ctx.now_ms();
+      if (auto until = circuit_closed_until(provider_breaker, now)) {
+        ++circuit_deferrals;
+        return Outcome::defer(*until, "circuit open: " + provider_breaker);
+      }
+      if (auto until = circuit_closed_until(kGatewayCircuit, now)) {
+        ++circuit_deferrals;
+        return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
+      }
+      if (int64_t wait = store.take_tokens(throttle_key(installation), 1, o.throttle_burst,
+                                           o.throttle_per_hour, now);
+          wait > 0) {
+        ++throttle_waits;
+        return Outcome::defer(now + wait, "throttled: " + installation);
+      }
+      if (!have_token) {
+        params.unit.access_token = token_for(installation, o);
+        have_token = true;
+      }
+      Fetched fetched = fetch(*connector, params, installation, o, ctx, refreshed, retried);
+      if (fetched.stop) return *fetched.stop;
+      if (!fetched.page) continue;  // the token was refreshed: fetch the same page again
+      const plugins::Page& p = *fetched.page;
+
+      if (p.size() > 0) {
+        if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms())) {
+          ++circuit_deferrals;
+          return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
+        }
+      }
+      for (size_t i = 0; i < p.size(); ++i) {
+        plugins::EventView e = p.event(i);
+        gateway::Delivery d{installation, org_id, e.delivery_id, e.event_type, e.payload_json};
+        for (int retry = 0;; ++retry) {
+          try {
+            if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
+            break;
+          } catch (const gateway::GatewayError& err) {
+            if (!err.retryable() || retry >= o.transient_retries) gateway_failed(err, o);
+            ++retries_in_place;
+            pause(o, retry);
+          }
+        }
+      }
+      if (p.size() > 0)
+        circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit,
+                      ctx.now_ms());
+      ++pages;
+      dispatched += static_cast<int64_t>(p.size());
+      counts.pages += 1;
+      counts.produced += static_cast<int64_t>(p.size());
+      counts.dispatched += static_cast<int64_t>(p.size());
+
+      std::optional<std::string_view> next = p.next_cursor();
+      if (!next) {
+        json result = counts_json(counts);
+        result.erase("cursor");
+        result["resourceId"] = params.unit.resource_id;
+        result["entityType"] = entity;
+        result["success"] = true;
+        return Outcome::complete(result.dump());
+      }
+      counts.cursor = std::string(*next);
+      params.cursor = counts.cursor;
+
+      // Near the provider's limit: sleep until its reset, as a run-after (not a held worker).
+      std::optional<backhaul_rate_limit_t> rl = p.rate_limit();
+      now = ctx.now_ms();
+      bool low = rl && rl->limit > 0 &&
+                 static_cast<double>(rl->remaining) < o.rate_limit_floor * rl->limit &&
+                 rl->reset_at_unix_ms > now;
+      if (low) counts.rate_limit_waits += 1;
+      ctx.checkpoint(counts_json(counts).dump());  // throws JobInterrupted on cancel/drain
+      if (low) {
+        ++rate_limit_waits;
+        return Outcome::defer(rl->reset_at_unix_ms, "rate limit: " + std::to_string(rl->remaining) +
+                                                        " of " + std::to_string(rl->limit) +
+                                                        " requests left");
+      }
+    }
+  }
+
+  std::string token_for(const std::string& installation, const PipelineOptions& o) {
+    try {
+      return gateway.access_token(installation);
+    } catch (const gateway::GatewayError& e) {
+      gateway_failed(e, o);
+    }
+  }
+
+  // One page, or why there is none: neither (the token was refreshed, or a transient error is
+  // retried: fetch the same page again) or `stop` (wait until the provider's limit resets).
+  // Refreshes at most once per page: a second AUTH_EXPIRED fails the attempt. A RETRYABLE error
+  // is retried in place up to transient_retries times per page, then fails the attempt (the job's
+  // retry resumes from the checkpoint). Other errors throw JobFailure.
+  struct Fetched {
+    std::optional<plugins::Page> page;
+    std::optional<Outcome> stop;
+  };
+  Fetched fetch(const plugins::Connector& connector, plugins::FetchParams& params,
+                const std::string& installation, const PipelineOptions& o, JobContext& ctx,
+                bool& refreshed, int& retried) {
+    const std::string breaker = provider_circuit(connector.info().id);
+    auto started = std::chrono::steady_clock::now();
+    try {
+      plugins::Page page = connector.fetch_page(params);
+      note_call(started);
+      refreshed = false;
+      retried = 0;
+      circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, ctx.now_ms());
+      return {std::move(page), std::nullopt};
+    } catch (const plugins::ConnectorFailure& e) {
+      note_call(started);
+      const std::string what =
+          std::string(plugins::status_name(e.status())) + ": " + std::string(e.what());
+      switch (e.status()) {
+        case BACKHAUL_AUTH_EXPIRED:
+          if (refreshed) throw JobFailure("token refreshed but still rejected: " + what);
+          ++token_refreshes;
+          refreshed = true;
+          params.unit.access_token = token_for(installation, o);
+          return {};
+        case BACKHAUL_RATE_LIMITED: {
+          ++rate_limit_waits;
+          int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
+          return {std::nullopt,
+                  Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what)};
+        }
+        case BACKHAUL_RETRYABLE:
+          circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, ctx.now_ms());
+          if (retried >= o.transient_retries || e.retry_after_ms() > o.transient_retry_ms * 4)
+            throw JobFailure(what, false, e.retry_after_ms());
+          ++retries_in_place;
+          pause(o, retried++);
+          return {};
+        default:
+          throw JobFailure(what, true);
+      }
+    }
+  }
+
+  // The short real wait before an in-place retry of a transient error (0 in tests).
+  static void pause(const PipelineOptions& o, int retry) {
+    if (o.transient_retry_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.transient_retry_ms << retry));
+  }
+
+  void note_call(std::chrono::steady_clock::time_point started) {
+    ++plugin_calls;
+    plugin_call_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - started)
+                          .count();
+  }
+};
+
+Pipeline::Pipeline(jobs::JobStore& store, const Clock& clock, const gateway::GatewayClient& gateway,
+                   ConnectorLookup connectors, PipelineOptions options)
+    : impl_(std::make_unique<Impl>(store, clock, gateway, std::move(connectors),
+                                   std::move(options))) {}
+
+Pipeline::~Pipeline() = default;
+
+PipelineOptions Pipeline::options() const { return impl_->snapshot(); }
+
+void Pipeline::apply_caps() {
+  PipelineOptions o = impl_->snapshot();
+  impl_->store.set_caps(kRunKind, o.run_caps);
+  impl_->store.set_caps(kEntityKind, o.entity_caps);
+}
+
+void Pipeline::register_handlers(jobs::Scheduler& scheduler) {
+  Impl* impl = impl_.get();
+  scheduler.register_handler(kRunKind, [impl](JobContext& ctx) { return impl->run_job(ctx); });
+  scheduler.register_handler(kEntityKind,
+                             [impl](JobContext& ctx) { return impl->entity_job(ctx); });
+}
+
+RunStart Pipeline::start_run(const RunRequest& request) {
+  validate_request(request, impl_->connectors(request.provider));
+  PipelineOptions o = impl_->snapshot();
+  jobs::JobSpec spec;
+  spec.kind = kRunKind;
+  spec.payload = request_json(request).dump();
+  spec.concurrency_key = request.installation_id;
+  spec.dedupe_key = request.installation_id;  // one active run per installation (D10)
+  spec.max_attempts = o.run_max_attempts;
+  jobs::EnqueueResult r = impl_->store.enqueue(spec, impl_->clock.now_ms());
+  if (r.created)
+    impl_->log->info("run {} requested for {} ({}, depth {} days)", r.id, request.installation_id,
+                     request.provider, request.depth_days);
+  return {r.id, r.created};
+}
+
+Preview Pipeline::preview(const RunRequest& request) {
+  const plugins::Connector* connector = impl_->connectors(request.provider);
+  validate_request(request, connector);
+  gateway::Connection connection = impl_->gateway.connection(request.installation_id);
+  if (connection.status != "active")
+    throw InvalidRequest("installationId", "installationId: connection " + request.installation_id +
+                                               " is not active (status: " + connection.status +
+                                               ")");
+  if (connection.provider != request.provider)
+    throw InvalidRequest("provider", "provider: connection " + request.installation_id +
+                                         " belongs to '" + connection.provider + "'");
+  Preview p;
+  p.installation_id = request.installation_id;
+  p.provider = request.provider;
+  p.org_id = request.org_id.value_or(connection.org_id);
+  p.since_ms = impl_->clock.now_ms() - int64_t{request.depth_days} * kDayMs;
+  for (const auto& resource : connection.resources)
+    for (const std::string& t : entity_types_for(request, *connector))
+      p.units.push_back({resource.id, resource.name, t});
+  // One page request per unit at least, plus the token and scope check.
+  p.estimated_requests = static_cast<int64_t>(p.units.size()) + (p.units.empty() ? 0 : 1);
+  return p;
+}
+
+namespace {
+
+RunView view_of(const jobs::Job& job) {
+  RunView v;
+  v.id = job.id;
+  json payload = json::parse(job.payload, nullptr, false);
+  if (payload.is_object()) v.request = request_from(payload);
+  v.status = run_status(job);
+  v.created_ms = job.created_ms;
+  v.started_ms = job.started_ms;
+  v.finished_ms = job.finished_ms;
+  if (job.status == JobStatus::kDead || job.status == JobStatus::kCancelled)
+    v.error = job.last_error;
+  const std::optional<std::string>& doc =
+      job.status == JobStatus::kSucceeded ? job.result : job.checkpoint;
+  json j = doc ? json::parse(*doc, nullptr, false) : json();
+  if (j.is_object()) {
+    v.since_ms = int_or(j, "since");
+    if (auto it = j.find("units"); it != j.end() && it->is_array())
+      v.units_total = static_cast<int>(it->size());
+    if (auto it = j.find("results"); it != j.end() && it->is_array())
+      v.units_total = static_cast<int>(it->size());
+  }
+  return v;
+}
+
+UnitProgress unit_of(const jobs::Job& child) {
+  UnitProgress u;
+  u.job_id = child.id;
+  json payload = json::parse(child.payload, nullptr, false);
+  if (payload.is_object()) {
+    u.entity_type = string_or(payload, "entityType");
+    json resource = payload.value("resource", json::object());
+    if (resource.is_object()) {
+      u.resource_id = string_or(resource, "id");
+      if (auto it = resource.find("name"); it != resource.end() && it->is_string())
+        u.resource_name = it->get<std::string>();
+    }
+  }
+  u.status = std::string(jobs::to_string(child.status));
+  u.attempts = child.attempts;
+  UnitCounts c =
+      counts_from(child.status == JobStatus::kSucceeded ? child.result : child.checkpoint);
+  u.pages = c.pages;
+  u.events_produced = c.produced;
+  u.events_dispatched = c.dispatched;
+  u.rate_limit_waits = c.rate_limit_waits;
+  if (child.status != JobStatus::kSucceeded) u.error = child.last_error;
+  return u;
+}
+
+}  // namespace
+
+std::optional<RunView> Pipeline::get_run(JobId run_id, bool with_units) {
+  std::optional<jobs::Job> job = impl_->store.get(run_id);
+  if (!job || job->kind != kRunKind) return std::nullopt;
+  RunView v = view_of(*job);
+  std::vector<jobs::Job> kids = impl_->children(run_id);
+  if (!kids.empty()) v.units_total = std::max(v.units_total, static_cast<int>(kids.size()));
+  for (auto it = kids.rbegin(); it != kids.rend(); ++it) {  // oldest (enqueue order) first
+    UnitProgress u = unit_of(*it);
+    if (jobs::is_terminal(it->status)) ++v.units_done;
+    if (jobs::is_terminal(it->status) && it->status != JobStatus::kSucceeded) ++v.units_failed;
+    v.pages += u.pages;
+    v.events_produced += u.events_produced;
+    v.events_dispatched += u.events_dispatched;
+    v.rate_limit_waits += u.rate_limit_waits;
+    if (with_units) v.units.push_back(std::move(u));
+  }
+  return v;
+}
+
+RunPage Pipeline::list_runs(const RunQuery& query) {
+  static const std::set<std::string> kStatuses = {"queued", "running", "succeeded", "failed",
+                                                  "cancelled"};
+  if (query.status && !kStatuses.count(*query.status))
+    throw InvalidRequest("status",
+                         "status: must be one of queued, running, succeeded, failed, "
+                         "cancelled (got '" +
+                             *query.status + "')");
+  const size_t limit = std::clamp<size_t>(query.limit, 1, 500);
+  RunPage page;
+  jobs::JobQuery q;
+  q.kind = kRunKind;
+  q.concurrency_key = query.installation_id;
+  q.before_id = query.before_id;
+  q.limit = limit;
+  while (true) {
+    jobs::JobPage jobs_page = impl_->store.list(q);
+    for (const jobs::Job& job : jobs_page.jobs) {
+      RunView v = view_of(job);
+      if (query.status && v.status != *query.status) continue;
+      page.runs.push_back(std::move(v));
+      if (page.runs.size() == limit) {
+        page.next_before = job.id;
+        return page;
+      }
+    }
+    if (!jobs_page.next_before) return page;
+    q.before_id = jobs_page.next_before;
+  }
+}
+
+std::optional<jobs::CancelOutcome> Pipeline::cancel_run(JobId run_id) {
+  std::optional<jobs::Job> job = impl_->store.get(run_id);
+  if (!job || job->kind != kRunKind) return std::nullopt;
+  const int64_t now = impl_->clock.now_ms();
+  jobs::CancelOutcome outcome = impl_->store.cancel(run_id, now);
+  // Units of a run that is still fanning out (running) are cancelled here; a waiting run's
+  // units were cancelled with it.
+  for (const jobs::Job& child : impl_->children(run_id))
+    if (!jobs::is_terminal(child.status)) impl_->store.cancel(child.id, now);
+  impl_->log->info("run {}: cancel requested", run_id);
+  return outcome;
+}
+
+int Pipeline::cancel_installation(const std::string& installation_id) {
+  if (installation_id.empty())
+    throw InvalidRequest("installationId", "installationId: must be a non-empty string");
+  return impl_->store.cancel_key(installation_id, "", impl_->clock.now_ms());
+}
+
+RateLimitSettings Pipeline::rate_limits() const {
+  PipelineOptions o = impl_->snapshot();
+  return {o.throttle_per_hour, o.throttle_burst, o.rate_limit_floor, o.entity_caps, o.run_caps};
+}
+
+void Pipeline::set_rate_limits(const RateLimitSettings& s) {
+  if (!(s.throttle_per_hour > 0))
+    throw InvalidRequest("throttlePerHour", "throttlePerHour: must be > 0");
+  if (!(s.throttle_burst >= 1))
+    throw InvalidRequest("throttleBurst", "throttleBurst: must be >= 1");
+  if (!(s.rate_limit_floor >= 0 && s.rate_limit_floor <= 1))
+    throw InvalidRequest("rateLimitFloor", "rateLimitFloor: must be within [0, 1]");
+  for (auto [name, caps] : {std::pair{"entityCaps", s.entity_caps}, {"runCaps", s.run_caps}}) {
+    if (caps.per_key < 0 || caps.global < 0)
+      throw InvalidRequest(name, std::string(name) + ": caps must be >= 0 (0 = unlimited)");
+  }
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->options.throttle_per_hour = s.throttle_per_hour;
+    impl_->options.throttle_burst = s.throttle_burst;
+    impl_->options.rate_limit_floor = s.rate_limit_floor;
+    impl_->options.entity_caps = s.entity_caps;
+    impl_->options.run_caps = s.run_caps;
+  }
+  apply_caps();
+}
+
+PipelineMetrics Pipeline::metrics() const {
+  const Impl& i = *impl_;
+  return {i.pages.load(),           i.dispatched.load(),
+          i.duplicates.load(),      i.rate_limit_waits.load(),
+          i.throttle_waits.load(),  i.circuit_deferrals.load(),
+          i.token_refreshes.load(), i.plugin_calls.load(),
+          i.plugin_call_us.load()};
+}
+
+}  // namespace backhaul::pipeline

@@ -1,0 +1,619 @@
+// The backfill pipeline end to end in one process: the real connector plugins (dlopen), a real
+// SQLite store, the scheduler, and the sandbox's fake GitHub, Vercel and gateway over loopback
+// HTTP. Time is a FakeClock shared by the sandbox (rate-limit windows), the plugins and the queue,
+// so waits for rate limits, throttles and retries are crossed by moving the clock, never by
+// sleeping. Seed 000's integration tests 1-6 are here, plus resume, rate limit, throttle and E1's
+// edges.
+#include "core/pipeline/pipeline.h"
+
+#include <filesystem>
+#include <functional>
+#include <mutex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/common/clock.h"
+#include "core/gateway/gateway_client.h"
+#include "core/http/poco_transport.h"
+#include "core/jobs/job_store.h"
+#include "core/jobs/scheduler.h"
+#include "core/plugins/plugin_loader.h"
+#include "host/sandbox/sandbox.h"
+
+namespace backhaul::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using jobs::JobStatus;
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr int64_t kStart = 1'767'225'600'000;  // 2026-01-01T00:00:00Z
+
+// The plugins' HTTP service: real HTTP, with a hook that may answer a request instead (a fault
+// on the Nth request, a 404 for one repository) or watch it (cancel mid-run).
+class HookTransport final : public http::Transport {
+ public:
+  using Hook = std::function<std::optional<http::Response>(const http::Request&, size_t n)>;
+
+  http::Response perform(const http::Request& request) override {
+    Hook hook;
+    size_t n = 0;
+    {
+      std::lock_guard lock(mutex_);
+      n = ++count_;
+      urls_.push_back(request.url);
+      hook = hook_;
+    }
+    if (hook) {
+      if (std::optional<http::Response> answer = hook(request, n)) return *answer;
+    }
+    return inner_.perform(request);
+  }
+  void reset(Hook hook = nullptr) {
+    std::lock_guard lock(mutex_);
+    hook_ = std::move(hook);
+    count_ = 0;
+    urls_.clear();
+  }
+  std::vector<std::string> urls() const {
+    std::lock_guard lock(mutex_);
+    return urls_;
+  }
+
+ private:
+  http::PocoTransport inner_;
+  mutable std::mutex mutex_;
+  Hook hook_;
+  size_t count_ = 0;
+  std::vector<std::string> urls_;
+};
+
+http::Response status_response(int status, std::string body) {
+  http::Response r;
+  r.status = status;
+  r.headers.emplace_back("content-type", "application/json");
+  r.body = std::move(body);
+  return r;
+}
+
+// A sandbox data set: `repos` GitHub repositories and `projects` Vercel projects per installation,
+// `items` items per entity type per resource.
+sandbox::SandboxOptions data(int repos, int projects, int64_t items, int installations = 1) {
+  sandbox::SandboxOptions o;
+  o.installations = installations;
+  o.repos = repos;
+  o.projects = projects;
+  o.items = items;
+  return o;
+}
+
+// Plugins are loaded once per process, bound to these services.
+FakeClock& test_clock() {
+  static FakeClock clock(kStart);
+  return clock;
+}
+HookTransport& plugin_transport() {
+  static HookTransport transport;
+  return transport;
+}
+plugins::PluginRegistry& registry() {
+  static plugins::PluginRegistry* r = [] {
+    auto* reg =
+        new plugins::PluginRegistry(plugins::HostServices{plugin_transport(), test_clock()});
+    for (const char* path : {BACKHAUL_GITHUB_PLUGIN, BACKHAUL_VERCEL_PLUGIN}) {
+      if (auto problem = reg->load_file(path))
+        throw std::runtime_error("cannot load " + problem->path.string() + ": " + problem->reason);
+    }
+    return reg;
+  }();
+  return *r;
+}
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test_clock().set_ms(kStart);
+    plugin_transport().reset();
+    db_ = fs::temp_directory_path() /
+          ("backhaul-pipeline-" + std::to_string(::getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".db");
+    fs::remove(db_);
+    store_ = jobs::open_sqlite_store(db_.string());
+  }
+  void TearDown() override {
+    scheduler_.reset();
+    pipeline_.reset();
+    store_.reset();
+    if (sandbox_) sandbox_->stop();
+    plugin_transport().reset();
+    for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db_.string() + suffix);
+  }
+
+  // Test defaults: in-place retries of transient errors without real waiting.
+  static PipelineOptions fast() {
+    PipelineOptions o;
+    o.transient_retry_ms = 0;
+    return o;
+  }
+
+  void start(sandbox::SandboxOptions o = {}, PipelineOptions options = fast()) {
+    o.now_ms = [] { return test_clock().now_ms(); };
+    sandbox_ = std::make_unique<sandbox::Sandbox>(o);
+    sandbox_->start();
+    gateway_ = std::make_unique<gateway::GatewayClient>(
+        gateway_transport_, sandbox_->base_url() + "/gateway", std::nullopt, test_clock());
+    for (const char* id : {"github", "vercel"}) {
+      json config = {{"base_url", sandbox_->base_url() + "/" + id}};
+      connectors_.emplace(id, registry().find(id)->create(config.dump()));
+    }
+    pipeline_ = std::make_unique<Pipeline>(
+        *store_, test_clock(), *gateway_,
+        [this](const std::string& provider) -> const plugins::Connector* {
+          auto it = connectors_.find(provider);
+          return it == connectors_.end() ? nullptr : &it->second;
+        },
+        options);
+    pipeline_->apply_caps();
+    jobs::SchedulerOptions so;
+    so.owner = "pipeline-test";
+    so.unit_random = [] { return 0.5; };  // jitter factor 1.0
+    scheduler_ = std::make_unique<jobs::Scheduler>(*store_, test_clock(), so);
+    pipeline_->register_handlers(*scheduler_);
+  }
+
+  // Runs jobs one at a time until nothing is left to run. When only jobs due later remain, moves
+  // the clock to the earliest of them. Returns the number of jobs run.
+  int drive(int max_steps = 5000) {
+    int ran = 0;
+    for (int step = 0; step < max_steps; ++step) {
+      if (scheduler_->run_once(1) == 1) {
+        ++ran;
+        continue;
+      }
+      jobs::JobQuery q;
+      q.status = JobStatus::kQueued;
+      q.limit = 1000;
+      std::optional<int64_t> next;
+      for (const jobs::Job& j : store_->list(q).jobs)
+        next = std::min(next.value_or(j.run_after_ms), j.run_after_ms);
+      if (!next || *next <= test_clock().now_ms()) return ran;
+      test_clock().set_ms(*next);
+    }
+    ADD_FAILURE() << "drive(): still running after " << max_steps << " steps";
+    return ran;
+  }
+
+  RunStart start_run(const std::string& connection, const std::string& provider,
+                     std::vector<std::string> types = {}) {
+    RunRequest r;
+    r.installation_id = connection;
+    r.provider = provider;
+    r.depth_days = 30;
+    r.entity_types = std::move(types);
+    return pipeline_->start_run(r);
+  }
+
+  json run_result(jobs::JobId run) {
+    std::optional<jobs::Job> job = store_->get(run);
+    if (!job || !job->result) return json();
+    return json::parse(*job->result);
+  }
+
+  std::vector<jobs::Job> units_of(jobs::JobId run) {
+    jobs::JobQuery q;
+    q.parent_id = run;
+    q.limit = 500;
+    return store_->list(q).jobs;
+  }
+
+  int64_t requests_to(std::string_view needle) {
+    int64_t n = 0;
+    for (const std::string& url : plugin_transport().urls())
+      if (url.find(needle) != std::string::npos) ++n;
+    return n;
+  }
+
+  fs::path db_;
+  std::unique_ptr<jobs::JobStore> store_;
+  std::unique_ptr<sandbox::Sandbox> sandbox_;
+  http::PocoTransport gateway_transport_;
+  std::unique_ptr<gateway::GatewayClient> gateway_;
+  std::map<std::string, plugins::Connector> connectors_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<jobs::Scheduler> scheduler_;
+};
+
+// Seed 000 tests 1 and 3: 3 repositories x 3 entity types = 9 units, every event delivered once,
+// the run's totals the real sum of its units.
+TEST_F(PipelineTest, GithubRunFansOutNineUnitsAndDeliversEveryEventOnce) {
+  start(data(3, 1, 250));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_TRUE(run.created);
+  drive();
+
+  std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 9u);
+  std::set<std::pair<std::string, std::string>> seen;
+  for (const jobs::Job& u : units) {
+    EXPECT_EQ(u.status, JobStatus::kSucceeded) << u.payload;
+    EXPECT_EQ(u.kind, kEntityKind);
+    EXPECT_EQ(u.concurrency_key, "gh-inst-1");
+    json p = json::parse(u.payload);
+    seen.insert({p["resource"]["id"].get<std::string>(), p["entityType"].get<std::string>()});
+    EXPECT_EQ(u.payload.find("token"), std::string::npos) << "no token in a payload";
+  }
+  EXPECT_EQ(seen.size(), 9u) << "every (resource, entity type) pair once";
+
+  sandbox::Report report = sandbox_->report("inst-1");
+  const sandbox::DeliveryCounts& gh = report.gateway_by_provider["github"];
+  EXPECT_GT(gh.expected, 0);
+  EXPECT_EQ(gh.missing, 0);
+  EXPECT_EQ(gh.unexpected, 0);
+  EXPECT_EQ(gh.duplicates, 0);
+
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  EXPECT_EQ(result["workUnits"], 9);
+  EXPECT_EQ(result["completed"], 9);
+  EXPECT_EQ(result["failed"], 0);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(), gh.unique);
+  int64_t sum = 0;
+  for (const json& r : result["results"]) sum += r["eventsDispatched"].get<int64_t>();
+  EXPECT_EQ(sum, gh.unique);
+
+  std::optional<RunView> view = pipeline_->get_run(run.run_id);
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->status, "succeeded");
+  EXPECT_EQ(view->units_total, 9);
+  EXPECT_EQ(view->units_done, 9);
+  EXPECT_EQ(view->units_failed, 0);
+  EXPECT_EQ(view->events_dispatched, gh.unique);
+  EXPECT_EQ(view->units.size(), 9u);
+  EXPECT_GT(pipeline_->metrics().pages, 0);
+}
+
+// Seed 000 test 2: Vercel, one project, one entity type: one unit.
+TEST_F(PipelineTest, VercelRunWithOneProjectIsOneUnit) {
+  start(data(0, 1, 120));
+  RunStart run = start_run("vc-inst-1", "vercel");
+  drive();
+  std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(json::parse(units[0].payload)["entityType"], "deployment");
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  EXPECT_EQ(result["workUnits"], 1);
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_EQ(report.gateway_by_provider["vercel"].missing, 0);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(), report.gateway_by_provider["vercel"].unique);
+  EXPECT_EQ(report.gateway_by_provider["vercel"].unique, 120);
+}
+
+// Seed 000 test 4: cancel mid-run. The running unit stops at its next page boundary, queued units
+// are cancelled at once, and nothing more is fetched.
+TEST_F(PipelineTest, CancellingARunStopsTheRunningUnitAtThePageBoundaryAndTheRest) {
+  start(data(2, 1, 500));
+  RunStart run = start_run("gh-inst-1", "github", {"issue", "release"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the orchestrator fans out 4 units
+  ASSERT_EQ(units_of(run.run_id).size(), 4u);
+
+  // During the first unit's second page, an operator cancels the run.
+  std::atomic<bool> cancelled{false};
+  size_t cancel_at = 0;
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n == 2 && !cancelled.exchange(true)) {
+      cancel_at = n;
+      EXPECT_TRUE(pipeline_->cancel_run(run.run_id).has_value());
+    }
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  EXPECT_TRUE(cancelled.load());
+  EXPECT_EQ(plugin_transport().urls().size(), cancel_at) << "no page after the boundary";
+  EXPECT_EQ(drive(), 0) << "nothing is left to run";
+
+  std::optional<RunView> view = pipeline_->get_run(run.run_id);
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->status, "cancelled");
+  for (const jobs::Job& u : units_of(run.run_id)) EXPECT_EQ(u.status, JobStatus::kCancelled);
+  EXPECT_EQ(view->units_done, 4);
+  // The cancelled unit kept the pages it had delivered.
+  EXPECT_EQ(view->pages, 2);
+  EXPECT_EQ(view->events_dispatched, sandbox_->report("inst-1").gateway.unique);
+}
+
+// Seed 000 test 5: a unit that fails (here every request for one repository answers 404, which
+// GitHub's connector reports as FATAL) is reported in the run's aggregate; the others complete.
+TEST_F(PipelineTest, AFailingUnitIsReportedInTheAggregateAndTheOthersComplete) {
+  start(data(3, 1, 150));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  json first = json::parse(units_of(run.run_id).back().payload);
+  const std::string broken = "/repos/" + first["resource"]["name"].get<std::string>() + "/";
+  plugin_transport().reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find(broken) == std::string::npos) return std::nullopt;
+    return status_response(404, R"({"message":"Not Found"})");
+  });
+  drive();
+
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], false);
+  EXPECT_EQ(result["workUnits"], 9);
+  EXPECT_EQ(result["failed"], 3) << result.dump(2);
+  EXPECT_EQ(result["completed"], 6);
+  for (const json& r : result["results"]) {
+    bool is_broken = r["resourceName"] == first["resource"]["name"];
+    EXPECT_EQ(r["success"], !is_broken) << r.dump();
+    if (is_broken) {
+      EXPECT_EQ(r["status"], "dead");
+      EXPECT_THAT(r["error"].get<std::string>(), HasSubstr("404"));
+    }
+  }
+  EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "failed");
+  jobs::DeadLetterPage letters = store_->list_dead_letters({});
+  EXPECT_EQ(letters.items.size(), 3u);
+  // FATAL: one attempt each, no retries burnt.
+  for (const jobs::Job& u : units_of(run.run_id))
+    if (u.status == JobStatus::kDead) {
+      EXPECT_EQ(u.attempts, 1);
+    }
+}
+
+// Seed 000 test 6: the token expires mid-pagination (the sandbox answers 401 once a token has
+// served 4 requests); the worker refreshes it once and fetches the same page again.
+TEST_F(PipelineTest, AnExpiredTokenIsRefreshedAndThePageFetchedAgain) {
+  sandbox::SandboxOptions o = data(1, 0, 900);
+  o.faults.token_ttl_requests = 4;
+  start(o);
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_GT(pipeline_->metrics().token_refreshes, 0);
+  for (const jobs::Job& u : units_of(run.run_id)) EXPECT_EQ(u.attempts, 1) << "no failed attempt";
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_GT(report.faults_injected["token_expired"], 0);
+  EXPECT_EQ(report.gateway.missing, 0);
+  EXPECT_EQ(report.gateway.unexpected, 0);
+}
+
+// D11: a unit failing at page 41 of 50 resumes there on its retry, not at page 1.
+TEST_F(PipelineTest, AUnitFailingAtPage41Of50ResumesFromItsCheckpoint) {
+  PipelineOptions options = fast();
+  options.transient_retries = 0;  // the 500 fails the attempt at once
+  start(data(0, 1, 5000), options);
+  std::string failed_url;
+  std::atomic<int> lists{0};
+  plugin_transport().reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/v6/deployments") == std::string::npos || ++lists != 41) return std::nullopt;
+    failed_url = r.url;
+    return status_response(500, R"({"error":{"code":"internal_server_error"}})");
+  });
+  RunStart run = start_run("vc-inst-1", "vercel");
+  drive();
+
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["eventsDispatched"], 5000);
+  const int64_t pages = result["pages"].get<int64_t>();
+  EXPECT_GE(pages, 50);
+  std::vector<std::string> requests;
+  for (const std::string& url : plugin_transport().urls())
+    if (url.find("/v6/deployments") != std::string::npos) requests.push_back(url);
+  ASSERT_EQ(static_cast<int64_t>(requests.size()), pages + 1)
+      << "every page once, plus the failure";
+  EXPECT_EQ(requests[41], failed_url) << "the retry asks for page 41 again";
+  EXPECT_EQ(std::count(requests.begin(), requests.end(), requests[0]), 1) << "no restart at page 1";
+  jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kSucceeded);
+  EXPECT_EQ(unit.attempts, 2);
+  std::vector<jobs::Attempt> history = store_->attempts(unit.id);
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].outcome, "failed");
+  EXPECT_THAT(history[0].error.value_or(""), HasSubstr("500"));
+  EXPECT_EQ(sandbox_->report("inst-1").gateway.duplicates, 0);
+}
+
+// E2: when fewer than 10% of the provider's requests are left, the unit sleeps until the reset as
+// a run-after (no 429 ever provoked, no attempt counted) and then carries on.
+TEST_F(PipelineTest, ALowRateLimitDefersTheUnitUntilTheResetWithoutAnAttempt) {
+  sandbox::SandboxOptions o = data(1, 0, 1000);
+  o.faults.rate_limit = 20;
+  o.faults.rate_window_s = 600;
+  start(o);
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  json result = run_result(run.run_id);
+  ASSERT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_GE(result["rateLimitWaits"].get<int>(), 1);
+  jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.attempts, 1);
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_EQ(report.faults_injected["rate_limited"], 0) << "never ran into the limit";
+  EXPECT_EQ(report.gateway.missing, 0);
+  EXPECT_GE(test_clock().now_ms(), kStart + 600'000) << "waited for a reset";
+}
+
+// D8: the throttle (tokens per installation per hour) spaces requests; a throttled unit waits
+// with a run-after and its attempt does not count.
+TEST_F(PipelineTest, TheThrottleSpacesProviderRequestsPerInstallation) {
+  PipelineOptions options = fast();
+  options.throttle_per_hour = 3600;  // one request per second
+  options.throttle_burst = 5;
+  start(data(0, 1, 2000), options);
+  RunStart run = start_run("vc-inst-1", "vercel");
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  const int64_t pages = run_result(run.run_id)["pages"].get<int64_t>();
+  EXPECT_EQ(requests_to("/v6/deployments"), pages);
+  // A burst of 5, then one per second.
+  EXPECT_GE(test_clock().now_ms() - kStart, (pages - 5) * 1000 - 1000);
+  EXPECT_GT(pipeline_->metrics().throttle_waits, 0);
+  EXPECT_EQ(units_of(run.run_id).at(0).attempts, 1);
+}
+
+// E4: a provider that keeps failing opens its circuit; units then wait (a run-after, no attempt
+// burnt) until the half-open probe, which succeeds once the provider is back.
+TEST_F(PipelineTest, AnOpenProviderCircuitDefersUnitsInsteadOfBurningTheirAttempts) {
+  PipelineOptions options = fast();
+  options.transient_retries = 0;
+  options.provider_circuit = {3, 60'000};
+  start(data(2, 0, 300), options);
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out: 6 units
+  sandbox::Faults failing;
+  failing.fail_rate = 1.0;
+  sandbox_->set_faults(failing);
+  for (int i = 0; i < 12 && pipeline_->metrics().circuit_deferrals == 0; ++i)
+    scheduler_->run_once(1);
+  ASSERT_GT(pipeline_->metrics().circuit_deferrals, 0) << "the circuit opened";
+  jobs::CircuitRecord circuit =
+      store_->update_circuit("provider:github", [](auto& r) { return r; });
+  EXPECT_EQ(circuit.state, "open");
+  int failed_attempts = 0;
+  for (const jobs::Job& u : units_of(run.run_id)) {
+    EXPECT_NE(u.status, JobStatus::kDead);
+    for (const jobs::Attempt& a : store_->attempts(u.id)) failed_attempts += a.outcome == "failed";
+  }
+  EXPECT_EQ(failed_attempts, 3) << "only the failures that opened the circuit counted";
+
+  sandbox::Faults healthy;
+  sandbox_->set_faults(healthy);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(store_->update_circuit("provider:github", [](auto& r) { return r; }).state, "closed");
+  EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].missing, 0);
+}
+
+// Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
+// with exact counts: every expected delivery once after dedupe, nothing unexpected.
+TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts) {
+  sandbox::SandboxOptions o = data(3, 0, 400);
+  o.faults.fail_rate = 0.1;
+  o.faults.gateway_fail_rate = 0.1;
+  o.faults.burst_429_every = 7;
+  o.faults.burst_len = 2;
+  o.faults.retry_after_s = 3;
+  start(o);
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  json result = run_result(run.run_id);
+  ASSERT_EQ(result["success"], true) << result.dump(2);
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_GT(report.faults_injected["provider_5xx"], 0);
+  EXPECT_GT(report.faults_injected["gateway_5xx"], 0);
+  EXPECT_GT(report.faults_injected["burst_429"], 0);
+  const sandbox::DeliveryCounts& gh = report.gateway_by_provider["github"];
+  EXPECT_EQ(gh.missing, 0);
+  EXPECT_EQ(gh.unexpected, 0);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(), gh.unique)
+      << "a page fetched again after a failed attempt is not counted twice";
+  EXPECT_GT(pipeline_->metrics().transient_retries, 0);
+}
+
+// A run that fans out again (it crashed after enqueuing, or its checkpoint was reset) adopts the
+// units it already has instead of enqueuing them twice.
+TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
+  start(data(2, 0, 120));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  ASSERT_EQ(units_of(run.run_id).size(), 6u);
+  store_->set_checkpoint(run.run_id, std::nullopt, test_clock().now_ms());
+  drive();
+  EXPECT_EQ(units_of(run.run_id).size(), 6u) << "no unit enqueued twice";
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 6);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(),
+            sandbox_->report("inst-1").gateway_by_provider["github"].unique);
+}
+
+// D10 and request validation: errors name the field; a second run for an installation gets the
+// active one.
+TEST_F(PipelineTest, RunRequestsAreValidatedAndAtMostOneRunIsActivePerInstallation) {
+  start();
+  auto field_of = [&](RunRequest r) {
+    try {
+      pipeline_->start_run(r);
+    } catch (const InvalidRequest& e) {
+      return e.field();
+    }
+    return std::string("(accepted)");
+  };
+  RunRequest ok{"gh-inst-1", "github", std::nullopt, 30, {}};
+  EXPECT_EQ(field_of({"", "github", std::nullopt, 30, {}}), "installationId");
+  EXPECT_EQ(field_of({"gh-inst-1", "gitlab", std::nullopt, 30, {}}), "provider");
+  EXPECT_EQ(field_of({"gh-inst-1", "github", std::nullopt, 14, {}}), "depth");
+  EXPECT_EQ(field_of({"gh-inst-1", "github", std::nullopt, 30, {"commit"}}), "entityTypes");
+  EXPECT_EQ(field_of({"gh-inst-1", "github", std::nullopt, 30, {"issue", "issue"}}), "entityTypes");
+  RunStart a = pipeline_->start_run(ok);
+  RunStart b = pipeline_->start_run(ok);
+  EXPECT_TRUE(a.created);
+  EXPECT_FALSE(b.created);
+  EXPECT_EQ(a.run_id, b.run_id);
+  EXPECT_TRUE(pipeline_->start_run({"vc-inst-1", "vercel", std::nullopt, 7, {}}).created);
+}
+
+// E1: an unknown connection ends the run at once (FATAL, one attempt, a dead letter).
+TEST_F(PipelineTest, AnUnknownConnectionFailsTheRunWithoutRetries) {
+  start();
+  RunStart run = start_run("gh-inst-9", "github");
+  drive();
+  std::optional<jobs::Job> job = store_->get(run.run_id);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->status, JobStatus::kDead);
+  EXPECT_EQ(job->attempts, 1);
+  EXPECT_THAT(job->last_error.value_or(""), HasSubstr("connection not found: gh-inst-9"));
+  EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "failed");
+}
+
+// E1: a connection without resources is a success with zero counts.
+TEST_F(PipelineTest, ZeroWorkUnitsIsASuccessWithZeroCounts) {
+  start(data(0, 1, 250));
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  EXPECT_EQ(result["workUnits"], 0);
+  EXPECT_EQ(result["eventsDispatched"], 0);
+  EXPECT_TRUE(units_of(run.run_id).empty());
+  EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "succeeded");
+}
+
+// Seed 004's dry run: the units and an estimate, nothing enqueued.
+TEST_F(PipelineTest, PreviewListsTheUnitsWithoutEnqueuing) {
+  start(data(2, 1, 250));
+  Preview p = pipeline_->preview({"gh-inst-1", "github", std::nullopt, 7, {"issue", "release"}});
+  EXPECT_EQ(p.units.size(), 4u);
+  EXPECT_EQ(p.since_ms, kStart - 7 * 24 * 3600 * 1000LL);
+  EXPECT_GE(p.estimated_requests, 4);
+  EXPECT_TRUE(store_->list({}).jobs.empty());
+}
+
+// Listing: newest first, filtered by status, paged.
+TEST_F(PipelineTest, RunsAreListedNewestFirstWithAStatusFilter) {
+  start(data(1, 1, 10, 3));
+  std::vector<jobs::JobId> ids;
+  for (const char* c : {"gh-inst-1", "gh-inst-2", "gh-inst-3"})
+    ids.push_back(start_run(c, "github", {"release"}).run_id);
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  drive();
+  RunPage all = pipeline_->list_runs({});
+  ASSERT_EQ(all.runs.size(), 3u);
+  EXPECT_EQ(all.runs[0].id, ids[2]);
+  EXPECT_EQ(all.runs[2].id, ids[0]);
+  RunPage page = pipeline_->list_runs({std::nullopt, std::nullopt, std::nullopt, 2});
+  ASSERT_EQ(page.runs.size(), 2u);
+  ASSERT_TRUE(page.next_before);
+  RunPage rest = pipeline_->list_runs({std::nullopt, std::nullopt, page.next_before, 2});
+  ASSERT_EQ(rest.runs.size(), 1u);
+  EXPECT_EQ(rest.runs[0].id, ids[0]);
+  EXPECT_EQ(pipeline_->list_runs({"succeeded", std::nullopt, std::nullopt, 50}).runs.size(), 3u);
+  EXPECT_TRUE(pipeline_->list_runs({"running", std::nullopt, std::nullopt, 50}).runs.empty());
+  EXPECT_THROW(pipeline_->list_runs({"done", std::nullopt, std::nullopt, 50}), InvalidRequest);
+}
+
+}  // namespace
+}  // namespace backhaul::pipeline
