@@ -86,6 +86,9 @@ Response route(Call& call) {
   if (group == "jobs") return handle_jobs(call, rest);
   if (group == "dead-letters") return handle_dead_letters(call, rest);
   if (group == "plugins") return handle_plugins(call, rest);
+  if (group == "runs") return handle_runs(call, rest);
+  if (group == "installations") return handle_installations(call, rest);
+  if (group == "rate-limits") return handle_rate_limits(call, rest);
   throw not_found("NOT_FOUND", "no route for " + request.path);
 }
 
@@ -214,6 +217,18 @@ json optional_text(const std::optional<std::string>& value) {
   return value ? json(*value) : json(nullptr);
 }
 }  // namespace
+
+std::string_view cancel_outcome_name(jobs::CancelOutcome outcome) {
+  switch (outcome) {
+    case jobs::CancelOutcome::kCancelled:
+      return "cancelled";
+    case jobs::CancelOutcome::kRequested:
+      return "requested";
+    case jobs::CancelOutcome::kAlreadyFinished:
+      return "already_finished";
+  }
+  return "unknown";
+}
 
 json page_json(json items, const std::optional<int64_t>& next_before) {
   return {{"items", std::move(items)},

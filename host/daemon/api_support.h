@@ -71,6 +71,8 @@ std::optional<std::string> query_string(const host::Request& request, const char
 // A path id: a positive integer, else validation_error("id").
 int64_t path_id(std::string_view segment);
 
+// "cancelled", "requested", "already_finished".
+std::string_view cancel_outcome_name(jobs::CancelOutcome outcome);
 // {"items": items, "nextBefore": id or null}: one page of a newest-first list.
 nlohmann::json page_json(nlohmann::json items, const std::optional<int64_t>& next_before);
 nlohmann::json job_json(const jobs::Job& job);
@@ -83,7 +85,12 @@ nlohmann::json parse_stored(const std::string& text);
 host::Response handle_jobs(Call& call, Route rest);
 host::Response handle_dead_letters(Call& call, Route rest);
 host::Response handle_plugins(Call& call, Route rest);
+host::Response handle_runs(Call& call, Route rest);
+host::Response handle_installations(Call& call, Route rest);
+host::Response handle_rate_limits(Call& call, Route rest);
 host::Response handle_health(Call& call, Route rest);  // below /health
 host::Response handle_metrics(Call& call);
+// The pipeline's counters in Prometheus text, appended to `out` (nothing without a pipeline).
+void append_pipeline_metrics(Call& call, std::string* out);
 
 }  // namespace backhaul::daemon

@@ -7,7 +7,10 @@
 
 #include "core/common/errors.h"
 #include "core/common/logging.h"
+#include "core/gateway/gateway_client.h"
 #include "core/http/poco_transport.h"
+#include "core/jobs/scheduler.h"
+#include "core/pipeline/pipeline.h"
 #include "host/daemon/admin_api.h"
 #include "host/daemon/admin_server.h"
 #include "host/daemon/audit_log.h"
@@ -25,6 +28,9 @@ struct Daemon::Impl {
   std::unique_ptr<jobs::JobStore> store;
   std::unique_ptr<plugins::PluginRegistry> registry;
   std::map<std::string, plugins::Connector> connectors;  // by provider id
+  std::unique_ptr<gateway::GatewayClient> gateway;
+  std::unique_ptr<pipeline::Pipeline> pipeline;
+  std::unique_ptr<jobs::Scheduler> scheduler;
   std::unique_ptr<AuditLog> audit;
   std::unique_ptr<AdminApi> api;
   std::unique_ptr<AdminServer> server;
@@ -33,6 +39,7 @@ struct Daemon::Impl {
 
   void open_store();
   void load_plugins();
+  void start_pipeline();
 };
 
 void Daemon::Impl::open_store() {
@@ -78,6 +85,44 @@ void Daemon::Impl::load_plugins() {
   }
 }
 
+void Daemon::Impl::start_pipeline() {
+  gateway = std::make_unique<gateway::GatewayClient>(*transport, config.gateway.url,
+                                                     config.gateway.api_key, clock);
+  const DaemonConfig::Pipeline& p = config.pipeline;
+  pipeline::PipelineOptions options;
+  options.unit_timeout_ms = p.unit_timeout_ms;
+  options.throttle_per_hour = p.throttle_per_hour;
+  options.throttle_burst = p.throttle_burst;
+  options.rate_limit_floor = p.rate_limit_floor;
+  options.entity_caps = {p.entity_caps.per_installation, p.entity_caps.global};
+  options.run_caps = {p.run_caps.per_installation, p.run_caps.global};
+  options.provider_circuit = {p.provider_circuit.failure_threshold, p.provider_circuit.open_ms};
+  options.gateway_circuit = {p.gateway_circuit.failure_threshold, p.gateway_circuit.open_ms};
+  // The connector map is complete before the pipeline exists and never changes afterwards, so
+  // lookups from worker threads need no lock.
+  pipeline = std::make_unique<pipeline::Pipeline>(
+      *store, clock, *gateway,
+      [this](const std::string& provider) -> const plugins::Connector* {
+        auto it = connectors.find(provider);
+        return it == connectors.end() ? nullptr : &it->second;
+      },
+      options);
+  pipeline->apply_caps();
+
+  const DaemonConfig::Scheduler& s = config.scheduler;
+  jobs::SchedulerOptions scheduler_options;
+  scheduler_options.owner = s.owner;
+  scheduler_options.workers = s.workers;
+  scheduler_options.lease_ms = s.lease_ms;
+  scheduler_options.heartbeat_interval_ms = s.heartbeat_ms;
+  scheduler_options.sweep_interval_ms = s.sweep_ms;
+  scheduler_options.retention_ms = int64_t{s.retention_days} * 86'400'000;
+  scheduler = std::make_unique<jobs::Scheduler>(*store, clock, scheduler_options);
+  pipeline->register_handlers(*scheduler);
+  scheduler->start();
+  log->info("scheduler started: owner {}, {} workers", s.owner, s.workers);
+}
+
 Daemon::Daemon(DaemonConfig config, const Clock& clock)
     : impl_(std::make_unique<Impl>(std::move(config), clock)) {}
 
@@ -90,6 +135,7 @@ void Daemon::start() {
   d.audit = std::make_unique<AuditLog>(d.config.admin.audit_log);
   d.open_store();
   d.load_plugins();
+  d.start_pipeline();
 
   AdminApiOptions api_options;
   api_options.token = d.config.admin.token;
@@ -97,7 +143,9 @@ void Daemon::start() {
   api_options.max_body_bytes = static_cast<size_t>(d.config.admin.max_body_bytes);
   api_options.max_header_bytes = static_cast<size_t>(d.config.admin.max_header_bytes);
   d.api = std::make_unique<AdminApi>(
-      AdminApiDeps{*d.store, d.clock, *d.registry, *d.audit, nullptr, nullptr}, api_options);
+      AdminApiDeps{*d.store, d.clock, *d.registry, *d.audit, [&d] { return d.scheduler->stats(); },
+                   d.pipeline.get()},
+      api_options);
   d.server = std::make_unique<AdminServer>(
       *d.api, AdminServerOptions{d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port),
                                  d.config.admin.max_connections, d.config.admin.timeout_ms});
@@ -109,7 +157,14 @@ void Daemon::stop() {
   Impl& d = *impl_;
   if (!d.started || d.stopped) return;
   d.stopped = true;
-  if (d.server) d.server->stop();
+  if (d.server) d.server->stop();  // no new API requests from here on
+  if (d.scheduler) {
+    const auto grace = std::chrono::milliseconds(d.config.shutdown.grace_ms);
+    d.log->info("draining: up to {} ms for in-flight pages", grace.count());
+    d.scheduler->drain(grace);
+    const jobs::SchedulerStats stats = d.scheduler->stats();
+    d.log->info("drained: {} jobs released, {} interrupted", stats.released, stats.interrupted);
+  }
   d.log->info("stopped");
 }
 

@@ -141,6 +141,10 @@ Response handle_metrics(Call& call) {
         << circuit_value(record.state) << '\n';
   }
 
+  std::string pipeline_text;
+  append_pipeline_metrics(call, &pipeline_text);
+  out << pipeline_text;
+
   Response response;
   response.content_type = "text/plain; version=0.0.4; charset=utf-8";
   response.body = out.str();

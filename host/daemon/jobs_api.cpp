@@ -46,26 +46,15 @@ Response get_job(Call& call, jobs::JobId id) {
   return call.ok(200, std::move(body));
 }
 
-std::string_view outcome_name(jobs::CancelOutcome outcome) {
-  switch (outcome) {
-    case jobs::CancelOutcome::kCancelled:
-      return "cancelled";
-    case jobs::CancelOutcome::kRequested:
-      return "requested";
-    case jobs::CancelOutcome::kAlreadyFinished:
-      return "already_finished";
-  }
-  return "unknown";
-}
-
 Response cancel_job(Call& call, jobs::JobId id) {
   require_job(call, id);
   const jobs::CancelOutcome outcome = call.deps.store.cancel(id, call.now_ms());
-  call.summary = "cancel job " + std::to_string(id) + ": " + std::string(outcome_name(outcome));
+  call.summary =
+      "cancel job " + std::to_string(id) + ": " + std::string(cancel_outcome_name(outcome));
   const jobs::Job job = require_job(call, id);
-  return call.ok(
-      200,
-      {{"jobId", id}, {"outcome", outcome_name(outcome)}, {"status", jobs::to_string(job.status)}});
+  return call.ok(200, {{"jobId", id},
+                       {"outcome", cancel_outcome_name(outcome)},
+                       {"status", jobs::to_string(job.status)}});
 }
 
 Response checkpoint(Call& call, jobs::JobId id) {
