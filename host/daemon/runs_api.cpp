@@ -155,7 +155,12 @@ Response list_runs(Call& call) {
   query.limit = query_limit(call.request);
   const pipeline::RunPage page = validated([&] { return p.list_runs(query); });
   json items = json::array();
-  for (const pipeline::RunView& run : page.runs) items.push_back(run_json(run, false));
+  // Pipeline::list_runs leaves unit totals and counts out (they live in the units' jobs); each
+  // listed run is read again with them, so list and get agree.
+  for (const pipeline::RunView& listed : page.runs) {
+    const std::optional<pipeline::RunView> run = p.get_run(listed.id, /*with_units=*/false);
+    items.push_back(run_json(run ? *run : listed, false));
+  }
   return call.ok(200, page_json(std::move(items), page.next_before));
 }
 

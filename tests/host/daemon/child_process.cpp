@@ -15,8 +15,9 @@ extern char** environ;
 namespace backhaul::daemon::testing {
 
 ChildProcess::ChildProcess(const std::string& path, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, std::filesystem::path stderr_path)
-    : stderr_path_(std::move(stderr_path)) {
+                           const std::vector<std::string>& env, std::filesystem::path stderr_path,
+                           std::filesystem::path stdout_path)
+    : stderr_path_(std::move(stderr_path)), stdout_path_(std::move(stdout_path)) {
   std::vector<std::string> arg_storage = {path};
   arg_storage.insert(arg_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -31,7 +32,8 @@ ChildProcess::ChildProcess(const std::string& path, const std::vector<std::strin
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, stdout_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   const int rc = posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("posix_spawn " + path + ": " + std::to_string(rc));
@@ -75,11 +77,29 @@ bool ChildProcess::signal(int signal_number) const {
   return pid_ > 0 && kill(pid_, signal_number) == 0;
 }
 
-std::string ChildProcess::stderr_text() const {
-  std::ifstream in(stderr_path_);
+namespace {
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+}  // namespace
+
+std::string ChildProcess::stderr_text() const { return read_file(stderr_path_); }
+
+std::string ChildProcess::stdout_text() const { return read_file(stdout_path_); }
+
+CommandResult run_command(const std::string& path, const std::vector<std::string>& args,
+                          const std::vector<std::string>& env, const std::filesystem::path& dir,
+                          std::chrono::seconds timeout) {
+  ChildProcess child(path, args, env, dir / "command.stderr", dir / "command.stdout");
+  const int status = child.wait_exit(timeout);
+  CommandResult result;
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  result.out = child.stdout_text();
+  result.err = child.stderr_text();
+  return result;
 }
 
 }  // namespace backhaul::daemon::testing

@@ -152,6 +152,8 @@ TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
   const json list = call("GET", "/v1/runs?installationId=gh-inst-1").json();
   ASSERT_FALSE(list["items"].empty());
   EXPECT_EQ(list["items"].back()["id"], run_id);
+  EXPECT_EQ(list["items"].back()["eventsDispatched"], run["eventsDispatched"]);
+  EXPECT_EQ(list["items"].back()["unitsTotal"], run["unitsTotal"]);
   EXPECT_EQ(call("GET", "/v1/runs?status=succeeded&limit=1").json()["items"].size(), 1u);
   EXPECT_EQ(call("POST", "/v1/runs/" + std::to_string(run_id) + "/cancel").json()["outcome"],
             "already_finished");
@@ -164,6 +166,46 @@ TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
   EXPECT_NE(metrics.find("backhaul_jobs{kind=\"backfill.entity\",status=\"succeeded\"} "),
             std::string::npos)
       << metrics;
+}
+
+TEST_F(RunApiTest, CliRunStartWaitShowsProgressAndExits0OnSuccess) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const std::string url = "http://127.0.0.1:" + std::to_string(daemon_->port());
+  const CommandResult started =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "start", "--url", url, "--installation", "vc-inst-1", "--provider",
+                   "vercel", "--depth", "30", "--wait", "--interval-ms", "100"},
+                  env, dir_, std::chrono::seconds(120));
+  ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+  EXPECT_NE(started.out.find("started"), std::string::npos) << started.out;
+  EXPECT_NE(started.out.find(" succeeded: units "), std::string::npos) << started.out;
+  EXPECT_NE(started.out.find("rate-limit waits 0, ETA done in"), std::string::npos) << started.out;
+  const json runs = call("GET", "/v1/runs?installationId=vc-inst-1").json();
+  ASSERT_EQ(runs["items"].size(), 1u);
+  const std::string id = std::to_string(runs["items"][0]["id"].get<int64_t>());
+  EXPECT_EQ(runs["items"][0]["eventsDispatched"],
+            sandbox_report("inst-1")["gateway"]["by_provider"]["vercel"]["unique"]);
+
+  const CommandResult status =
+      run_command(BACKHAUL_CLI_PATH, {"run", "status", id, "--url", url}, env, dir_);
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_NE(status.out.find("run " + id + " succeeded"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("deployment"), std::string::npos) << status.out;
+  const CommandResult list =
+      run_command(BACKHAUL_CLI_PATH, {"run", "list", "--url", url}, env, dir_);
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_NE(list.out.find("vc-inst-1"), std::string::npos) << list.out;
+  const CommandResult cancel =
+      run_command(BACKHAUL_CLI_PATH, {"run", "cancel", id, "--url", url}, env, dir_);
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_NE(cancel.out.find("already_finished"), std::string::npos) << cancel.out;
+  // A run that does not succeed makes --wait exit 1.
+  const CommandResult failing =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "start", "--url", url, "--installation", "no-such-connection",
+                   "--provider", "github", "--wait", "--interval-ms", "100"},
+                  env, dir_, std::chrono::seconds(120));
+  EXPECT_EQ(failing.exit_code, 1) << failing.out << failing.err;
 }
 
 TEST_F(RunApiTest, RunRequestsAreValidatedAndRunsCanBeCancelled) {
