@@ -3,6 +3,8 @@
 #include "host/daemon/config.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -217,6 +219,51 @@ TEST(JsonSchemaTest, ValidatesTheSubsetItUses) {
   EXPECT_EQ(violations[3].path, "c");
   EXPECT_EQ(validate_json(schema, json::object()).at(0).message, "is required");
   EXPECT_THROW(validate_json({{"$ref", "#/$defs/missing"}}, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace backhaul::daemon
+
+namespace backhaul::daemon {
+namespace {
+
+// The committed OpenAPI description names every route the API serves.
+TEST(OpenApiTest, DescribesEveryRoute) {
+  std::ifstream in(std::string(BACKHAUL_SOURCE_DIR) + "/schemas/openapi.yaml");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* route : {"/v1/runs",
+                            "/v1/runs/preview",
+                            "/v1/runs/{id}",
+                            "/v1/runs/{id}/cancel",
+                            "/v1/installations/{id}/cancel",
+                            "/v1/jobs",
+                            "/v1/jobs/{id}",
+                            "/v1/jobs/{id}/cancel",
+                            "/v1/jobs/{id}/checkpoint",
+                            "/v1/dead-letters",
+                            "/v1/dead-letters/stats",
+                            "/v1/dead-letters/retry",
+                            "/v1/dead-letters/purge",
+                            "/v1/dead-letters/{id}",
+                            "/v1/dead-letters/{id}/retry",
+                            "/v1/dead-letters/{id}/ignore",
+                            "/v1/plugins",
+                            "/v1/plugins/{id}",
+                            "/v1/plugins/{id}/validate-config",
+                            "/v1/rate-limits",
+                            "/health/live",
+                            "/health/ready",
+                            "/metrics"}) {
+    EXPECT_NE(text.str().find(std::string("\n  ") + route + ":\n"), std::string::npos) << route;
+  }
+  for (const char* code :
+       {"VALIDATION_ERROR", "UNAUTHORIZED", "JOB_NOT_FOUND", "RUN_NOT_FOUND",
+        "DEAD_LETTER_NOT_FOUND", "PLUGIN_NOT_FOUND", "METHOD_NOT_ALLOWED", "CONFLICT",
+        "PAYLOAD_TOO_LARGE", "STORAGE_ERROR", "GATEWAY_ERROR", "INTERNAL_ERROR"}) {
+    EXPECT_NE(text.str().find(code), std::string::npos) << code;
+  }
 }
 
 }  // namespace
