@@ -54,4 +54,44 @@ std::optional<DeadLetterStatus> parse_dead_letter_status(std::string_view text) 
   return std::nullopt;
 }
 
+// One transaction per item; backends override this to share one.
+std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int64_t now_ms) {
+  std::vector<FinishResult> results(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Finish& f = items[i];
+    FinishResult& r = results[i];
+    try {
+      switch (f.kind) {
+        case Finish::Kind::kComplete:
+          complete(f.id, f.token, f.result_json, now_ms);
+          r.status = JobStatus::kSucceeded;
+          break;
+        case Finish::Kind::kFail:
+          r.status = fail(f.id, f.token, f.failure, now_ms);
+          break;
+        case Finish::Kind::kDefer:
+          defer(f.id, f.token, f.until_ms, f.reason, now_ms);
+          break;
+        case Finish::Kind::kRelease:
+          release(f.id, f.token, now_ms);
+          break;
+        case Finish::Kind::kWaitForChildren:
+          wait_for_children(f.id, f.token, f.until_ms, f.checkpoint, now_ms);
+          break;
+      }
+      // These may have cancelled the job (cancellation rule) or queued a parent at once.
+      if (!r.status) {
+        std::optional<Job> job = get(f.id);
+        if (job) r.status = job->status;
+      }
+    } catch (const LeaseLost& e) {
+      r.lease_lost = true;
+      r.error = e.what();
+    } catch (const Error& e) {
+      r.error = e.what();
+    }
+  }
+  return results;
+}
+
 }  // namespace backhaul::jobs

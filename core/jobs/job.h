@@ -80,7 +80,9 @@ struct Attempt {
   std::string owner;
   int64_t started_ms = 0;
   int64_t finished_ms = 0;
-  std::string outcome;  // "succeeded", "failed", "fatal", "lease_expired", "released", "deferred"
+  // "running" (open), "succeeded", "failed", "fatal", "lease_expired", "released", "deferred",
+  // "waiting" (handed to its children) or "cancelled"
+  std::string outcome;
   std::optional<std::string> error;
 };
 

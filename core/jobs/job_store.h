@@ -82,6 +82,28 @@ struct SweepResult {
   int parents_woken = 0;  // waiting parents whose children-wait deadline passed
 };
 
+// One way a running job's attempt ends, for finish(): the arguments complete(), fail(), defer(),
+// release() or wait_for_children() would take.
+struct Finish {
+  enum class Kind { kComplete = 1, kFail, kDefer, kRelease, kWaitForChildren };
+  Kind kind = Kind::kComplete;
+  JobId id = 0;
+  std::string token;
+  std::string result_json = "{}";         // kComplete
+  Failure failure;                        // kFail
+  int64_t until_ms = 0;                   // kDefer: run_after; kWaitForChildren: deadline
+  std::string reason;                     // kDefer
+  std::optional<std::string> checkpoint;  // kWaitForChildren
+};
+
+struct FinishResult {
+  // The job's status after the item: kSucceeded, kQueued, kDead, kWaiting or kCancelled. Unset
+  // when the item was not applied.
+  std::optional<JobStatus> status;
+  bool lease_lost = false;  // not applied: the lease no longer matched (see LeaseLost)
+  std::string error;        // not applied: why
+};
+
 enum class CancelOutcome {
   kCancelled = 1,    // was queued or waiting: now cancelled (with its active children)
   kRequested,        // was running: the worker learns at its next heartbeat or checkpoint
@@ -159,7 +181,9 @@ class JobStore {
 
   // --- consuming ---------------------------------------------------------------------------
   // Atomically takes up to `limit` queued jobs whose run_after has come, in (priority,
-  // run_after, id) order, skipping keys at their cap and kinds at their global cap. Each claimed
+  // run_after, id) order, skipping keys at their cap and kinds at their global cap. For a kind
+  // with a per-key cap, keys take turns: the least-loaded key's next job first, so one tenant's
+  // backlog cannot starve another's. Each claimed
   // job is running with a new lease token, attempts + 1, and an attempt row.
   virtual std::vector<Claimed> claim(const ClaimRequest& request) = 0;
 
@@ -169,7 +193,8 @@ class JobStore {
                                     const std::optional<std::string>& checkpoint) = 0;
   virtual void complete(JobId id, const std::string& token, const std::string& result_json,
                         int64_t now_ms) = 0;
-  // Returns the resulting status: kQueued (will retry) or kDead.
+  // Returns the resulting status: kQueued (will retry), kDead (FATAL or attempts exhausted), or
+  // kCancelled (a retry of a job whose cancel was requested: the cancellation rule).
   virtual JobStatus fail(JobId id, const std::string& token, const Failure& failure,
                          int64_t now_ms) = 0;
   // "Wait until T" (rate limit, throttle, open circuit): back to queued with run_after, and the
@@ -178,6 +203,12 @@ class JobStore {
                      const std::string& reason, int64_t now_ms) = 0;
   // Graceful drain: back to queued at once, attempt not counted.
   virtual void release(JobId id, const std::string& token, int64_t now_ms) = 0;
+  // Applies many endings at once, as the methods above would one by one, in as few transactions
+  // as the backend can (SQLite: one). Each item stands alone: one whose lease was lost, or that
+  // fails for any reason, is reported in its result and changes nothing, and the others still
+  // apply. Returns once every applied item is durable; results are in input order. Throws only
+  // when the store itself fails (then no item may be assumed applied).
+  virtual std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms);
   // Fan-in: the parent stops running and waits for its children (attempt not counted). It
   // becomes queued again when pending_children reaches 0, or at deadline_ms.
   virtual void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
@@ -189,7 +220,8 @@ class JobStore {
   // deadline become queued. Concurrent sweeps from several hosts are safe.
   virtual SweepResult sweep(int64_t now_ms) = 0;
   // Deletes finished (succeeded, cancelled, dead with a resolved/ignored letter) jobs that
-  // finished before `before_ms`, with their attempts. Returns the number of jobs deleted.
+  // finished before `before_ms`, with their attempts, in chunks (one transaction each, so a
+  // large pass never holds the store for long). Returns the number of jobs deleted.
   virtual int64_t prune(int64_t finished_before_ms) = 0;
 
   // --- cancellation --------------------------------------------------------------------------
@@ -220,13 +252,16 @@ class JobStore {
 
   // --- throttle (token bucket per key, shared by every host) --------------------------------
   // Takes `cost` tokens from the bucket `key` (capacity `capacity`, refilled at
-  // `refill_per_hour`). Returns 0 when granted, else the milliseconds until it would be.
+  // `refill_per_hour`). Returns 0 when granted, else the milliseconds until it would be. Throws
+  // std::invalid_argument unless 0 <= cost <= capacity and capacity > 0 (a larger cost could
+  // never be granted).
   virtual int64_t take_tokens(const std::string& key, double cost, double capacity,
                               double refill_per_hour, int64_t now_ms) = 0;
 
   // --- circuit breakers ------------------------------------------------------------------------
   // Reads the record (a closed one when absent), applies `next`, stores and returns the result,
-  // in one transaction.
+  // in one transaction. `next` may run more than once (a transaction retried after a deadlock),
+  // so it must be a pure function of its argument.
   virtual CircuitRecord update_circuit(
       const std::string& name, const std::function<CircuitRecord(const CircuitRecord&)>& next) = 0;
 

@@ -1611,6 +1611,62 @@ class MysqlStore final : public JobStore {
     if (op.error) std::rethrow_exception(op.error);
   }
 
+  // Completions share one set-based transaction (as concurrent complete() calls do); the other
+  // endings, rarer, take one transaction each.
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    std::vector<FinishResult> results(items.size());
+    std::vector<CompleteOp> ops;
+    std::vector<size_t> op_item;
+    ops.reserve(items.size());
+    std::vector<Finish> others;
+    std::vector<size_t> other_item;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Finish& f = items[i];
+      if (f.kind == Finish::Kind::kComplete) {
+        ops.push_back({f.id, f.token, f.result_json, now_ms, nullptr, false});
+        op_item.push_back(i);
+      } else {
+        others.push_back(f);
+        other_item.push_back(i);
+      }
+    }
+    if (!ops.empty()) {
+      std::vector<CompleteOp*> batch;
+      for (CompleteOp& op : ops) batch.push_back(&op);
+      try {
+        transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
+      } catch (...) {
+        for (CompleteOp* o : batch) {
+          try {
+            transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
+          } catch (...) {
+            o->error = std::current_exception();
+          }
+        }
+      }
+      for (size_t k = 0; k < ops.size(); ++k) {
+        FinishResult& r = results[op_item[k]];
+        if (!ops[k].error) {
+          r.status = JobStatus::kSucceeded;
+          continue;
+        }
+        try {
+          std::rethrow_exception(ops[k].error);
+        } catch (const LeaseLost& e) {
+          r.lease_lost = true;
+          r.error = e.what();
+        } catch (const std::exception& e) {
+          r.error = e.what();
+        }
+      }
+    }
+    if (!others.empty()) {
+      std::vector<FinishResult> rest = JobStore::finish(others, now_ms);
+      for (size_t k = 0; k < rest.size(); ++k) results[other_item[k]] = std::move(rest[k]);
+    }
+    return results;
+  }
+
   JobStatus fail(JobId id, const std::string& token, const Failure& failure,
                  int64_t now_ms) override {
     return transact("fail", [&](Tx& tx) {
@@ -1690,11 +1746,11 @@ class MysqlStore final : public JobStore {
       // Waiting parents past their deadline. A plain UPDATE, not SKIP LOCKED: it waits for a
       // concurrent sweep's lock and then re-reads the row, so each parent is woken exactly once
       // and none is left for a later sweep. Every sweep locks parents in the same index order.
-      Result woken = read_after(tx, w,
-                                Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
-                                    << now_ms << ", wait_deadline_ms = 0, updated_ms = " << now_ms
-                                    << " WHERE status = 'waiting' AND wait_deadline_ms <= "
-                                    << now_ms);
+      Result woken =
+          read_after(tx, w,
+                     Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
+                         << now_ms << ", wait_deadline_ms = 0, updated_ms = " << now_ms
+                         << " WHERE status = 'waiting' AND wait_deadline_ms <= " << now_ms);
       result.parents_woken = static_cast<int>(woken.affected);
       w.commit(tx);
       return result;

@@ -1,6 +1,7 @@
 #include "core/jobs/scheduler.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "core/common/logging.h"
 
@@ -60,8 +61,10 @@ void Scheduler::start() {
   if (claiming_ || !threads_.empty()) return;
   claiming_ = true;
   stopped_ = false;
+  finisher_running_ = true;
   for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   threads_.emplace_back([this] { claim_loop(); });
+  threads_.emplace_back([this] { finisher_loop(); });
   threads_.emplace_back([this] { heartbeat_loop(); });
   threads_.emplace_back([this] { sweep_loop(); });
 }
@@ -75,7 +78,7 @@ void Scheduler::claim_loop() {
   int64_t backoff_ms = options_.idle_poll_ms;
   std::unique_lock lock(mutex_);
   while (claiming_ && !stopped_) {
-    int free = options_.workers - busy_;
+    int free = options_.workers + options_.prefetch - busy_;
     if (free <= 0) {
       wake_.wait(lock);
       continue;
@@ -189,72 +192,158 @@ void Scheduler::execute(Claimed claimed) {
     std::lock_guard lock(mutex_);
     running_.push_back(context);
   }
+  std::optional<Ending> ending;
   try {
     if (!handler) throw JobFailure("no handler for job kind '" + context->job_.kind + "'", true);
     if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
-    finish(*context, handler(*context));
+    ending = finish(*context, handler(*context));
   } catch (const JobInterrupted& e) {
     ++interrupted_;
     if (e.reason() != JobInterrupted::Reason::kLeaseLost) {
       // Cancelled jobs become cancelled in the store; drained ones go back to queued.
-      try {
-        store_.release(context->job_.id, context->token_, clock_.now_ms());
-        ++released_;
-      } catch (const std::exception& release_error) {
-        log_->warn("job {}: release after interruption failed: {}", context->job_.id,
-                   release_error.what());
-      }
+      Finish f;
+      f.kind = Finish::Kind::kRelease;
+      f.id = context->job_.id;
+      f.token = context->token_;
+      ending = Ending{std::move(f), context->job_.kind, context->job_.attempts,
+                      context->job_.max_attempts};
     } else {
       log_->warn("job {} lost its lease; another worker owns it now", context->job_.id);
     }
   } catch (const JobFailure& e) {
-    fail(*context, e.what(), e.fatal(), e.retry_after_ms());
+    ending = fail(*context, e.what(), e.fatal(), e.retry_after_ms());
   } catch (const LeaseLost& e) {
     log_->warn("job {} lost its lease: {}", context->job_.id, e.what());
   } catch (const std::exception& e) {
-    fail(*context, e.what(), false, 0);
+    ending = fail(*context, e.what(), false, 0);
   }
-  std::lock_guard lock(mutex_);
-  running_.erase(std::find(running_.begin(), running_.end(), context));
+  {
+    std::lock_guard lock(mutex_);
+    running_.erase(std::find(running_.begin(), running_.end(), context));
+  }
+  if (ending) end(std::move(*ending));
 }
 
-void Scheduler::finish(JobContext& c, const Outcome& outcome) {
-  int64_t now = clock_.now_ms();
+Scheduler::Ending Scheduler::finish(JobContext& c, const Outcome& outcome) {
+  Finish f;
+  f.id = c.job_.id;
+  f.token = c.token_;
   switch (outcome.kind) {
     case Outcome::Kind::kComplete:
-      store_.complete(c.job_.id, c.token_, outcome.result_json, now);
-      ++succeeded_;
-      return;
+      f.kind = Finish::Kind::kComplete;
+      f.result_json = outcome.result_json;
+      break;
     case Outcome::Kind::kDefer:
-      store_.defer(c.job_.id, c.token_, outcome.until_ms, outcome.reason, now);
-      ++deferred_;
-      return;
+      f.kind = Finish::Kind::kDefer;
+      f.until_ms = outcome.until_ms;
+      f.reason = outcome.reason;
+      break;
     case Outcome::Kind::kWaitForChildren:
-      store_.wait_for_children(c.job_.id, c.token_, outcome.until_ms, outcome.checkpoint, now);
-      ++waiting_;
-      return;
+      f.kind = Finish::Kind::kWaitForChildren;
+      f.until_ms = outcome.until_ms;
+      f.checkpoint = outcome.checkpoint;
+      break;
   }
+  return {std::move(f), c.job_.kind, c.job_.attempts, c.job_.max_attempts};
 }
 
-void Scheduler::fail(JobContext& c, const std::string& error, bool fatal, int64_t retry_after_ms) {
-  ++failed_;
+Scheduler::Ending Scheduler::fail(JobContext& c, const std::string& error, bool fatal,
+                                  int64_t retry_after_ms) {
   int64_t delay = retry_after_ms > 0
                       ? retry_after_ms
                       : options_.retry.delay_ms(c.job_.attempts, options_.unit_random);
-  try {
-    JobStatus status = store_.fail(c.job_.id, c.token_, {error, fatal, delay}, clock_.now_ms());
-    if (status == JobStatus::kDead) {
-      log_->error("job {} ({}) is dead after {} attempts: {}", c.job_.id, c.job_.kind,
-                  c.job_.attempts, error);
-    } else {
-      log_->warn("job {} ({}) failed attempt {}/{}, retrying in {} ms: {}", c.job_.id, c.job_.kind,
-                 c.job_.attempts, c.job_.max_attempts, delay, error);
+  Finish f;
+  f.kind = Finish::Kind::kFail;
+  f.id = c.job_.id;
+  f.token = c.token_;
+  f.failure = {error, fatal, delay};
+  return {std::move(f), c.job_.kind, c.job_.attempts, c.job_.max_attempts};
+}
+
+void Scheduler::end(Ending ending) {
+  std::unique_lock lock(mutex_);
+  if (finisher_running_) {
+    endings_.push_back(std::move(ending));
+    if (endings_.size() == 1) endings_ready_.notify_one();
+    return;
+  }
+  lock.unlock();
+  std::vector<Ending> one;
+  one.push_back(std::move(ending));
+  apply(one);
+}
+
+void Scheduler::finisher_loop() {
+  std::vector<Ending> batch;
+  std::unique_lock lock(mutex_);
+  while (true) {
+    endings_ready_.wait(lock, [this] { return !endings_.empty() || !finisher_running_; });
+    if (endings_.empty()) return;  // stopped and flushed
+    batch.swap(endings_);
+    lock.unlock();
+    apply(batch);
+    batch.clear();
+    lock.lock();
+  }
+}
+
+void Scheduler::apply(std::vector<Ending>& endings) {
+  std::vector<Finish> items;
+  items.reserve(endings.size());
+  for (const Ending& e : endings) items.push_back(e.finish);
+  std::vector<FinishResult> results;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      results = store_.finish(items, clock_.now_ms());
+      break;
+    } catch (const std::exception& e) {
+      if (attempt >= 5) {
+        // Their leases expire and the sweep takes them back (the attempt counts).
+        log_->error("recording {} job endings failed {} times, giving up: {}", items.size(),
+                    attempt, e.what());
+        return;
+      }
+      log_->warn("recording {} job endings failed, retrying: {}", items.size(), e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50LL << attempt));
     }
-  } catch (const LeaseLost& e) {
-    log_->warn("job {} failed but its lease was lost: {}", c.job_.id, e.what());
-  } catch (const std::exception& e) {
-    log_->error("job {}: recording the failure failed (the lease will expire): {}", c.job_.id,
-                e.what());
+  }
+  for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
+    const Ending& e = endings[i];
+    const FinishResult& r = results[i];
+    if (!r.status) {
+      if (r.lease_lost) {
+        log_->warn("job {}: ending not recorded, the lease was lost: {}", e.finish.id, r.error);
+      } else {
+        log_->error("job {}: recording its ending failed (the lease will expire): {}", e.finish.id,
+                    r.error);
+      }
+      continue;
+    }
+    switch (e.finish.kind) {
+      case Finish::Kind::kComplete:
+        ++succeeded_;
+        break;
+      case Finish::Kind::kDefer:
+        ++deferred_;
+        break;
+      case Finish::Kind::kWaitForChildren:
+        ++waiting_;
+        break;
+      case Finish::Kind::kRelease:
+        ++released_;
+        break;
+      case Finish::Kind::kFail:
+        ++failed_;
+        if (*r.status == JobStatus::kDead) {
+          log_->error("job {} ({}) is dead after {} attempts: {}", e.finish.id, e.kind, e.attempts,
+                      e.finish.failure.error);
+        } else {
+          log_->warn("job {} ({}) failed attempt {}/{}, retrying in {} ms: {}", e.finish.id, e.kind,
+                     e.attempts, e.max_attempts, e.finish.failure.retry_delay_ms,
+                     e.finish.failure.error);
+        }
+        break;
+    }
   }
 }
 
@@ -293,9 +382,11 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
     wake_.wait(lock, [this] { return busy_ == 0; });
   }
   stopped_ = true;
+  finisher_running_ = false;  // it writes what is handed over, then exits
   lock.unlock();
   wake_.notify_all();
   work_ready_.notify_all();
+  endings_ready_.notify_all();
   for (auto& t : threads_) t.join();
   lock.lock();
   threads_.clear();

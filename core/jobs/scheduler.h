@@ -119,6 +119,9 @@ struct SchedulerOptions {
   std::string owner = "backhaul";  // lease owner; make it unique per host/process
   int workers = 8;
   size_t claim_batch = 16;  // at most this many per claim call
+  // Jobs claimed ahead of a free worker (their leases run while they wait). 0 suits long jobs;
+  // short ones gain from a claim batch that outruns the workers.
+  int prefetch = 0;
   int64_t lease_ms = 30'000;
   int64_t heartbeat_interval_ms = 10'000;
   int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
@@ -168,9 +171,22 @@ class Scheduler {
   void worker_loop();
   void heartbeat_loop();
   void sweep_loop();
+  // How a job's attempt ended, on its way to the store.
+  struct Ending {
+    Finish finish;
+    std::string kind;
+    int attempts = 0;
+    int max_attempts = 0;
+  };
   void execute(Claimed claimed);
-  void finish(JobContext& context, const Outcome& outcome);
-  void fail(JobContext& context, const std::string& error, bool fatal, int64_t retry_after_ms);
+  Ending finish(JobContext& context, const Outcome& outcome);
+  Ending fail(JobContext& context, const std::string& error, bool fatal, int64_t retry_after_ms);
+  // Hands the ending to the finisher thread (the worker is free at once), or, without threads
+  // (run_once), applies it now.
+  void end(Ending ending);
+  // Writes endings to the store in one call (retrying a store failure), then counts and logs.
+  void apply(std::vector<Ending>& endings);
+  void finisher_loop();
   std::vector<std::string> kinds() const;
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
@@ -185,6 +201,9 @@ class Scheduler {
   std::condition_variable wake_;        // claim loop, heartbeat and sweep loops
   std::condition_variable work_ready_;  // workers
   std::deque<Claimed> ready_;
+  std::vector<Ending> endings_;  // handed over by workers, not yet written
+  std::condition_variable endings_ready_;
+  bool finisher_running_ = false;                     // endings go to the finisher thread
   std::vector<std::shared_ptr<JobContext>> running_;  // in execute(), for heartbeats
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;

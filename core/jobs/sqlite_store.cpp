@@ -620,16 +620,18 @@ JobStatus fail_job(Connection& c, JobId id, const std::string& token, const Fail
 // defer and release: back to queued without counting the attempt -- unless the job was asked to
 // stop: every exit that would requeue a cancel-requested job cancels it instead (fail, sweep and
 // wait_for_children too), while complete() still succeeds and a death still dies.
-void return_job(Connection& c, JobId id, const std::string& token, int64_t run_after,
-                std::string_view outcome, const std::optional<std::string>& reason, int64_t now) {
+JobStatus return_job(Connection& c, JobId id, const std::string& token, int64_t run_after,
+                     std::string_view outcome, const std::optional<std::string>& reason,
+                     int64_t now) {
   JobState s = load_running(c, id, token);
   if (s.cancel_requested) {
     end_attempt(c, s, "cancelled", reason, now);
     mark_cancelled(c, s, 1, std::nullopt, now);
-    return;
+    return JobStatus::kCancelled;
   }
   end_attempt(c, s, outcome, reason, now);
   requeue(c, s, run_after, 1, std::nullopt, now);
+  return JobStatus::kQueued;
 }
 
 const std::string kWait =
@@ -642,16 +644,58 @@ const std::string kWait =
     "WHERE id = ?1";
 
 // Fan-in: waiting until pending_children reaches 0 (queued at once if it already is).
-void wait_job(Connection& c, JobId id, const std::string& token, int64_t deadline,
-              const std::optional<std::string>& checkpoint, int64_t now) {
+JobStatus wait_job(Connection& c, JobId id, const std::string& token, int64_t deadline,
+                   const std::optional<std::string>& checkpoint, int64_t now) {
   JobState s = load_running(c, id, token);
   if (s.cancel_requested) {
     end_attempt(c, s, "cancelled", std::nullopt, now);
     mark_cancelled(c, s, 1, std::nullopt, now);
-    return;
+    return JobStatus::kCancelled;
   }
   end_attempt(c, s, "waiting", std::nullopt, now);
   c.query(kWait).args(id, deadline, now, checkpoint.has_value(), checkpoint).run();
+  return s.pending_children > 0 ? JobStatus::kWaiting : JobStatus::kQueued;
+}
+
+JobStatus finish_job(Connection& c, const Finish& f, int64_t now) {
+  switch (f.kind) {
+    case Finish::Kind::kComplete:
+      complete_job(c, f.id, f.token, f.result_json, now);
+      return JobStatus::kSucceeded;
+    case Finish::Kind::kFail:
+      return fail_job(c, f.id, f.token, f.failure, now);
+    case Finish::Kind::kDefer:
+      return return_job(c, f.id, f.token, f.until_ms, "deferred", f.reason, now);
+    case Finish::Kind::kRelease:
+      return return_job(c, f.id, f.token, now, "released", std::nullopt, now);
+    case Finish::Kind::kWaitForChildren:
+      return wait_job(c, f.id, f.token, f.until_ms, f.checkpoint, now);
+  }
+  throw std::invalid_argument("finish: unknown kind");
+}
+
+// Every item in its own savepoint inside the one transaction, so that one item's failure undoes
+// only that item. An error that ended the transaction itself fails the whole call.
+std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& items,
+                                      int64_t now) {
+  std::vector<FinishResult> results(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    c.query("SAVEPOINT item").run();
+    try {
+      results[i].status = finish_job(c, items[i], now);
+      c.query("RELEASE item").run();
+      continue;
+    } catch (const LeaseLost& e) {
+      results[i].lease_lost = true;
+      results[i].error = e.what();
+    } catch (const Error& e) {
+      results[i].error = e.what();
+    }
+    if (c.autocommit()) throw StorageError("sqlite: the transaction ended: " + results[i].error);
+    c.query("ROLLBACK TO item").run();
+    c.query("RELEASE item").run();
+  }
+  return results;
 }
 
 // --- recovery ------------------------------------------------------------------------------
@@ -1004,6 +1048,10 @@ class SqliteStore final : public SqliteJobStore {
   void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
                          const std::optional<std::string>& checkpoint, int64_t now_ms) override {
     write([&](Connection& c) { wait_job(c, id, token, deadline_ms, checkpoint, now_ms); });
+  }
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    if (items.empty()) return {};
+    return write([&](Connection& c) { return finish_jobs(c, items, now_ms); });
   }
 
   SweepResult sweep(int64_t now_ms) override {

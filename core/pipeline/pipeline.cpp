@@ -566,20 +566,7 @@ struct Pipeline::Impl {
           return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
         }
       }
-      for (size_t i = 0; i < p.size(); ++i) {
-        plugins::EventView e = p.event(i);
-        gateway::Delivery d{installation, org_id, e.delivery_id, e.event_type, e.payload_json};
-        for (int retry = 0;; ++retry) {
-          try {
-            if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
-            break;
-          } catch (const gateway::GatewayError& err) {
-            if (!err.retryable() || retry >= o.transient_retries) gateway_failed(err, o);
-            ++retries_in_place;
-            pause(o, retry);
-          }
-        }
-      }
+      dispatch_page(p, provider, installation, org_id, o);
       if (p.size() > 0)
         circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit,
                       ctx.now_ms());
@@ -616,6 +603,49 @@ struct Pipeline::Impl {
                                                         " requests left");
       }
     }
+  }
+
+  // Sends every event of the page to the gateway, dispatch_concurrency at a time (delivery order
+  // is not the backfill's concern). A delivery that fails for good fails the attempt through
+  // gateway_failed(); the page is not checkpointed, so the retry sends it again and the gateway
+  // dedupes by delivery id.
+  void dispatch_page(const plugins::Page& p, const std::string& provider,
+                     const std::string& installation, const std::string& org_id,
+                     const PipelineOptions& o) {
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex error_mutex;
+    std::optional<gateway::GatewayError> error;
+    auto give_up = [&](gateway::GatewayError e) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::move(e);
+      failed = true;
+    };
+    auto work = [&] {
+      for (size_t i = next++; i < p.size() && !failed; i = next++) {
+        plugins::EventView e = p.event(i);
+        gateway::Delivery d{installation, org_id, e.delivery_id, e.event_type, e.payload_json};
+        for (int retry = 0;; ++retry) {
+          try {
+            if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
+            break;
+          } catch (const gateway::GatewayError& err) {
+            if (!err.retryable() || retry >= o.transient_retries) return give_up(err);
+            ++retries_in_place;
+            pause(o, retry);
+          } catch (const std::exception& err) {
+            return give_up(gateway::GatewayError(err.what(), 0, true));
+          }
+        }
+      }
+    };
+    const size_t threads =
+        std::min<size_t>(static_cast<size_t>(std::max(o.dispatch_concurrency, 1)), p.size());
+    std::vector<std::thread> helpers;
+    for (size_t k = 1; k < threads; ++k) helpers.emplace_back(work);
+    work();
+    for (std::thread& t : helpers) t.join();
+    if (error) gateway_failed(*error, o);
   }
 
   std::string token_for(const std::string& installation, const PipelineOptions& o) {

@@ -9,5 +9,6 @@ namespace backhaul::bench {
 
 void add_plugin_bench(CLI::App& app);
 void add_queue_bench(CLI::App& app);
+void add_pipeline_bench(CLI::App& app);
 
 }  // namespace backhaul::bench

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   backhaul::bench::add_plugin_bench(app);
   backhaul::bench::add_queue_bench(app);
+  backhaul::bench::add_pipeline_bench(app);
   backhaul::logging::configure(backhaul::logging::Format::kText, "critical");
   try {
     app.parse(argc, argv);

@@ -161,7 +161,7 @@ std::optional<RepoRef> DataModel::find_repo(int64_t id) const {
   const int64_t installation = id / kRepoIdFactor;
   const int64_t repo = id % kRepoIdFactor;
   if (installation < 1 || installation > config_.installations) return std::nullopt;
-  if (repo < 1 || repo > config_.repos) return std::nullopt;
+  if (repo < 1 || repo > repos_of(static_cast<int>(installation))) return std::nullopt;
   return RepoRef{static_cast<int>(installation), static_cast<int>(repo), id};
 }
 
@@ -491,8 +491,8 @@ json DataModel::project_json(ProjectRef project) const {
                       {"createdAt", deployment["created"]}});
   }
   json link = nullptr;
-  if (config_.repos > 0) {
-    const int repo = (project.project - 1) % config_.repos + 1;
+  if (repos_of(project.installation) > 0) {
+    const int repo = (project.project - 1) % repos_of(project.installation) + 1;
     link = {{"type", "github"},
             {"org", org},
             {"repo", repo_name(repo)},
@@ -527,8 +527,9 @@ json DataModel::deployment_json(ProjectRef project, int64_t position) const {
   const uint64_t creator = rng.below(kLogins.size());
   const std::string login(kLogins[creator]);
   const std::string sha = random_hex(rng, 40);
-  const std::string repo = config_.repos > 0 ? repo_name((project.project - 1) % config_.repos + 1)
-                                             : "site-" + std::to_string(project.project);
+  const int repos = repos_of(project.installation);
+  const std::string repo = repos > 0 ? repo_name((project.project - 1) % repos + 1)
+                                     : "site-" + std::to_string(project.project);
   json deployment = {
       {"uid", uid},
       {"name", name},
@@ -569,7 +570,7 @@ json DataModel::connection_json(Connection connection) const {
   json resources = json::array();
   const int installation = connection.installation;
   if (connection.provider == Provider::kGithub) {
-    for (int repo = 1; repo <= config_.repos; ++repo) {
+    for (int repo = 1; repo <= repos_of(installation); ++repo) {
       resources.push_back(
           {{"providerResourceId", std::to_string(int64_t{installation} * kRepoIdFactor + repo)},
            {"resourceName", org_login(installation) + "/" + repo_name(repo)}});
@@ -651,14 +652,14 @@ std::optional<DataModel::DeliveryOwner> DataModel::classify_vercel(int installat
 
 int64_t DataModel::expected_count(int installation, Provider provider) const {
   if (installation < 1 || installation > config_.installations) return 0;
-  if (provider == Provider::kGithub) return int64_t{config_.repos} * 3 * config_.items;
+  if (provider == Provider::kGithub) return int64_t{repos_of(installation)} * 3 * config_.items;
   return int64_t{config_.projects} * config_.items;
 }
 
 void DataModel::for_each_expected(
     int installation, const std::function<void(const std::string&, Provider)>& visit) const {
   const std::string prefix = "backfill-" + installation_id(installation) + "-";
-  for (int r = 1; r <= config_.repos; ++r) {
+  for (int r = 1; r <= repos_of(installation); ++r) {
     const RepoRef repo{installation, r, int64_t{installation} * kRepoIdFactor + r};
     const std::string repo_prefix = prefix + std::to_string(repo.id);
     for (int64_t position = 0; position < config_.items; ++position) {

@@ -34,9 +34,10 @@ struct DataConfig {
   int projects = 1;
   int64_t items = 250;
   int64_t anchor_ms = 0;  // generated timestamps lie in (anchor - 5 days, anchor)
+  int first_repos = -1;   // repositories of installation 1 (a "huge" tenant); -1 = repos
 };
 
-// Installation i (1-based) owns repos r = 1..repos and projects p = 1..projects.
+// Installation i (1-based) owns repos r = 1..repos_of(i) and projects p = 1..projects.
 struct RepoRef {
   int installation = 0;
   int repo = 0;
@@ -55,6 +56,10 @@ struct Connection {
 
 class DataModel {
  public:
+  // Repositories of installation i: first_repos for the first when set, else repos.
+  int repos_of(int installation) const {
+    return installation == 1 && config_.first_repos >= 0 ? config_.first_repos : config_.repos;
+  }
   static constexpr int64_t kWindowMs = 5LL * 24 * 3600 * 1000;
   static constexpr int64_t kReleaseIdFactor = 10'000'000;
   // Deployments at positions k*100-1 and k*100 share their `created` millisecond: Vercel's

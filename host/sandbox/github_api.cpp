@@ -208,7 +208,7 @@ Response list_items(const Context& context, const Request& request, RepoRef repo
 // Repositories the token's installation can access (GET /installation/repositories).
 Response installation_repositories(const Context& context, int installation) {
   json repositories = json::array();
-  for (int r = 1; r <= context.data.config().repos; ++r) {
+  for (int r = 1; r <= context.data.repos_of(installation); ++r) {
     repositories.push_back(
         context.data.repo_json(*context.data.find_repo(int64_t{installation} * 100'000 + r)));
   }

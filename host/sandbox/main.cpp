@@ -32,6 +32,9 @@ void add_data_flags(CLI::App& app, SandboxOptions& o) {
                  "installations inst-1..inst-N, each with a GitHub and a Vercel connection")
       ->capture_default_str();
   app.add_option("--repos", o.repos, "GitHub repositories per installation")->capture_default_str();
+  app.add_option("--first-installation-repos", o.first_installation_repos,
+                 "GitHub repositories of inst-1 only (a huge tenant); -1 = --repos")
+      ->capture_default_str();
   app.add_option("--projects", o.projects, "Vercel projects per installation")
       ->capture_default_str();
   app.add_option("--items", o.items,

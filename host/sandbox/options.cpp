@@ -76,6 +76,8 @@ void validate(const SandboxOptions& o) {
   // and below 2^53 so that JSON readers using doubles see them exactly.
   require(o.installations >= 1 && o.installations <= 1000, "installations", "must be in [1, 1000]");
   require(o.repos >= 0 && o.repos <= 9999, "repos", "must be in [0, 9999]");
+  require(o.first_installation_repos >= -1 && o.first_installation_repos <= 9999,
+          "first_installation_repos", "must be -1 (same as repos) or in [0, 9999]");
   require(o.projects >= 0 && o.projects <= 9999, "projects", "must be in [0, 9999]");
   require(o.items >= 0 && o.items <= 1'000'000, "items", "must be in [0, 1000000]");
   require(o.max_per_page >= 1 && o.max_per_page <= 1000, "max_per_page", "must be in [1, 1000]");

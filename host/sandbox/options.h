@@ -37,10 +37,11 @@ Faults apply_patch(Faults base, const nlohmann::json& patch);
 struct SandboxOptions {
   uint16_t port = 0;  // 0 = pick an ephemeral port; the server binds 127.0.0.1 only
   int installations = 1;
-  int repos = 3;        // GitHub repositories per installation
-  int projects = 1;     // Vercel projects per installation
-  int64_t items = 250;  // items per entity type per resource
-  uint64_t seed = 1;    // all generated data is a pure function of the seed and the counts
+  int repos = 3;                      // GitHub repositories per installation
+  int first_installation_repos = -1;  // repositories of inst-1 (a huge tenant); -1 = repos
+  int projects = 1;                   // Vercel projects per installation
+  int64_t items = 250;                // items per entity type per resource
+  uint64_t seed = 1;  // all generated data is a pure function of the seed and the counts
   int max_per_page = 100;
   int threads = 64;                 // HTTP worker threads (one per open keep-alive connection)
   int64_t token_lifetime_s = 3600;  // expiresAt of gateway tokens (GitHub installation tokens: 1 h)

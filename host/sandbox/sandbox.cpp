@@ -38,8 +38,13 @@ SandboxOptions with_defaults(SandboxOptions options) {
 }
 
 DataConfig data_config(const SandboxOptions& options) {
-  return {options.seed,     options.installations, options.repos,
-          options.projects, options.items,         *options.anchor_ms};
+  return {options.seed,
+          options.installations,
+          options.repos,
+          options.projects,
+          options.items,
+          *options.anchor_ms,
+          options.first_installation_repos};
 }
 
 std::optional<int> installation_number(const DataModel& data,

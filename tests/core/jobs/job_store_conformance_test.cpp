@@ -875,6 +875,111 @@ TEST_P(JobStoreConformance, AFatalFailureKillsTheJobWhateverAttemptsRemain) {
   EXPECT_EQ(history[0].outcome, "fatal");
 }
 
+Finish completion(JobId id, const std::string& token, std::string result = "{}") {
+  Finish f;
+  f.id = id;
+  f.token = token;
+  f.result_json = std::move(result);
+  return f;
+}
+
+// finish(): many endings in one call, each as its single-item method would apply it.
+TEST_P(JobStoreConformance, FinishAppliesEveryKindOfEndingInOneCall) {
+  JobSpec retrying = spec();
+  retrying.max_attempts = 3;
+  const JobId done = add(spec());
+  const JobId failed = add(retrying);
+  const JobId fatal = add(retrying);
+  const JobId deferred = add(spec());
+  const JobId released = add(spec());
+  const JobId parent = add(spec("backfill.run"));
+  std::map<JobId, std::string> token;
+  for (JobId id : {done, failed, fatal, deferred, released, parent})
+    token[id] = claim_job(id).lease_token;
+  add_child(parent, "child");
+
+  const int64_t now = kT0 + kMinute;
+  std::vector<Finish> items(6);
+  items[0] = completion(done, token[done], R"({"n":1})");
+  items[1].kind = Finish::Kind::kFail;
+  items[1].id = failed;
+  items[1].token = token[failed];
+  items[1].failure = {"boom", false, 5000};
+  items[2].kind = Finish::Kind::kFail;
+  items[2].id = fatal;
+  items[2].token = token[fatal];
+  items[2].failure = {"bad request", true, 0};
+  items[3].kind = Finish::Kind::kDefer;
+  items[3].id = deferred;
+  items[3].token = token[deferred];
+  items[3].until_ms = now + kHour;
+  items[3].reason = "rate limit";
+  items[4].kind = Finish::Kind::kRelease;
+  items[4].id = released;
+  items[4].token = token[released];
+  items[5].kind = Finish::Kind::kWaitForChildren;
+  items[5].id = parent;
+  items[5].token = token[parent];
+  items[5].until_ms = now + kDay;
+  items[5].checkpoint = R"({"stage":"waiting"})";
+
+  std::vector<FinishResult> results = store().finish(items, now);
+  ASSERT_EQ(results.size(), 6u);
+  const JobStatus expected[] = {JobStatus::kSucceeded, JobStatus::kQueued, JobStatus::kDead,
+                                JobStatus::kQueued,    JobStatus::kQueued, JobStatus::kWaiting};
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].status, expected[i]) << i << ": " << results[i].error;
+    EXPECT_FALSE(results[i].lease_lost) << i;
+    EXPECT_EQ(status_of(items[i].id), expected[i]) << i;
+  }
+  EXPECT_EQ(get_job(done).result, R"({"n":1})");
+  EXPECT_EQ(get_job(failed).run_after_ms, now + 5000);
+  EXPECT_EQ(get_job(failed).last_error, "boom");
+  EXPECT_EQ(letter_of(fatal).error, "bad request");
+  EXPECT_EQ(get_job(deferred).run_after_ms, now + kHour);
+  EXPECT_EQ(get_job(deferred).attempts, 0) << "a deferral is not an attempt";
+  EXPECT_EQ(get_job(released).attempts, 0);
+  EXPECT_EQ(get_job(parent).checkpoint, R"({"stage":"waiting"})");
+  EXPECT_EQ(store().attempts(deferred).back().outcome, "deferred");
+  EXPECT_EQ(store().running("entity", ""), 0) << "every running slot was freed";
+}
+
+TEST_P(JobStoreConformance, FinishReportsALostLeaseAndStillAppliesTheOthers) {
+  const JobId a = add(spec());
+  const JobId b = add(spec());
+  const JobId c = add(spec());
+  Claimed ca = claim_job(a), cb = claim_job(b), cc = claim_job(c);
+  std::vector<Finish> items(3);
+  items[0] = completion(a, ca.lease_token);
+  items[1] = completion(b, "not-the-token");
+  items[2] = completion(c, cc.lease_token);
+  std::vector<FinishResult> results = store().finish(items, kT0 + kSecond);
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].status, JobStatus::kSucceeded);
+  EXPECT_FALSE(results[1].status.has_value());
+  EXPECT_TRUE(results[1].lease_lost);
+  EXPECT_THAT(results[1].error, HasSubstr("token"));
+  EXPECT_EQ(results[2].status, JobStatus::kSucceeded);
+  EXPECT_EQ(status_of(b), JobStatus::kRunning) << "the failed item changed nothing";
+  EXPECT_EQ(get_job(b).lease_token, cb.lease_token);
+  EXPECT_TRUE(store().finish({}, kT0).empty());
+}
+
+TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
+  const JobId id = add(spec());
+  Claimed c = claim_job(id);
+  ASSERT_EQ(store().cancel(id, kT0 + kSecond), CancelOutcome::kRequested);
+  Finish f;
+  f.kind = Finish::Kind::kDefer;
+  f.id = id;
+  f.token = c.lease_token;
+  f.until_ms = kT0 + kHour;
+  std::vector<FinishResult> results = store().finish({f}, kT0 + 2 * kSecond);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, JobStatus::kCancelled);
+  EXPECT_EQ(status_of(id), JobStatus::kCancelled);
+}
+
 TEST_P(JobStoreConformance, DeferRequeuesAtTheGivenTimeWithoutCountingTheAttempt) {
   const JobId id = add(spec());
   Claimed c = claim_job(id, kT0);

@@ -42,8 +42,6 @@ inline void PrintTo(CancelOutcome outcome, std::ostream* os) {
 
 namespace testing {
 
-inline void PrintTo(Backend backend, std::ostream* os) { *os << backend_name(backend); }
-
 inline constexpr int64_t kSecond = 1'000;
 inline constexpr int64_t kMinute = 60 * kSecond;
 inline constexpr int64_t kHour = 60 * kMinute;

@@ -38,7 +38,8 @@ std::string unique_suffix() {
 
 class SqliteDatabase : public TestDatabase {
  public:
-  SqliteDatabase() : dir_(fs::temp_directory_path() / ("backhaul-conformance-" + unique_suffix())) {
+  explicit SqliteDatabase(const std::string& purpose)
+      : dir_(fs::temp_directory_path() / ("backhaul-" + purpose + "-" + unique_suffix())) {
     fs::create_directories(dir_);
   }
   ~SqliteDatabase() override {
@@ -47,6 +48,7 @@ class SqliteDatabase : public TestDatabase {
   }
   std::unique_ptr<JobStore> open() override { return open_sqlite_store(location()); }
   std::string location() const override { return (dir_ / "jobs.db").string(); }
+  std::string store_spec() const override { return "sqlite:" + location(); }
 
  private:
   fs::path dir_;
@@ -65,7 +67,7 @@ std::string read_connection_file(const fs::path& path) {
   std::ifstream in(path);
   if (!in) {
     throw std::runtime_error(
-        "the MySQL half of the conformance suite needs a running MariaDB, but " + path.string() +
+        "the MySQL job-store tests need a running MariaDB, but " + path.string() +
         " does not exist. Run these tests through ctest, whose fixture 'mariadb' (test "
         "mariadb_start) starts a server and writes that file, or point BACKHAUL_TEST_MARIADB_DIR "
         "at a directory with connection.txt and root_connection.txt.");
@@ -138,12 +140,12 @@ void register_mysql_once() {
 
 class MysqlDatabase : public TestDatabase {
  public:
-  MysqlDatabase() {
+  explicit MysqlDatabase(const std::string& purpose) {
     const fs::path dir = mariadb_dir();
     const std::string app = read_connection_file(dir / "connection.txt");
     root_ = read_connection_file(dir / "root_connection.txt");
     register_mysql_once();
-    name_ = "backhaul_conformance_" + unique_suffix();  // covered by the `backhaul\_%` grant
+    name_ = "backhaul_" + purpose + "_" + unique_suffix();  // covered by the `backhaul\_%` grant
     const Options app_options = parse_options(app);
     try {
       Poco::Data::Session root("MySQL", root_);
@@ -188,6 +190,7 @@ class MysqlDatabase : public TestDatabase {
 
   std::unique_ptr<JobStore> open() override { return open_mysql_store(connection_, 8); }
   std::string location() const override { return "mysql database " + name_; }
+  std::string store_spec() const override { return "mysql:" + connection_; }
 
  private:
   void drop() noexcept {
@@ -214,9 +217,9 @@ std::string backend_name(Backend backend) {
   return backend == Backend::kSqlite ? "sqlite" : "mysql";
 }
 
-std::unique_ptr<TestDatabase> TestDatabase::create(Backend backend) {
-  if (backend == Backend::kSqlite) return std::make_unique<SqliteDatabase>();
-  return std::make_unique<MysqlDatabase>();
+std::unique_ptr<TestDatabase> TestDatabase::create(Backend backend, const std::string& purpose) {
+  if (backend == Backend::kSqlite) return std::make_unique<SqliteDatabase>(purpose);
+  return std::make_unique<MysqlDatabase>(purpose);
 }
 
 }  // namespace backhaul::jobs::testing

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -443,9 +444,22 @@ TEST_F(PipelineTest, TheThrottleSpacesProviderRequestsPerInstallation) {
   options.throttle_per_hour = 3600;  // one request per second
   options.throttle_burst = 5;
   start(data(0, 1, 2000), options);
+  std::vector<int64_t> at;  // when each provider request went out (host clock)
+  plugin_transport().reset([&](const http::Request&, size_t) -> std::optional<http::Response> {
+    at.push_back(test_clock().now_ms());
+    return std::nullopt;
+  });
   RunStart run = start_run("vc-inst-1", "vercel");
   drive();
   EXPECT_EQ(run_result(run.run_id)["success"], true);
+  // The bucket's promise: in any window of W seconds, at most burst + W requests.
+  for (size_t i = 0; i < at.size(); ++i) {
+    for (int64_t window_s : {1, 5, 10}) {
+      int64_t n = std::count_if(at.begin() + static_cast<std::ptrdiff_t>(i), at.end(),
+                                [&](int64_t t) { return t < at[i] + window_s * 1000; });
+      EXPECT_LE(n, 5 + window_s) << "window of " << window_s << " s from request " << i;
+    }
+  }
   const int64_t pages = run_result(run.run_id)["pages"].get<int64_t>();
   EXPECT_EQ(requests_to("/v6/deployments"), pages);
   // A burst of 5, then one per second.
@@ -528,6 +542,53 @@ TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
   EXPECT_EQ(result["workUnits"], 6);
   EXPECT_EQ(result["eventsDispatched"].get<int64_t>(),
             sandbox_->report("inst-1").gateway_by_provider["github"].unique);
+}
+
+// Tenancy (D7): a huge installation and a small one started together, on a threaded scheduler.
+// Per-installation caps keep the huge one to 5 workers, so the small one finishes while the huge
+// one is still going.
+TEST_F(PipelineTest, ASmallInstallationFinishesWithoutWaitingForAHugeOne) {
+  sandbox::SandboxOptions o = data(2, 0, 300, 2);
+  o.first_installation_repos = 20;  // gh-inst-1: 60 units; gh-inst-2: 6 units
+  PipelineOptions options = fast();
+  options.throttle_per_hour = 1e9;  // the fake clock stands still: no throttle waits here
+  options.throttle_burst = 1e9;
+  start(o, options);
+  jobs::SchedulerOptions so;
+  so.owner = "tenancy";
+  so.workers = 8;
+  so.idle_poll_ms = 5;
+  jobs::Scheduler threaded(*store_, test_clock(), so);
+  pipeline_->register_handlers(threaded);
+  RunStart huge = start_run("gh-inst-1", "github");
+  RunStart small = start_run("gh-inst-2", "github");
+  threaded.start();
+
+  auto finished = [&](jobs::JobId run) {
+    std::string status = pipeline_->get_run(run, false)->status;
+    return status == "succeeded" || status == "failed";
+  };
+  auto wait_until = [&](const std::function<bool()>& done) {
+    for (int i = 0; i < 6000 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
+  ASSERT_TRUE(wait_until([&] { return finished(small.run_id); }));
+  RunView huge_then = *pipeline_->get_run(huge.run_id, false);
+  EXPECT_LT(huge_then.units_done, 60) << "the small run did not wait for the huge one";
+  ASSERT_TRUE(wait_until([&] { return finished(huge.run_id); }));
+  threaded.drain(std::chrono::milliseconds(5000));
+
+  EXPECT_EQ(pipeline_->get_run(small.run_id)->status, "succeeded");
+  EXPECT_EQ(pipeline_->get_run(huge.run_id)->status, "succeeded");
+  EXPECT_EQ(pipeline_->get_run(huge.run_id)->units_total, 60);
+  EXPECT_LE(store_->max_running_seen(kEntityKind, "gh-inst-1"), 5);
+  EXPECT_LE(store_->max_running_seen(kEntityKind, "gh-inst-2"), 5);
+  EXPECT_LE(store_->max_running_seen(kEntityKind, ""), 30);
+  EXPECT_GE(store_->max_running_seen(kEntityKind, "gh-inst-2"), 1);
+  sandbox::Report report = sandbox_->report();
+  EXPECT_EQ(report.gateway.missing, 0);
+  EXPECT_EQ(report.gateway.unexpected, 0);
 }
 
 // D10 and request validation: errors name the field; a second run for an installation gets the

@@ -56,6 +56,24 @@ TEST(HttpHelpersTest, QueryKeepsRawPairsForLinks) {
   EXPECT_FALSE(query.get("state"));
 }
 
+// --first-installation-repos: inst-1 alone is larger; everything that counts repositories agrees.
+TEST(DataModelTest, TheFirstInstallationCanOwnMoreRepositoriesThanTheOthers) {
+  DataConfig config{1, 2, 3, 0, 10, kAnchor};
+  config.first_repos = 7;
+  const DataModel model(config);
+  EXPECT_EQ(model.repos_of(1), 7);
+  EXPECT_EQ(model.repos_of(2), 3);
+  EXPECT_EQ(model.connection_json({1, Provider::kGithub})["resources"].size(), 7u);
+  EXPECT_EQ(model.connection_json({2, Provider::kGithub})["resources"].size(), 3u);
+  EXPECT_EQ(model.expected_count(1, Provider::kGithub), 7 * 3 * 10);
+  EXPECT_EQ(model.expected_count(2, Provider::kGithub), 3 * 3 * 10);
+  EXPECT_TRUE(model.find_repo(100'000 + 7).has_value());
+  EXPECT_FALSE(model.find_repo(200'000 + 7).has_value());
+  int64_t visited = 0;
+  model.for_each_expected(1, [&](const std::string&, Provider) { ++visited; });
+  EXPECT_EQ(visited, 7 * 3 * 10);
+}
+
 TEST(DataModelTest, TimestampsLieInTheFiveDaysBeforeTheAnchorNewestFirst) {
   const DataModel model = make_model();
   const RepoRef repo = *model.find_repo("org-1", "repo-2");
