@@ -38,6 +38,9 @@ int run(int argc, char** argv) {
   app.add_flag("--json-logs", json_logs, "write logs as JSON lines");
   add_fetch_command(app);
   add_plugin_command(app);
+  add_run_command(app);
+  add_dlq_command(app);
+  add_db_command(app);
   app.parse_complete_callback([&] {
     logging::configure(json_logs ? logging::Format::kJson : logging::Format::kText, log_level);
   });

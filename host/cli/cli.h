@@ -17,6 +17,11 @@ int run(int argc, char** argv);
 // Subcommand registration; each adds itself to `app` and sets its callback.
 void add_fetch_command(CLI::App& app);
 void add_plugin_command(CLI::App& app);
+// Talk to backhauld's admin API (admin_client.h).
+void add_dlq_command(CLI::App& app);
+void add_run_command(CLI::App& app);
+// Applies store migrations directly.
+void add_db_command(CLI::App& app);
 // Adds `validate` under the `plugin` subcommand (validate_command.cpp).
 void add_validate_command(CLI::App& plugin);
 

@@ -1,18 +1,10 @@
 #include "host/sandbox/http.h"
 
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 
 namespace backhaul::sandbox {
 namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 // Reads exactly `width` digits at `*pos`.
 bool read_digits(std::string_view text, size_t* pos, size_t width, int* out) {
@@ -63,99 +55,6 @@ bool parse_zone(std::string_view text, size_t* pos, int* offset_minutes) {
 }
 
 }  // namespace
-
-Query Query::parse(std::string_view raw_query) {
-  Query query;
-  while (!raw_query.empty()) {
-    size_t amp = raw_query.find('&');
-    std::string_view pair = raw_query.substr(0, amp);
-    raw_query = amp == std::string_view::npos ? std::string_view{} : raw_query.substr(amp + 1);
-    if (pair.empty()) continue;
-    size_t eq = pair.find('=');
-    std::string_view key = pair.substr(0, eq);
-    std::string_view value =
-        eq == std::string_view::npos ? std::string_view{} : pair.substr(eq + 1);
-    query.params_.push_back(
-        {percent_decode(key, true), percent_decode(value, true), std::string(pair)});
-  }
-  return query;
-}
-
-std::optional<std::string> Query::get(std::string_view key) const {
-  for (const Param& param : params_) {
-    if (param.key == key) return param.value;
-  }
-  return std::nullopt;
-}
-
-std::string Query::raw_without(std::string_view skip_key) const {
-  std::string out;
-  for (const Param& param : params_) {
-    if (param.key == skip_key) continue;
-    if (!out.empty()) out += '&';
-    out += param.raw;
-  }
-  return out;
-}
-
-const std::string* Request::header(const std::string& lower_case_name) const {
-  auto it = headers.find(lower_case_name);
-  return it == headers.end() ? nullptr : &it->second;
-}
-
-const std::string* Response::find_header(std::string_view name) const {
-  for (const auto& [key, value] : headers) {
-    if (key == name) return &value;
-  }
-  return nullptr;
-}
-
-Response json_response(int status, const nlohmann::json& body) {
-  Response response;
-  response.status = status;
-  response.body = body.dump();
-  return response;
-}
-
-std::vector<std::string_view> split_path(std::string_view path) {
-  std::vector<std::string_view> segments;
-  if (!path.empty() && path.front() == '/') path.remove_prefix(1);
-  if (path.empty()) return segments;
-  while (true) {
-    size_t slash = path.find('/');
-    segments.push_back(path.substr(0, slash));
-    if (slash == std::string_view::npos) break;
-    path.remove_prefix(slash + 1);
-  }
-  return segments;
-}
-
-std::string percent_decode(std::string_view text, bool plus_is_space) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (c == '%' && i + 2 < text.size()) {
-      int hi = hex_value(text[i + 1]);
-      int lo = hex_value(text[i + 2]);
-      if (hi >= 0 && lo >= 0) {
-        out += static_cast<char>(hi * 16 + lo);
-        i += 2;
-        continue;
-      }
-    }
-    out += (c == '+' && plus_is_space) ? ' ' : c;
-  }
-  return out;
-}
-
-std::optional<int64_t> parse_int(std::string_view text) {
-  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
-  int64_t value = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc{} || end != text.data() + text.size() || text.empty()) return std::nullopt;
-  return value;
-}
 
 std::string format_iso8601(int64_t epoch_ms) {
   using namespace std::chrono;

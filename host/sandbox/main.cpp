@@ -1,8 +1,6 @@
 // backhaul-sandbox: runs the sandbox (see sandbox.h and docs/sandbox.md) until SIGINT or SIGTERM.
 #include <cstdio>
 #include <exception>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -15,11 +13,14 @@
 #include <Poco/URI.h>
 #include <nlohmann/json.hpp>
 
+#include "host/common/process.h"
 #include "host/sandbox/sandbox.h"
-#include <signal.h>
 
 namespace {
 
+using backhaul::host::block_termination_signals;
+using backhaul::host::wait_for_termination;
+using backhaul::host::write_port_file;
 using backhaul::sandbox::Faults;
 using backhaul::sandbox::Sandbox;
 using backhaul::sandbox::SandboxOptions;
@@ -83,34 +84,6 @@ void add_fault_flags(CLI::App& app, Faults& f) {
       ->capture_default_str();
   app.add_option("--rate-window-s", f.rate_window_s, "rate-limit window length in seconds")
       ->capture_default_str();
-}
-
-// Writes the port via a temporary file and a rename, so readers never see a partial file.
-void write_port_file(const std::string& path, uint16_t port) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << port << '\n';
-    if (!out) throw std::runtime_error("cannot write " + temporary);
-  }
-  std::filesystem::rename(temporary, path);
-}
-
-// Blocks SIGINT and SIGTERM in every thread (call before any thread starts), so that
-// wait_for_termination() receives them synchronously.
-sigset_t block_termination_signals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
-}
-
-int wait_for_termination(const sigset_t& signals) {
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  return signal_number;
 }
 
 // `backhaul-sandbox report --url URL`: prints what a running sandbox's gateway received next to

@@ -1,10 +1,7 @@
 #include "host/sandbox/sandbox.h"
 
-#include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <chrono>
-#include <istream>
 #include <mutex>
 #include <stdexcept>
 
@@ -24,7 +21,7 @@ namespace backhaul::sandbox {
 namespace {
 
 // Bodies above this are refused (GitHub does not deliver webhooks above 25 MB either).
-constexpr std::streamsize kMaxBodyBytes = 25 * 1024 * 1024;
+constexpr size_t kMaxBodyBytes = 25 * 1024 * 1024;
 constexpr int64_t kHourMs = 3'600'000;
 
 int64_t system_now_ms() {
@@ -48,12 +45,6 @@ DataConfig data_config(const SandboxOptions& options) {
           options.items,
           *options.anchor_ms,
           options.first_installation_repos};
-}
-
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
 }
 
 std::optional<int> installation_number(const DataModel& data,
@@ -114,39 +105,6 @@ class HandlerFactory final : public Poco::Net::HTTPRequestHandlerFactory {
   const Sandbox::Impl& impl_;
 };
 
-// Reads at most kMaxBodyBytes + 1 bytes, so an oversized body is detectable but never buffered.
-void read_body(std::istream& in, std::string* body) {
-  char buffer[16 * 1024];
-  while (in && static_cast<std::streamsize>(body->size()) <= kMaxBodyBytes) {
-    in.read(buffer, sizeof buffer);
-    body->append(buffer, static_cast<size_t>(in.gcount()));
-  }
-}
-
-Request to_request(Poco::Net::HTTPServerRequest& in) {
-  Request request;
-  request.method = in.getMethod();
-  const std::string& uri = in.getURI();
-  const size_t question = uri.find('?');
-  request.path = percent_decode(std::string_view(uri).substr(0, question), false);
-  if (question != std::string::npos) {
-    request.query = Query::parse(std::string_view(uri).substr(question + 1));
-  }
-  for (const auto& [name, value] : in) request.headers[lower(name)] = value;
-  if (in.hasContentLength() || in.getChunkedTransferEncoding())
-    read_body(in.stream(), &request.body);
-  return request;
-}
-
-void send(const Response& response, Poco::Net::HTTPServerResponse& out) {
-  out.setStatusAndReason(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(response.status));
-  out.setContentType(response.content_type);
-  for (const auto& [name, value] : response.headers) out.add(name, value);
-  // The rest of an oversized body was never read, so the connection cannot carry another request.
-  if (response.status == 413) out.setKeepAlive(false);
-  out.sendBuffer(response.body.data(), response.body.size());
-}
-
 Response internal_error(const std::string& message) {
   return json_response(500, {{"error", {{"code", "internal"}, {"message", message}}}});
 }
@@ -154,7 +112,7 @@ Response internal_error(const std::string& message) {
 }  // namespace
 
 Response Sandbox::Impl::dispatch(const Request& request) const {
-  if (request.body.size() > static_cast<size_t>(kMaxBodyBytes)) {
+  if (request.body_too_large) {
     return json_response(
         413, {{"error", {{"code", "payload_too_large"}, {"message", "body over 25 MB"}}}});
   }
@@ -172,11 +130,11 @@ void Sandbox::Impl::serve(Poco::Net::HTTPServerRequest& in,
                           Poco::Net::HTTPServerResponse& out) const {
   Response response;
   try {
-    response = dispatch(to_request(in));
+    response = dispatch(host::read_request(in, kMaxBodyBytes));
   } catch (const std::exception& error) {
     response = internal_error(error.what());
   }
-  send(response, out);
+  host::write_response(response, out);
 }
 
 Sandbox::Sandbox(SandboxOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -1,0 +1,81 @@
+#include "host/cli/admin_client.h"
+
+#include <cstdlib>
+
+#include <CLI/CLI.hpp>
+#include <Poco/URI.h>
+
+#include "core/http/poco_transport.h"
+
+namespace backhaul::cli {
+
+void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint) {
+  if (const char* url = std::getenv("BACKHAUL_URL")) endpoint.url = url;
+  command.add_option("--url", endpoint.url, "admin API of backhauld (env BACKHAUL_URL)")
+      ->capture_default_str();
+  command
+      .add_option("--token-env", endpoint.token_env,
+                  "environment variable holding the admin bearer token")
+      ->capture_default_str();
+}
+
+AdminClient::AdminClient(AdminEndpoint endpoint)
+    : endpoint_(std::move(endpoint)), transport_(std::make_unique<http::PocoTransport>()) {
+  const char* token = std::getenv(endpoint_.token_env.c_str());
+  if (token == nullptr || *token == '\0') {
+    throw ConfigError("environment variable " + endpoint_.token_env +
+                      " (the admin token) is not set");
+  }
+  token_ = token;
+  while (!endpoint_.url.empty() && endpoint_.url.back() == '/') endpoint_.url.pop_back();
+}
+
+AdminClient::~AdminClient() = default;
+
+nlohmann::json AdminClient::get(const std::string& target) {
+  return request("GET", target, nlohmann::json());
+}
+
+nlohmann::json AdminClient::post(const std::string& target, const nlohmann::json& body) {
+  return request("POST", target, body);
+}
+
+nlohmann::json AdminClient::request(const std::string& method, const std::string& target,
+                                    const nlohmann::json& body) {
+  http::Request request;
+  request.method = method;
+  request.url = endpoint_.url + target;
+  request.timeout = std::chrono::milliseconds(endpoint_.timeout_ms);
+  request.headers = {{"Authorization", "Bearer " + token_}, {"Accept", "application/json"}};
+  if (!body.is_null()) {
+    request.headers.emplace_back("Content-Type", "application/json");
+    request.body = body.dump();
+  } else if (method != "GET") {
+    request.body = "";
+  }
+  http::Response response;
+  try {
+    response = transport_->perform(request);
+  } catch (const Error& e) {
+    throw AdminApiError(0, "UNREACHABLE",
+                        "cannot reach backhauld at " + endpoint_.url + ": " + e.what());
+  }
+  nlohmann::json parsed = nlohmann::json::parse(response.body, nullptr, false);
+  if (response.status >= 200 && response.status < 300 && !parsed.is_discarded()) return parsed;
+  if (!parsed.is_discarded() && parsed.contains("error")) {
+    const nlohmann::json& error = parsed["error"];
+    throw AdminApiError(response.status, error.value("code", "UNKNOWN"),
+                        error.value("message", "no message"));
+  }
+  throw AdminApiError(
+      response.status, "UNKNOWN",
+      "unexpected answer " + std::to_string(response.status) + " from " + request.url);
+}
+
+void append_query(std::string* target, const std::string& name, const std::string& value) {
+  std::string encoded;
+  Poco::URI::encode(value, "&=+?#/", encoded);
+  *target += (target->empty() ? "?" : "&") + name + "=" + encoded;
+}
+
+}  // namespace backhaul::cli

@@ -1,0 +1,68 @@
+// The CLI's client of backhauld's admin API (docs/daemon.md): JSON over HTTP with the bearer
+// token from the environment, errors turned into one exception carrying the envelope's code.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/errors.h"
+
+namespace CLI {
+class App;
+}
+
+namespace backhaul::http {
+class Transport;
+}
+
+namespace backhaul::cli {
+
+// The daemon answered with an error envelope, or could not be reached (code "UNREACHABLE").
+// what() is "CODE: message".
+class AdminApiError : public Error {
+ public:
+  AdminApiError(int status, std::string code, const std::string& message)
+      : Error(code + ": " + message), status_(status), code_(std::move(code)) {}
+  int status() const noexcept { return status_; }
+  const std::string& code() const noexcept { return code_; }
+
+ private:
+  int status_;
+  std::string code_;
+};
+
+struct AdminEndpoint {
+  std::string url = "http://127.0.0.1:8470";  // the daemon's admin API
+  std::string token_env = "BACKHAUL_ADMIN_TOKEN";
+  int timeout_ms = 30'000;
+};
+
+// Adds --url and --token-env to a subcommand (shared by `run` and `dlq`).
+void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint);
+
+class AdminClient {
+ public:
+  // Reads the token from endpoint.token_env; throws ConfigError naming the variable when unset.
+  explicit AdminClient(AdminEndpoint endpoint);
+  ~AdminClient();
+  AdminClient(const AdminClient&) = delete;
+  AdminClient& operator=(const AdminClient&) = delete;
+
+  // `target` is "/v1/...". Returns the parsed body of a 2xx answer; throws AdminApiError.
+  nlohmann::json get(const std::string& target);
+  nlohmann::json post(const std::string& target, const nlohmann::json& body = nlohmann::json());
+  nlohmann::json request(const std::string& method, const std::string& target,
+                         const nlohmann::json& body);
+
+ private:
+  AdminEndpoint endpoint_;
+  std::string token_;
+  std::unique_ptr<http::Transport> transport_;
+};
+
+// Appends "name=value" (percent-encoded) to a query string being built ("" or "?a=b").
+void append_query(std::string* target, const std::string& name, const std::string& value);
+
+}  // namespace backhaul::cli

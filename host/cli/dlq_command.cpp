@@ -1,0 +1,172 @@
+// `backhaul dlq list|stats|retry|ignore|purge`: dead letters (SPEC D5) through backhauld's admin
+// API.
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "host/cli/admin_client.h"
+#include "host/cli/cli.h"
+
+namespace backhaul::cli {
+namespace {
+
+using nlohmann::json;
+
+struct DlqOptions {
+  AdminEndpoint endpoint;
+  std::string status;
+  std::string kind;
+  std::string key;
+  int64_t before = 0;
+  int limit = 50;
+  int64_t id = 0;
+  bool all = false;
+  int older_than_days = -1;
+  bool json_output = false;
+};
+
+void print_letters(const json& page) {
+  std::printf("%-8s %-8s %-16s %-20s %-9s %-7s %s\n", "ID", "JOB", "KIND", "KEY", "STATUS",
+              "RETRIES", "ERROR");
+  for (const json& l : page["items"]) {
+    std::string error = l.value("error", "");
+    if (error.size() > 60) error = error.substr(0, 57) + "...";
+    std::printf(
+        "%-8lld %-8lld %-16s %-20s %-9s %-7d %s\n", static_cast<long long>(l["id"].get<int64_t>()),
+        static_cast<long long>(l["jobId"].get<int64_t>()), l["kind"].get<std::string>().c_str(),
+        l["concurrencyKey"].get<std::string>().c_str(), l["status"].get<std::string>().c_str(),
+        l["retries"].get<int>(), error.c_str());
+  }
+  if (page["nextBefore"].is_number()) {
+    std::printf("more: --before %lld\n", static_cast<long long>(page["nextBefore"].get<int64_t>()));
+  }
+}
+
+void print(const DlqOptions& o, const json& body, const std::string& text) {
+  if (o.json_output) {
+    std::cout << body.dump(2) << "\n";
+  } else {
+    std::cout << text << "\n";
+  }
+}
+
+void list(const DlqOptions& o) {
+  std::string query;
+  if (!o.status.empty()) append_query(&query, "status", o.status);
+  if (!o.kind.empty()) append_query(&query, "kind", o.kind);
+  if (!o.key.empty()) append_query(&query, "key", o.key);
+  if (o.before > 0) append_query(&query, "before", std::to_string(o.before));
+  append_query(&query, "limit", std::to_string(o.limit));
+  const json page = AdminClient(o.endpoint).get("/v1/dead-letters" + query);
+  if (o.json_output) {
+    std::cout << page.dump(2) << "\n";
+  } else {
+    print_letters(page);
+  }
+}
+
+void stats(const DlqOptions& o) {
+  const json body = AdminClient(o.endpoint).get("/v1/dead-letters/stats");
+  if (o.json_output) {
+    std::cout << body.dump(2) << "\n";
+    return;
+  }
+  std::printf("%-24s %-10s %s\n", "KIND", "STATUS", "COUNT");
+  for (const json& row : body["items"]) {
+    std::printf("%-24s %-10s %lld\n", row["kind"].get<std::string>().c_str(),
+                row["status"].get<std::string>().c_str(),
+                static_cast<long long>(row["count"].get<int64_t>()));
+  }
+  std::printf("total %lld\n", static_cast<long long>(body["total"].get<int64_t>()));
+}
+
+void retry(const DlqOptions& o) {
+  AdminClient client(o.endpoint);
+  if (o.id > 0) {
+    const json letter = client.post("/v1/dead-letters/" + std::to_string(o.id) + "/retry");
+    print(o, letter,
+          "dead letter " + std::to_string(o.id) + " retried (job " +
+              std::to_string(letter["jobId"].get<int64_t>()) + " queued)");
+    return;
+  }
+  if (!o.all) throw ConfigError("dlq retry: give a dead letter ID, or --all with --limit");
+  json body = {{"limit", o.limit}};
+  if (!o.status.empty()) body["status"] = o.status;
+  if (!o.kind.empty()) body["kind"] = o.kind;
+  if (!o.key.empty()) body["key"] = o.key;
+  const json result = client.post("/v1/dead-letters/retry", body);
+  print(o, result, "retried " + std::to_string(result["retried"].get<int>()) + " dead letters");
+}
+
+void ignore(const DlqOptions& o) {
+  const json letter =
+      AdminClient(o.endpoint).post("/v1/dead-letters/" + std::to_string(o.id) + "/ignore");
+  print(o, letter, "dead letter " + std::to_string(o.id) + " ignored");
+}
+
+void purge(const DlqOptions& o) {
+  const json result = AdminClient(o.endpoint)
+                          .post("/v1/dead-letters/purge", {{"olderThanDays", o.older_than_days}});
+  print(o, result,
+        "purged " + std::to_string(result["purged"].get<int64_t>()) +
+            " resolved or ignored dead letters older than " + std::to_string(o.older_than_days) +
+            " days");
+}
+
+}  // namespace
+
+void add_dlq_command(CLI::App& app) {
+  auto options = std::make_shared<DlqOptions>();
+  CLI::App* dlq = app.add_subcommand("dlq",
+                                     "dead letters of backhauld (list, stats, retry, "
+                                     "ignore, purge)");
+  dlq->require_subcommand(1);
+  auto common = [&](CLI::App* command) {
+    add_endpoint_options(*command, options->endpoint);
+    command->add_flag("--json", options->json_output, "print the API's JSON answer");
+  };
+  auto filters = [&](CLI::App* command) {
+    command->add_option("--status", options->status, "pending, retrying, resolved or ignored");
+    command->add_option("--kind", options->kind, "job kind, e.g. backfill.entity");
+    command->add_option("--key", options->key, "concurrency key (installation id)");
+  };
+
+  CLI::App* list_cmd = dlq->add_subcommand("list", "list dead letters, newest first");
+  common(list_cmd);
+  filters(list_cmd);
+  list_cmd->add_option("--before", options->before, "paging: only ids below this");
+  list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
+  list_cmd->callback([options] { list(*options); });
+
+  CLI::App* stats_cmd = dlq->add_subcommand("stats", "counts by kind and status");
+  common(stats_cmd);
+  stats_cmd->callback([options] { stats(*options); });
+
+  CLI::App* retry_cmd = dlq->add_subcommand("retry", "retry one dead letter, or many with --all");
+  common(retry_cmd);
+  filters(retry_cmd);
+  retry_cmd->add_option("id", options->id, "dead letter id");
+  retry_cmd->add_flag("--all", options->all, "retry every pending letter matching the filters");
+  retry_cmd->add_option("--limit", options->limit, "with --all: at most this many")
+      ->capture_default_str();
+  retry_cmd->callback([options] { retry(*options); });
+
+  CLI::App* ignore_cmd = dlq->add_subcommand("ignore", "mark a dead letter as ignored");
+  common(ignore_cmd);
+  ignore_cmd->add_option("id", options->id, "dead letter id")->required();
+  ignore_cmd->callback([options] { ignore(*options); });
+
+  CLI::App* purge_cmd = dlq->add_subcommand("purge", "delete resolved and ignored dead letters");
+  common(purge_cmd);
+  purge_cmd
+      ->add_option("--older-than-days", options->older_than_days,
+                   "only those last updated more than N days ago")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  purge_cmd->callback([options] { purge(*options); });
+}
+
+}  // namespace backhaul::cli

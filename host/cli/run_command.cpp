@@ -1,0 +1,259 @@
+// `backhaul run start|status|list|cancel`: backfill runs through backhauld's admin API, with a
+// live progress display for --wait (units done/total, pages, events, rate-limit waits, ETA).
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/common/clock.h"
+#include "host/cli/admin_client.h"
+#include "host/cli/cli.h"
+#include <unistd.h>
+
+namespace backhaul::cli {
+namespace {
+
+using nlohmann::json;
+
+struct RunOptions {
+  AdminEndpoint endpoint;
+  std::string installation;
+  std::string provider;
+  std::string org;
+  int depth = 30;
+  std::vector<std::string> entity_types;
+  int64_t id = 0;
+  std::string status;
+  int64_t before = 0;
+  int limit = 20;
+  bool wait = false;
+  int interval_ms = 1000;
+  bool json_output = false;
+};
+
+bool finished(const std::string& status) {
+  return status == "succeeded" || status == "failed" || status == "cancelled";
+}
+
+std::string duration_text(int64_t ms) {
+  const int64_t s = ms / 1000;
+  char buffer[32];
+  if (s >= 3600) {
+    std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  }
+  return buffer;
+}
+
+// "run 12 running: units 3/9 (0 failed), pages 45, events 4500, rate-limit waits 0, ETA 0m12s"
+std::string progress_line(const json& run, int64_t now_ms) {
+  const int64_t total = run.value("unitsTotal", 0);
+  const int64_t done = run.value("unitsDone", 0);
+  const int64_t started = run.value("startedMs", int64_t{0});
+  std::string eta = "--";
+  if (finished(run.value("status", ""))) {
+    const int64_t end = run.value("finishedMs", now_ms);
+    eta = "done in " + duration_text(std::max<int64_t>(0, end - run.value("createdMs", end)));
+  } else if (done > 0 && total > done && started > 0) {
+    eta = duration_text((now_ms - started) * (total - done) / done);
+  }
+  char buffer[256];
+  std::snprintf(buffer, sizeof buffer,
+                "run %lld %s: units %lld/%lld (%d failed), pages %lld, events %lld, "
+                "rate-limit waits %lld, ETA %s",
+                static_cast<long long>(run.value("id", int64_t{0})),
+                run.value("status", "?").c_str(), static_cast<long long>(done),
+                static_cast<long long>(total), run.value("unitsFailed", 0),
+                static_cast<long long>(run.value("pages", int64_t{0})),
+                static_cast<long long>(run.value("eventsDispatched", int64_t{0})),
+                static_cast<long long>(run.value("rateLimitWaits", int64_t{0})), eta.c_str());
+  return buffer;
+}
+
+void print_units(const json& run) {
+  if (!run.contains("units")) return;
+  std::printf("  %-8s %-28s %-14s %-10s %6s %8s %s\n", "JOB", "RESOURCE", "ENTITY", "STATUS",
+              "PAGES", "EVENTS", "ERROR");
+  for (const json& u : run["units"]) {
+    const std::string resource = u["resourceName"].is_string()
+                                     ? u["resourceName"].get<std::string>()
+                                     : u["resourceId"].get<std::string>();
+    std::printf("  %-8lld %-28s %-14s %-10s %6lld %8lld %s\n",
+                static_cast<long long>(u["jobId"].get<int64_t>()), resource.c_str(),
+                u["entityType"].get<std::string>().c_str(), u["status"].get<std::string>().c_str(),
+                static_cast<long long>(u["pages"].get<int64_t>()),
+                static_cast<long long>(u["eventsDispatched"].get<int64_t>()),
+                u["error"].is_string() ? u["error"].get<std::string>().c_str() : "");
+  }
+}
+
+// Polls the run until it finishes, redrawing one progress line (a new line per change when
+// stdout is not a terminal). Throws CLI::RuntimeError(1) unless it succeeded.
+void wait_for(AdminClient& client, const RunOptions& o, int64_t id) {
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  std::string last;
+  json run;
+  while (true) {
+    run = client.get("/v1/runs/" + std::to_string(id));
+    const std::string line = progress_line(run, SystemClock::instance().now_ms());
+    if (line != last) {
+      if (tty) {
+        std::printf("\r\033[K%s", line.c_str());
+      } else {
+        std::printf("%s\n", line.c_str());
+      }
+      std::fflush(stdout);
+      last = line;
+    }
+    if (finished(run.value("status", ""))) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
+  }
+  if (tty) std::printf("\n");
+  if (o.json_output) std::cout << run.dump(2) << "\n";
+  if (run["status"] != "succeeded") {
+    print_units(run);
+    if (run["error"].is_string()) {
+      std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id),
+                   run["error"].get<std::string>().c_str());
+    }
+    throw CLI::RuntimeError(1);
+  }
+}
+
+void start(const RunOptions& o) {
+  AdminClient client(o.endpoint);
+  json body = {{"installationId", o.installation}, {"provider", o.provider}, {"depth", o.depth}};
+  if (!o.org.empty()) body["orgId"] = o.org;
+  if (!o.entity_types.empty()) body["entityTypes"] = o.entity_types;
+  const json started = client.post("/v1/runs", body);
+  const int64_t id = started["runId"];
+  if (!o.wait || !o.json_output) {
+    if (o.json_output) {
+      std::cout << started.dump(2) << "\n";
+    } else {
+      const std::string what = started["created"].get<bool>()
+                                   ? std::string("started")
+                                   : "already active for " + o.installation;
+      std::printf("run %lld %s (%s)\n", static_cast<long long>(id), what.c_str(),
+                  started["status"].get<std::string>().c_str());
+    }
+  }
+  if (o.wait) wait_for(client, o, id);
+}
+
+void status(const RunOptions& o) {
+  AdminClient client(o.endpoint);
+  if (o.wait) return wait_for(client, o, o.id);
+  const json run = client.get("/v1/runs/" + std::to_string(o.id));
+  if (o.json_output) {
+    std::cout << run.dump(2) << "\n";
+    return;
+  }
+  std::printf("%s\n", progress_line(run, SystemClock::instance().now_ms()).c_str());
+  print_units(run);
+}
+
+void list(const RunOptions& o) {
+  std::string query;
+  if (!o.status.empty()) append_query(&query, "status", o.status);
+  if (!o.installation.empty()) append_query(&query, "installationId", o.installation);
+  if (o.before > 0) append_query(&query, "before", std::to_string(o.before));
+  append_query(&query, "limit", std::to_string(o.limit));
+  const json page = AdminClient(o.endpoint).get("/v1/runs" + query);
+  if (o.json_output) {
+    std::cout << page.dump(2) << "\n";
+    return;
+  }
+  std::printf("%-8s %-20s %-8s %-10s %-7s %8s %10s\n", "ID", "INSTALLATION", "PROVIDER", "STATUS",
+              "UNITS", "PAGES", "EVENTS");
+  for (const json& r : page["items"]) {
+    const std::string units = std::to_string(r["unitsDone"].get<int>()) + "/" +
+                              std::to_string(r["unitsTotal"].get<int>());
+    std::printf("%-8lld %-20s %-8s %-10s %-7s %8lld %10lld\n",
+                static_cast<long long>(r["id"].get<int64_t>()),
+                r["request"]["installationId"].get<std::string>().c_str(),
+                r["request"]["provider"].get<std::string>().c_str(),
+                r["status"].get<std::string>().c_str(), units.c_str(),
+                static_cast<long long>(r["pages"].get<int64_t>()),
+                static_cast<long long>(r["eventsDispatched"].get<int64_t>()));
+  }
+  if (page["nextBefore"].is_number()) {
+    std::printf("more: --before %lld\n", static_cast<long long>(page["nextBefore"].get<int64_t>()));
+  }
+}
+
+void cancel(const RunOptions& o) {
+  const json result = AdminClient(o.endpoint).post("/v1/runs/" + std::to_string(o.id) + "/cancel");
+  if (o.json_output) {
+    std::cout << result.dump(2) << "\n";
+    return;
+  }
+  std::printf("run %lld: %s (status %s)\n", static_cast<long long>(o.id),
+              result["outcome"].get<std::string>().c_str(),
+              result["status"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto options = std::make_shared<RunOptions>();
+  CLI::App* run = app.add_subcommand("run",
+                                     "backfill runs on backhauld (start, status, list, "
+                                     "cancel)");
+  run->require_subcommand(1);
+  auto common = [&](CLI::App* command) {
+    add_endpoint_options(*command, options->endpoint);
+    command->add_flag("--json", options->json_output, "print the API's JSON answer");
+  };
+  auto waiting = [&](CLI::App* command) {
+    command->add_flag("--wait", options->wait,
+                      "show live progress until the run finishes; exit 0 only if it succeeded");
+    command->add_option("--interval-ms", options->interval_ms, "progress poll interval")
+        ->capture_default_str()
+        ->check(CLI::Range(50, 60'000));
+  };
+
+  CLI::App* start_cmd =
+      run->add_subcommand("start", "start a backfill run (or show the active one)");
+  common(start_cmd);
+  waiting(start_cmd);
+  start_cmd->add_option("--installation", options->installation, "gateway connection id")
+      ->required();
+  start_cmd->add_option("--provider", options->provider, "connector id: github, vercel, ...")
+      ->required();
+  start_cmd->add_option("--depth", options->depth, "days of history: 7, 30 or 90")
+      ->capture_default_str()
+      ->check(CLI::IsMember({7, 30, 90}));
+  start_cmd->add_option("--org", options->org, "organisation id (default: the connection's)");
+  start_cmd->add_option("--entity-type", options->entity_types,
+                        "entity types (repeatable; default: the connector's)");
+  start_cmd->callback([options] { start(*options); });
+
+  CLI::App* status_cmd = run->add_subcommand("status", "a run with per-unit progress");
+  common(status_cmd);
+  waiting(status_cmd);
+  status_cmd->add_option("id", options->id, "run id")->required();
+  status_cmd->callback([options] { status(*options); });
+
+  CLI::App* list_cmd = run->add_subcommand("list", "runs, newest first");
+  common(list_cmd);
+  list_cmd->add_option("--status", options->status,
+                       "queued, running, succeeded, failed, cancelled");
+  list_cmd->add_option("--installation", options->installation, "only this installation");
+  list_cmd->add_option("--before", options->before, "paging: only ids below this");
+  list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
+  list_cmd->callback([options] { list(*options); });
+
+  CLI::App* cancel_cmd = run->add_subcommand("cancel", "cancel a run and its units");
+  common(cancel_cmd);
+  cancel_cmd->add_option("id", options->id, "run id")->required();
+  cancel_cmd->callback([options] { cancel(*options); });
+}
+
+}  // namespace backhaul::cli

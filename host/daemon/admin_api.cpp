@@ -1,0 +1,282 @@
+#include "host/daemon/admin_api.h"
+
+#include <Poco/UUIDGenerator.h>
+
+#include "core/common/logging.h"
+#include "core/gateway/gateway_client.h"
+#include "host/daemon/api_support.h"
+
+namespace backhaul::daemon {
+namespace {
+
+using host::Request;
+using host::Response;
+using nlohmann::json;
+
+// Compares in time that depends only on the lengths, so a wrong token leaks no prefix.
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+bool authorized(const Request& request, const std::string& token) {
+  const std::string* header = request.header("authorization");
+  const std::string_view prefix = "Bearer ";
+  if (header == nullptr || header->size() <= prefix.size() ||
+      header->compare(0, prefix.size(), prefix) != 0) {
+    return false;
+  }
+  return constant_time_equal(std::string_view(*header).substr(prefix.size()), token);
+}
+
+bool is_mutation(const std::string& method) {
+  return method == "POST" || method == "PUT" || method == "DELETE" || method == "PATCH";
+}
+
+size_t header_bytes(const Request& request) {
+  size_t total = request.method.size() + request.path.size();
+  for (const auto& [name, value] : request.headers) total += name.size() + value.size() + 4;
+  return total;
+}
+
+Response error_response(const Call& call, const ApiError& error) {
+  json body = {{"error",
+                {{"code", error.code()},
+                 {"message", error.what()},
+                 {"details", error.details()},
+                 {"retryable", error.retryable()}}}};
+  return call.ok(error.status(), std::move(body));
+}
+
+Response route(Call& call) {
+  const Request& request = call.request;
+  if (request.body_too_large) {
+    throw ApiError(413, "PAYLOAD_TOO_LARGE",
+                   "body: larger than " + std::to_string(call.options.max_body_bytes) + " bytes",
+                   {{"maxBodyBytes", call.options.max_body_bytes}});
+  }
+  if (header_bytes(request) > call.options.max_header_bytes) {
+    throw ApiError(
+        431, "HEADERS_TOO_LARGE",
+        "headers: larger than " + std::to_string(call.options.max_header_bytes) + " bytes",
+        {{"maxHeaderBytes", call.options.max_header_bytes}});
+  }
+  const std::vector<std::string_view> segments = host::split_path(request.path);
+  const Route all(segments);
+  if (!segments.empty() && segments[0] == "health") return handle_health(call, all.subspan(1));
+  if (segments.size() == 1 && segments[0] == "metrics") {
+    if (request.method != "GET") throw method_not_allowed(request.method, request.path);
+    return handle_metrics(call);
+  }
+  if (segments.empty() || segments[0] != "v1") {
+    throw not_found("NOT_FOUND", "no route for " + request.path);
+  }
+  if (!authorized(request, call.options.token)) {
+    throw ApiError(401, "UNAUTHORIZED", "authorization: a valid bearer token is required");
+  }
+  if (segments.size() < 2) throw not_found("NOT_FOUND", "no route for " + request.path);
+  const std::string_view group = segments[1];
+  const Route rest = all.subspan(2);
+  if (group == "jobs") return handle_jobs(call, rest);
+  if (group == "dead-letters") return handle_dead_letters(call, rest);
+  if (group == "plugins") return handle_plugins(call, rest);
+  if (group == "runs") return handle_runs(call, rest);
+  if (group == "installations") return handle_installations(call, rest);
+  if (group == "rate-limits") return handle_rate_limits(call, rest);
+  throw not_found("NOT_FOUND", "no route for " + request.path);
+}
+
+}  // namespace
+
+AdminApi::AdminApi(AdminApiDeps deps, AdminApiOptions options)
+    : deps_(std::move(deps)), options_(std::move(options)) {}
+
+AdminApi::~AdminApi() = default;
+
+Response AdminApi::handle(const Request& request) {
+  static const auto log = logging::get("admin_api");
+  Call call{deps_,
+            options_,
+            request,
+            Poco::UUIDGenerator::defaultGenerator().createRandom().toString(),
+            {}};
+  Response response;
+  try {
+    response = route(call);
+  } catch (const ApiError& e) {
+    response = error_response(call, e);
+    call.summary = e.code();
+  } catch (const jobs::JobNotFound& e) {
+    response = error_response(call, not_found("JOB_NOT_FOUND", e.what()));
+    call.summary = "JOB_NOT_FOUND";
+  } catch (const jobs::InvalidTransition& e) {
+    response = error_response(call, ApiError(409, "CONFLICT", e.what()));
+    call.summary = "CONFLICT";
+  } catch (const jobs::LeaseLost& e) {
+    response = error_response(call, ApiError(409, "CONFLICT", e.what()));
+    call.summary = "CONFLICT";
+  } catch (const StorageError& e) {
+    log->error("{} {}: storage error: {}", request.method, request.path, e.what());
+    response = error_response(
+        call, ApiError(503, "STORAGE_ERROR", std::string("store: ") + e.what(), json::object(),
+                       /*retryable=*/true));
+    call.summary = "STORAGE_ERROR";
+  } catch (const gateway::GatewayError& e) {
+    response = error_response(
+        call, ApiError(502, "GATEWAY_ERROR", e.what(), {{"status", e.status()}}, e.retryable()));
+    call.summary = "GATEWAY_ERROR";
+  } catch (const std::exception& e) {
+    log->error("{} {}: internal error: {}", request.method, request.path, e.what());
+    response = error_response(call, ApiError(500, "INTERNAL_ERROR", "internal error"));
+    call.summary = "INTERNAL_ERROR";
+  }
+  response.add_header("X-Operation-Id", call.operation_id);
+  if (is_mutation(request.method) && request.path.rfind("/v1", 0) == 0) {
+    try {
+      deps_.audit.append({deps_.clock.now_ms(), call.operation_id, request.method, request.path,
+                          response.status, call.summary});
+    } catch (const std::exception& e) {
+      log->error("audit log {}: {}", deps_.audit.path().string(), e.what());
+    }
+  }
+  return response;
+}
+
+// --- support ---------------------------------------------------------------------------------
+
+ApiError validation_error(const std::string& field, const std::string& reason) {
+  return ApiError(400, "VALIDATION_ERROR", field + ": " + reason, {{"field", field}});
+}
+
+ApiError not_found(const std::string& code, const std::string& message) {
+  return ApiError(404, code, message);
+}
+
+ApiError method_not_allowed(const std::string& method, const std::string& path) {
+  return ApiError(405, "METHOD_NOT_ALLOWED", method + " is not allowed on " + path);
+}
+
+Response Call::ok(int status, json body) const {
+  body["metadata"] = {{"operationId", operation_id},
+                      {"timestamp", gateway::iso8601_ms(deps.clock.now_ms())}};
+  return host::json_response(status, body);
+}
+
+json Call::json_body() const {
+  if (request.body.empty()) return json::object();
+  json body = json::parse(request.body, nullptr, false);
+  if (body.is_discarded()) throw validation_error("body", "is not valid JSON");
+  if (!body.is_object()) throw validation_error("body", "must be a JSON object");
+  return body;
+}
+
+std::optional<int64_t> query_int(const Request& request, const char* name, int64_t min,
+                                 int64_t max) {
+  const std::optional<std::string> text = request.query.get(name);
+  if (!text) return std::nullopt;
+  const std::optional<int64_t> value = host::parse_int(*text);
+  if (!value || *value < min || *value > max) {
+    throw validation_error(name, "must be an integer between " + std::to_string(min) + " and " +
+                                     std::to_string(max) + " (got \"" + *text + "\")");
+  }
+  return value;
+}
+
+size_t query_limit(const Request& request) {
+  return static_cast<size_t>(query_int(request, "limit", 1, 500).value_or(50));
+}
+
+std::optional<std::string> query_string(const Request& request, const char* name) {
+  std::optional<std::string> value = request.query.get(name);
+  if (value && value->empty()) return std::nullopt;
+  return value;
+}
+
+int64_t path_id(std::string_view segment) {
+  const std::optional<int64_t> id = host::parse_int(segment);
+  if (!id || *id <= 0) {
+    throw validation_error("id",
+                           "must be a positive integer (got \"" + std::string(segment) + "\")");
+  }
+  return *id;
+}
+
+json parse_stored(const std::string& text) {
+  json value = json::parse(text, nullptr, false);
+  return value.is_discarded() ? json(text) : value;
+}
+
+namespace {
+json optional_text(const std::optional<std::string>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+}  // namespace
+
+std::string_view cancel_outcome_name(jobs::CancelOutcome outcome) {
+  switch (outcome) {
+    case jobs::CancelOutcome::kCancelled:
+      return "cancelled";
+    case jobs::CancelOutcome::kRequested:
+      return "requested";
+    case jobs::CancelOutcome::kAlreadyFinished:
+      return "already_finished";
+  }
+  return "unknown";
+}
+
+json page_json(json items, const std::optional<int64_t>& next_before) {
+  return {{"items", std::move(items)},
+          {"nextBefore", next_before ? json(*next_before) : json(nullptr)}};
+}
+
+json job_json(const jobs::Job& job) {
+  return {{"id", job.id},
+          {"kind", job.kind},
+          {"status", jobs::to_string(job.status)},
+          {"concurrencyKey", job.concurrency_key},
+          {"dedupeKey", optional_text(job.dedupe_key)},
+          {"payload", parse_stored(job.payload)},
+          {"priority", job.priority},
+          {"attempts", job.attempts},
+          {"maxAttempts", job.max_attempts},
+          {"runAfterMs", job.run_after_ms},
+          {"leaseOwner", optional_text(job.lease_owner)},
+          {"leaseExpiresMs", job.lease_expires_ms},
+          {"checkpoint", job.checkpoint ? parse_stored(*job.checkpoint) : json(nullptr)},
+          {"result", job.result ? parse_stored(*job.result) : json(nullptr)},
+          {"lastError", optional_text(job.last_error)},
+          {"parentId", job.parent_id ? json(*job.parent_id) : json(nullptr)},
+          {"pendingChildren", job.pending_children},
+          {"timeoutMs", job.timeout_ms},
+          {"cancelRequested", job.cancel_requested},
+          {"createdMs", job.created_ms},
+          {"startedMs", job.started_ms},
+          {"finishedMs", job.finished_ms},
+          {"updatedMs", job.updated_ms}};
+}
+
+json attempt_json(const jobs::Attempt& attempt) {
+  return {{"attempt", attempt.attempt},      {"owner", attempt.owner},
+          {"startedMs", attempt.started_ms}, {"finishedMs", attempt.finished_ms},
+          {"outcome", attempt.outcome},      {"error", optional_text(attempt.error)}};
+}
+
+json dead_letter_json(const jobs::DeadLetter& letter) {
+  return {{"id", letter.id},
+          {"jobId", letter.job_id},
+          {"kind", letter.kind},
+          {"concurrencyKey", letter.concurrency_key},
+          {"status", jobs::to_string(letter.status)},
+          {"error", letter.error},
+          {"retries", letter.retries},
+          {"createdMs", letter.created_ms},
+          {"updatedMs", letter.updated_ms}};
+}
+
+}  // namespace backhaul::daemon

@@ -1,0 +1,60 @@
+// The admin API of backhauld (SPEC F2-F4) as a function of plain request values: routing,
+// bearer-token auth on /v1, the one error envelope, the audit log of mutations, health and
+// metrics. The Poco server (admin_server.h) only converts to and from these values.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/common/clock.h"
+#include "core/jobs/job_store.h"
+#include "core/jobs/scheduler.h"
+#include "core/plugins/plugin_loader.h"
+#include "host/common/http.h"
+#include "host/daemon/audit_log.h"
+
+namespace backhaul::pipeline {
+class Pipeline;
+}
+
+namespace backhaul::daemon {
+
+struct AdminApiOptions {
+  std::string token;                   // the bearer token of /v1
+  int64_t backlog_threshold = 10'000;  // /health/ready fails above this many queued jobs
+  size_t max_body_bytes = 1 << 20;
+  size_t max_header_bytes = 16 * 1024;
+};
+
+// What the API reads and drives. Every reference must outlive the AdminApi.
+struct AdminApiDeps {
+  jobs::JobStore& store;
+  const Clock& clock;
+  const plugins::PluginRegistry& plugins;
+  AuditLog& audit;
+  std::function<jobs::SchedulerStats()> scheduler_stats;  // empty: no scheduler in this process
+  pipeline::Pipeline* pipeline = nullptr;  // null: run and rate-limit routes answer 503
+};
+
+class AdminApi {
+ public:
+  AdminApi(AdminApiDeps deps, AdminApiOptions options);
+  ~AdminApi();
+  AdminApi(const AdminApi&) = delete;
+  AdminApi& operator=(const AdminApi&) = delete;
+
+  // Answers one request; never throws. Mutations on /v1 are written to the audit log before it
+  // returns. [thread-safe]
+  host::Response handle(const host::Request& request);
+
+  const AdminApiOptions& options() const noexcept { return options_; }
+
+ private:
+  AdminApiDeps deps_;
+  AdminApiOptions options_;
+};
+
+}  // namespace backhaul::daemon

@@ -1,0 +1,107 @@
+#include "host/daemon/admin_server.h"
+
+#include <atomic>
+#include <stdexcept>
+
+#include <Poco/Net/HTTPRequestHandler.h>
+#include <Poco/Net/HTTPRequestHandlerFactory.h>
+#include <Poco/Net/HTTPServer.h>
+#include <Poco/Net/HTTPServerParams.h>
+#include <Poco/Net/HTTPServerRequest.h>
+#include <Poco/Net/HTTPServerResponse.h>
+#include <Poco/Net/ServerSocket.h>
+#include <Poco/Net/SocketAddress.h>
+#include <Poco/ThreadPool.h>
+
+#include "core/common/logging.h"
+
+namespace backhaul::daemon {
+namespace {
+
+class Handler final : public Poco::Net::HTTPRequestHandler {
+ public:
+  explicit Handler(AdminApi& api) : api_(api) {}
+  void handleRequest(Poco::Net::HTTPServerRequest& request,
+                     Poco::Net::HTTPServerResponse& response) override {
+    host::Response answer;
+    try {
+      answer = api_.handle(host::read_request(request, api_.options().max_body_bytes));
+    } catch (const std::exception& e) {
+      // Reading the request failed (client went away, malformed chunking): nothing to audit.
+      logging::get("admin_api")->warn("reading request {} failed: {}", request.getURI(), e.what());
+      answer = host::json_response(400, {{"error",
+                                          {{"code", "VALIDATION_ERROR"},
+                                           {"message", "request: could not be read"},
+                                           {"details", nlohmann::json::object()},
+                                           {"retryable", false}}},
+                                         {"metadata", {{"operationId", ""}, {"timestamp", ""}}}});
+    }
+    host::write_response(answer, response);
+  }
+
+ private:
+  AdminApi& api_;
+};
+
+class HandlerFactory final : public Poco::Net::HTTPRequestHandlerFactory {
+ public:
+  explicit HandlerFactory(AdminApi& api) : api_(api) {}
+  Poco::Net::HTTPRequestHandler* createRequestHandler(
+      const Poco::Net::HTTPServerRequest&) override {
+    return new Handler(api_);
+  }
+
+ private:
+  AdminApi& api_;
+};
+
+}  // namespace
+
+struct AdminServer::Impl {
+  AdminApi& api;
+  AdminServerOptions options;
+  std::atomic<uint16_t> port{0};
+  std::unique_ptr<Poco::ThreadPool> pool;
+  std::unique_ptr<Poco::Net::HTTPServer> server;
+};
+
+AdminServer::AdminServer(AdminApi& api, AdminServerOptions options)
+    : impl_(new Impl{api, std::move(options), {}, nullptr, nullptr}) {}
+
+AdminServer::~AdminServer() { stop(); }
+
+void AdminServer::start() {
+  if (impl_->server) throw std::logic_error("admin server already started");
+  Poco::Net::ServerSocket socket;
+  socket.bind(Poco::Net::SocketAddress(impl_->options.listen, impl_->options.port),
+              /*reuseAddress=*/true);
+  socket.listen(64);
+  impl_->port = socket.address().port();
+
+  const int threads = impl_->options.max_connections;
+  const Poco::Timespan timeout(impl_->options.timeout_ms * 1000);
+  auto* params = new Poco::Net::HTTPServerParams;  // owned by the server (reference counted)
+  params->setMaxThreads(threads);
+  params->setMaxQueued(threads);  // beyond threads + queue, connections are refused
+  params->setKeepAlive(true);
+  params->setMaxKeepAliveRequests(100);
+  params->setKeepAliveTimeout(Poco::Timespan(10, 0));
+  params->setTimeout(timeout);
+  params->setServerName("backhauld");
+  impl_->pool = std::make_unique<Poco::ThreadPool>(1, threads);
+  impl_->server = std::make_unique<Poco::Net::HTTPServer>(new HandlerFactory(impl_->api),
+                                                          *impl_->pool, socket, params);
+  impl_->server->start();
+}
+
+void AdminServer::stop() {
+  if (!impl_->server) return;
+  impl_->server->stopAll(/*abortCurrent=*/true);
+  impl_->pool->joinAll();
+  impl_->server.reset();
+  impl_->pool.reset();
+}
+
+uint16_t AdminServer::port() const { return impl_->port.load(); }
+
+}  // namespace backhaul::daemon

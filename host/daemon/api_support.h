@@ -1,0 +1,96 @@
+// Internal to the admin API: the error type handlers throw, the envelope, parameter parsing and
+// the JSON shapes of jobs and dead letters. Not included outside host/daemon.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/errors.h"
+#include "core/jobs/job_store.h"
+#include "host/common/http.h"
+#include "host/daemon/admin_api.h"
+
+namespace backhaul::daemon {
+
+// A failure with its stable code (SPEC F2): VALIDATION_ERROR 400, UNAUTHORIZED 401, *_NOT_FOUND
+// 404, METHOD_NOT_ALLOWED 405, CONFLICT 409, PAYLOAD_TOO_LARGE 413, HEADERS_TOO_LARGE 431,
+// INTERNAL_ERROR 500, GATEWAY_ERROR 502, STORAGE_ERROR / UNAVAILABLE 503.
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string code, const std::string& message,
+           nlohmann::json details = nlohmann::json::object(), bool retryable = false)
+      : Error(message),
+        status_(status),
+        code_(std::move(code)),
+        details_(std::move(details)),
+        retryable_(retryable) {}
+  int status() const noexcept { return status_; }
+  const std::string& code() const noexcept { return code_; }
+  const nlohmann::json& details() const noexcept { return details_; }
+  bool retryable() const noexcept { return retryable_; }
+
+ private:
+  int status_;
+  std::string code_;
+  nlohmann::json details_;
+  bool retryable_;
+};
+
+// 400 VALIDATION_ERROR whose message starts with the field name.
+ApiError validation_error(const std::string& field, const std::string& reason);
+ApiError not_found(const std::string& code, const std::string& message);
+ApiError method_not_allowed(const std::string& method, const std::string& path);
+
+using Route = std::span<const std::string_view>;
+
+// One request in flight: what handlers read, and what they leave for the audit log.
+struct Call {
+  AdminApiDeps& deps;
+  const AdminApiOptions& options;
+  const host::Request& request;
+  std::string operation_id;
+  std::string summary;  // set by mutating handlers; the audit line's "summary"
+
+  int64_t now_ms() const { return deps.clock.now_ms(); }
+  // `body` plus "metadata": {operationId, timestamp}.
+  host::Response ok(int status, nlohmann::json body) const;
+  // The request body as a JSON object ({} when empty). Throws validation_error("body", ...).
+  nlohmann::json json_body() const;
+};
+
+// Query parameters. Each throws validation_error naming the parameter.
+std::optional<int64_t> query_int(const host::Request& request, const char* name, int64_t min,
+                                 int64_t max);
+size_t query_limit(const host::Request& request);  // "limit", 1..500, default 50
+std::optional<std::string> query_string(const host::Request& request, const char* name);
+// A path id: a positive integer, else validation_error("id").
+int64_t path_id(std::string_view segment);
+
+// "cancelled", "requested", "already_finished".
+std::string_view cancel_outcome_name(jobs::CancelOutcome outcome);
+// {"items": items, "nextBefore": id or null}: one page of a newest-first list.
+nlohmann::json page_json(nlohmann::json items, const std::optional<int64_t>& next_before);
+nlohmann::json job_json(const jobs::Job& job);
+nlohmann::json attempt_json(const jobs::Attempt& attempt);
+nlohmann::json dead_letter_json(const jobs::DeadLetter& letter);
+// JSON text stored by the queue, parsed; the raw string when it is not valid JSON.
+nlohmann::json parse_stored(const std::string& text);
+
+// Route groups (each answers for the path below /v1/<group>).
+host::Response handle_jobs(Call& call, Route rest);
+host::Response handle_dead_letters(Call& call, Route rest);
+host::Response handle_plugins(Call& call, Route rest);
+host::Response handle_runs(Call& call, Route rest);
+host::Response handle_installations(Call& call, Route rest);
+host::Response handle_rate_limits(Call& call, Route rest);
+host::Response handle_health(Call& call, Route rest);  // below /health
+host::Response handle_metrics(Call& call);
+// The pipeline's counters in Prometheus text, appended to `out` (nothing without a pipeline).
+void append_pipeline_metrics(Call& call, std::string* out);
+
+}  // namespace backhaul::daemon

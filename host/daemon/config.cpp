@@ -1,0 +1,190 @@
+#include "host/daemon/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/common/errors.h"
+#include "host/daemon/json_schema.h"
+#include <unistd.h>
+
+namespace backhaul::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Collects problems so one start reports all of them, not the first only.
+class Problems {
+ public:
+  void add(const std::string& path, const std::string& reason) {
+    if (!text_.empty()) text_ += '\n';
+    text_ += "config: " + (path.empty() ? std::string("(root)") : path) + ": " + reason;
+  }
+  void throw_if_any() const {
+    if (!text_.empty()) throw ConfigError(text_);
+  }
+
+ private:
+  std::string text_;
+};
+
+const json& section(const json& root, const char* name) {
+  static const json empty = json::object();
+  return root.contains(name) ? root[name] : empty;
+}
+
+template <typename T>
+void read(const json& object, const char* key, T* out) {
+  if (object.contains(key)) *out = object[key].get<T>();
+}
+
+fs::path resolve(const fs::path& base_dir, const fs::path& path) {
+  return path.is_absolute() ? path : base_dir / path;
+}
+
+void read_caps(const json& object, const char* key, CapsConfig* caps) {
+  if (!object.contains(key)) return;
+  read(object[key], "per_installation", &caps->per_installation);
+  read(object[key], "global", &caps->global);
+}
+
+void read_circuit(const json& object, const char* key, CircuitConfig* circuit) {
+  if (!object.contains(key)) return;
+  read(object[key], "failure_threshold", &circuit->failure_threshold);
+  read(object[key], "open_ms", &circuit->open_ms);
+}
+
+std::string default_owner() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host[0] ? host : "backhauld") + ":" + std::to_string(getpid());
+}
+
+// Reads the secret named by `env_field` (e.g. "admin.token_env"); a missing or empty variable is
+// a problem naming both the field and the variable.
+std::optional<std::string> secret(const EnvLookup& env, const std::string& variable,
+                                  const std::string& env_field, Problems* problems) {
+  std::optional<std::string> value = env(variable);
+  if (!value || value->empty()) {
+    problems->add(env_field, "environment variable " + variable + " is not set or empty");
+    return std::nullopt;
+  }
+  return value;
+}
+
+}  // namespace
+
+EnvLookup process_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, const EnvLookup& env) {
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) throw ConfigError("config: (root): not valid JSON");
+  static const json schema = json::parse(config_schema_text());
+
+  Problems problems;
+  for (const SchemaViolation& v : validate_json(schema, root)) problems.add(v.path, v.message);
+  problems.throw_if_any();
+
+  DaemonConfig config;
+  const json& store = section(root, "store");
+  read(store, "backend", &config.store.backend);
+  read(store, "path", &config.store.path);
+  read(store, "connection_env", &config.store.connection_env);
+  read(store, "pool_size", &config.store.pool_size);
+  config.store.path = resolve(base_dir, config.store.path).string();
+  if (config.store.backend == "mysql") {
+    if (config.store.connection_env.empty()) {
+      problems.add("store.connection_env", "is required when store.backend is \"mysql\"");
+    } else if (auto dsn =
+                   secret(env, config.store.connection_env, "store.connection_env", &problems)) {
+      config.store.connection = *dsn;
+    }
+  }
+
+  const json& plugins = section(root, "plugins");
+  if (plugins.contains("directories")) {
+    for (const json& dir : plugins["directories"]) {
+      config.plugins.directories.push_back(resolve(base_dir, dir.get<std::string>()));
+    }
+  }
+  read(plugins, "allowed_sha256", &config.plugins.allowed_sha256);
+  if (plugins.contains("connectors")) {
+    for (const auto& [id, settings] : plugins["connectors"].items()) {
+      config.plugins.connectors[id] = settings;
+    }
+  }
+
+  const json& gateway = section(root, "gateway");
+  read(gateway, "url", &config.gateway.url);
+  read(gateway, "api_key_env", &config.gateway.api_key_env);
+  read(gateway, "timeout_ms", &config.gateway.timeout_ms);
+  read(gateway, "ca_file", &config.gateway.ca_file);
+  if (!config.gateway.api_key_env.empty()) {
+    config.gateway.api_key =
+        secret(env, config.gateway.api_key_env, "gateway.api_key_env", &problems);
+  }
+
+  const json& admin = section(root, "admin");
+  read(admin, "listen", &config.admin.listen);
+  read(admin, "port", &config.admin.port);
+  read(admin, "token_env", &config.admin.token_env);
+  read(admin, "max_body_bytes", &config.admin.max_body_bytes);
+  read(admin, "max_header_bytes", &config.admin.max_header_bytes);
+  read(admin, "max_connections", &config.admin.max_connections);
+  read(admin, "timeout_ms", &config.admin.timeout_ms);
+  std::string audit_log = config.admin.audit_log.string();
+  read(admin, "audit_log", &audit_log);
+  config.admin.audit_log = resolve(base_dir, audit_log);
+  if (auto token = secret(env, config.admin.token_env, "admin.token_env", &problems)) {
+    config.admin.token = *token;
+  }
+
+  const json& scheduler = section(root, "scheduler");
+  read(scheduler, "workers", &config.scheduler.workers);
+  read(scheduler, "lease_ms", &config.scheduler.lease_ms);
+  read(scheduler, "heartbeat_ms", &config.scheduler.heartbeat_ms);
+  read(scheduler, "sweep_ms", &config.scheduler.sweep_ms);
+  read(scheduler, "retention_days", &config.scheduler.retention_days);
+  read(scheduler, "owner", &config.scheduler.owner);
+  if (config.scheduler.owner.empty()) config.scheduler.owner = default_owner();
+  if (config.scheduler.heartbeat_ms >= config.scheduler.lease_ms) {
+    problems.add("scheduler.heartbeat_ms", "must be less than scheduler.lease_ms (" +
+                                               std::to_string(config.scheduler.lease_ms) + ")");
+  }
+
+  const json& pipeline = section(root, "pipeline");
+  read(pipeline, "unit_timeout_ms", &config.pipeline.unit_timeout_ms);
+  read(pipeline, "throttle_per_hour", &config.pipeline.throttle_per_hour);
+  read(pipeline, "throttle_burst", &config.pipeline.throttle_burst);
+  read(pipeline, "rate_limit_floor", &config.pipeline.rate_limit_floor);
+  read_caps(pipeline, "entity_caps", &config.pipeline.entity_caps);
+  read_caps(pipeline, "run_caps", &config.pipeline.run_caps);
+  read_circuit(pipeline, "provider_circuit", &config.pipeline.provider_circuit);
+  read_circuit(pipeline, "gateway_circuit", &config.pipeline.gateway_circuit);
+
+  read(section(root, "health"), "backlog_threshold", &config.health.backlog_threshold);
+  read(section(root, "shutdown"), "grace_ms", &config.shutdown.grace_ms);
+  read(section(root, "logging"), "level", &config.logging.level);
+  read(section(root, "logging"), "format", &config.logging.format);
+
+  problems.throw_if_any();
+  return config;
+}
+
+DaemonConfig load_config(const fs::path& path, const EnvLookup& env) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("config: cannot read " + path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  const fs::path base_dir = fs::absolute(path).parent_path();
+  return parse_config(text.str(), base_dir, env);
+}
+
+}  // namespace backhaul::daemon

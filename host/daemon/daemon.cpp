@@ -1,0 +1,179 @@
+#include "host/daemon/daemon.h"
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "core/common/errors.h"
+#include "core/common/logging.h"
+#include "core/gateway/gateway_client.h"
+#include "core/http/poco_transport.h"
+#include "core/jobs/scheduler.h"
+#include "core/pipeline/pipeline.h"
+#include "host/daemon/admin_api.h"
+#include "host/daemon/admin_server.h"
+#include "host/daemon/audit_log.h"
+
+namespace backhaul::daemon {
+
+struct Daemon::Impl {
+  Impl(DaemonConfig c, const Clock& k) : config(std::move(c)), clock(k) {}
+
+  DaemonConfig config;
+  const Clock& clock;
+  std::shared_ptr<spdlog::logger> log = logging::get("daemon");
+  // Declaration order is teardown order reversed: the server goes first, the store last.
+  std::unique_ptr<http::PocoTransport> transport;
+  std::unique_ptr<jobs::JobStore> store;
+  std::unique_ptr<plugins::PluginRegistry> registry;
+  std::map<std::string, plugins::Connector> connectors;  // by provider id
+  std::unique_ptr<gateway::GatewayClient> gateway;
+  std::unique_ptr<pipeline::Pipeline> pipeline;
+  std::unique_ptr<jobs::Scheduler> scheduler;
+  std::unique_ptr<AuditLog> audit;
+  std::unique_ptr<AdminApi> api;
+  std::unique_ptr<AdminServer> server;
+  bool started = false;
+  bool stopped = false;
+
+  void open_store();
+  void load_plugins();
+  void start_pipeline();
+};
+
+void Daemon::Impl::open_store() {
+  if (config.store.backend == "mysql") {
+    store = jobs::open_mysql_store(config.store.connection,
+                                   static_cast<size_t>(config.store.pool_size));
+  } else {
+    store = jobs::open_sqlite_store(config.store.path);
+  }
+  log->info("store: {} (schema migrated)", store->backend());
+}
+
+void Daemon::Impl::load_plugins() {
+  http::PocoTransportOptions transport_options;
+  transport_options.ca_file = config.gateway.ca_file;
+  transport = std::make_unique<http::PocoTransport>(transport_options);
+  registry = std::make_unique<plugins::PluginRegistry>(plugins::HostServices{
+      *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms)});
+  if (!config.plugins.allowed_sha256.empty()) {
+    registry->set_allowed_sha256(
+        {config.plugins.allowed_sha256.begin(), config.plugins.allowed_sha256.end()});
+  }
+  for (const auto& dir : config.plugins.directories) {
+    for (const plugins::LoadProblem& problem : registry->load_directory(dir)) {
+      log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
+    }
+  }
+  for (const plugins::Plugin& plugin : registry->plugins()) {
+    const std::string& id = plugin.info().id;
+    auto settings = config.plugins.connectors.find(id);
+    const std::string json =
+        settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
+    try {
+      connectors.emplace(id, plugin.create(json));
+    } catch (const plugins::ConnectorFailure& e) {
+      throw ConfigError("config: plugins.connectors." + id + ": " + e.what());
+    }
+    log->info("plugin {} {} loaded from {}", id, plugin.info().version,
+              plugin.info().path.string());
+  }
+  for (const auto& [id, settings] : config.plugins.connectors) {
+    if (!registry->find(id)) log->warn("plugins.connectors.{}: no such plugin is loaded", id);
+  }
+}
+
+void Daemon::Impl::start_pipeline() {
+  gateway = std::make_unique<gateway::GatewayClient>(*transport, config.gateway.url,
+                                                     config.gateway.api_key, clock);
+  const DaemonConfig::Pipeline& p = config.pipeline;
+  pipeline::PipelineOptions options;
+  options.unit_timeout_ms = p.unit_timeout_ms;
+  options.throttle_per_hour = p.throttle_per_hour;
+  options.throttle_burst = p.throttle_burst;
+  options.rate_limit_floor = p.rate_limit_floor;
+  options.entity_caps = {p.entity_caps.per_installation, p.entity_caps.global};
+  options.run_caps = {p.run_caps.per_installation, p.run_caps.global};
+  options.provider_circuit = {p.provider_circuit.failure_threshold, p.provider_circuit.open_ms};
+  options.gateway_circuit = {p.gateway_circuit.failure_threshold, p.gateway_circuit.open_ms};
+  // The connector map is complete before the pipeline exists and never changes afterwards, so
+  // lookups from worker threads need no lock.
+  pipeline = std::make_unique<pipeline::Pipeline>(
+      *store, clock, *gateway,
+      [this](const std::string& provider) -> const plugins::Connector* {
+        auto it = connectors.find(provider);
+        return it == connectors.end() ? nullptr : &it->second;
+      },
+      options);
+  pipeline->apply_caps();
+
+  const DaemonConfig::Scheduler& s = config.scheduler;
+  jobs::SchedulerOptions scheduler_options;
+  scheduler_options.owner = s.owner;
+  scheduler_options.workers = s.workers;
+  scheduler_options.lease_ms = s.lease_ms;
+  scheduler_options.heartbeat_interval_ms = s.heartbeat_ms;
+  scheduler_options.sweep_interval_ms = s.sweep_ms;
+  scheduler_options.retention_ms = int64_t{s.retention_days} * 86'400'000;
+  scheduler = std::make_unique<jobs::Scheduler>(*store, clock, scheduler_options);
+  pipeline->register_handlers(*scheduler);
+  scheduler->start();
+  log->info("scheduler started: owner {}, {} workers", s.owner, s.workers);
+}
+
+Daemon::Daemon(DaemonConfig config, const Clock& clock)
+    : impl_(std::make_unique<Impl>(std::move(config), clock)) {}
+
+Daemon::~Daemon() { stop(); }
+
+void Daemon::start() {
+  Impl& d = *impl_;
+  if (d.started) throw std::logic_error("daemon already started");
+  d.started = true;
+  d.audit = std::make_unique<AuditLog>(d.config.admin.audit_log);
+  d.open_store();
+  d.load_plugins();
+  d.start_pipeline();
+
+  AdminApiOptions api_options;
+  api_options.token = d.config.admin.token;
+  api_options.backlog_threshold = d.config.health.backlog_threshold;
+  api_options.max_body_bytes = static_cast<size_t>(d.config.admin.max_body_bytes);
+  api_options.max_header_bytes = static_cast<size_t>(d.config.admin.max_header_bytes);
+  d.api = std::make_unique<AdminApi>(
+      AdminApiDeps{*d.store, d.clock, *d.registry, *d.audit, [&d] { return d.scheduler->stats(); },
+                   d.pipeline.get()},
+      api_options);
+  d.server = std::make_unique<AdminServer>(
+      *d.api, AdminServerOptions{d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port),
+                                 d.config.admin.max_connections, d.config.admin.timeout_ms});
+  d.server->start();
+  d.log->info("admin api listening on {}:{}", d.config.admin.listen, d.server->port());
+}
+
+void Daemon::stop() {
+  Impl& d = *impl_;
+  if (!d.started || d.stopped) return;
+  d.stopped = true;
+  if (d.server) d.server->stop();  // no new API requests from here on
+  if (d.scheduler) {
+    const auto grace = std::chrono::milliseconds(d.config.shutdown.grace_ms);
+    d.log->info("draining: up to {} ms for in-flight pages", grace.count());
+    d.scheduler->drain(grace);
+    const jobs::SchedulerStats stats = d.scheduler->stats();
+    d.log->info("drained: {} jobs released, {} interrupted", stats.released, stats.interrupted);
+  }
+  d.log->info("stopped");
+}
+
+uint16_t Daemon::port() const { return impl_->server ? impl_->server->port() : 0; }
+
+const DaemonConfig& Daemon::config() const noexcept { return impl_->config; }
+
+jobs::JobStore& Daemon::store() { return *impl_->store; }
+
+const plugins::PluginRegistry& Daemon::plugins() const { return *impl_->registry; }
+
+}  // namespace backhaul::daemon

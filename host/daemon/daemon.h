@@ -1,0 +1,46 @@
+// backhauld wired together: the job store, the connector plugins and one connector per plugin,
+// the gateway client, the pipeline and the scheduler, and the admin API server. Everything but
+// main() lives here so tests can run a whole daemon in-process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/common/clock.h"
+#include "core/jobs/job_store.h"
+#include "core/plugins/plugin_loader.h"
+#include "host/daemon/config.h"
+
+namespace backhaul::daemon {
+
+class Daemon {
+ public:
+  // `clock` must outlive the daemon. Nothing is opened before start().
+  explicit Daemon(DaemonConfig config, const Clock& clock = SystemClock::instance());
+  ~Daemon();  // stop()s
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Opens (and migrates) the store, loads the plugin directories and creates each plugin's
+  // connector from its config object, starts the scheduler and the admin server. Throws
+  // ConfigError (a connector config the plugin refuses, an unusable audit log), StorageError,
+  // Poco::Exception (the admin address cannot be bound). [main-thread]
+  void start();
+  // Graceful shutdown (SPEC F6): stops accepting API requests, then drains the scheduler within
+  // shutdown.grace_ms (in-flight pages finish, the rest is released without counting an
+  // attempt). Idempotent. [main-thread]
+  void stop();
+
+  // The admin API's bound port; 0 before start(). [thread-safe]
+  uint16_t port() const;
+  const DaemonConfig& config() const noexcept;
+  // Valid between start() and destruction.
+  jobs::JobStore& store();
+  const plugins::PluginRegistry& plugins() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace backhaul::daemon

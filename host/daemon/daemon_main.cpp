@@ -1,0 +1,71 @@
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <Poco/Exception.h>
+
+#include "core/common/errors.h"
+#include "core/common/logging.h"
+#include "host/common/process.h"
+#include "host/daemon/daemon.h"
+#include "host/daemon/main.h"
+
+namespace backhaul::daemon {
+
+int main(int argc, char** argv) {
+  CLI::App app{"backhauld: the Backhaul host daemon (admin API, job scheduler, connector plugins)"};
+  app.set_version_flag("--version", BACKHAUL_VERSION);
+  std::string config_path;
+  std::string port_file;
+  bool check_only = false;
+  app.add_option("--config", config_path, "JSON configuration file (schemas/config.schema.json)")
+      ->required();
+  app.add_option("--port-file", port_file,
+                 "write the admin API's port here once listening (with admin.port 0)");
+  app.add_flag("--check-config", check_only, "validate the configuration and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int status = app.exit(e);
+    return status == 0 ? 0 : 2;
+  }
+
+  // Before any thread starts, so every thread inherits the mask and sigwait() gets the signal.
+  const sigset_t signals = host::block_termination_signals();
+  DaemonConfig config;
+  try {
+    config = load_config(config_path, process_env());
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  if (check_only) {
+    std::printf("config: %s is valid\n", config_path.c_str());
+    return 0;
+  }
+  logging::configure(
+      config.logging.format == "json" ? logging::Format::kJson : logging::Format::kText,
+      config.logging.level);
+  const auto log = logging::get("daemon");
+  try {
+    Daemon daemon(std::move(config));
+    daemon.start();
+    if (!port_file.empty()) host::write_port_file(port_file, daemon.port());
+    const int signal_number = host::wait_for_termination(signals);
+    log->info("signal {}: stopping", signal_number);
+    daemon.stop();
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const Poco::Exception& e) {
+    log->error("cannot start: {}", e.displayText());
+    return 1;
+  } catch (const std::exception& e) {
+    log->error("cannot start: {}", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace backhaul::daemon

@@ -1,0 +1,154 @@
+// /health/live, /health/ready and /metrics (SPEC F4). No auth: they carry no tenant data.
+#include <sstream>
+
+#include "host/daemon/api_support.h"
+
+namespace backhaul::daemon {
+namespace {
+
+using host::Response;
+using nlohmann::json;
+
+constexpr jobs::JobStatus kAllStatuses[] = {jobs::JobStatus::kQueued,  jobs::JobStatus::kRunning,
+                                            jobs::JobStatus::kWaiting, jobs::JobStatus::kSucceeded,
+                                            jobs::JobStatus::kDead,    jobs::JobStatus::kCancelled};
+constexpr jobs::DeadLetterStatus kAllLetterStatuses[] = {
+    jobs::DeadLetterStatus::kPending, jobs::DeadLetterStatus::kRetrying,
+    jobs::DeadLetterStatus::kResolved, jobs::DeadLetterStatus::kIgnored};
+
+// A Prometheus label value: backslash, quote and newline escaped.
+std::string label(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void family(std::ostringstream& out, const char* name, const char* type, const char* help) {
+  out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+}
+
+Response ready(Call& call) {
+  json components = json::object();
+  std::vector<std::string> failing;
+  int64_t queued = 0;
+  try {
+    for (const auto& [key, count] : call.deps.store.counts()) {
+      if (key.second == jobs::JobStatus::kQueued) queued += count;
+    }
+    components["store"] = {{"status", "healthy"}, {"backend", call.deps.store.backend()}};
+  } catch (const std::exception& e) {
+    components["store"] = {{"status", "unhealthy"}, {"error", e.what()}};
+    failing.push_back("store");
+  }
+  const size_t loaded = call.deps.plugins.plugins().size();
+  components["plugins"] = {{"status", loaded > 0 ? "healthy" : "unhealthy"}, {"loaded", loaded}};
+  if (loaded == 0) failing.push_back("plugins");
+  if (!failing.empty() && failing.front() == "store") {
+    components["backlog"] = {{"status", "unknown"}};
+  } else {
+    const bool over = queued > call.options.backlog_threshold;
+    components["backlog"] = {{"status", over ? "unhealthy" : "healthy"},
+                             {"queued", queued},
+                             {"threshold", call.options.backlog_threshold}};
+    if (over) failing.push_back("backlog");
+  }
+  json body = {{"status", failing.empty() ? "healthy" : "unhealthy"},
+               {"components", std::move(components)}};
+  if (!failing.empty()) body["failing"] = failing;
+  return call.ok(failing.empty() ? 200 : 503, std::move(body));
+}
+
+std::string_view circuit_value(const std::string& state) {
+  if (state == "open") return "2";
+  if (state == "half_open") return "1";
+  return "0";
+}
+
+}  // namespace
+
+Response handle_health(Call& call, Route rest) {
+  if (call.request.method != "GET")
+    throw method_not_allowed(call.request.method, call.request.path);
+  if (rest.size() == 1 && rest[0] == "live") return call.ok(200, {{"status", "alive"}});
+  if (rest.size() == 1 && rest[0] == "ready") return ready(call);
+  throw not_found("NOT_FOUND", "no route for " + call.request.path);
+}
+
+Response handle_metrics(Call& call) {
+  std::ostringstream out;
+  jobs::JobStore& store = call.deps.store;
+
+  family(out, "backhaul_jobs", "gauge", "Jobs in the store by kind and status (queue depth).");
+  std::map<std::string, std::map<std::string_view, int64_t>> jobs_by_kind;
+  for (const auto& [key, count] : store.counts()) {
+    jobs_by_kind[key.first][jobs::to_string(key.second)] = count;
+  }
+  for (auto& [kind, by_status] : jobs_by_kind) {
+    for (jobs::JobStatus status : kAllStatuses) {
+      out << "backhaul_jobs{kind=\"" << label(kind) << "\",status=\"" << jobs::to_string(status)
+          << "\"} " << by_status[jobs::to_string(status)] << '\n';
+    }
+  }
+
+  family(out, "backhaul_dead_letters", "gauge", "Dead letters by kind and status.");
+  std::map<std::string, std::map<std::string_view, int64_t>> letters_by_kind;
+  for (const auto& [key, count] : store.dead_letter_stats()) {
+    letters_by_kind[key.first][jobs::to_string(key.second)] = count;
+  }
+  for (auto& [kind, by_status] : letters_by_kind) {
+    for (jobs::DeadLetterStatus status : kAllLetterStatuses) {
+      out << "backhaul_dead_letters{kind=\"" << label(kind) << "\",status=\""
+          << jobs::to_string(status) << "\"} " << by_status[jobs::to_string(status)] << '\n';
+    }
+  }
+
+  if (call.deps.scheduler_stats) {
+    const jobs::SchedulerStats stats = call.deps.scheduler_stats();
+    family(out, "backhaul_scheduler_jobs_total", "counter",
+           "Job executions by this process by outcome since start.");
+    const std::pair<const char*, int64_t> events[] = {
+        {"claimed", stats.claimed},        {"succeeded", stats.succeeded},
+        {"failed", stats.failed},          {"deferred", stats.deferred},
+        {"waiting", stats.waiting},        {"released", stats.released},
+        {"interrupted", stats.interrupted}};
+    for (const auto& [event, value] : events) {
+      out << "backhaul_scheduler_jobs_total{event=\"" << event << "\"} " << value << '\n';
+    }
+    family(out, "backhaul_scheduler_in_flight", "gauge", "Jobs claimed and not yet finished.");
+    out << "backhaul_scheduler_in_flight " << stats.in_flight << '\n';
+  }
+
+  const std::vector<plugins::Plugin> loaded = call.deps.plugins.plugins();
+  family(out, "backhaul_plugins_loaded", "gauge", "Connector plugins loaded.");
+  out << "backhaul_plugins_loaded " << loaded.size() << '\n';
+
+  // Circuit records are shared by every host; reading one is an identity update.
+  family(out, "backhaul_circuit_state", "gauge",
+         "Circuit breaker state: 0 closed, 1 half-open, 2 open.");
+  std::vector<std::string> circuits = {"gateway"};
+  for (const plugins::Plugin& plugin : loaded) circuits.push_back("provider:" + plugin.info().id);
+  for (const std::string& name : circuits) {
+    const jobs::CircuitRecord record =
+        store.update_circuit(name, [](const jobs::CircuitRecord& r) { return r; });
+    out << "backhaul_circuit_state{circuit=\"" << label(name) << "\"} "
+        << circuit_value(record.state) << '\n';
+  }
+
+  std::string pipeline_text;
+  append_pipeline_metrics(call, &pipeline_text);
+  out << pipeline_text;
+
+  Response response;
+  response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  response.body = out.str();
+  return response;
+}
+
+}  // namespace backhaul::daemon

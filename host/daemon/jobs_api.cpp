@@ -1,0 +1,109 @@
+// /v1/jobs: list, get (with attempt history), cancel, and the checkpoint of a job that is not
+// running (read, replace, reset).
+#include "host/daemon/api_support.h"
+
+namespace backhaul::daemon {
+namespace {
+
+using host::Response;
+using nlohmann::json;
+
+jobs::Job require_job(Call& call, jobs::JobId id) {
+  std::optional<jobs::Job> job = call.deps.store.get(id);
+  if (!job) throw not_found("JOB_NOT_FOUND", "job " + std::to_string(id) + " does not exist");
+  return *job;
+}
+
+Response list_jobs(Call& call) {
+  jobs::JobQuery query;
+  if (auto status = query_string(call.request, "status")) {
+    query.status = jobs::parse_job_status(*status);
+    if (!query.status) {
+      throw validation_error("status",
+                             "must be one of queued, running, waiting, succeeded, dead, cancelled "
+                             "(got \"" +
+                                 *status + "\")");
+    }
+  }
+  query.kind = query_string(call.request, "kind");
+  query.concurrency_key = query_string(call.request, "key");
+  query.parent_id = query_int(call.request, "parent", 1, INT64_MAX);
+  query.before_id = query_int(call.request, "before", 1, INT64_MAX);
+  query.limit = query_limit(call.request);
+  const jobs::JobPage page = call.deps.store.list(query);
+  json items = json::array();
+  for (const jobs::Job& job : page.jobs) items.push_back(job_json(job));
+  return call.ok(200, page_json(std::move(items), page.next_before));
+}
+
+Response get_job(Call& call, jobs::JobId id) {
+  json body = job_json(require_job(call, id));
+  json attempts = json::array();
+  for (const jobs::Attempt& attempt : call.deps.store.attempts(id)) {
+    attempts.push_back(attempt_json(attempt));
+  }
+  body["attemptHistory"] = std::move(attempts);
+  return call.ok(200, std::move(body));
+}
+
+Response cancel_job(Call& call, jobs::JobId id) {
+  require_job(call, id);
+  const jobs::CancelOutcome outcome = call.deps.store.cancel(id, call.now_ms());
+  call.summary =
+      "cancel job " + std::to_string(id) + ": " + std::string(cancel_outcome_name(outcome));
+  const jobs::Job job = require_job(call, id);
+  return call.ok(200, {{"jobId", id},
+                       {"outcome", cancel_outcome_name(outcome)},
+                       {"status", jobs::to_string(job.status)}});
+}
+
+Response checkpoint(Call& call, jobs::JobId id) {
+  const std::string& method = call.request.method;
+  if (method == "GET") {
+    const jobs::Job job = require_job(call, id);
+    return call.ok(
+        200, {{"jobId", id},
+              {"status", jobs::to_string(job.status)},
+              {"checkpoint", job.checkpoint ? parse_stored(*job.checkpoint) : json(nullptr)}});
+  }
+  if (method == "PUT") {
+    const json body = json::parse(call.request.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object()) {
+      throw validation_error("body", "must be a JSON object (the new checkpoint)");
+    }
+    require_job(call, id);
+    call.deps.store.set_checkpoint(id, body.dump(), call.now_ms());
+    call.summary = "replace checkpoint of job " + std::to_string(id);
+    return call.ok(200, {{"jobId", id}, {"checkpoint", body}});
+  }
+  if (method == "DELETE") {
+    require_job(call, id);
+    call.deps.store.set_checkpoint(id, std::nullopt, call.now_ms());
+    call.summary = "reset checkpoint of job " + std::to_string(id);
+    return call.ok(200, {{"jobId", id}, {"checkpoint", nullptr}});
+  }
+  throw method_not_allowed(method, call.request.path);
+}
+
+}  // namespace
+
+Response handle_jobs(Call& call, Route rest) {
+  const std::string& method = call.request.method;
+  if (rest.empty()) {
+    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    return list_jobs(call);
+  }
+  const jobs::JobId id = path_id(rest[0]);
+  if (rest.size() == 1) {
+    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    return get_job(call, id);
+  }
+  if (rest.size() == 2 && rest[1] == "cancel") {
+    if (method != "POST") throw method_not_allowed(method, call.request.path);
+    return cancel_job(call, id);
+  }
+  if (rest.size() == 2 && rest[1] == "checkpoint") return checkpoint(call, id);
+  throw not_found("NOT_FOUND", "no route for " + call.request.path);
+}
+
+}  // namespace backhaul::daemon

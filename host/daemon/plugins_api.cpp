@@ -1,0 +1,69 @@
+// /v1/plugins: what is loaded, and a config check before a connector is created (as Kafka
+// Connect's PUT /connector-plugins/{plugin}/config/validate).
+#include "core/plugins/plugin.h"
+#include "host/daemon/api_support.h"
+
+namespace backhaul::daemon {
+namespace {
+
+using host::Response;
+using nlohmann::json;
+
+json plugin_json(const plugins::Plugin& plugin) {
+  const plugins::PluginInfo& info = plugin.info();
+  json schema = json::parse(info.config_schema_json, nullptr, false);
+  return {{"id", info.id},
+          {"version", info.version},
+          {"displayName", info.display_name},
+          {"description", info.description},
+          {"entityTypes", info.entity_types},
+          {"defaultEntityTypes", info.default_entity_types},
+          {"abi",
+           std::to_string(info.abi_version.major) + "." + std::to_string(info.abi_version.minor)},
+          {"path", info.path.string()},
+          {"configSchema", schema.is_discarded() ? json(nullptr) : schema}};
+}
+
+Response validate_config(Call& call, const std::string& id) {
+  const std::optional<plugins::Plugin> plugin = call.deps.plugins.find(id);
+  if (!plugin) throw not_found("PLUGIN_NOT_FOUND", "plugin " + id + " is not loaded");
+  const json body = call.json_body();
+  if (!body.contains("config")) throw validation_error("config", "is required");
+  if (!body["config"].is_object()) throw validation_error("config", "must be a JSON object");
+  json errors = json::array();
+  try {
+    plugin->validate_config(body["config"].dump());
+  } catch (const plugins::ConnectorFailure& e) {
+    errors.push_back(e.what());
+  }
+  call.summary = "validate config of plugin " + id + ": " + (errors.empty() ? "valid" : "invalid");
+  return call.ok(200, {{"plugin", id}, {"valid", errors.empty()}, {"errors", errors}});
+}
+
+}  // namespace
+
+Response handle_plugins(Call& call, Route rest) {
+  const std::string& method = call.request.method;
+  if (rest.empty()) {
+    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    json items = json::array();
+    for (const plugins::Plugin& plugin : call.deps.plugins.plugins()) {
+      items.push_back(plugin_json(plugin));
+    }
+    return call.ok(200, {{"items", std::move(items)}});
+  }
+  const std::string id(rest[0]);
+  if (rest.size() == 1) {
+    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    const std::optional<plugins::Plugin> plugin = call.deps.plugins.find(id);
+    if (!plugin) throw not_found("PLUGIN_NOT_FOUND", "plugin " + id + " is not loaded");
+    return call.ok(200, plugin_json(*plugin));
+  }
+  if (rest.size() == 2 && rest[1] == "validate-config") {
+    if (method != "POST") throw method_not_allowed(method, call.request.path);
+    return validate_config(call, id);
+  }
+  throw not_found("NOT_FOUND", "no route for " + call.request.path);
+}
+
+}  // namespace backhaul::daemon

@@ -1,0 +1,300 @@
+// The admin API over real HTTP on 127.0.0.1 against a daemon running in-process with a temp
+// SQLite store (SPEC F2-F4). Store state is set up through the JobStore API.
+#include <gtest/gtest.h>
+
+#include "tests/host/daemon/daemon_fixture.h"
+
+namespace backhaul::daemon::testing {
+namespace {
+
+using nlohmann::json;
+
+void expect_envelope(const HttpResult& r, int status, const std::string& code) {
+  EXPECT_EQ(r.status, status) << r.body;
+  const json body = json::parse(r.body);
+  ASSERT_TRUE(body.contains("error")) << r.body;
+  EXPECT_EQ(body["error"]["code"], code) << r.body;
+  EXPECT_TRUE(body["error"]["message"].is_string());
+  EXPECT_TRUE(body["error"].contains("details"));
+  EXPECT_TRUE(body["error"]["retryable"].is_boolean());
+  EXPECT_FALSE(body["metadata"]["operationId"].get<std::string>().empty());
+  EXPECT_TRUE(body["metadata"]["timestamp"].is_string());
+  EXPECT_EQ(r.header("x-operation-id"), body["metadata"]["operationId"]);
+}
+
+TEST_F(DaemonTest, V1RoutesNeedTheBearerToken) {
+  start();
+  expect_envelope(call_without_token("GET", "/v1/jobs"), 401, "UNAUTHORIZED");
+  expect_envelope(client_->request("GET", "/v1/jobs", {{"Authorization", "Bearer wrong"}}), 401,
+                  "UNAUTHORIZED");
+  expect_envelope(client_->request("GET", "/v1/jobs",
+                                   {{"Authorization", std::string("Bearer ") + kToken + "x"}}),
+                  401, "UNAUTHORIZED");
+  expect_envelope(client_->request("GET", "/v1/jobs", {{"Authorization", kToken}}), 401,
+                  "UNAUTHORIZED");
+  const HttpResult ok = call("GET", "/v1/jobs");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_FALSE(ok.json()["metadata"]["operationId"].get<std::string>().empty());
+}
+
+TEST_F(DaemonTest, ErrorsUseOneEnvelopeWithStableCodes) {
+  start();
+  expect_envelope(call("GET", "/v1/nothing"), 404, "NOT_FOUND");
+  expect_envelope(call("GET", "/v1/jobs/999"), 404, "JOB_NOT_FOUND");
+  expect_envelope(call("GET", "/v1/dead-letters/999"), 404, "DEAD_LETTER_NOT_FOUND");
+  expect_envelope(call("POST", "/v1/plugins/nope/validate-config", R"({"config":{}})"), 404,
+                  "PLUGIN_NOT_FOUND");
+  expect_envelope(call("DELETE", "/v1/jobs"), 405, "METHOD_NOT_ALLOWED");
+  const HttpResult bad_limit = call("GET", "/v1/jobs?limit=abc");
+  expect_envelope(bad_limit, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(bad_limit.json()["error"]["details"]["field"], "limit");
+  EXPECT_EQ(bad_limit.json()["error"]["message"].get<std::string>().rfind("limit: ", 0), 0u);
+  const HttpResult bad_status = call("GET", "/v1/jobs?status=sleeping");
+  expect_envelope(bad_status, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(bad_status.json()["error"]["details"]["field"], "status");
+  expect_envelope(call("GET", "/v1/jobs/abc"), 400, "VALIDATION_ERROR");
+  expect_envelope(call("POST", "/v1/dead-letters/purge", "{not json"), 400, "VALIDATION_ERROR");
+}
+
+TEST_F(DaemonTest, BodyOverTheLimitIs413AndHugeHeadersAre431) {
+  start();  // max_body_bytes 4096
+  const HttpResult big = call("POST", "/v1/dead-letters/retry", std::string(5000, ' '));
+  expect_envelope(big, 413, "PAYLOAD_TOO_LARGE");
+  const HttpResult headers = call("GET", "/v1/jobs", "",
+                                  {{"X-Padding-1", std::string(8000, 'a')},
+                                   {"X-Padding-2", std::string(8000, 'b')},
+                                   {"X-Padding-3", std::string(8000, 'c')}});
+  expect_envelope(headers, 431, "HEADERS_TOO_LARGE");
+  EXPECT_EQ(call("GET", "/v1/jobs").status, 200);  // the client reconnects and is served
+}
+
+TEST_F(DaemonTest, JobsListFiltersAndPagesNewestFirst) {
+  start();
+  const jobs::JobId a = enqueue("kind.a", "inst-1");
+  const jobs::JobId b = enqueue("kind.a", "inst-2");
+  const jobs::JobId c = enqueue("kind.b", "inst-1");
+  json page = call("GET", "/v1/jobs?limit=2").json();
+  ASSERT_EQ(page["items"].size(), 2u);
+  EXPECT_EQ(page["items"][0]["id"], c);
+  EXPECT_EQ(page["items"][1]["id"], b);
+  ASSERT_TRUE(page["nextBefore"].is_number());
+  json next =
+      call("GET", "/v1/jobs?limit=2&before=" + std::to_string(page["nextBefore"].get<int64_t>()))
+          .json();
+  ASSERT_EQ(next["items"].size(), 1u);
+  EXPECT_EQ(next["items"][0]["id"], a);
+  EXPECT_TRUE(next["nextBefore"].is_null());
+
+  json by_kind = call("GET", "/v1/jobs?kind=kind.a&key=inst-1").json();
+  ASSERT_EQ(by_kind["items"].size(), 1u);
+  EXPECT_EQ(by_kind["items"][0]["id"], a);
+  EXPECT_EQ(by_kind["items"][0]["payload"]["unit"], "x");
+  claim("kind.b");
+  json running = call("GET", "/v1/jobs?status=running").json();
+  ASSERT_EQ(running["items"].size(), 1u);
+  EXPECT_EQ(running["items"][0]["id"], c);
+  EXPECT_EQ(running["items"][0]["status"], "running");
+  EXPECT_FALSE(running["items"][0].contains("leaseToken"));
+}
+
+TEST_F(DaemonTest, GetJobShowsAttemptHistoryAndCancelStopsIt) {
+  start();
+  const jobs::JobId id = enqueue("kind.a", "inst-1", 3);
+  const std::string token = claim("kind.a");
+  store().fail(id, token, {"upstream 503", false, 0}, now());
+  json job = call("GET", "/v1/jobs/" + std::to_string(id)).json();
+  EXPECT_EQ(job["status"], "queued");
+  EXPECT_EQ(job["attempts"], 1);
+  EXPECT_EQ(job["lastError"], "upstream 503");
+  ASSERT_EQ(job["attemptHistory"].size(), 1u);
+  EXPECT_EQ(job["attemptHistory"][0]["outcome"], "failed");
+  EXPECT_EQ(job["attemptHistory"][0]["error"], "upstream 503");
+
+  const HttpResult cancelled = call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  ASSERT_EQ(cancelled.status, 200) << cancelled.body;
+  EXPECT_EQ(cancelled.json()["outcome"], "cancelled");
+  EXPECT_EQ(cancelled.json()["status"], "cancelled");
+  EXPECT_EQ(store().get(id)->status, jobs::JobStatus::kCancelled);
+  EXPECT_EQ(call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel").json()["outcome"],
+            "already_finished");
+  expect_envelope(call("POST", "/v1/jobs/4242/cancel"), 404, "JOB_NOT_FOUND");
+}
+
+TEST_F(DaemonTest, CheckpointReadReplaceResetAndConflictWhileRunning) {
+  start();
+  const jobs::JobId id = enqueue("kind.a");
+  const std::string path = "/v1/jobs/" + std::to_string(id) + "/checkpoint";
+  EXPECT_TRUE(call("GET", path).json()["checkpoint"].is_null());
+
+  const HttpResult put = call("PUT", path, R"({"cursor":"c40","page":40})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(call("GET", path).json()["checkpoint"]["page"], 40);
+  EXPECT_EQ(*store().get(id)->checkpoint, R"({"cursor":"c40","page":40})");
+
+  expect_envelope(call("PUT", path, "[1,2]"), 400, "VALIDATION_ERROR");
+  expect_envelope(call("PUT", path, "nope"), 400, "VALIDATION_ERROR");
+
+  const HttpResult reset = call("DELETE", path);
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  EXPECT_FALSE(store().get(id)->checkpoint.has_value());
+
+  claim("kind.a");
+  EXPECT_EQ(call("GET", path).json()["status"], "running");
+  expect_envelope(call("PUT", path, R"({"cursor":"x"})"), 409, "CONFLICT");
+  expect_envelope(call("DELETE", path), 409, "CONFLICT");
+  expect_envelope(call("PUT", "/v1/jobs/999/checkpoint", "{}"), 404, "JOB_NOT_FOUND");
+}
+
+TEST_F(DaemonTest, DeadLettersListStatsGetRetryIgnorePurge) {
+  start();
+  const int64_t first = make_dead_letter("kind.a", "inst-1", "FATAL: bad scopes");
+  const int64_t second = make_dead_letter("kind.a", "inst-2", "FATAL: gone");
+  const int64_t third = make_dead_letter("kind.b", "inst-1", "FATAL: nope");
+
+  json list = call("GET", "/v1/dead-letters?kind=kind.a").json();
+  ASSERT_EQ(list["items"].size(), 2u);
+  EXPECT_EQ(list["items"][0]["id"], second);
+  EXPECT_EQ(list["items"][0]["status"], "pending");
+  EXPECT_EQ(call("GET", "/v1/dead-letters?key=inst-1").json()["items"].size(), 2u);
+  expect_envelope(call("GET", "/v1/dead-letters?status=lost"), 400, "VALIDATION_ERROR");
+
+  json stats = call("GET", "/v1/dead-letters/stats").json();
+  EXPECT_EQ(stats["total"], 3);
+  EXPECT_EQ(stats["byStatus"]["pending"], 3);
+
+  json one = call("GET", "/v1/dead-letters/" + std::to_string(first)).json();
+  EXPECT_EQ(one["error"], "FATAL: bad scopes");
+  EXPECT_EQ(one["job"]["status"], "dead");
+  ASSERT_EQ(one["attemptHistory"].size(), 1u);
+  EXPECT_EQ(one["attemptHistory"][0]["error"], "FATAL: bad scopes");
+
+  const HttpResult retried = call("POST", "/v1/dead-letters/" + std::to_string(first) + "/retry");
+  ASSERT_EQ(retried.status, 200) << retried.body;
+  EXPECT_EQ(retried.json()["status"], "retrying");
+  EXPECT_EQ(store().get(one["jobId"].get<int64_t>())->status, jobs::JobStatus::kQueued);
+  expect_envelope(call("POST", "/v1/dead-letters/" + std::to_string(first) + "/retry"), 409,
+                  "CONFLICT");
+
+  const HttpResult ignored = call("POST", "/v1/dead-letters/" + std::to_string(third) + "/ignore");
+  ASSERT_EQ(ignored.status, 200) << ignored.body;
+  EXPECT_EQ(ignored.json()["status"], "ignored");
+
+  expect_envelope(call("POST", "/v1/dead-letters/retry", "{}"), 400, "VALIDATION_ERROR");
+  const HttpResult bulk =
+      call("POST", "/v1/dead-letters/retry", R"({"status":"pending","kind":"kind.a","limit":10})");
+  ASSERT_EQ(bulk.status, 200) << bulk.body;
+  EXPECT_EQ(bulk.json()["retried"], 1);  // only `second` is still pending
+
+  // Purge: the ignored letter is older than 1 day once the clock moves 2 days.
+  expect_envelope(call("POST", "/v1/dead-letters/purge", R"({"olderThanDays":-1})"), 400,
+                  "VALIDATION_ERROR");
+  EXPECT_EQ(call("POST", "/v1/dead-letters/purge", R"({"olderThanDays":1})").json()["purged"], 0);
+  clock_.advance_ms(2 * 86'400'000LL);
+  EXPECT_EQ(call("POST", "/v1/dead-letters/purge", R"({"olderThanDays":1})").json()["purged"], 1);
+  EXPECT_FALSE(store().get_dead_letter(third).has_value());
+}
+
+TEST_F(DaemonTest, MutationsAreAuditedWithoutTheToken) {
+  start();
+  const jobs::JobId id = enqueue("kind.a");
+  const HttpResult put =
+      call("PUT", "/v1/jobs/" + std::to_string(id) + "/checkpoint", R"({"cursor":"abc"})");
+  call("GET", "/v1/jobs");  // a read is not audited
+  call_without_token("POST", "/v1/jobs/1/cancel");
+  call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  const std::vector<json> lines = audit_lines();
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["operationId"], put.header("x-operation-id"));
+  EXPECT_EQ(lines[0]["method"], "PUT");
+  EXPECT_EQ(lines[0]["path"], "/v1/jobs/" + std::to_string(id) + "/checkpoint");
+  EXPECT_EQ(lines[0]["status"], 200);
+  EXPECT_EQ(lines[0]["summary"], "replace checkpoint of job " + std::to_string(id));
+  EXPECT_TRUE(lines[0]["time"].is_string());
+  EXPECT_EQ(lines[1]["status"], 401);
+  EXPECT_EQ(lines[1]["summary"], "UNAUTHORIZED");
+  EXPECT_EQ(lines[2]["summary"], "cancel job " + std::to_string(id) + ": cancelled");
+  for (const json& line : lines) EXPECT_EQ(line.dump().find(kToken), std::string::npos);
+}
+
+TEST_F(DaemonTest, PluginsAreListedAndConfigsValidated) {
+  start();
+  json plugins = call("GET", "/v1/plugins").json();
+  std::vector<std::string> ids;
+  for (const json& p : plugins["items"]) ids.push_back(p["id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"github", "vercel"}));
+  const json& github = plugins["items"][0];
+  EXPECT_FALSE(github["version"].get<std::string>().empty());
+  EXPECT_FALSE(github["entityTypes"].empty());
+  EXPECT_FALSE(github["defaultEntityTypes"].empty());
+  EXPECT_EQ(github["abi"].get<std::string>().rfind("1.", 0), 0u);
+  EXPECT_NE(github["path"].get<std::string>().find("github"), std::string::npos);
+
+  const HttpResult valid = call("POST", "/v1/plugins/github/validate-config",
+                                R"({"config":{"base_url":"http://127.0.0.1:1/github"}})");
+  ASSERT_EQ(valid.status, 200) << valid.body;
+  EXPECT_TRUE(valid.json()["valid"].get<bool>());
+  EXPECT_TRUE(valid.json()["errors"].empty());
+  const json invalid =
+      call("POST", "/v1/plugins/github/validate-config", R"({"config":{"per_page":1000}})").json();
+  EXPECT_FALSE(invalid["valid"].get<bool>());
+  ASSERT_EQ(invalid["errors"].size(), 1u);
+  EXPECT_NE(invalid["errors"][0].get<std::string>().find("per_page"), std::string::npos)
+      << invalid.dump();
+  expect_envelope(call("POST", "/v1/plugins/github/validate-config", R"({"config":3})"), 400,
+                  "VALIDATION_ERROR");
+}
+
+TEST_F(DaemonTest, HealthLiveAndReadyNeedNoToken) {
+  start();
+  const HttpResult live = call_without_token("GET", "/health/live");
+  EXPECT_EQ(live.status, 200);
+  EXPECT_EQ(live.json()["status"], "alive");
+  const HttpResult ready = call_without_token("GET", "/health/ready");
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  EXPECT_EQ(ready.json()["status"], "healthy");
+  EXPECT_EQ(ready.json()["components"]["store"]["status"], "healthy");
+  EXPECT_EQ(ready.json()["components"]["plugins"]["loaded"], 2);
+}
+
+TEST_F(DaemonTest, ReadyFailsNamingPluginsWhenNoneLoaded) {
+  start([this](json& c) { c["plugins"]["directories"] = {(dir_ / "empty").string()}; });
+  const HttpResult ready = call_without_token("GET", "/health/ready");
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_EQ(ready.json()["failing"], json::array({"plugins"}));
+  EXPECT_EQ(ready.json()["components"]["plugins"]["status"], "unhealthy");
+}
+
+TEST_F(DaemonTest, ReadyFailsNamingBacklogWhenOverThreshold) {
+  start([](json& c) { c["health"] = {{"backlog_threshold", 2}}; });
+  enqueue("kind.a");
+  enqueue("kind.a");
+  EXPECT_EQ(call_without_token("GET", "/health/ready").status, 200);
+  enqueue("kind.b");
+  const HttpResult ready = call_without_token("GET", "/health/ready");
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_EQ(ready.json()["failing"], json::array({"backlog"}));
+  EXPECT_EQ(ready.json()["components"]["backlog"]["queued"], 3);
+}
+
+TEST_F(DaemonTest, MetricsExposeQueueDepthDeadLettersAndCircuits) {
+  start();
+  enqueue("kind.a");
+  enqueue("kind.a");
+  make_dead_letter("kind.b", "inst-1", "FATAL: x");
+  const HttpResult metrics = call_without_token("GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_EQ(metrics.header("content-type").rfind("text/plain; version=0.0.4", 0), 0u);
+  const std::string& text = metrics.body;
+  for (const char* series :
+       {"# TYPE backhaul_jobs gauge\n", "backhaul_jobs{kind=\"kind.a\",status=\"queued\"} 2\n",
+        "backhaul_jobs{kind=\"kind.a\",status=\"running\"} 0\n",
+        "backhaul_jobs{kind=\"kind.b\",status=\"dead\"} 1\n",
+        "backhaul_dead_letters{kind=\"kind.b\",status=\"pending\"} 1\n",
+        "backhaul_plugins_loaded 2\n", "backhaul_circuit_state{circuit=\"gateway\"} 0\n",
+        "backhaul_circuit_state{circuit=\"provider:github\"} 0\n"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace backhaul::daemon::testing

@@ -1,0 +1,105 @@
+// `backhaul dlq ...` and `backhaul db migrate` as real processes against a daemon running
+// in-process (the `run` commands are tested with the sandbox in run_api_test.cpp).
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "core/jobs/job_store.h"
+#include "tests/host/daemon/child_process.h"
+#include "tests/host/daemon/daemon_fixture.h"
+
+namespace backhaul::daemon::testing {
+namespace {
+
+using nlohmann::json;
+
+class CliTest : public DaemonTest {
+ protected:
+  CommandResult cli(std::vector<std::string> args) {
+    args.insert(args.begin() + 2, {"--url", "http://127.0.0.1:" + std::to_string(daemon_->port())});
+    return run_command(BACKHAUL_CLI_PATH, args, {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken},
+                       dir_);
+  }
+};
+
+TEST_F(CliTest, DlqListStatsRetryIgnorePurge) {
+  start();
+  const int64_t a = make_dead_letter("kind.a", "inst-1", "FATAL: scopes missing");
+  const int64_t b = make_dead_letter("kind.b", "inst-2", "FATAL: gone");
+
+  CommandResult list = cli({"dlq", "list"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_NE(list.out.find("FATAL: scopes missing"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("kind.b"), std::string::npos) << list.out;
+
+  CommandResult filtered = cli({"dlq", "list", "--kind", "kind.b", "--json"});
+  ASSERT_EQ(filtered.exit_code, 0) << filtered.err;
+  const json page = json::parse(filtered.out);
+  ASSERT_EQ(page["items"].size(), 1u);
+  EXPECT_EQ(page["items"][0]["id"], b);
+
+  CommandResult stats = cli({"dlq", "stats"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_NE(stats.out.find("total 2"), std::string::npos) << stats.out;
+
+  CommandResult retry = cli({"dlq", "retry", std::to_string(a)});
+  ASSERT_EQ(retry.exit_code, 0) << retry.err;
+  EXPECT_EQ(store().get_dead_letter(a)->status, jobs::DeadLetterStatus::kRetrying);
+  CommandResult again = cli({"dlq", "retry", std::to_string(a)});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("CONFLICT"), std::string::npos) << again.err;
+
+  CommandResult ignore = cli({"dlq", "ignore", std::to_string(b)});
+  ASSERT_EQ(ignore.exit_code, 0) << ignore.err;
+  EXPECT_EQ(store().get_dead_letter(b)->status, jobs::DeadLetterStatus::kIgnored);
+
+  CommandResult bulk = cli({"dlq", "retry", "--all", "--limit", "5"});
+  ASSERT_EQ(bulk.exit_code, 0) << bulk.err;
+  EXPECT_NE(bulk.out.find("retried 0 dead letters"), std::string::npos) << bulk.out;
+
+  clock_.advance_ms(3 * 86'400'000LL);
+  CommandResult purge = cli({"dlq", "purge", "--older-than-days", "2"});
+  ASSERT_EQ(purge.exit_code, 0) << purge.err;
+  EXPECT_NE(purge.out.find("purged 1 "), std::string::npos) << purge.out;
+  EXPECT_FALSE(store().get_dead_letter(b).has_value());
+
+  CommandResult missing = cli({"dlq", "ignore", "999"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("DEAD_LETTER_NOT_FOUND"), std::string::npos) << missing.err;
+}
+
+TEST_F(CliTest, WrongTokenAndMissingTokenFail) {
+  start();
+  CommandResult wrong =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"dlq", "stats", "--url", "http://127.0.0.1:" + std::to_string(daemon_->port())},
+                  {"BACKHAUL_ADMIN_TOKEN=wrong"}, dir_);
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_NE(wrong.err.find("UNAUTHORIZED"), std::string::npos) << wrong.err;
+  CommandResult unset =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"dlq", "stats", "--url", "http://127.0.0.1:" + std::to_string(daemon_->port()),
+                   "--token-env", "BACKHAUL_TEST_UNSET_VARIABLE"},
+                  {}, dir_);
+  EXPECT_EQ(unset.exit_code, 1);
+  EXPECT_NE(unset.err.find("BACKHAUL_TEST_UNSET_VARIABLE"), std::string::npos) << unset.err;
+}
+
+TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
+  const std::string db = (dir_ / "migrated.db").string();
+  CommandResult migrate =
+      run_command(BACKHAUL_CLI_PATH, {"db", "migrate", "--sqlite", db}, {}, dir_);
+  ASSERT_EQ(migrate.exit_code, 0) << migrate.err;
+  EXPECT_NE(migrate.out.find("sqlite store " + db + ": schema version "), std::string::npos)
+      << migrate.out;
+  auto store = jobs::open_sqlite_store(db);
+  const int version = store->migrate();
+  EXPECT_GE(version, 1);
+  EXPECT_NE(migrate.out.find("schema version " + std::to_string(version) + "\n"), std::string::npos)
+      << migrate.out;
+  CommandResult neither = run_command(BACKHAUL_CLI_PATH, {"db", "migrate"}, {}, dir_);
+  EXPECT_NE(neither.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace backhaul::daemon::testing

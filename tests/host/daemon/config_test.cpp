@@ -1,0 +1,270 @@
+// Config validation (SPEC F1): the schema subset validator, defaults, paths, secrets, and that
+// every bad field is named with its reason.
+#include "host/daemon/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "core/common/errors.h"
+#include "host/daemon/json_schema.h"
+
+namespace backhaul::daemon {
+namespace {
+
+using nlohmann::json;
+
+EnvLookup env_with(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+const EnvLookup kEnv = env_with({{"ADMIN_TOKEN", "t0ken"},
+                                 {"GW_KEY", "gw-secret"},
+                                 {"MYSQL_DSN", "host=127.0.0.1;db=b;user=u;password=p"}});
+
+json minimal() {
+  return {{"admin", {{"token_env", "ADMIN_TOKEN"}}},
+          {"gateway", {{"url", "http://127.0.0.1:9/gateway"}}}};
+}
+
+// The ConfigError text for `config`, or "" when it loads.
+std::string error_of(const json& config, const EnvLookup& env = kEnv) {
+  try {
+    parse_config(config.dump(), "/srv/backhaul", env);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ConfigTest, MinimalConfigGetsDefaultsAndSecretsFromTheEnvironment) {
+  const DaemonConfig c = parse_config(minimal().dump(), "/srv/backhaul", kEnv);
+  EXPECT_EQ(c.admin.token, "t0ken");
+  EXPECT_EQ(c.admin.listen, "127.0.0.1");
+  EXPECT_EQ(c.admin.port, 8470);
+  EXPECT_EQ(c.admin.max_body_bytes, 1 << 20);
+  EXPECT_EQ(c.admin.audit_log, std::filesystem::path("/srv/backhaul/audit.log"));
+  EXPECT_EQ(c.store.backend, "sqlite");
+  EXPECT_EQ(c.store.path, "/srv/backhaul/backhaul.db");
+  EXPECT_EQ(c.scheduler.workers, 8);
+  EXPECT_FALSE(c.scheduler.owner.empty());
+  EXPECT_EQ(c.pipeline.entity_caps.per_installation, 5);
+  EXPECT_EQ(c.pipeline.entity_caps.global, 30);
+  EXPECT_EQ(c.pipeline.run_caps.per_installation, 1);
+  EXPECT_EQ(c.pipeline.run_caps.global, 10);
+  EXPECT_EQ(c.shutdown.grace_ms, 30'000);
+  EXPECT_EQ(c.logging.format, "text");
+  EXPECT_FALSE(c.gateway.api_key.has_value());
+}
+
+TEST(ConfigTest, FullConfigLoads) {
+  json config = minimal();
+  config["store"] = {{"backend", "mysql"}, {"connection_env", "MYSQL_DSN"}, {"pool_size", 4}};
+  config["plugins"] = {{"directories", {"plugins", "/opt/backhaul/plugins"}},
+                       {"allowed_sha256", {std::string(64, 'a')}},
+                       {"connectors", {{"github", {{"base_url", "http://127.0.0.1:1/github"}}}}}};
+  config["gateway"]["api_key_env"] = "GW_KEY";
+  config["admin"].update({{"port", 0}, {"max_connections", 4}, {"audit_log", "/var/log/a.log"}});
+  config["scheduler"] = {
+      {"workers", 2}, {"lease_ms", 5000}, {"heartbeat_ms", 1000}, {"owner", "host-a"}};
+  config["pipeline"] = {{"entity_caps", {{"per_installation", 2}, {"global", 4}}},
+                        {"rate_limit_floor", 0.2},
+                        {"gateway_circuit", {{"failure_threshold", 3}, {"open_ms", 1000}}}};
+  config["health"] = {{"backlog_threshold", 5}};
+  config["shutdown"] = {{"grace_ms", 100}};
+  config["logging"] = {{"level", "debug"}, {"format", "json"}};
+  const DaemonConfig c = parse_config(config.dump(), "/srv/backhaul", kEnv);
+  EXPECT_EQ(c.store.backend, "mysql");
+  EXPECT_EQ(c.store.connection, "host=127.0.0.1;db=b;user=u;password=p");
+  ASSERT_EQ(c.plugins.directories.size(), 2u);
+  EXPECT_EQ(c.plugins.directories[0], std::filesystem::path("/srv/backhaul/plugins"));
+  EXPECT_EQ(c.plugins.directories[1], std::filesystem::path("/opt/backhaul/plugins"));
+  EXPECT_EQ(c.plugins.connectors.at("github").at("base_url"), "http://127.0.0.1:1/github");
+  EXPECT_EQ(c.gateway.api_key, "gw-secret");
+  EXPECT_EQ(c.admin.port, 0);
+  EXPECT_EQ(c.admin.audit_log, std::filesystem::path("/var/log/a.log"));
+  EXPECT_EQ(c.scheduler.owner, "host-a");
+  EXPECT_EQ(c.pipeline.entity_caps.per_installation, 2);
+  EXPECT_EQ(c.pipeline.run_caps.per_installation, 1);  // untouched default
+  EXPECT_DOUBLE_EQ(c.pipeline.rate_limit_floor, 0.2);
+  EXPECT_EQ(c.pipeline.gateway_circuit.failure_threshold, 3);
+  EXPECT_EQ(c.health.backlog_threshold, 5);
+  EXPECT_EQ(c.logging.format, "json");
+}
+
+struct BadField {
+  const char* name;
+  std::function<void(json&)> edit;
+  const char* expected;  // a substring of the error
+};
+
+class ConfigBadFieldTest : public ::testing::TestWithParam<BadField> {};
+
+TEST_P(ConfigBadFieldTest, ErrorNamesTheFieldAndTheReason) {
+  json config = minimal();
+  GetParam().edit(config);
+  const std::string error = error_of(config);
+  EXPECT_NE(error.find(GetParam().expected), std::string::npos) << error;
+  EXPECT_EQ(error.rfind("config: ", 0), 0u) << error;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ConfigBadFieldTest,
+    ::testing::Values(
+        BadField{"WorkersNotAnInteger", [](json& c) { c["scheduler"]["workers"] = "eight"; },
+                 "config: scheduler.workers: must be an integer between 1 and 1024 (got "
+                 "\"eight\")"},
+        BadField{"WorkersZero", [](json& c) { c["scheduler"]["workers"] = 0; },
+                 "config: scheduler.workers: must be an integer between 1 and 1024 (got 0)"},
+        BadField{"WorkersFraction", [](json& c) { c["scheduler"]["workers"] = 2.5; },
+                 "config: scheduler.workers: must be an integer"},
+        BadField{"LogFormat", [](json& c) { c["logging"]["format"] = "xml"; },
+                 "config: logging.format: must be one of \"text\", \"json\" (got \"xml\")"},
+        BadField{"UnknownField", [](json& c) { c["admin"]["prot"] = 1; },
+                 "config: admin.prot: is not a known field"},
+        BadField{"UnknownSection", [](json& c) { c["schedular"] = json::object(); },
+                 "config: schedular: is not a known field"},
+        BadField{"MissingTokenEnv", [](json& c) { c["admin"].erase("token_env"); },
+                 "config: admin.token_env: is required"},
+        BadField{"MissingGateway", [](json& c) { c.erase("gateway"); },
+                 "config: gateway: is required"},
+        BadField{"GatewayUrlScheme", [](json& c) { c["gateway"]["url"] = "ftp://x"; },
+                 "config: gateway.url: must match ^https?://"},
+        BadField{"TokenEnvUnset", [](json& c) { c["admin"]["token_env"] = "NOT_SET_ANYWHERE"; },
+                 "config: admin.token_env: environment variable NOT_SET_ANYWHERE is not set"},
+        BadField{"GatewayKeyUnset", [](json& c) { c["gateway"]["api_key_env"] = "NOPE"; },
+                 "config: gateway.api_key_env: environment variable NOPE is not set"},
+        BadField{"MysqlWithoutDsn", [](json& c) { c["store"]["backend"] = "mysql"; },
+                 "config: store.connection_env: is required when store.backend is \"mysql\""},
+        BadField{"StoreBackend", [](json& c) { c["store"]["backend"] = "postgres"; },
+                 "config: store.backend: must be one of \"sqlite\", \"mysql\""},
+        BadField{"Port", [](json& c) { c["admin"]["port"] = 70000; },
+                 "config: admin.port: must be an integer between 0 and 65535 (got 70000)"},
+        BadField{"PluginDirectoryItem",
+                 [](json& c) {
+                   c["plugins"]["directories"] = {"ok", 7};
+                 },
+                 "config: plugins.directories[1]: must be a non-empty string (got 7)"},
+        BadField{"Sha256Pattern", [](json& c) { c["plugins"]["allowed_sha256"] = {"abc"}; },
+                 "config: plugins.allowed_sha256[0]: must match ^[0-9a-f]{64}$"},
+        BadField{"ConnectorNotObject",
+                 [](json& c) {
+                   c["plugins"]["connectors"] = {{"github", "x"}};
+                 },
+                 "config: plugins.connectors.github: must be an object (got \"x\")"},
+        BadField{"CapsViaRef",
+                 [](json& c) {
+                   c["pipeline"]["entity_caps"] = {{"global", -1}};
+                 },
+                 "config: pipeline.entity_caps.global: must be an integer >= 0 (got -1)"},
+        BadField{"Floor", [](json& c) { c["pipeline"]["rate_limit_floor"] = 2; },
+                 "config: pipeline.rate_limit_floor: must be a number between 0 and 1 (got 2)"},
+        BadField{"HeartbeatVsLease",
+                 [](json& c) {
+                   c["scheduler"]["lease_ms"] = 2000;
+                   c["scheduler"]["heartbeat_ms"] = 2000;
+                 },
+                 "config: scheduler.heartbeat_ms: must be less than scheduler.lease_ms (2000)"},
+        BadField{"SectionNotObject", [](json& c) { c["health"] = 5; },
+                 "config: health: must be an object (got 5)"}),
+    [](const ::testing::TestParamInfo<BadField>& param) { return param.param.name; });
+
+TEST(ConfigTest, EveryProblemIsReportedOnItsOwnLine) {
+  json config = minimal();
+  config["scheduler"]["workers"] = "eight";
+  config["logging"]["level"] = "loud";
+  const std::string error = error_of(config);
+  EXPECT_NE(error.find("config: scheduler.workers: "), std::string::npos) << error;
+  EXPECT_NE(error.find("config: logging.level: "), std::string::npos) << error;
+  EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+}
+
+TEST(ConfigTest, InvalidJsonAndMissingFileFail) {
+  EXPECT_THROW(parse_config("{not json", "/tmp", kEnv), ConfigError);
+  EXPECT_THROW(load_config("/nonexistent/backhaul/config.json", kEnv), ConfigError);
+  EXPECT_EQ(error_of(json::array()), "config: (root): must be an object (got [])");
+}
+
+TEST(ConfigTest, SchemaIsBuiltInAndDescribesEverySection) {
+  const json schema = json::parse(config_schema_text());
+  for (const char* section : {"store", "plugins", "gateway", "admin", "scheduler", "pipeline",
+                              "health", "shutdown", "logging"}) {
+    EXPECT_TRUE(schema["properties"].contains(section)) << section;
+  }
+  EXPECT_FALSE(schema["additionalProperties"].get<bool>());
+}
+
+TEST(JsonSchemaTest, ValidatesTheSubsetItUses) {
+  const json schema = {{"type", "object"},
+                       {"required", {"a"}},
+                       {"additionalProperties", false},
+                       {"properties",
+                        {{"a", {{"type", "array"}, {"items", {{"$ref", "#/$defs/n"}}}}},
+                         {"b", {{"type", {"string", "null"}}}}}},
+                       {"$defs", {{"n", {{"type", "number"}, {"maximum", 3}}}}}};
+  EXPECT_TRUE(validate_json(schema, {{"a", {1, 2.5}}, {"b", nullptr}}).empty());
+  const auto violations = validate_json(schema, {{"a", {1, 4, "x"}}, {"b", 1}, {"c", true}});
+  ASSERT_EQ(violations.size(), 4u);
+  EXPECT_EQ(violations[0].path, "a[1]");
+  EXPECT_EQ(violations[0].message, "must be a number <= 3 (got 4)");
+  EXPECT_EQ(violations[1].path, "a[2]");
+  EXPECT_EQ(violations[2].path, "b");
+  EXPECT_EQ(violations[2].message, "must be a string or a null (got 1)");
+  EXPECT_EQ(violations[3].path, "c");
+  EXPECT_EQ(validate_json(schema, json::object()).at(0).message, "is required");
+  EXPECT_THROW(validate_json({{"$ref", "#/$defs/missing"}}, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace backhaul::daemon
+
+namespace backhaul::daemon {
+namespace {
+
+// The committed OpenAPI description names every route the API serves.
+TEST(OpenApiTest, DescribesEveryRoute) {
+  std::ifstream in(std::string(BACKHAUL_SOURCE_DIR) + "/schemas/openapi.yaml");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* route : {"/v1/runs",
+                            "/v1/runs/preview",
+                            "/v1/runs/{id}",
+                            "/v1/runs/{id}/cancel",
+                            "/v1/installations/{id}/cancel",
+                            "/v1/jobs",
+                            "/v1/jobs/{id}",
+                            "/v1/jobs/{id}/cancel",
+                            "/v1/jobs/{id}/checkpoint",
+                            "/v1/dead-letters",
+                            "/v1/dead-letters/stats",
+                            "/v1/dead-letters/retry",
+                            "/v1/dead-letters/purge",
+                            "/v1/dead-letters/{id}",
+                            "/v1/dead-letters/{id}/retry",
+                            "/v1/dead-letters/{id}/ignore",
+                            "/v1/plugins",
+                            "/v1/plugins/{id}",
+                            "/v1/plugins/{id}/validate-config",
+                            "/v1/rate-limits",
+                            "/health/live",
+                            "/health/ready",
+                            "/metrics"}) {
+    EXPECT_NE(text.str().find(std::string("\n  ") + route + ":\n"), std::string::npos) << route;
+  }
+  for (const char* code :
+       {"VALIDATION_ERROR", "UNAUTHORIZED", "JOB_NOT_FOUND", "RUN_NOT_FOUND",
+        "DEAD_LETTER_NOT_FOUND", "PLUGIN_NOT_FOUND", "METHOD_NOT_ALLOWED", "CONFLICT",
+        "PAYLOAD_TOO_LARGE", "STORAGE_ERROR", "GATEWAY_ERROR", "INTERNAL_ERROR"}) {
+    EXPECT_NE(text.str().find(code), std::string::npos) << code;
+  }
+}
+
+}  // namespace
+}  // namespace backhaul::daemon

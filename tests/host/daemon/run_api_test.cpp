@@ -1,0 +1,262 @@
+// A backfill through the admin API: backhaul-sandbox runs as a process (fake GitHub, Vercel and
+// gateway on 127.0.0.1), the daemon runs in-process with the real connector plugins and a temp
+// SQLite store. The run must end succeeded with counts that match what the sandbox's gateway
+// received.
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/common/logging.h"
+#include "host/daemon/config.h"
+#include "host/daemon/daemon.h"
+#include "tests/host/daemon/child_process.h"
+#include "tests/host/sandbox/test_client.h"
+
+namespace backhaul::daemon::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using sandbox::testing::HttpResult;
+using sandbox::testing::TestClient;
+
+constexpr const char* kToken = "run-test-token";
+
+class RunApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    logging::configure(logging::Format::kText, "warn");
+    std::random_device random;
+    dir_ = fs::temp_directory_path() / ("backhauld-run-" + std::to_string(random()));
+    fs::create_directories(dir_);
+    sandbox_ = std::make_unique<ChildProcess>(
+        BACKHAUL_SANDBOX_PATH,
+        std::vector<std::string>{"--port", "0", "--port-file", (dir_ / "sandbox.port").string(),
+                                 "--installations", "2", "--repos", "2", "--projects", "2",
+                                 "--items", "120", "--max-per-page", "50"},
+        std::vector<std::string>{}, dir_ / "sandbox.stderr");
+    sandbox_port_ = sandbox_->wait_port(dir_ / "sandbox.port", std::chrono::seconds(30));
+    ASSERT_NE(sandbox_port_, 0) << sandbox_->stderr_text();
+    const std::string base = "http://127.0.0.1:" + std::to_string(sandbox_port_);
+
+    const json config = {
+        {"store", {{"path", "jobs.db"}}},
+        {"plugins",
+         {{"directories", {BACKHAUL_TEST_PLUGIN_DIR}},
+          {"connectors",
+           {{"github", {{"base_url", base + "/github"}}},
+            {"vercel", {{"base_url", base + "/vercel"}}}}}}},
+        {"gateway", {{"url", base + "/gateway"}}},
+        {"admin", {{"port", 0}, {"token_env", "RUN_TEST_TOKEN"}}},
+        {"scheduler", {{"workers", 4}, {"heartbeat_ms", 1000}, {"sweep_ms", 1000}}},
+        {"shutdown", {{"grace_ms", 5000}}}};
+    auto env = [](const std::string& name) -> std::optional<std::string> {
+      if (name == "RUN_TEST_TOKEN") return std::string(kToken);
+      return std::nullopt;
+    };
+    daemon_ = std::make_unique<Daemon>(parse_config(config.dump(), dir_, env));
+    daemon_->start();
+    client_ = std::make_unique<TestClient>(daemon_->port());
+  }
+
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+    sandbox_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  HttpResult call(const std::string& method, const std::string& target,
+                  const std::string& body = "") {
+    return client_->request(method, target, {{"Authorization", std::string("Bearer ") + kToken}},
+                            body);
+  }
+
+  // Polls the run until it is finished (bounded): completion, not timing, is what is waited for.
+  json wait_finished(int64_t run_id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    json run;
+    while (std::chrono::steady_clock::now() < deadline) {
+      run = call("GET", "/v1/runs/" + std::to_string(run_id)).json();
+      const std::string status = run.value("status", "");
+      if (status == "succeeded" || status == "failed" || status == "cancelled") return run;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "run " << run_id << " not finished: " << run.dump();
+    return run;
+  }
+
+  json sandbox_report(const std::string& installation) {
+    TestClient sandbox(sandbox_port_);
+    return sandbox.get("/_sandbox/report?installation=" + installation).json();
+  }
+
+  fs::path dir_;
+  std::unique_ptr<ChildProcess> sandbox_;
+  uint16_t sandbox_port_ = 0;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<TestClient> client_;
+};
+
+TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
+  const std::string body = R"({"installationId":"gh-inst-1","provider":"github","depth":30})";
+  const json preview = call("POST", "/v1/runs/preview", body).json();
+  ASSERT_TRUE(preview.contains("units")) << preview.dump();
+  EXPECT_EQ(preview["unitCount"], preview["units"].size());
+  EXPECT_GE(preview["estimatedRequests"].get<int64_t>(), preview["unitCount"].get<int64_t>());
+  EXPECT_EQ(call("GET", "/v1/runs").json()["items"].size(), 0u) << "preview enqueued nothing";
+
+  const HttpResult started = call("POST", "/v1/runs", body);
+  ASSERT_EQ(started.status, 202) << started.body;
+  const int64_t run_id = started.json()["runId"];
+  EXPECT_TRUE(started.json()["created"].get<bool>());
+  const HttpResult again = call("POST", "/v1/runs", body);  // D10: the active run, not a second
+  if (again.status == 200) {
+    EXPECT_FALSE(again.json()["created"].get<bool>());
+    EXPECT_EQ(again.json()["runId"], run_id);
+  } else {
+    // The first run already finished: a new one may start, it is never a duplicate of an active
+    // one.
+    EXPECT_EQ(again.status, 202) << again.body;
+  }
+
+  const json run = wait_finished(run_id);
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  EXPECT_EQ(run["unitsTotal"], preview["unitCount"]);
+  EXPECT_EQ(run["unitsDone"], run["unitsTotal"]);
+  EXPECT_EQ(run["unitsFailed"], 0);
+  ASSERT_EQ(run["units"].size(), preview["units"].size());
+  int64_t pages = 0, dispatched = 0;
+  for (const json& unit : run["units"]) {
+    EXPECT_EQ(unit["status"], "succeeded") << unit.dump();
+    EXPECT_GT(unit["pages"].get<int64_t>(), 0) << unit.dump();
+    pages += unit["pages"].get<int64_t>();
+    dispatched += unit["eventsDispatched"].get<int64_t>();
+  }
+  EXPECT_EQ(run["pages"], pages);
+  EXPECT_EQ(run["eventsDispatched"], dispatched);
+
+  // Wait for the second run too, if it started, so the gateway's count is final.
+  if (again.status == 202) wait_finished(again.json()["runId"]);
+  const json report = sandbox_report("inst-1");
+  const json& github = report["gateway"]["by_provider"]["github"];
+  EXPECT_EQ(github["missing"], 0) << report.dump(2);
+  EXPECT_EQ(github["unexpected"], 0) << report.dump(2);
+  EXPECT_EQ(run["eventsDispatched"], github["unique"]) << report.dump(2);
+  EXPECT_GT(github["unique"].get<int64_t>(), 0);
+
+  const json list = call("GET", "/v1/runs?installationId=gh-inst-1").json();
+  ASSERT_FALSE(list["items"].empty());
+  EXPECT_EQ(list["items"].back()["id"], run_id);
+  EXPECT_EQ(list["items"].back()["eventsDispatched"], run["eventsDispatched"]);
+  EXPECT_EQ(list["items"].back()["unitsTotal"], run["unitsTotal"]);
+  EXPECT_EQ(call("GET", "/v1/runs?status=succeeded&limit=1").json()["items"].size(), 1u);
+  EXPECT_EQ(call("POST", "/v1/runs/" + std::to_string(run_id) + "/cancel").json()["outcome"],
+            "already_finished");
+
+  const std::string metrics = client_->get("/metrics").body;
+  EXPECT_NE(metrics.find("backhaul_pipeline_pages_total "), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("backhaul_pipeline_pages_total 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("backhaul_plugin_call_seconds_count "), std::string::npos);
+  EXPECT_NE(metrics.find("backhaul_scheduler_jobs_total{event=\"succeeded\"} "), std::string::npos);
+  EXPECT_NE(metrics.find("backhaul_jobs{kind=\"backfill.entity\",status=\"succeeded\"} "),
+            std::string::npos)
+      << metrics;
+}
+
+TEST_F(RunApiTest, CliRunStartWaitShowsProgressAndExits0OnSuccess) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const std::string url = "http://127.0.0.1:" + std::to_string(daemon_->port());
+  const CommandResult started =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "start", "--url", url, "--installation", "vc-inst-1", "--provider",
+                   "vercel", "--depth", "30", "--wait", "--interval-ms", "100"},
+                  env, dir_, std::chrono::seconds(120));
+  ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+  EXPECT_NE(started.out.find("started"), std::string::npos) << started.out;
+  EXPECT_NE(started.out.find(" succeeded: units "), std::string::npos) << started.out;
+  EXPECT_NE(started.out.find("rate-limit waits 0, ETA done in"), std::string::npos) << started.out;
+  const json runs = call("GET", "/v1/runs?installationId=vc-inst-1").json();
+  ASSERT_EQ(runs["items"].size(), 1u);
+  const std::string id = std::to_string(runs["items"][0]["id"].get<int64_t>());
+  EXPECT_EQ(runs["items"][0]["eventsDispatched"],
+            sandbox_report("inst-1")["gateway"]["by_provider"]["vercel"]["unique"]);
+
+  const CommandResult status =
+      run_command(BACKHAUL_CLI_PATH, {"run", "status", id, "--url", url}, env, dir_);
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_NE(status.out.find("run " + id + " succeeded"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("deployment"), std::string::npos) << status.out;
+  const CommandResult list =
+      run_command(BACKHAUL_CLI_PATH, {"run", "list", "--url", url}, env, dir_);
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_NE(list.out.find("vc-inst-1"), std::string::npos) << list.out;
+  const CommandResult cancel =
+      run_command(BACKHAUL_CLI_PATH, {"run", "cancel", id, "--url", url}, env, dir_);
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_NE(cancel.out.find("already_finished"), std::string::npos) << cancel.out;
+  // A run that does not succeed makes --wait exit 1.
+  const CommandResult failing =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "start", "--url", url, "--installation", "no-such-connection",
+                   "--provider", "github", "--wait", "--interval-ms", "100"},
+                  env, dir_, std::chrono::seconds(120));
+  EXPECT_EQ(failing.exit_code, 1) << failing.out << failing.err;
+}
+
+TEST_F(RunApiTest, RunRequestsAreValidatedAndRunsCanBeCancelled) {
+  const HttpResult bad_depth =
+      call("POST", "/v1/runs", R"({"installationId":"gh-inst-1","provider":"github","depth":8})");
+  EXPECT_EQ(bad_depth.status, 400) << bad_depth.body;
+  EXPECT_EQ(bad_depth.json()["error"]["code"], "VALIDATION_ERROR");
+  EXPECT_EQ(bad_depth.json()["error"]["details"]["field"], "depth");
+  const HttpResult no_provider = call("POST", "/v1/runs", R"({"installationId":"x","depth":7})");
+  EXPECT_EQ(no_provider.json()["error"]["details"]["field"], "provider") << no_provider.body;
+  const HttpResult unknown_provider =
+      call("POST", "/v1/runs", R"({"installationId":"x","provider":"gitlab","depth":7})");
+  EXPECT_EQ(unknown_provider.status, 400);
+  EXPECT_EQ(unknown_provider.json()["error"]["details"]["field"], "provider");
+  const HttpResult bad_types =
+      call("POST", "/v1/runs",
+           R"({"installationId":"x","provider":"github","depth":7,"entityTypes":["nope"]})");
+  EXPECT_EQ(bad_types.json()["error"]["details"]["field"], "entityTypes") << bad_types.body;
+  EXPECT_EQ(call("GET", "/v1/runs/123456").json()["error"]["code"], "RUN_NOT_FOUND");
+  EXPECT_EQ(call("POST", "/v1/runs/123456/cancel").status, 404);
+  EXPECT_EQ(call("GET", "/v1/runs?status=sleeping").json()["error"]["details"]["field"], "status");
+
+  const HttpResult started =
+      call("POST", "/v1/runs", R"({"installationId":"vc-inst-2","provider":"vercel","depth":90})");
+  ASSERT_EQ(started.status, 202) << started.body;
+  const HttpResult cancelled = call("POST", "/v1/installations/vc-inst-2/cancel");
+  ASSERT_EQ(cancelled.status, 200) << cancelled.body;
+  const json run = wait_finished(started.json()["runId"]);
+  // Cancelled at once, or (if it raced to the end) finished: never left running.
+  EXPECT_TRUE(run["status"] == "cancelled" || run["status"] == "succeeded") << run.dump();
+}
+
+TEST_F(RunApiTest, RateLimitsReadAndReplace) {
+  const json limits = call("GET", "/v1/rate-limits").json();
+  EXPECT_EQ(limits["entityCaps"]["perInstallation"], 5);
+  EXPECT_EQ(limits["entityCaps"]["global"], 30);
+  EXPECT_EQ(limits["runCaps"]["perInstallation"], 1);
+  EXPECT_DOUBLE_EQ(limits["throttlePerHour"].get<double>(), 4000);
+  const HttpResult put =
+      call("PUT", "/v1/rate-limits", R"({"throttlePerHour":1200,"entityCaps":{"global":12}})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_DOUBLE_EQ(put.json()["throttlePerHour"].get<double>(), 1200);
+  EXPECT_EQ(put.json()["entityCaps"]["global"], 12);
+  EXPECT_EQ(put.json()["entityCaps"]["perInstallation"], 5);
+  EXPECT_EQ(daemon_->store().caps().at("backfill.entity").global, 12);
+  const HttpResult bad = call("PUT", "/v1/rate-limits", R"({"rateLimitFloor":2})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(bad.json()["error"]["details"]["field"], "rateLimitFloor");
+  EXPECT_EQ(call("PUT", "/v1/rate-limits", R"({"speed":1})").json()["error"]["details"]["field"],
+            "speed");
+}
+
+}  // namespace
+}  // namespace backhaul::daemon::testing
