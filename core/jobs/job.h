@@ -47,7 +47,7 @@ struct Job {
   std::string payload;
   JobStatus status = JobStatus::kQueued;
   int priority = 0;
-  int attempts = 0;  // attempts started (claims that counted)
+  int attempts = 0;  // attempts started since the last checkpoint (claims that counted)
   int max_attempts = 0;
   int64_t run_after_ms = 0;
   std::optional<std::string> lease_owner;

@@ -187,7 +187,10 @@ class JobStore {
   // job is running with a new lease token, attempts + 1, and an attempt row.
   virtual std::vector<Claimed> claim(const ClaimRequest& request) = 0;
 
-  // Renews the lease and, when given, replaces the checkpoint in the same transaction.
+  // Renews the lease and, when given, replaces the checkpoint in the same transaction. A
+  // checkpoint is progress: `attempts` then counts from the running attempt again (it becomes 1),
+  // so max_attempts bounds attempts without progress. A backfill interrupted at page 40, 41 and
+  // 42 by crashes keeps going; a job that fails at the same point every time still dies.
   virtual HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms,
                                     int64_t lease_ms,
                                     const std::optional<std::string>& checkpoint) = 0;

@@ -1578,7 +1578,8 @@ class MysqlStore final : public JobStore {
       HeartbeatResult result{now_ms + lease_ms, s.cancel_requested};
       Sql sql("UPDATE jobs SET lease_expires_ms = ");
       sql << result.lease_expires_ms << ", updated_ms = " << now_ms;
-      if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
+      // Progress: the running attempt is the first since it (see JobStore::heartbeat).
+      if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint) << ", attempts = 1";
       sql << " WHERE id = " << id;
       tx.commit({std::move(sql)});
       return result;

@@ -564,7 +564,8 @@ std::vector<Claimed> claim_jobs(Connection& c, const ClaimRequest& r, TokenSourc
 
 const std::string kHeartbeat =
     "UPDATE jobs SET lease_expires_ms = ?3, updated_ms = ?4, "
-    "checkpoint = CASE WHEN ?5 THEN ?6 ELSE checkpoint END "
+    "checkpoint = CASE WHEN ?5 THEN ?6 ELSE checkpoint END, "
+    "attempts = CASE WHEN ?5 THEN 1 ELSE attempts END "
     "WHERE id = ?1 AND lease_token = ?2 AND status = 'running' RETURNING cancel_requested";
 
 HeartbeatResult heartbeat_job(Connection& c, JobId id, const std::string& token, int64_t now,

@@ -153,6 +153,11 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(scheduler, "sweep_ms", &config.scheduler.sweep_ms);
   read(scheduler, "retention_days", &config.scheduler.retention_days);
   read(scheduler, "owner", &config.scheduler.owner);
+  read(scheduler, "recover_own_leases", &config.scheduler.recover_own_leases);
+  if (config.scheduler.recover_own_leases && config.scheduler.owner.empty()) {
+    problems.add("scheduler.recover_own_leases",
+                 "needs scheduler.owner: the default owner (hostname:pid) changes every start");
+  }
   if (config.scheduler.owner.empty()) config.scheduler.owner = default_owner();
   if (config.scheduler.heartbeat_ms >= config.scheduler.lease_ms) {
     problems.add("scheduler.heartbeat_ms", "must be less than scheduler.lease_ms (" +

@@ -70,6 +70,7 @@ struct DaemonConfig {
     int64_t sweep_ms = 5'000;
     int retention_days = 30;
     std::string owner;  // default: hostname:pid
+    bool recover_own_leases = false;
   } scheduler;
 
   struct Pipeline {

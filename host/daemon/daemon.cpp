@@ -117,6 +117,7 @@ void Daemon::Impl::start_pipeline() {
   scheduler_options.heartbeat_interval_ms = s.heartbeat_ms;
   scheduler_options.sweep_interval_ms = s.sweep_ms;
   scheduler_options.retention_ms = int64_t{s.retention_days} * 86'400'000;
+  scheduler_options.recover_own_leases = s.recover_own_leases;
   scheduler = std::make_unique<jobs::Scheduler>(*store, clock, scheduler_options);
   pipeline->register_handlers(*scheduler);
   scheduler->start();

@@ -859,6 +859,29 @@ TEST_P(JobStoreConformance, ARetryableFailureRequeuesAfterTheDelayWithTheError) 
   EXPECT_EQ(store().attempts(id).size(), 2u);
 }
 
+// A checkpoint is progress: max_attempts bounds attempts without progress.
+TEST_P(JobStoreConformance, ACheckpointMakesTheRunningAttemptTheFirstAgain) {
+  JobSpec s = spec();
+  s.max_attempts = 2;
+  const JobId id = add(s);
+  EXPECT_EQ(store().fail(id, claim_job(id, kT0).lease_token, retryable("page 1"), kT0),
+            JobStatus::kQueued);
+  Claimed second = claim_job(id, kT0 + 1);
+  EXPECT_EQ(second.job.attempts, 2);
+  store().heartbeat(id, second.lease_token, kT0 + 2, kMinute, std::nullopt);
+  EXPECT_EQ(get_job(id).attempts, 2) << "a heartbeat alone is not progress";
+  store().heartbeat(id, second.lease_token, kT0 + 3, kMinute, R"({"page":2})");
+  EXPECT_EQ(get_job(id).attempts, 1);
+  EXPECT_EQ(store().fail(id, second.lease_token, retryable("page 3"), kT0 + 4), JobStatus::kQueued)
+      << "it failed further on: not the last attempt";
+  Claimed third = claim_job(id, kT0 + 5);
+  EXPECT_EQ(third.job.attempts, 2);
+  EXPECT_EQ(store().fail(id, third.lease_token, retryable("page 3 again"), kT0 + 6),
+            JobStatus::kDead)
+      << "two attempts in a row without progress";
+  EXPECT_EQ(store().attempts(id).size(), 3u) << "the history keeps every attempt";
+}
+
 TEST_P(JobStoreConformance, AFailureOnTheLastAttemptKillsTheJobAndOpensADeadLetter) {
   JobSpec s = spec("entity", "inst-9");
   s.max_attempts = 2;

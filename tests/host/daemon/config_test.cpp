@@ -171,6 +171,10 @@ INSTANTIATE_TEST_SUITE_P(
                    c["scheduler"]["heartbeat_ms"] = 2000;
                  },
                  "config: scheduler.heartbeat_ms: must be less than scheduler.lease_ms (2000)"},
+        BadField{"RecoverWithoutOwner",
+                 [](json& c) { c["scheduler"]["recover_own_leases"] = true; },
+                 "config: scheduler.recover_own_leases: needs scheduler.owner: the default owner "
+                 "(hostname:pid) changes every start"},
         BadField{"SectionNotObject", [](json& c) { c["health"] = 5; },
                  "config: health: must be an object (got 5)"}),
     [](const ::testing::TestParamInfo<BadField>& param) { return param.param.name; });
