@@ -1,50 +1,97 @@
 #!/usr/bin/env bash
-# The README's main job: installs dependencies, builds, starts the sandbox (fake GitHub, Vercel and
-# gateway on 127.0.0.1), backfills every repository and project of one installation with the real
-# connector plugins, delivers every event to the gateway, and checks that the gateway received
-# exactly the delivery IDs it should have. Exits non-zero on any mismatch.
+# The README's main job: installs dependencies, builds, then runs a real backfill the way an
+# operator does. It starts the sandbox (fake GitHub, Vercel and gateway on 127.0.0.1) and the
+# daemon, backhauld, on the embedded SQLite store with the real connector plugins; starts one run
+# per connector through the admin API with `backhaul run start`; shows their progress; prints each
+# run's summary next to what the gateway received; and stops what it started (by PID). Exits
+# non-zero when a run fails or the gateway did not receive exactly the delivery ids it should.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 preset=${BACKHAUL_PRESET:-dev}
-bash "$root/packaging/scripts/build.sh" "$preset" backhaul backhaul-sandbox \
+bash "$root/packaging/scripts/build.sh" "$preset" backhauld backhaul backhaul-sandbox \
   backhaul_connector_github backhaul_connector_vercel
 
 bin="$root/build/$preset/bin"
-work=$(mktemp -d)
+plugins="$root/build/$preset/plugins"
+work=$(mktemp -d -t backhaul-demo.XXXXXX)
 sandbox_pid=""
-cleanup() {
-  if [ -n "$sandbox_pid" ] && kill -0 "$sandbox_pid" 2>/dev/null; then
-    kill -TERM "$sandbox_pid"
-    wait "$sandbox_pid" 2>/dev/null || true
+daemon_pid=""
+stop() {  # stop PID: SIGTERM, then wait for it
+  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
+    kill -TERM "$1"
+    wait "$1" 2>/dev/null || true
   fi
+}
+cleanup() {
+  stop "$daemon_pid"
+  stop "$sandbox_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-"$bin/backhaul-sandbox" --port 0 --port-file "$work/port" --installations 1 --repos 3 \
+wait_for_port() {  # wait_for_port FILE PID LOG
+  for _ in $(seq 1 200); do
+    [ -s "$1" ] && return 0
+    kill -0 "$2" 2>/dev/null || { cat "$3" >&2; return 1; }
+    sleep 0.05
+  done
+  echo "demo: no port in $1" >&2
+  cat "$3" >&2
+  return 1
+}
+
+"$bin/backhaul-sandbox" --port 0 --port-file "$work/sandbox.port" --installations 1 --repos 3 \
   --projects 2 --items 250 --seed 7 >"$work/sandbox.log" 2>&1 &
 sandbox_pid=$!
-for _ in $(seq 1 100); do
-  [ -s "$work/port" ] && break
-  kill -0 "$sandbox_pid" 2>/dev/null || { cat "$work/sandbox.log"; exit 1; }
-  sleep 0.05
-done
-[ -s "$work/port" ] || { echo "demo: sandbox did not start" >&2; cat "$work/sandbox.log"; exit 1; }
-url="http://127.0.0.1:$(cat "$work/port")"
+wait_for_port "$work/sandbox.port" "$sandbox_pid" "$work/sandbox.log"
+url="http://127.0.0.1:$(cat "$work/sandbox.port")"
 echo "demo: sandbox at $url (3 repositories x 3 entity types, 2 Vercel projects, 250 items each)"
 
-for provider in github vercel; do
-  case $provider in
-    github) connection=gh-inst-1 ;;
-    vercel) connection=vc-inst-1 ;;
-  esac
+cat >"$work/backhauld.json" <<EOF
+{
+  "store": {"backend": "sqlite", "path": "backhaul.db"},
+  "plugins": {
+    "directories": ["$plugins"],
+    "connectors": {
+      "github": {"base_url": "$url/github"},
+      "vercel": {"base_url": "$url/vercel"}
+    }
+  },
+  "gateway": {"url": "$url/gateway"},
+  "admin": {"port": 0, "token_env": "BACKHAUL_ADMIN_TOKEN", "audit_log": "audit.log"},
+  "logging": {"level": "warn"}
+}
+EOF
+BACKHAUL_ADMIN_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export BACKHAUL_ADMIN_TOKEN
+"$bin/backhauld" --config "$work/backhauld.json" --port-file "$work/daemon.port" \
+  >"$work/backhauld.log" 2>&1 &
+daemon_pid=$!
+wait_for_port "$work/daemon.port" "$daemon_pid" "$work/backhauld.log"
+export BACKHAUL_URL="http://127.0.0.1:$(cat "$work/daemon.port")"
+echo "demo: backhauld at $BACKHAUL_URL (store $work/backhaul.db)"
+
+echo
+echo "demo: backhaul run start --installation gh-inst-1 --provider github"
+github_run=$("$bin/backhaul" run start --installation gh-inst-1 --provider github --depth 30 \
+  --json | sed -n 's/.*"runId": *\([0-9]*\).*/\1/p')
+echo "demo: backhaul run start --installation vc-inst-1 --provider vercel"
+vercel_run=$("$bin/backhaul" run start --installation vc-inst-1 --provider vercel --depth 30 \
+  --json | sed -n 's/.*"runId": *\([0-9]*\).*/\1/p')
+[ -n "$github_run" ] && [ -n "$vercel_run" ] || { echo "demo: a run did not start" >&2; exit 1; }
+
+status=0
+for run in "$github_run" "$vercel_run"; do
   echo
-  echo "demo: backhaul fetch --plugin $provider --connection $connection --all-resources --dispatch"
-  "$bin/backhaul" fetch --plugin "$provider" --base-url "$url/$provider" \
-    --gateway "$url/gateway" --connection "$connection" --all-resources --depth 30 \
-    --dispatch --quiet
+  echo "demo: backhaul run status $run --wait"
+  "$bin/backhaul" run status "$run" --wait --interval-ms 250 || status=1
 done
 
 echo
 echo "demo: what the gateway received"
-"$bin/backhaul-sandbox" report --url "$url" --require-complete
+"$bin/backhaul-sandbox" report --url "$url" --require-complete || status=1
+
+stop "$daemon_pid"
+daemon_pid=""
+[ "$status" -eq 0 ] && echo "demo: both runs succeeded and the gateway has every event exactly once"
+exit "$status"
