@@ -41,11 +41,32 @@ wait_for_port() {  # wait_for_port FILE PID LOG
 }
 
 "$bin/backhaul-sandbox" --port 0 --port-file "$work/sandbox.port" --installations 1 --repos 3 \
-  --projects 2 --items 250 --seed 7 >"$work/sandbox.log" 2>&1 &
+  --projects 2 --items 250 --seed 7 >"$work/sandbox.log" 2>&1 &  # keep in step with repos= below
 sandbox_pid=$!
 wait_for_port "$work/sandbox.port" "$sandbox_pid" "$work/sandbox.log"
 url="http://127.0.0.1:$(cat "$work/sandbox.port")"
 echo "demo: sandbox at $url (3 repositories x 3 entity types, 2 Vercel projects, 250 items each)"
+
+# A connector author's check first: page through every resource with each plugin directly
+# (`backhaul fetch`, no daemon, nothing delivered) and compare the counts with the data set.
+repos=3 projects=2 items=250
+for provider in github vercel; do
+  case $provider in
+    github) connection=gh-inst-1 expected=$((repos * 3 * items)) ;;
+    vercel) connection=vc-inst-1 expected=$((projects * items)) ;;
+  esac
+  echo "demo: backhaul fetch --plugin $provider --connection $connection --all-resources"
+  line=$("$bin/backhaul" fetch --plugin "$provider" --plugin-dir "$plugins" \
+    --base-url "$url/$provider" --gateway "$url/gateway" --connection "$connection" \
+    --all-resources --depth 30 --quiet)
+  echo "$line"
+  events=$(echo "$line" | sed -n 's/.* events=\([0-9]*\).*/\1/p')
+  if [ "$events" != "$expected" ]; then
+    echo "demo: $provider fetched $events events, the data set has $expected" >&2
+    exit 1
+  fi
+done
+echo
 
 cat >"$work/backhauld.json" <<EOF
 {
