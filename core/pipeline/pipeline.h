@@ -108,8 +108,9 @@ struct UnitProgress {
 struct RunView {
   jobs::JobId id = 0;
   RunRequest request;
-  // queued | running (includes waiting for units) | succeeded (every unit succeeded) | failed
-  // (finished; some unit failed, or the run died) | cancelled
+  // queued | running (includes waiting for units, and a finished run whose failed units are being
+  // replayed from the dead letters) | succeeded (every unit succeeded, replays included) | failed
+  // (finished; some unit failed, or the run died) | cancelled. Totals are live sums over units.
   std::string status;
   std::optional<std::string> error;
   int64_t since_ms = 0;  // once computed

@@ -361,6 +361,21 @@ TEST_F(PipelineTest, AFailingUnitIsReportedInTheAggregateAndTheOthersComplete) {
     if (u.status == JobStatus::kDead) {
       EXPECT_EQ(u.attempts, 1);
     }
+
+  // The fault is removed; the dead letters are replayed (`backhaul dlq retry --all`): the units
+  // run again and the run's view becomes a success with the full counts.
+  plugin_transport().reset();
+  EXPECT_EQ(store_->retry_dead_letters({}, 10, test_clock().now_ms()), 3);
+  EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "running") << "replaying";
+  drive();
+  std::optional<RunView> replayed = pipeline_->get_run(run.run_id);
+  EXPECT_EQ(replayed->status, "succeeded");
+  EXPECT_EQ(replayed->units_failed, 0);
+  const sandbox::DeliveryCounts gh = sandbox_->report("inst-1").gateway_by_provider["github"];
+  EXPECT_EQ(gh.missing, 0);
+  EXPECT_EQ(replayed->events_dispatched, gh.unique);
+  for (const jobs::DeadLetter& l : store_->list_dead_letters({}).items)
+    EXPECT_EQ(l.status, jobs::DeadLetterStatus::kResolved);
 }
 
 // Seed 000 test 6: the token expires mid-pagination (the sandbox answers 401 once a token has
