@@ -194,7 +194,8 @@ void Scheduler::execute(Claimed claimed) {
   }
   auto context = std::shared_ptr<JobContext>(
       new JobContext(store_, clock_, std::move(claimed), options_.lease_ms, stopping_));
-  context->last_beat_ms_ = clock_.now_ms();
+  const int64_t started_ms = clock_.now_ms();
+  context->last_beat_ms_ = started_ms;
   {
     std::lock_guard lock(mutex_);
     running_.push_back(context);
@@ -225,8 +226,13 @@ void Scheduler::execute(Claimed claimed) {
     ending = fail(*context, e.what(), false, 0);
   }
   {
+    const Job& job = context->job_;
     std::lock_guard lock(mutex_);
     running_.erase(std::find(running_.begin(), running_.end(), context));
+    KindLatency& l = latency_[job.kind];
+    ++l.runs;
+    l.wait_ms_sum += std::max<int64_t>(0, started_ms - std::max(job.created_ms, job.run_after_ms));
+    l.run_ms_sum += std::max<int64_t>(0, clock_.now_ms() - started_ms);
   }
   if (ending) end(std::move(*ending));
 }
@@ -410,6 +416,7 @@ SchedulerStats Scheduler::stats() const {
   s.interrupted = interrupted_;
   std::lock_guard lock(mutex_);
   s.in_flight = busy_;
+  s.latency = latency_;
   return s;
 }
 

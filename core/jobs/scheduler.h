@@ -134,6 +134,14 @@ struct SchedulerOptions {
   std::function<double()> unit_random = default_unit_random;
 };
 
+// Time jobs of one kind spent waiting to start (claim time - max(created, run_after)) and in
+// their handler, summed over the handler runs of this process.
+struct KindLatency {
+  int64_t runs = 0;
+  int64_t wait_ms_sum = 0;
+  int64_t run_ms_sum = 0;
+};
+
 struct SchedulerStats {
   int64_t claimed = 0;
   int64_t succeeded = 0;
@@ -143,6 +151,7 @@ struct SchedulerStats {
   int64_t released = 0;
   int64_t interrupted = 0;
   int64_t in_flight = 0;
+  std::map<std::string, KindLatency> latency;  // by job kind
 };
 
 class Scheduler {
@@ -208,6 +217,7 @@ class Scheduler {
   std::condition_variable endings_ready_;
   bool finisher_running_ = false;                     // endings go to the finisher thread
   std::vector<std::shared_ptr<JobContext>> running_;  // in execute(), for heartbeats
+  std::map<std::string, KindLatency> latency_;
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;
   bool stopped_ = false;               // loops exit

@@ -123,6 +123,19 @@ Response handle_metrics(Call& call) {
     }
     family(out, "backhaul_scheduler_in_flight", "gauge", "Jobs claimed and not yet finished.");
     out << "backhaul_scheduler_in_flight " << stats.in_flight << '\n';
+    family(out, "backhaul_job_wait_seconds", "summary",
+           "Time from due (created or run-after) to the start of a handler run, by kind.");
+    for (const auto& [kind, l] : stats.latency) {
+      out << "backhaul_job_wait_seconds_sum{kind=\"" << label(kind) << "\"} "
+          << static_cast<double>(l.wait_ms_sum) / 1000 << '\n'
+          << "backhaul_job_wait_seconds_count{kind=\"" << label(kind) << "\"} " << l.runs << '\n';
+    }
+    family(out, "backhaul_job_run_seconds", "summary", "Time in the handler per run, by kind.");
+    for (const auto& [kind, l] : stats.latency) {
+      out << "backhaul_job_run_seconds_sum{kind=\"" << label(kind) << "\"} "
+          << static_cast<double>(l.run_ms_sum) / 1000 << '\n'
+          << "backhaul_job_run_seconds_count{kind=\"" << label(kind) << "\"} " << l.runs << '\n';
+    }
   }
 
   const std::vector<plugins::Plugin> loaded = call.deps.plugins.plugins();

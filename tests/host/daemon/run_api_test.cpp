@@ -166,6 +166,12 @@ TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
   EXPECT_NE(metrics.find("backhaul_jobs{kind=\"backfill.entity\",status=\"succeeded\"} "),
             std::string::npos)
       << metrics;
+  EXPECT_NE(metrics.find("# TYPE backhaul_job_wait_seconds summary\n"), std::string::npos);
+  EXPECT_NE(metrics.find("backhaul_job_run_seconds_count{kind=\"backfill.entity\"} "),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("backhaul_job_wait_seconds_sum{kind=\"backfill.run\"} "),
+            std::string::npos);
 }
 
 TEST_F(RunApiTest, CliRunStartWaitShowsProgressAndExits0OnSuccess) {
