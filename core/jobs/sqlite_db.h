@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -166,7 +167,7 @@ class Connection {
       : session_(open(path)), db_(Poco::Data::SQLite::Utility::dbHandle(session_)) {
     // busy_timeout first: switching to WAL needs a lock another process may hold.
     exec("PRAGMA busy_timeout=" + std::to_string(options.busy_timeout_ms));
-    if (!options.read_only) ensure_wal(path);
+    if (!options.read_only) ensure_wal(path, options.busy_timeout_ms);
     exec("PRAGMA synchronous=FULL");  // every acknowledged commit is on disk (fsync per commit)
     exec("PRAGMA foreign_keys=ON");
     exec("PRAGMA temp_store=MEMORY");
@@ -238,10 +239,28 @@ class Connection {
     }
   }
 
-  void ensure_wal(const std::string& path) {
-    std::string mode = pragma("journal_mode=WAL");
-    if (mode != "wal" && path != ":memory:") {
-      throw StorageError("sqlite: " + path + " cannot use WAL (journal_mode is " + mode + ")");
+  // Switching a fresh file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at
+  // once (no busy handler) while another connection opens the same new file: retry until the
+  // busy timeout.
+  void ensure_wal(const std::string& path, int busy_timeout_ms) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(busy_timeout_ms);
+    for (int attempt = 0;; ++attempt) {
+      sqlite3_stmt* stmt = prepare("PRAGMA journal_mode=WAL", 0);
+      int rc = sqlite3_step(stmt);
+      std::string mode;
+      if (rc == SQLITE_ROW) mode = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+      sqlite3_finalize(stmt);
+      if (rc == SQLITE_ROW) {
+        if (mode != "wal" && path != ":memory:") {
+          throw StorageError("sqlite: " + path + " cannot use WAL (journal_mode is " + mode + ")");
+        }
+        return;
+      }
+      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) {
+        throw_error(db_, rc, "PRAGMA journal_mode=WAL");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << attempt)));
     }
   }
 
