@@ -92,6 +92,15 @@ class Query {
     }
   }
 
+  // Binds TEXT without copying: `text` must stay alive and unchanged until the statement has
+  // run (the Query is destroyed).
+  Query& bind_static(int index, std::string_view text) {
+    int rc =
+        sqlite3_bind_text64(stmt_, index, text.data(), text.size(), SQLITE_STATIC, SQLITE_UTF8);
+    if (rc != SQLITE_OK) throw_error(db_, rc, sqlite3_sql(stmt_));
+    return *this;
+  }
+
   // Binds the arguments to ?1, ?2, ... in order.
   template <class... Args>
   Query& args(const Args&... values) {
@@ -225,6 +234,12 @@ class Connection {
 
   static Poco::Data::Session open(const std::string& path) {
     static const bool registered = [] {
+      // Before SQLite initializes (else these return SQLITE_MISUSE and change nothing): no
+      // memory statistics (a global mutex around every allocation), and no per-connection
+      // mutexes -- every Connection is used by one thread at a time (the writer thread, or a
+      // reader's borrower). Measured: ~10% of the queue's writer time.
+      sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+      sqlite3_config(SQLITE_CONFIG_MULTITHREAD);
       Poco::Data::SQLite::Connector::registerConnector();
       return true;
     }();

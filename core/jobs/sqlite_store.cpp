@@ -125,31 +125,35 @@ struct JobState {
   std::optional<int64_t> dead_letter_id;
 };
 
-const std::string kLoadState =
-    "SELECT status, kind, concurrency_key, lease_token, dedupe_key, attempts, max_attempts, "
-    "claims, pending_children, cancel_requested, counted_in_parent, parent_id, dead_letter_id "
-    "FROM jobs WHERE id = ?1";
+const std::string kStateColumns =
+    "id, status, kind, concurrency_key, lease_token, dedupe_key, attempts, max_attempts, claims, "
+    "pending_children, cancel_requested, counted_in_parent, parent_id, dead_letter_id";
+const std::string kLoadState = "SELECT " + kStateColumns + " FROM jobs WHERE id = ?1";
+
+JobState read_state(const Query& q) {
+  JobState s;
+  s.id = q.i64(0);
+  s.status = status_from(q.text(1));
+  s.kind = q.text(2);
+  s.key = q.text(3);
+  s.token = q.opt_text(4);
+  s.dedupe_key = q.opt_text(5);
+  s.attempts = q.i32(6);
+  s.max_attempts = q.i32(7);
+  s.claims = q.i32(8);
+  s.pending_children = q.i32(9);
+  s.cancel_requested = q.i64(10) != 0;
+  s.counted_in_parent = q.i64(11) != 0;
+  s.parent_id = q.opt_i64(12);
+  s.dead_letter_id = q.opt_i64(13);
+  return s;
+}
 
 std::optional<JobState> load_state(Connection& c, JobId id) {
   Query q = c.query(kLoadState);
   q.args(id);
   if (!q.step()) return std::nullopt;
-  JobState s;
-  s.id = id;
-  s.status = status_from(q.text(0));
-  s.kind = q.text(1);
-  s.key = q.text(2);
-  s.token = q.opt_text(3);
-  s.dedupe_key = q.opt_text(4);
-  s.attempts = q.i32(5);
-  s.max_attempts = q.i32(6);
-  s.claims = q.i32(7);
-  s.pending_children = q.i32(8);
-  s.cancel_requested = q.i64(9) != 0;
-  s.counted_in_parent = q.i64(10) != 0;
-  s.parent_id = q.opt_i64(11);
-  s.dead_letter_id = q.opt_i64(12);
-  return s;
+  return read_state(q);
 }
 
 JobState load_existing(Connection& c, JobId id) {
@@ -158,15 +162,22 @@ JobState load_existing(Connection& c, JobId id) {
   return *s;
 }
 
-// Fencing: the job must be running under `token`, or the caller has lost it.
+// Fencing: why a write under `token` to job `id` (state `s`, none if it is gone) must not apply,
+// or nothing when the job is running under that token.
+std::optional<std::string> lease_problem(JobId id, const std::optional<JobState>& s,
+                                         const std::string& token) {
+  std::string job = "job " + std::to_string(id);
+  if (!s) return job + " no longer exists";
+  if (s->status != JobStatus::kRunning) {
+    return job + " is " + std::string(to_string(s->status)) + ", not running";
+  }
+  if (s->token != token) return job + ": the lease was taken over (token mismatch)";
+  return std::nullopt;
+}
+
 JobState load_running(Connection& c, JobId id, const std::string& token) {
   std::optional<JobState> s = load_state(c, id);
-  std::string job = "job " + std::to_string(id);
-  if (!s) throw LeaseLost(job + " no longer exists");
-  if (s->status != JobStatus::kRunning) {
-    throw LeaseLost(job + " is " + std::string(to_string(s->status)) + ", not running");
-  }
-  if (s->token != token) throw LeaseLost(job + ": the lease was taken over (token mismatch)");
+  if (auto problem = lease_problem(id, s, token)) throw LeaseLost(*problem);
   return *s;
 }
 
@@ -318,6 +329,94 @@ bool count_child(Connection& c, JobId parent, int64_t now) {
     throw JobNotFound("parent job " + std::to_string(parent) + " not found");
   }
   return false;
+}
+
+// A statement text repeating `row` `n` times, joined by ", " after `head` (multi-row VALUES and
+// IN lists); `row` numbers its parameters from ?{first} and each repetition shifts them by
+// `params` (written as "{0}", "{1}", ... relative to the row's first parameter).
+std::string repeat_rows(const std::string& head, const std::string& row, int params, size_t n,
+                        const std::string& tail = "") {
+  std::string sql = head;
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) sql += ", ";
+    for (size_t pos = 0; pos < row.size(); ++pos) {
+      if (row[pos] == '{') {
+        size_t end = row.find('}', pos);
+        int offset = std::stoi(row.substr(pos + 1, end - pos - 1));
+        sql += "?" + std::to_string(static_cast<int>(i) * params + offset + 1);
+        pos = end;
+      } else {
+        sql += row[pos];
+      }
+    }
+  }
+  return sql + tail;
+}
+
+// Rows per multi-row statement: one statement execution opens the table's and its indexes'
+// cursors once for the whole chunk instead of once per job (measured: most of a single-row
+// INSERT's cost with the jobs table's indexes).
+constexpr size_t kChunk = 32;
+
+const std::string& insert_jobs_sql(size_t n) {
+  static const std::vector<std::string> sql = [] {
+    std::vector<std::string> all(kChunk + 1);
+    for (size_t i = 1; i <= kChunk; ++i) {
+      all[i] = repeat_rows(
+          "INSERT INTO jobs (kind, concurrency_key, status, priority, max_attempts, run_after_ms, "
+          "timeout_ms, created_ms, updated_ms, payload) VALUES ",
+          "({0}, {1}, 'queued', {2}, {3}, {4}, {5}, {6}, {6}, {7})", 8, i, " RETURNING id");
+    }
+    return all;
+  }();
+  return sql[n];
+}
+
+// Jobs without a dedupe key or a parent (nothing to look up first), inserted by one statement.
+void insert_plain(Connection& c, const std::vector<JobSpec>& specs, size_t begin, size_t end,
+                  int64_t now, std::vector<EnqueueResult>& results) {
+  Query q = c.query(insert_jobs_sql(end - begin));
+  int index = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const JobSpec& spec = specs[i];
+    if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
+    q.bind(++index, spec.kind);
+    q.bind(++index, spec.concurrency_key);
+    q.bind(++index, spec.priority);
+    q.bind(++index, spec.max_attempts);
+    q.bind(++index, spec.run_after_ms > 0 ? spec.run_after_ms : now);
+    q.bind(++index, spec.timeout_ms);
+    q.bind(++index, now);
+    q.bind_static(++index, spec.payload);
+  }
+  std::vector<JobId> ids;
+  ids.reserve(end - begin);
+  while (q.step()) ids.push_back(q.i64(0));
+  if (ids.size() != end - begin) throw StorageError("sqlite: multi-row insert lost rows");
+  // AUTOINCREMENT ids grow in VALUES order; RETURNING's own order is unspecified.
+  std::sort(ids.begin(), ids.end());
+  for (JobId id : ids) results.push_back({id, true});
+}
+
+EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now);
+
+std::vector<EnqueueResult> enqueue_many(Connection& c, const std::vector<JobSpec>& specs,
+                                        int64_t now) {
+  std::vector<EnqueueResult> results;
+  results.reserve(specs.size());
+  auto plain = [](const JobSpec& spec) { return !spec.dedupe_key && !spec.parent_id; };
+  for (size_t i = 0; i < specs.size();) {
+    if (!plain(specs[i])) {
+      results.push_back(enqueue_one(c, specs[i], now));
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < specs.size() && end - i < kChunk && plain(specs[end])) ++end;
+    insert_plain(c, specs, i, end, now, results);
+    i = end;
+  }
+  return results;
 }
 
 EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now) {
@@ -493,14 +592,31 @@ class TokenSource {
   std::mt19937_64 rng_;
 };
 
-const std::string kClaimJob =
+// A claim takes its candidates kChunk at a time: one UPDATE, one INSERT of the attempt rows and
+// one SELECT of the claimed rows per chunk (ids padded with 0, which no job has). Each job's lease
+// token is the chunk's random prefix followed by the job id: unique, and what the chunk's later
+// statements select by. No RETURNING: SQLite buffers RETURNING rows in an ephemeral table per
+// execution, which measured as much as the UPDATE itself.
+std::string id_list(int first, size_t n) {
+  std::string sql = "(";
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) sql += ", ";
+    sql += "?" + std::to_string(first + static_cast<int>(i));
+  }
+  return sql + ")";
+}
+
+const std::string kClaimChunk =
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, claims = claims + 1, "
-    "lease_owner = ?2, lease_token = ?3, lease_expires_ms = ?4, started_ms = ?5, "
-    "updated_ms = ?5 WHERE id = ?1 AND status = 'queued' RETURNING " +
-    kJobColumns + ", claims";
-const std::string kOpenAttempt =
+    "lease_owner = ?2, lease_token = ?1 || id, lease_expires_ms = ?3, started_ms = ?4, "
+    "updated_ms = ?4 WHERE status = 'queued' AND id IN " +
+    id_list(5, kChunk);
+const std::string kOpenAttempts =
     "INSERT INTO attempts (job_id, seq, attempt, owner, started_ms) "
-    "VALUES (?1, ?2, ?3, ?4, ?5)";
+    "SELECT id, claims, attempts, lease_owner, started_ms FROM jobs WHERE id IN " +
+    id_list(2, kChunk) + " AND lease_token = ?1 || id";
+const std::string kClaimedRows = "SELECT " + kJobColumns + " FROM jobs WHERE id IN " +
+                                 id_list(2, kChunk) + " AND lease_token = ?1 || id";
 // total = 0: one (kind, key); total = 1: the whole kind (key '').
 const std::string kRunningUp =
     "INSERT INTO running_counts (kind, total, concurrency_key, running, max_running) "
@@ -508,21 +624,46 @@ const std::string kRunningUp =
     "running = running + excluded.running, "
     "max_running = MAX(max_running, running + excluded.running)";
 
-std::optional<Claimed> take_one(Connection& c, JobId id, const ClaimRequest& r,
-                                TokenSource& tokens) {
-  Claimed claimed;
-  claimed.lease_token = tokens.next();
-  claimed.lease_expires_ms = r.now_ms + r.lease_ms;
-  int claims = 0;
-  {
-    Query q = c.query(kClaimJob);
-    q.args(id, r.owner, claimed.lease_token, claimed.lease_expires_ms, r.now_ms);
-    if (!q.step()) return std::nullopt;
-    claimed.job = read_job(q);
-    claims = q.i32(25);
+void bind_ids(Query& q, int first, const std::vector<Candidate>& chunk) {
+  for (size_t i = 0; i < kChunk; ++i) {
+    q.bind(first + static_cast<int>(i), i < chunk.size() ? chunk[i].id : 0);
   }
-  c.query(kOpenAttempt).args(id, claims, claimed.job.attempts, r.owner, r.now_ms).run();
-  return claimed;
+}
+
+// Claims the queued ones among `chunk`, appending them to `out` in the chunk's order.
+void take_chunk(Connection& c, const std::vector<Candidate>& chunk, const ClaimRequest& r,
+                TokenSource& tokens, std::vector<Claimed>& out) {
+  const std::string prefix = tokens.next() + ".";
+  const int64_t expires = r.now_ms + r.lease_ms;
+  {
+    Query q = c.query(kClaimChunk);
+    q.args(prefix, r.owner, expires, r.now_ms);
+    bind_ids(q, 5, chunk);
+    if (q.run() == 0) return;
+  }
+  {
+    Query q = c.query(kOpenAttempts);
+    q.bind(1, prefix);
+    bind_ids(q, 2, chunk);
+    q.run();
+  }
+  std::map<JobId, Claimed> rows;
+  {
+    Query q = c.query(kClaimedRows);
+    q.bind(1, prefix);
+    bind_ids(q, 2, chunk);
+    while (q.step()) {
+      Claimed claimed;
+      claimed.job = read_job(q);
+      claimed.lease_token = claimed.job.lease_token.value_or("");
+      claimed.lease_expires_ms = expires;
+      rows.emplace(claimed.job.id, std::move(claimed));
+    }
+  }
+  for (const Candidate& candidate : chunk) {
+    auto it = rows.find(candidate.id);
+    if (it != rows.end()) out.push_back(std::move(it->second));
+  }
 }
 
 // Records the new running jobs and the high-water marks, once per key and kind.
@@ -553,8 +694,13 @@ std::vector<Claimed> claim_jobs(Connection& c, const ClaimRequest& r, TokenSourc
         kind_candidates(c, kind, it == caps.end() ? Caps{} : it->second, r.limit, r.now_ms));
   }
   std::vector<Claimed> claimed;
-  for (const Candidate& candidate : merge_heads(lists, r.limit)) {
-    if (auto one = take_one(c, candidate.id, r, tokens)) claimed.push_back(std::move(*one));
+  const std::vector<Candidate> order = merge_heads(lists, r.limit);
+  for (size_t i = 0; i < order.size(); i += kChunk) {
+    const size_t end = std::min(order.size(), i + kChunk);
+    take_chunk(c,
+               std::vector<Candidate>(order.begin() + static_cast<ptrdiff_t>(i),
+                                      order.begin() + static_cast<ptrdiff_t>(end)),
+               r, tokens, claimed);
   }
   count_running(c, claimed);
   return claimed;
@@ -679,40 +825,113 @@ const std::string kRunningDownBy =
     "UPDATE running_counts SET running = running - ?3 WHERE kind = ?1 "
     "AND ((total = 0 AND concurrency_key = ?2) OR (total = 1 AND concurrency_key = ''))";
 
-// complete_job() for a batch: the lease check comes before any write, and what follows cannot
-// fail short of an error that ends the whole transaction, so it needs no savepoint; the running
-// counters are decremented once per (kind, key) for the batch (`down`).
-void complete_in_batch(Connection& c, const Finish& f, int64_t now,
-                       std::map<std::pair<std::string, std::string>, int>& down) {
-  JobState s = load_running(c, f.id, f.token);
-  c.query(kEndAttempt).args(s.id, s.claims, now, "succeeded", std::nullopt).run();
-  ++down[{s.kind, s.key}];
-  c.query(kComplete).args(f.id, f.result_json, now).run();
-  if (s.dead_letter_id) c.query(kResolveLetter).args(*s.dead_letter_id, now).run();
-  uncount_from_parent(c, s, now);
+// complete_job() for a chunk of items (distinct jobs): their states are read by one SELECT and
+// checked for the lease before any write, then the attempt rows and the jobs are written by one
+// statement each; the running counters are decremented once per (kind, key) for the whole call
+// (`down`). What follows the lease check cannot fail short of an error that ends the whole
+// transaction, so the chunk needs no savepoints.
+const std::string kChunkStates =
+    "SELECT " + kStateColumns + " FROM jobs WHERE id IN " + id_list(1, kChunk);
+const std::string kEndSucceededAttempts =
+    "UPDATE attempts SET finished_ms = ?1, outcome = 'succeeded', error = NULL "
+    "WHERE (job_id, seq) IN (SELECT id, claims FROM jobs WHERE id IN " +
+    id_list(2, kChunk) + ")";
+const std::string kCompleteChunk = [] {
+  std::string sql = "UPDATE jobs SET status = 'succeeded', result = CASE id";
+  for (size_t i = 0; i < kChunk; ++i) {
+    sql += " WHEN ?" + std::to_string(2 + 2 * i) + " THEN ?" + std::to_string(3 + 2 * i);
+  }
+  sql +=
+      " END, finished_ms = ?1, updated_ms = ?1, lease_owner = NULL, lease_token = NULL, "
+      "lease_expires_ms = 0, counted_in_parent = 0 WHERE id IN (";
+  for (size_t i = 0; i < kChunk; ++i) sql += (i ? ", ?" : "?") + std::to_string(2 + 2 * i);
+  return sql + ")";
+}();
+
+void complete_chunk(Connection& c, const std::vector<Finish>& items,
+                    const std::vector<size_t>& chunk, int64_t now,
+                    std::map<std::pair<std::string, std::string>, int>& down,
+                    std::vector<FinishResult>& results) {
+  std::map<JobId, JobState> states;
+  {
+    Query q = c.query(kChunkStates);
+    for (size_t i = 0; i < kChunk; ++i) {
+      q.bind(1 + static_cast<int>(i), i < chunk.size() ? items[chunk[i]].id : 0);
+    }
+    while (q.step()) {
+      JobState state = read_state(q);
+      states.emplace(state.id, std::move(state));
+    }
+  }
+  std::vector<const JobState*> valid;
+  std::vector<size_t> applied;
+  for (size_t index : chunk) {
+    const Finish& f = items[index];
+    auto it = states.find(f.id);
+    std::optional<JobState> state;
+    if (it != states.end()) state = it->second;
+    if (auto problem = lease_problem(f.id, state, f.token)) {
+      results[index].lease_lost = true;
+      results[index].error = *problem;
+      continue;
+    }
+    valid.push_back(&it->second);
+    applied.push_back(index);
+  }
+  if (valid.empty()) return;
+  {
+    Query q = c.query(kEndSucceededAttempts);
+    q.bind(1, now);
+    for (size_t i = 0; i < kChunk; ++i)
+      q.bind(2 + static_cast<int>(i), i < valid.size() ? valid[i]->id : 0);
+    q.run();
+  }
+  {
+    Query q = c.query(kCompleteChunk);
+    q.bind(1, now);
+    for (size_t i = 0; i < kChunk; ++i) {
+      const int slot = 2 + 2 * static_cast<int>(i);
+      if (i < applied.size()) {
+        q.bind(slot, items[applied[i]].id);
+        q.bind_static(slot + 1, items[applied[i]].result_json);
+      } else {
+        q.bind(slot, 0);
+      }
+    }
+    q.run();
+  }
+  for (size_t i = 0; i < valid.size(); ++i) {
+    const JobState& s = *valid[i];
+    ++down[{s.kind, s.key}];
+    if (s.dead_letter_id) c.query(kResolveLetter).args(*s.dead_letter_id, now).run();
+    uncount_from_parent(c, s, now);
+    results[applied[i]].status = JobStatus::kSucceeded;
+  }
 }
 
-// Every other item in its own savepoint inside the one transaction, so that one item's failure
-// undoes only that item. An error that ended the transaction itself fails the whole call.
+// Completions in chunks of distinct jobs; every other item in its own savepoint inside the one
+// transaction, so that one item's failure undoes only that item. An error that ended the
+// transaction itself fails the whole call.
 std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& items,
                                       int64_t now) {
   std::vector<FinishResult> results(items.size());
   std::map<std::pair<std::string, std::string>, int> down;
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t i = 0; i < items.size();) {
     if (items[i].kind == Finish::Kind::kComplete) {
-      try {
-        complete_in_batch(c, items[i], now, down);
-        results[i].status = JobStatus::kSucceeded;
-      } catch (const LeaseLost& e) {
-        results[i].lease_lost = true;
-        results[i].error = e.what();
+      std::vector<size_t> chunk;
+      std::set<JobId> ids;
+      while (i < items.size() && chunk.size() < kChunk &&
+             items[i].kind == Finish::Kind::kComplete && ids.insert(items[i].id).second) {
+        chunk.push_back(i++);
       }
+      complete_chunk(c, items, chunk, now, down, results);
       continue;
     }
     c.query("SAVEPOINT item").run();
     try {
       results[i].status = finish_job(c, items[i], now);
       c.query("RELEASE item").run();
+      ++i;
       continue;
     } catch (const LeaseLost& e) {
       results[i].lease_lost = true;
@@ -723,6 +942,7 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
     if (c.autocommit()) throw StorageError("sqlite: the transaction ended: " + results[i].error);
     c.query("ROLLBACK TO item").run();
     c.query("RELEASE item").run();
+    ++i;
   }
   for (const auto& [key, n] : down) c.query(kRunningDownBy).args(key.first, key.second, n).run();
   return results;
@@ -1057,12 +1277,7 @@ class SqliteStore final : public SqliteJobStore {
   }
   std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
                                            int64_t now_ms) override {
-    return write([&](Connection& c) {
-      std::vector<EnqueueResult> results;
-      results.reserve(specs.size());
-      for (const JobSpec& spec : specs) results.push_back(enqueue_one(c, spec, now_ms));
-      return results;
-    });
+    return write([&](Connection& c) { return enqueue_many(c, specs, now_ms); });
   }
 
   std::vector<Claimed> claim(const ClaimRequest& request) override {

@@ -1016,6 +1016,57 @@ TEST_P(JobStoreConformance, FinishReportsALostLeaseAndStillAppliesTheOthers) {
   EXPECT_TRUE(store().finish({}, kT0).empty());
 }
 
+// A large batch (stores write completions many at a time): each job gets its own result and
+// attempt outcome, a bad token or a second ending of the same job in the batch is refused alone,
+// and the running counter drops by exactly the jobs that ended.
+TEST_P(JobStoreConformance, FinishAppliesALargeBatchOneItemAtATime) {
+  constexpr int kJobs = 75;
+  std::vector<JobId> ids;
+  std::vector<JobSpec> specs(kJobs, spec());
+  for (const EnqueueResult& r : store().enqueue_batch(specs, kT0)) ids.push_back(r.id);
+  std::vector<Claimed> claimed = claim(kJobs);
+  ASSERT_EQ(claimed.size(), static_cast<size_t>(kJobs));
+  std::map<JobId, std::string> token;
+  for (const Claimed& c : claimed) token[c.job.id] = c.lease_token;
+  ASSERT_EQ(store().running("entity", ""), kJobs);
+
+  std::vector<Finish> items;
+  for (int i = 0; i < kJobs; ++i) {
+    const JobId id = ids[static_cast<size_t>(i)];
+    items.push_back(completion(id, i == 40 ? "not-the-token" : token[id],
+                               R"({"i":)" + std::to_string(i) + "}"));
+    if (i == 10 || i == 31) items.push_back(completion(id, token[id], R"({"again":true})"));
+  }
+  std::vector<FinishResult> results = store().finish(items, kT0 + kSecond);
+  ASSERT_EQ(results.size(), items.size());
+  int succeeded = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const bool repeat = items[k].result_json == R"({"again":true})";
+    if (repeat || items[k].token == "not-the-token") {
+      EXPECT_TRUE(results[k].lease_lost) << k;
+      EXPECT_FALSE(results[k].status.has_value()) << k;
+      continue;
+    }
+    EXPECT_EQ(results[k].status, JobStatus::kSucceeded) << k << ": " << results[k].error;
+    ++succeeded;
+  }
+  EXPECT_EQ(succeeded, kJobs - 1);
+  for (int i = 0; i < kJobs; ++i) {
+    const Job job = get_job(ids[static_cast<size_t>(i)]);
+    if (i == 40) {
+      EXPECT_EQ(job.status, JobStatus::kRunning);
+      continue;
+    }
+    EXPECT_EQ(job.status, JobStatus::kSucceeded) << i;
+    EXPECT_EQ(job.result, R"({"i":)" + std::to_string(i) + "}") << i;
+    std::vector<Attempt> history = store().attempts(job.id);
+    ASSERT_EQ(history.size(), 1u) << i;
+    EXPECT_EQ(history[0].outcome, "succeeded") << i;
+    EXPECT_EQ(history[0].finished_ms, kT0 + kSecond) << i;
+  }
+  EXPECT_EQ(store().running("entity", ""), 1) << "only the job with the wrong token still runs";
+}
+
 TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
   const JobId id = add(spec());
   Claimed c = claim_job(id);
