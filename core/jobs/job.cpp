@@ -94,4 +94,20 @@ std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int
   return results;
 }
 
+int JobStore::subscribe(std::function<void()> listener) {
+  std::lock_guard lock(listeners_mutex_);
+  listeners_.emplace(++next_listener_, std::move(listener));
+  return next_listener_;
+}
+
+void JobStore::unsubscribe(int id) {
+  std::lock_guard lock(listeners_mutex_);
+  listeners_.erase(id);
+}
+
+void JobStore::notify_runnable() {
+  std::lock_guard lock(listeners_mutex_);
+  for (const auto& [id, listener] : listeners_) listener();
+}
+
 }  // namespace backhaul::jobs

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -286,6 +287,22 @@ class JobStore {
   virtual void ignore_dead_letter(int64_t id, int64_t now_ms) = 0;
   // Deletes resolved and ignored letters last updated before `before_ms`; returns how many.
   virtual int64_t purge_dead_letters(int64_t updated_before_ms) = 0;
+
+  // --- in-process wakeups ----------------------------------------------------------------------
+  // `listener` runs after every committed write through this object that makes jobs runnable now
+  // (enqueue, dead-letter retry), on the writing thread; it must be quick and must not call the
+  // store. A scheduler on the same store object claims at once instead of at its next poll; other
+  // processes' writes are seen by polling. Returns the id for unsubscribe(). [thread-safe]
+  int subscribe(std::function<void()> listener);
+  void unsubscribe(int id);
+
+ protected:
+  void notify_runnable();
+
+ private:
+  std::mutex listeners_mutex_;
+  std::map<int, std::function<void()>> listeners_;
+  int next_listener_ = 0;
 };
 
 // Opens the SQLite store at `path` (created if missing; WAL, synchronous=FULL) and migrates it.

@@ -1552,7 +1552,10 @@ class MysqlStore final : public JobStore {
       if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
     }
     if (specs.empty()) return {};
-    return transact("enqueue", [&](Tx& tx) { return enqueue_jobs(tx, specs, now_ms, autoinc_); });
+    auto results =
+        transact("enqueue", [&](Tx& tx) { return enqueue_jobs(tx, specs, now_ms, autoinc_); });
+    notify_runnable();
+    return results;
   }
 
   // Group-committed: concurrent claims with the same kinds and lease length share a transaction.
@@ -2076,6 +2079,7 @@ class MysqlStore final : public JobStore {
       retry_letter(tx, w, read_letter(r.rows[0]), now_ms);
       commit_retrying_duplicates(tx, w);
     });
+    notify_runnable();
   }
 
   int retry_dead_letters(const DeadLetterQuery& query, size_t limit, int64_t now_ms) override {
@@ -2083,7 +2087,7 @@ class MysqlStore final : public JobStore {
     if (limit == 0) return 0;
     DeadLetterQuery pending = query;
     pending.status = DeadLetterStatus::kPending;
-    return transact("retry_dead_letters", [&](Tx& tx) {
+    const int total = transact("retry_dead_letters", [&](Tx& tx) {
       Result r = tx.one(std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
                         letter_filter(pending) + " ORDER BY id DESC LIMIT " +
                         std::to_string(limit) + " FOR UPDATE");
@@ -2100,6 +2104,8 @@ class MysqlStore final : public JobStore {
       commit_retrying_duplicates(tx, w);
       return retried;
     });
+    if (total > 0) notify_runnable();
+    return total;
   }
 
   void ignore_dead_letter(int64_t id, int64_t now_ms) override {

@@ -64,8 +64,21 @@ void Scheduler::start() {
     log_->info("start-up recovery: {} requeued, {} dead, {} parents woken", recovered.requeued,
                recovered.dead, recovered.parents_woken);
   }
+  {
+    std::lock_guard lock(mutex_);
+    if (claiming_ || !threads_.empty()) return;
+  }
+  // Jobs enqueued through this store object wake the claim loop at once (in-process); the
+  // listener runs on the enqueuing thread and only sets a flag. Not under mutex_, which the
+  // listener takes.
+  subscription_ = store_.subscribe([this] {
+    {
+      std::lock_guard lock(mutex_);
+      poked_ = true;
+    }
+    wake_.notify_all();
+  });
   std::lock_guard lock(mutex_);
-  if (claiming_ || !threads_.empty()) return;
   claiming_ = true;
   stopped_ = false;
   finisher_running_ = true;
@@ -90,6 +103,7 @@ void Scheduler::claim_loop() {
       wake_.wait(lock);
       continue;
     }
+    poked_ = false;  // a job made runnable from now on makes the claim below run again at once
     lock.unlock();
     std::vector<Claimed> claimed;
     bool store_failed = false;
@@ -118,7 +132,7 @@ void Scheduler::claim_loop() {
     if (store_failed) {
       pause(lock, backoff_ms);
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 10'000);
-    } else if (claimed.empty()) {
+    } else if (claimed.empty() && !poked_) {
       pause(lock, options_.idle_poll_ms);
     }
   }
@@ -372,6 +386,9 @@ size_t Scheduler::run_once(size_t limit) {
 void Scheduler::drain(std::chrono::milliseconds grace) {
   std::unique_lock lock(mutex_);
   if (threads_.empty()) return;
+  lock.unlock();
+  store_.unsubscribe(subscription_);  // not under mutex_: the listener takes it
+  lock.lock();
   claiming_ = false;
   // Claimed but not started: nothing was done, give them back at once.
   std::deque<Claimed> unstarted;

@@ -220,6 +220,8 @@ class Scheduler {
   std::map<std::string, KindLatency> latency_;
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;
+  bool poked_ = false;                 // a job became runnable since the claim loop last claimed
+  int subscription_ = 0;               // JobStore::subscribe id while started
   bool stopped_ = false;               // loops exit
   std::atomic<bool> stopping_{false};  // handlers asked to stop
   std::vector<std::thread> threads_;

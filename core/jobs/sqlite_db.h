@@ -179,7 +179,10 @@ class Connection {
     if (!options.read_only) ensure_wal(path, options.busy_timeout_ms);
     exec("PRAGMA synchronous=FULL");  // every acknowledged commit is on disk (fsync per commit)
     exec("PRAGMA foreign_keys=ON");
-    exec("PRAGMA temp_store=MEMORY");
+    // The writer's statements use indexes and need no large temporary structures; a reader's
+    // GROUP BY or sort over a large table (counts() of a million finished jobs) spills to a
+    // temporary file past the page cache instead of growing the heap.
+    if (!options.read_only) exec("PRAGMA temp_store=MEMORY");
     exec("PRAGMA cache_size=-" + std::to_string(options.cache_kib));
     if (options.read_only) exec("PRAGMA query_only=ON");
   }

@@ -518,24 +518,73 @@ void append_candidates(Query& q, int64_t base_load, std::vector<Candidate>& out)
   while (q.step()) out.push_back({q.i64(0), q.i32(1), q.i64(2), base_load + rank++});
 }
 
-// A kind with a per-key cap: each unsaturated key contributes its first (cap - running) jobs by
-// one index seek, so saturated keys' backlogs are never scanned; then the least-loaded keys go
-// first (fair share: with 10 keys and a global cap of 30, each key gets 3 rather than the
-// oldest keys all 30), and within a key the (priority, run_after, id) order holds.
+const std::string kMoreOfKey =
+    "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_key "
+    "WHERE status = 'queued' AND kind = ?1 AND concurrency_key = ?2 AND run_after_ms <= ?3 "
+    "AND (priority, run_after_ms, id) > (?4, ?5, ?6) "
+    "ORDER BY priority, run_after_ms, id LIMIT ?7";
+
+// A kind with a per-key cap: the least-loaded keys go first (fair share: with 10 keys and a
+// global cap of 30, each key gets 3 rather than the oldest keys all 30), and within a key the
+// (priority, run_after, id) order holds. Each unsaturated key's list, in its index order, is
+// already in that fair order (load = running + rank grows along it), so the lists are merged
+// lazily: each key is read a page at a time by an index seek, about want/keys jobs per page, and
+// saturated keys' backlogs are never scanned.
+struct KeyCursor {
+  std::string key;
+  int64_t running = 0;
+  int64_t room = 0;  // jobs this key may still start (cap - running - taken)
+  std::vector<Candidate> page;
+  size_t next = 0;
+  bool exhausted = false;  // the last read returned less than asked
+};
+
+void read_page(Connection& c, const std::string& kind, KeyCursor& k, int64_t page, int64_t now) {
+  const int64_t limit = std::min(page, k.room);
+  const int64_t base = k.page.empty() ? k.running : k.page.back().load + 1;  // load = rank
+  std::vector<Candidate> rows;
+  if (k.page.empty()) {
+    Query q = c.query(kCandidatesOfKey);
+    q.args(kind, k.key, now, limit);
+    append_candidates(q, base, rows);
+  } else {
+    const Candidate& last = k.page.back();
+    Query q = c.query(kMoreOfKey);
+    q.args(kind, k.key, now, last.priority, last.run_after, last.id, limit);
+    append_candidates(q, base, rows);
+  }
+  k.exhausted = static_cast<int64_t>(rows.size()) < limit;
+  k.page = std::move(rows);
+  k.next = 0;
+}
+
 std::vector<Candidate> fair_candidates(Connection& c, const std::string& kind, int per_key,
                                        int64_t want, int64_t now) {
-  std::vector<Candidate> all;
+  std::vector<KeyCursor> keys;
   std::optional<std::string> key;
   while ((key = first_or_next(c, kFirstQueuedKey, kNextQueuedKey, kind, key))) {
     int64_t running = read_count(c, kKeyRunning, kind, key);
-    if (running >= per_key) continue;
-    Query q = c.query(kCandidatesOfKey);
-    q.args(kind, *key, now, std::min<int64_t>(per_key - running, want));
-    append_candidates(q, running, all);
+    if (running < per_key) keys.push_back({*key, running, per_key - running, {}, 0, false});
   }
-  std::sort(all.begin(), all.end(), fair_order);
-  if (static_cast<int64_t>(all.size()) > want) all.resize(static_cast<size_t>(want));
-  return all;
+  if (keys.empty() || want <= 0) return {};
+  const int64_t page = want / static_cast<int64_t>(keys.size()) + 2;
+  for (KeyCursor& k : keys) read_page(c, kind, k, page, now);
+  std::vector<Candidate> out;
+  while (static_cast<int64_t>(out.size()) < want) {
+    KeyCursor* best = nullptr;
+    for (KeyCursor& k : keys) {
+      if (k.next == k.page.size()) {
+        if (k.exhausted || k.room <= 0 || k.page.empty()) continue;
+        read_page(c, kind, k, page, now);
+        if (k.page.empty()) continue;
+      }
+      if (!best || fair_order(k.page[k.next], best->page[best->next])) best = &k;
+    }
+    if (!best) break;
+    out.push_back(best->page[best->next++]);
+    --best->room;
+  }
+  return out;
 }
 
 // The runnable jobs of one kind this claim may take, in the order it should take them.
@@ -1248,21 +1297,22 @@ int migrate_schema(Connection& c) {
 
 // --- the store -----------------------------------------------------------------------------
 
-sqlite::ConnectionOptions connection_options(const SqliteStoreOptions& options) {
+sqlite::ConnectionOptions connection_options(const SqliteStoreOptions& options, bool reader) {
   sqlite::ConnectionOptions o;
   o.busy_timeout_ms = options.busy_timeout_ms;
+  o.cache_kib = reader ? options.reader_cache_kib : options.writer_cache_kib;
   return o;
 }
 
 class SqliteStore final : public SqliteJobStore {
  public:
   SqliteStore(const std::string& path, const SqliteStoreOptions& options)
-      : writer_(std::make_unique<Connection>(path, connection_options(options)),
+      : writer_(std::make_unique<Connection>(path, connection_options(options, false)),
                 options.max_batch) {
     // An in-memory database is private to its connection: reads must use the writer's.
     if (options.readers > 0 && path != ":memory:") {
-      readers_ =
-          std::make_unique<sqlite::ReaderPool>(path, connection_options(options), options.readers);
+      readers_ = std::make_unique<sqlite::ReaderPool>(path, connection_options(options, true),
+                                                      options.readers);
     }
     if (options.migrate) migrate();
   }
@@ -1273,11 +1323,15 @@ class SqliteStore final : public SqliteJobStore {
   std::string backend() const override { return "sqlite"; }
 
   EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
-    return write([&](Connection& c) { return enqueue_one(c, spec, now_ms); });
+    EnqueueResult result = write([&](Connection& c) { return enqueue_one(c, spec, now_ms); });
+    notify_runnable();
+    return result;
   }
   std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
                                            int64_t now_ms) override {
-    return write([&](Connection& c) { return enqueue_many(c, specs, now_ms); });
+    auto results = write([&](Connection& c) { return enqueue_many(c, specs, now_ms); });
+    notify_runnable();
+    return results;
   }
 
   std::vector<Claimed> claim(const ClaimRequest& request) override {
@@ -1380,9 +1434,12 @@ class SqliteStore final : public SqliteJobStore {
   std::map<std::pair<std::string, DeadLetterStatus>, int64_t> dead_letter_stats() override;
   void retry_dead_letter(int64_t id, int64_t now_ms) override {
     write([&](Connection& c) { retry_letter(c, load_existing_letter(c, id), now_ms); });
+    notify_runnable();
   }
   int retry_dead_letters(const DeadLetterQuery& query, size_t limit, int64_t now_ms) override {
-    return write([&](Connection& c) { return retry_letters(c, query, limit, now_ms); });
+    int n = write([&](Connection& c) { return retry_letters(c, query, limit, now_ms); });
+    if (n > 0) notify_runnable();
+    return n;
   }
   void ignore_dead_letter(int64_t id, int64_t now_ms) override {
     write([&](Connection& c) { ignore_letter(c, id, now_ms); });

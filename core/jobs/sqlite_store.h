@@ -16,7 +16,11 @@ struct SqliteStoreOptions {
   size_t max_batch = 512;        // operations merged into one transaction at most
   size_t readers = 4;            // reader connections (0 = reads go through the writer)
   int busy_timeout_ms = 10'000;  // how long to wait for another process's write lock
-  bool migrate = true;           // apply pending migrations on open
+  // Page caches: the writer's holds the hot index pages of claims and endings; readers look up
+  // a few rows or list pages. Together they bound most of the store's memory.
+  int writer_cache_kib = 16 * 1024;
+  int reader_cache_kib = 2 * 1024;
+  bool migrate = true;  // apply pending migrations on open
 };
 
 struct SqliteStoreStats {

@@ -7,9 +7,17 @@
 //   W2 retries:   N = 5000, max attempts 3, immediate retry; job i fails always when
 //                 i % 100 == 1 (50 dead), and on its first attempt when i % 5 == 0 (1000 retried):
 //                 4950 succeeded + 50 dead, 6100 handler calls.
+//   latency:      enqueue -> start on an idle queue: N jobs (default 2000) enqueued one at a time,
+//                 each after the previous one finished and the claim loop went idle (the
+//                 scheduler's default 200 ms poll: only the in-process wakeup makes it fast);
+//                 prints p50/p99/max of (handler start - enqueue call).
+// --keys K spreads W1's jobs over K concurrency keys; --per-key-cap/--global-cap set exact caps
+// on the bench kind (to measure what caps cost).
 // Every acknowledgement is durable (SQLite synchronous=FULL, InnoDB flush_log_at_trx_commit=1).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -38,6 +46,9 @@ struct QueueOptions {
   int claim_batch = 0;  // 0 = concurrency
   int prefetch = 0;
   int rep = 1;
+  int keys = 1;
+  int per_key_cap = 0;
+  int global_cap = 0;
 };
 
 // The peers' payload: compact JSON of exactly 200 bytes.
@@ -60,31 +71,115 @@ double cpu_seconds(const rusage& r) {
          static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
 }
 
-void run(const QueueOptions& o) {
-  const bool w2 = o.workload == "retries";
-  if (!w2 && o.workload != "lifecycle") throw std::runtime_error("--workload lifecycle|retries");
-  const int n = o.jobs > 0 ? o.jobs : (w2 ? 5000 : 20000);
-
+struct OpenStore {
   std::unique_ptr<jobs::JobStore> store;
+  std::string path;  // a temp SQLite file to remove afterwards, or empty
+};
+
+OpenStore open_store(const QueueOptions& o) {
+  OpenStore out;
   std::string path = o.sqlite_path;
   if (o.store == "sqlite") {
     if (path.empty()) {
       path = (std::filesystem::temp_directory_path() /
               ("backhaul-bench-" + std::to_string(::getpid()) + ".db"))
                  .string();
+      out.path = path;
     }
     for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(path + s);
-    store = jobs::open_sqlite_store(path);
+    out.store = jobs::open_sqlite_store(path);
   } else if (o.store == "mysql") {
     if (o.mysql.empty()) throw std::runtime_error("--mysql CONNECTION is required for mysql");
-    store = jobs::open_mysql_store(o.mysql, static_cast<size_t>(o.concurrency) + 4);
+    out.store = jobs::open_mysql_store(o.mysql, static_cast<size_t>(o.concurrency) + 4);
   } else {
     throw std::runtime_error("--store sqlite|mysql");
   }
+  return out;
+}
 
+void close_store(OpenStore& s) {
+  s.store.reset();
+  if (!s.path.empty()) {
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(s.path + suffix);
+  }
+}
+
+double percentile(std::vector<double> values, double p) {
+  std::sort(values.begin(), values.end());
+  size_t index = static_cast<size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
+  return values[std::min(index, values.size() - 1)];
+}
+
+// Enqueue -> handler start on an idle queue, one job at a time.
+void run_latency(const QueueOptions& o) {
+  const int n = o.jobs > 0 ? o.jobs : 2000;
+  OpenStore opened = open_store(o);
+  jobs::JobStore& store = *opened.store;
+  SystemClock clock;
+  const std::string kind =
+      "bench-latency-" + std::to_string(o.rep) + "-" + std::to_string(clock.now_ms());
+  std::mutex mutex;
+  std::condition_variable started_cv;
+  Steady::time_point started;
+  int runs = 0;
+  jobs::SchedulerOptions so;  // default idle poll (200 ms) and claim batch
+  so.owner = "bench-" + std::to_string(::getpid());
+  so.workers = o.concurrency;
+  jobs::Scheduler scheduler(store, clock, so);
+  scheduler.register_handler(kind, [&](jobs::JobContext&) {
+    {
+      std::lock_guard lock(mutex);
+      started = Steady::now();
+      ++runs;
+    }
+    started_cv.notify_all();
+    return jobs::Outcome::complete();
+  });
+  scheduler.start();
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    // Let the previous job's ending commit and the claim loop find the queue empty and sleep.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    const Steady::time_point before = Steady::now();
+    store.enqueue({kind, payload(i), "bench", std::nullopt, 0, 1, 0, {}, 0}, clock.now_ms());
+    std::unique_lock lock(mutex);
+    if (!started_cv.wait_for(lock, std::chrono::seconds(10), [&] { return runs == i + 1; })) {
+      throw std::runtime_error("job " + std::to_string(i) + " did not start within 10 s");
+    }
+    ms.push_back(std::chrono::duration<double, std::milli>(started - before).count());
+  }
+  scheduler.drain(std::chrono::milliseconds(1000));
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  nlohmann::json line = {{"peer", "backhaul"},
+                         {"workload", "latency"},
+                         {"n", n},
+                         {"p50_ms", percentile(ms, 0.50)},
+                         {"p99_ms", percentile(ms, 0.99)},
+                         {"max_ms", percentile(ms, 1.0)},
+                         {"client_rss_kb", self.ru_maxrss},
+                         {"idle_poll_ms", so.idle_poll_ms},
+                         {"rep", o.rep},
+                         {"config", o.store}};
+  std::cout << line.dump() << std::endl;
+  close_store(opened);
+}
+
+void run(const QueueOptions& o) {
+  if (o.workload == "latency") return run_latency(o);
+  const bool w2 = o.workload == "retries";
+  if (!w2 && o.workload != "lifecycle") {
+    throw std::runtime_error("--workload lifecycle|retries|latency");
+  }
+  const int n = o.jobs > 0 ? o.jobs : (w2 ? 5000 : 20000);
+
+  OpenStore opened = open_store(o);
+  std::unique_ptr<jobs::JobStore>& store = opened.store;
   SystemClock clock;
   const std::string kind =
       "bench-" + o.workload + "-" + std::to_string(o.rep) + "-" + std::to_string(clock.now_ms());
+  if (o.per_key_cap > 0 || o.global_cap > 0) store->set_caps(kind, {o.per_key_cap, o.global_cap});
   std::vector<std::atomic<int>> attempts(static_cast<size_t>(n));
   std::atomic<int64_t> handler_calls{0};
   std::atomic<bool> first_seen{false};
@@ -118,7 +213,8 @@ void run(const QueueOptions& o) {
   for (int start = 0; start < n; start += 1000) {
     std::vector<jobs::JobSpec> batch;
     for (int i = start; i < std::min(n, start + 1000); ++i) {
-      batch.push_back({kind, payload(i), "bench", std::nullopt, 0, w2 ? 3 : 1, 0, {}, 0});
+      const std::string key = o.keys > 1 ? "bench-" + std::to_string(i % o.keys) : "bench";
+      batch.push_back({kind, payload(i), key, std::nullopt, 0, w2 ? 3 : 1, 0, {}, 0});
     }
     store->enqueue_batch(batch, clock.now_ms());
   }
@@ -174,17 +270,19 @@ void run(const QueueOptions& o) {
       {"batch_enqueue", true},
       {"enqueue_api", "JobStore::enqueue_batch"},
       {"settings",
-       {{"workers", o.concurrency}, {"claim_batch", so.claim_batch}, {"prefetch", so.prefetch}}},
+       {{"workers", o.concurrency},
+        {"claim_batch", so.claim_batch},
+        {"prefetch", so.prefetch},
+        {"keys", o.keys},
+        {"per_key_cap", o.per_key_cap},
+        {"global_cap", o.global_cap}}},
       {"version", "backhaul"},
       {"rep", o.rep},
       {"config", o.store},
       {"server_version", o.store == "sqlite" ? "sqlite (embedded)" : "mariadb"},
       {"durability", o.store == "sqlite" ? "synchronous=FULL" : "flush_log_at_trx_commit=1"}};
   std::cout << line.dump() << std::endl;
-  store.reset();
-  if (o.store == "sqlite" && o.sqlite_path.empty()) {
-    for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(path + s);
-  }
+  close_store(opened);
   if (!ok) throw std::runtime_error("final state is wrong (see the JSON line)");
 }
 
@@ -195,7 +293,7 @@ void add_queue_bench(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "queue", "peer workloads W1 (lifecycle) and W2 (retries) of shared/bench on the job queue");
   cmd->add_option("--store", o->store, "sqlite | mysql")->capture_default_str();
-  cmd->add_option("--workload", o->workload, "lifecycle (W1) | retries (W2)")
+  cmd->add_option("--workload", o->workload, "lifecycle (W1) | retries (W2) | latency")
       ->capture_default_str();
   cmd->add_option("--jobs", o->jobs, "N (default: 20000 for W1, 5000 for W2)");
   cmd->add_option("--concurrency", o->concurrency, "workers")->capture_default_str();
@@ -205,6 +303,10 @@ void add_queue_bench(CLI::App& app) {
   cmd->add_option("--sqlite-path", o->sqlite_path, "SQLite file (default: a temp file)");
   cmd->add_option("--mysql", o->mysql, "Poco-style MySQL connection string");
   cmd->add_option("--rep", o->rep, "repetition number recorded in the line");
+  cmd->add_option("--keys", o->keys, "concurrency keys the jobs are spread over")
+      ->capture_default_str();
+  cmd->add_option("--per-key-cap", o->per_key_cap, "exact cap per key (0 = none)");
+  cmd->add_option("--global-cap", o->global_cap, "exact cap for the kind (0 = none)");
   cmd->callback([o] { run(*o); });
 }
 

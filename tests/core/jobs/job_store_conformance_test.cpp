@@ -1632,6 +1632,40 @@ TEST_P(JobStoreConformance, NoTenantIsStarvedEveryKeyProgressesInEveryClaimRound
   EXPECT_EQ(store().max_running_seen("entity", ""), 10);
 }
 
+// One large claim under a per-key cap that does not bind: the keys take turns (round robin by
+// load), a key that runs out leaves its share to the others, a key already running jobs gets
+// fewer, and each key gives its oldest jobs.
+TEST_P(JobStoreConformance, ALargeClaimSharesItselfOutByLoadAcrossKeys) {
+  store().set_caps("entity", Caps{1000, 0});
+  std::map<std::string, std::vector<JobId>> ids;
+  auto add_jobs = [&](const std::string& key, int n, int64_t at) {
+    std::vector<JobSpec> specs(static_cast<size_t>(n), spec("entity", key));
+    for (const EnqueueResult& r : store().enqueue_batch(specs, at)) ids[key].push_back(r.id);
+  };
+  add_jobs("busy", 4, kT0);  // claimed first: 4 running
+  ASSERT_EQ(claim(4).size(), 4u);
+  ids["busy"].clear();
+  add_jobs("a", 100, kT0);
+  add_jobs("b", 5, kT0);
+  add_jobs("c", 60, kT0);
+  add_jobs("busy", 60, kT0);
+  std::vector<Claimed> got = claim(94, kT0 + kSecond);
+  ASSERT_EQ(got.size(), 94u);
+  std::map<std::string, std::vector<JobId>> taken;
+  for (const Claimed& c : got) taken[c.job.concurrency_key].push_back(c.job.id);
+  // Loads: a, c, busy share 89 after b's 5; busy starts 4 behind: a = c = busy + 4.
+  EXPECT_EQ(taken["b"].size(), 5u);
+  EXPECT_EQ(taken["a"].size(), 31u);
+  EXPECT_EQ(taken["c"].size(), 31u);
+  EXPECT_EQ(taken["busy"].size(), 27u);
+  for (auto& [key, claimed] : taken) {
+    std::sort(claimed.begin(), claimed.end());
+    std::vector<JobId> oldest(ids[key].begin(),
+                              ids[key].begin() + static_cast<ptrdiff_t>(claimed.size()));
+    EXPECT_EQ(claimed, oldest) << key << " gave other than its oldest jobs";
+  }
+}
+
 // ===========================================================================================
 // Throttle: token buckets shared by every host (D8)
 // ===========================================================================================

@@ -186,6 +186,47 @@ TEST_F(SchedulerTest, WorkerPoolRunsEveryJobExactlyOnce) {
   EXPECT_EQ(scheduler.stats().in_flight, 0);
 }
 
+// An idle claim loop sleeps for idle_poll_ms (here an hour); a job enqueued through the same
+// store object wakes it at once, and so does a dead letter retried through it.
+TEST_F(SchedulerTest, AnEnqueueThroughTheSameStoreWakesAnIdleClaimLoop) {
+  SystemClock clock;
+  SchedulerOptions o = options();
+  o.idle_poll_ms = 3'600'000;
+  Scheduler scheduler(*store_, clock, o);
+  std::atomic<int> calls{0};
+  scheduler.register_handler("work", [&](JobContext& c) {
+    // The second job fails fatally the first time it runs (calls 2), then succeeds.
+    if (++calls == 2 && c.job().payload == "{\"fatal\":true}") {
+      throw JobFailure("bad payload", true);
+    }
+    return Outcome::complete();
+  });
+  scheduler.start();
+  auto wait_for_calls = [&](int n) {
+    for (int i = 0; i < 1000 && calls.load() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return calls.load();
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first claim found nothing
+  enqueue("work");
+  EXPECT_EQ(wait_for_calls(1), 1) << "the enqueue did not wake the idle claim loop";
+
+  JobSpec fatal{"work", "{\"fatal\":true}", "k", std::nullopt, 0, 3, 0, {}, 0};
+  const JobId id = store_->enqueue(fatal, clock.now_ms()).id;
+  ASSERT_EQ(wait_for_calls(2), 2);
+  for (int i = 0; i < 500 && store_->get(id)->status != JobStatus::kDead; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(store_->get(id)->status, JobStatus::kDead);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // idle again
+  auto letters = store_->list_dead_letters({});
+  ASSERT_EQ(letters.items.size(), 1u);
+  store_->retry_dead_letter(letters.items[0].id, clock.now_ms());
+  EXPECT_EQ(wait_for_calls(3), 3) << "the dead-letter retry did not wake the idle claim loop";
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
 TEST_F(SchedulerTest, DrainReleasesRunningJobsWithoutCountingTheAttempt) {
   SystemClock clock;
   Scheduler scheduler(*store_, clock, options());
