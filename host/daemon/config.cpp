@@ -152,6 +152,13 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(scheduler, "heartbeat_ms", &config.scheduler.heartbeat_ms);
   read(scheduler, "sweep_ms", &config.scheduler.sweep_ms);
   read(scheduler, "retention_days", &config.scheduler.retention_days);
+  read(scheduler, "retry_initial_ms", &config.scheduler.retry_initial_ms);
+  read(scheduler, "retry_max_ms", &config.scheduler.retry_max_ms);
+  if (config.scheduler.retry_initial_ms > config.scheduler.retry_max_ms) {
+    problems.add("scheduler.retry_initial_ms", "must not be more than scheduler.retry_max_ms (" +
+                                                   std::to_string(config.scheduler.retry_max_ms) +
+                                                   ")");
+  }
   read(scheduler, "owner", &config.scheduler.owner);
   read(scheduler, "recover_own_leases", &config.scheduler.recover_own_leases);
   if (config.scheduler.recover_own_leases && config.scheduler.owner.empty()) {
@@ -169,6 +176,8 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(pipeline, "throttle_per_hour", &config.pipeline.throttle_per_hour);
   read(pipeline, "throttle_burst", &config.pipeline.throttle_burst);
   read(pipeline, "rate_limit_floor", &config.pipeline.rate_limit_floor);
+  read(pipeline, "transient_retries", &config.pipeline.transient_retries);
+  read(pipeline, "transient_retry_ms", &config.pipeline.transient_retry_ms);
   read_caps(pipeline, "entity_caps", &config.pipeline.entity_caps);
   read_caps(pipeline, "run_caps", &config.pipeline.run_caps);
   read_circuit(pipeline, "provider_circuit", &config.pipeline.provider_circuit);

@@ -69,6 +69,8 @@ struct DaemonConfig {
     int64_t heartbeat_ms = 10'000;
     int64_t sweep_ms = 5'000;
     int retention_days = 30;
+    int64_t retry_initial_ms = 1'000;  // backoff of failed attempts (jobs::RetryPolicy)
+    int64_t retry_max_ms = 15 * 60 * 1'000;
     std::string owner;  // default: hostname:pid
     bool recover_own_leases = false;
   } scheduler;
@@ -78,6 +80,8 @@ struct DaemonConfig {
     double throttle_per_hour = 4000;
     double throttle_burst = 100;
     double rate_limit_floor = 0.10;
+    int transient_retries = 2;
+    int64_t transient_retry_ms = 100;
     CapsConfig entity_caps{5, 30};
     CapsConfig run_caps{1, 10};
     CircuitConfig provider_circuit;

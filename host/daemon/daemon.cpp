@@ -94,6 +94,8 @@ void Daemon::Impl::start_pipeline() {
   options.throttle_per_hour = p.throttle_per_hour;
   options.throttle_burst = p.throttle_burst;
   options.rate_limit_floor = p.rate_limit_floor;
+  options.transient_retries = p.transient_retries;
+  options.transient_retry_ms = p.transient_retry_ms;
   options.entity_caps = {p.entity_caps.per_installation, p.entity_caps.global};
   options.run_caps = {p.run_caps.per_installation, p.run_caps.global};
   options.provider_circuit = {p.provider_circuit.failure_threshold, p.provider_circuit.open_ms};
@@ -118,6 +120,8 @@ void Daemon::Impl::start_pipeline() {
   scheduler_options.sweep_interval_ms = s.sweep_ms;
   scheduler_options.retention_ms = int64_t{s.retention_days} * 86'400'000;
   scheduler_options.recover_own_leases = s.recover_own_leases;
+  scheduler_options.retry.initial_ms = s.retry_initial_ms;
+  scheduler_options.retry.max_ms = s.retry_max_ms;
   scheduler = std::make_unique<jobs::Scheduler>(*store, clock, scheduler_options);
   pipeline->register_handlers(*scheduler);
   scheduler->start();

@@ -76,6 +76,16 @@ Response faults_route(const Context& context, const Request& request) {
   return json_response(200, to_json(context.state.faults()));
 }
 
+// Admitted provider requests by resource and list: {"by_resource": {"org-1/repo-1": {...}}}.
+Response resource_requests(const Context& context, std::optional<int> installation) {
+  json by_resource = json::object();
+  for (const auto& [resource, requests] : context.state.resource_requests()) {
+    if (installation && *installation != requests.installation) continue;
+    by_resource[resource] = requests.by_list;
+  }
+  return json_response(200, {{"by_resource", by_resource}});
+}
+
 }  // namespace
 
 void sleep_ms(int64_t ms) {
@@ -118,11 +128,10 @@ Report build_report(const Context& context, std::optional<int> installation) {
     report.unauthorized_requests = requests.unauthorized;
   }
   const FaultCounts faults = context.state.fault_counts();
-  report.faults_injected = {{"provider_5xx", faults.provider_5xx},
-                            {"burst_429", faults.burst_429},
-                            {"token_expired", faults.token_expired},
-                            {"rate_limited", faults.rate_limited},
-                            {"gateway_5xx", faults.gateway_5xx}};
+  report.faults_injected = {
+      {"provider_5xx", faults.provider_5xx},   {"burst_429", faults.burst_429},
+      {"token_expired", faults.token_expired}, {"rate_limited", faults.rate_limited},
+      {"gateway_5xx", faults.gateway_5xx},     {"resource", faults.resource}};
   return report;
 }
 
@@ -161,6 +170,7 @@ Response handle_control(const Context& context, const Request& request, Route ro
     return json_response(200, to_json(build_report(context, installation)));
   if (name == "expected" && get) return expected_ids(context, installation);
   if (name == "missing" && get) return missing_ids(context, request, installation);
+  if (name == "requests" && get) return resource_requests(context, installation);
   if (name == "faults" && (get || post)) return faults_route(context, request);
   if (name == "reset" && post) {
     context.deliveries.reset();

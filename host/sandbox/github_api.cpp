@@ -249,6 +249,43 @@ Response dispatch(const Context& context, const Request& request, Route route, i
   return not_found();
 }
 
+// The repository and list a request is about (for resource faults and per-resource counts), when
+// it names a repository of `installation`.
+std::optional<Target> target_of(const Context& context, Route route, int installation) {
+  std::optional<RepoRef> repo;
+  Route rest;
+  if (route.size() >= 3 && route[0] == "repos") {
+    repo = context.data.find_repo(route[1], route[2]);
+    rest = route.subspan(3);
+  } else if (route.size() >= 2 && route[0] == "repositories") {
+    if (auto id = parse_int(route[1])) repo = context.data.find_repo(*id);
+    rest = route.subspan(2);
+  }
+  if (!repo || repo->installation != installation || rest.size() > 1) return std::nullopt;
+  return Target{installation,
+                DataModel::org_login(installation) + "/" + DataModel::repo_name(repo->repo),
+                std::to_string(repo->id), rest.empty() ? "repository" : std::string(rest[0])};
+}
+
+std::string_view reason(int status) {
+  switch (status) {
+    case 401:
+      return "Bad credentials";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 422:
+      return "Validation Failed";
+    case 502:
+      return "Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return status < 500 ? "Client Error" : "Server Error";
+  }
+}
+
 // The answer for an admitted request, before the common headers.
 Response answer(const Context& context, const Request& request, Route path,
                 const Admission& admission) {
@@ -275,6 +312,11 @@ Response answer(const Context& context, const Request& request, Route path,
           admission.server_error_status == 502 ? "Server Error" : "Service Unavailable", kDocs);
     case Verdict::kOk:
       break;
+  }
+  if (auto target = target_of(context, path, admission.installation)) {
+    if (const int status = context.state.visit(Provider::kGithub, *target)) {
+      return github_error(status, std::string(reason(status)), kDocs);
+    }
   }
   Response response = dispatch(context, request, path, admission.installation);
   if (response.status != 200) return response;

@@ -1,5 +1,7 @@
 #include "host/sandbox/options.h"
 
+#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -25,6 +27,38 @@ void patch_field(const nlohmann::json& patch, std::string_view key, T* field) {
   *field = it->get<T>();
 }
 
+constexpr std::string_view kLists[] = {"",           "pulls",       "issues", "releases",
+                                       "repository", "deployments", "project"};
+
+nlohmann::json to_json(const ResourceFault& r) {
+  return {{"resource", r.resource},
+          {"list", r.list},
+          {"skip", r.skip},
+          {"count", r.count},
+          {"status", r.status}};
+}
+
+ResourceFault resource_fault_from(const nlohmann::json& rule, size_t index) {
+  const std::string where = "resource_faults[" + std::to_string(index) + "]";
+  if (!rule.is_object()) throw std::invalid_argument(where + " must be an object");
+  ResourceFault r;
+  for (const auto& [key, value] : rule.items()) {
+    const std::string field = where + "." + key;
+    if (key == "resource" || key == "list") {
+      if (!value.is_string()) throw std::invalid_argument(field + " must be a string");
+      (key == "resource" ? r.resource : r.list) = value.get<std::string>();
+    } else if (key == "skip" || key == "count" || key == "status") {
+      if (!value.is_number_integer()) throw std::invalid_argument(field + " must be an integer");
+      if (key == "skip") r.skip = value.get<int64_t>();
+      if (key == "count") r.count = value.get<int64_t>();
+      if (key == "status") r.status = value.get<int>();
+    } else {
+      throw std::invalid_argument("unknown fault knob: " + field);
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 void validate(const Faults& f) {
@@ -38,6 +72,17 @@ void validate(const Faults& f) {
   require(f.slow_ms >= 0 && f.slow_ms <= 60'000, "slow_ms", "must be in [0, 60000]");
   require(f.rate_limit >= 1, "rate_limit", "must be >= 1");
   require(f.rate_window_s >= 1, "rate_window_s", "must be >= 1");
+  for (size_t i = 0; i < f.resource_faults.size(); ++i) {
+    const ResourceFault& r = f.resource_faults[i];
+    const std::string name = "resource_faults[" + std::to_string(i) + "]";
+    require(!r.resource.empty(), name + ".resource", "must not be empty");
+    require(std::find(std::begin(kLists), std::end(kLists), r.list) != std::end(kLists),
+            name + ".list",
+            "must be one of pulls, issues, releases, repository, deployments, project");
+    require(r.skip >= 0, name + ".skip", "must be >= 0");
+    require(r.count >= 0, name + ".count", "must be >= 0");
+    require(r.status >= 400 && r.status <= 599, name + ".status", "must be in [400, 599]");
+  }
 }
 
 nlohmann::json to_json(const Faults& f) {
@@ -49,7 +94,12 @@ nlohmann::json to_json(const Faults& f) {
           {"token_ttl_requests", f.token_ttl_requests},
           {"slow_ms", f.slow_ms},
           {"rate_limit", f.rate_limit},
-          {"rate_window_s", f.rate_window_s}};
+          {"rate_window_s", f.rate_window_s},
+          {"resource_faults", [&] {
+             nlohmann::json rules = nlohmann::json::array();
+             for (const ResourceFault& r : f.resource_faults) rules.push_back(to_json(r));
+             return rules;
+           }()}};
 }
 
 Faults apply_patch(Faults base, const nlohmann::json& patch) {
@@ -67,6 +117,13 @@ Faults apply_patch(Faults base, const nlohmann::json& patch) {
   patch_field(patch, "slow_ms", &base.slow_ms);
   patch_field(patch, "rate_limit", &base.rate_limit);
   patch_field(patch, "rate_window_s", &base.rate_window_s);
+  if (auto it = patch.find("resource_faults"); it != patch.end()) {
+    if (!it->is_array()) throw std::invalid_argument("resource_faults must be an array");
+    base.resource_faults.clear();
+    for (size_t i = 0; i < it->size(); ++i) {
+      base.resource_faults.push_back(resource_fault_from((*it)[i], i));
+    }
+  }
   validate(base);
   return base;
 }

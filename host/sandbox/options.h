@@ -6,10 +6,25 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace backhaul::sandbox {
+
+// One resource made to fail: provider requests for `resource` (a GitHub repository's full name
+// "org-1/repo-2" or id "100002", a Vercel project's id "prj_1_1" or name "project-1"), only those
+// for `list` when set ("pulls", "issues", "releases", "repository" for the repository itself;
+// "deployments", "project"), are answered with `status` after the first `skip` matching requests,
+// for `count` requests (0: every one from then on).
+struct ResourceFault {
+  std::string resource;
+  std::string list;  // empty: any request for the resource
+  int64_t skip = 0;
+  int64_t count = 0;
+  int status = 500;  // 400..599
+  bool operator==(const ResourceFault&) const = default;
+};
 
 // Fault knobs. All default to "no faults"; a zero count disables its knob.
 struct Faults {
@@ -22,6 +37,7 @@ struct Faults {
   int64_t slow_ms = 0;             // added latency per provider request
   int64_t rate_limit = 5000;       // x-ratelimit-limit per installation per provider per window
   int64_t rate_window_s = 3600;    // length of a rate-limit window
+  std::vector<ResourceFault> resource_faults;  // checked in order; the first match answers
 };
 
 // Throws std::invalid_argument naming the offending knob.

@@ -26,7 +26,8 @@ ProviderState::ProviderState(const DataModel& data, std::function<int64_t()> now
       // Tokens are not part of the deterministic data: they differ between runs, so a client
       // holding a token from an earlier sandbox process is rejected rather than silently accepted.
       token_rng_(hash64({seed_, kTokenStream, std::random_device{}(), std::random_device{}()})),
-      windows_(static_cast<size_t>(data.installations())) {
+      windows_(static_cast<size_t>(data.installations())),
+      rule_matches_(faults_.resource_faults.size(), 0) {
   request_counts_.by_installation.resize(static_cast<size_t>(data.installations()));
 }
 
@@ -124,6 +125,33 @@ Admission ProviderState::admit(Provider provider, std::string_view token) {
   return result;
 }
 
+int ProviderState::visit(Provider provider, const Target& target) {
+  int status = 0;
+  {
+    std::lock_guard lock(mutex_);
+    ResourceRequests& requests = resource_requests_[target.resource];
+    requests.installation = target.installation;
+    ++requests.by_list[target.list];
+    for (size_t i = 0; i < faults_.resource_faults.size(); ++i) {
+      const ResourceFault& rule = faults_.resource_faults[i];
+      if (rule.resource != target.resource && rule.resource != target.alias) continue;
+      if (!rule.list.empty() && rule.list != target.list) continue;
+      const int64_t seen = rule_matches_[i]++;
+      if (seen < rule.skip || (rule.count > 0 && seen >= rule.skip + rule.count)) continue;
+      ++fault_counts_.resource;
+      status = rule.status;
+      break;
+    }
+  }
+  if (status != 0) refund(provider, target.installation);
+  return status;
+}
+
+std::map<std::string, ResourceRequests> ProviderState::resource_requests() const {
+  std::lock_guard lock(mutex_);
+  return resource_requests_;
+}
+
 void ProviderState::refund(Provider provider, int installation) {
   if (installation < 1 || installation > data_.installations()) return;
   std::lock_guard lock(mutex_);
@@ -143,6 +171,10 @@ bool ProviderState::gateway_should_fail() {
 void ProviderState::set_faults(const Faults& faults) {
   validate(faults);
   std::lock_guard lock(mutex_);
+  // Rules that change start counting their matches afresh.
+  if (faults.resource_faults != faults_.resource_faults) {
+    rule_matches_.assign(faults.resource_faults.size(), 0);
+  }
   faults_ = faults;
 }
 
@@ -170,6 +202,8 @@ void ProviderState::reset() {
             std::array<int64_t, 2>{});
   std::fill(windows_.begin(), windows_.end(), std::array<Window, 2>{});
   burst_sequence_ = 0;
+  std::fill(rule_matches_.begin(), rule_matches_.end(), 0);
+  resource_requests_.clear();
   fault_rng_ = SplitMix64(hash64({seed_, kFaultStream}));
 }
 

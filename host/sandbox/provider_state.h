@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -44,6 +45,21 @@ struct Admission {
   int64_t slow_ms = 0;          // latency the caller should add before answering
 };
 
+// What an admitted provider request is about: a repository or project and the list (or the
+// resource itself) asked for.
+struct Target {
+  int installation = 0;
+  std::string resource;  // "org-1/repo-2" or "prj_1_1"
+  std::string alias;     // "100002" or "project-1"
+  std::string list;      // "pulls", "issues", "releases", "repository", "deployments", "project"
+};
+
+// Admitted requests for one resource, by list.
+struct ResourceRequests {
+  int installation = 0;
+  std::map<std::string, int64_t> by_list;
+};
+
 struct IssuedToken {
   std::string token;
   int64_t expires_at_ms = 0;
@@ -56,6 +72,7 @@ struct FaultCounts {
   int64_t token_expired = 0;  // tokens retired by token_ttl_requests
   int64_t rate_limited = 0;
   int64_t gateway_5xx = 0;
+  int64_t resource = 0;  // requests answered by a resource fault
 };
 
 // Provider requests seen since the last reset.
@@ -78,6 +95,12 @@ class ProviderState {
   // bursts and 5xx faults. Counts the request and, when the verdict is kOk, uses one unit of
   // the installation's window.
   Admission admit(Provider provider, std::string_view token);
+
+  // Counts an admitted (kOk) request for its target and applies the first matching resource
+  // fault. Returns the status to answer with (the request's rate-limit unit is given back), or 0.
+  int visit(Provider provider, const Target& target);
+  // Admitted requests by resource ("org-1/repo-2", "prj_1_1") since the last reset.
+  std::map<std::string, ResourceRequests> resource_requests() const;
 
   // Gives back the unit a kOk admission used (a 304 answer does not count, as on GitHub).
   void refund(Provider provider, int installation);
@@ -129,6 +152,8 @@ class ProviderState {
   int64_t burst_sequence_ = 0;
   FaultCounts fault_counts_;
   RequestCounts request_counts_;
+  std::vector<int64_t> rule_matches_;  // requests matched so far, by faults_.resource_faults index
+  std::map<std::string, ResourceRequests> resource_requests_;
 };
 
 }  // namespace backhaul::sandbox

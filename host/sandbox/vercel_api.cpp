@@ -139,6 +139,26 @@ Response dispatch(const Context& context, const Request& request, Route route, i
   return vercel_error(404, "not_found", "Not Found");
 }
 
+// The project and list a request is about (for resource faults and per-resource counts), when it
+// names a project of `installation`.
+std::optional<Target> target_of(const Context& context, const Request& request, Route route,
+                                int installation) {
+  std::optional<ProjectRef> project;
+  std::string list;
+  if (route.size() == 2 && route[0] == "v6" && route[1] == "deployments") {
+    if (auto id = request.query.get("projectId")) {
+      project = context.data.find_project(installation, *id);
+    }
+    list = "deployments";
+  } else if (route.size() == 3 && route[0] == "v9" && route[1] == "projects") {
+    project = context.data.find_project(installation, route[2]);
+    list = "project";
+  }
+  if (!project || project->installation != installation) return std::nullopt;
+  return Target{installation, DataModel::project_id(*project),
+                DataModel::project_name(project->project), list};
+}
+
 Response answer(const Context& context, const Request& request, Route route,
                 const Admission& admission) {
   switch (admission.verdict) {
@@ -161,6 +181,12 @@ Response answer(const Context& context, const Request& request, Route route,
                           "An unexpected error occurred");
     case Verdict::kOk:
       break;
+  }
+  if (auto target = target_of(context, request, route, admission.installation)) {
+    if (const int status = context.state.visit(Provider::kVercel, *target)) {
+      return vercel_error(status, status == 404 ? "not_found" : "internal_server_error",
+                          "Injected resource fault");
+    }
   }
   return dispatch(context, request, route, admission.installation);
 }

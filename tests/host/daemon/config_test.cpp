@@ -53,6 +53,8 @@ TEST(ConfigTest, MinimalConfigGetsDefaultsAndSecretsFromTheEnvironment) {
   EXPECT_EQ(c.store.backend, "sqlite");
   EXPECT_EQ(c.store.path, "/srv/backhaul/backhaul.db");
   EXPECT_EQ(c.scheduler.workers, 8);
+  EXPECT_EQ(c.scheduler.retry_initial_ms, 1000);
+  EXPECT_EQ(c.pipeline.transient_retries, 2);
   EXPECT_FALSE(c.scheduler.owner.empty());
   EXPECT_EQ(c.pipeline.entity_caps.per_installation, 5);
   EXPECT_EQ(c.pipeline.entity_caps.global, 30);
@@ -71,10 +73,12 @@ TEST(ConfigTest, FullConfigLoads) {
                        {"connectors", {{"github", {{"base_url", "http://127.0.0.1:1/github"}}}}}};
   config["gateway"]["api_key_env"] = "GW_KEY";
   config["admin"].update({{"port", 0}, {"max_connections", 4}, {"audit_log", "/var/log/a.log"}});
-  config["scheduler"] = {
-      {"workers", 2}, {"lease_ms", 5000}, {"heartbeat_ms", 1000}, {"owner", "host-a"}};
+  config["scheduler"] = {{"workers", 2},           {"lease_ms", 5000},    {"heartbeat_ms", 1000},
+                         {"retry_initial_ms", 50}, {"retry_max_ms", 400}, {"owner", "host-a"}};
   config["pipeline"] = {{"entity_caps", {{"per_installation", 2}, {"global", 4}}},
                         {"rate_limit_floor", 0.2},
+                        {"transient_retries", 0},
+                        {"transient_retry_ms", 5},
                         {"gateway_circuit", {{"failure_threshold", 3}, {"open_ms", 1000}}}};
   config["health"] = {{"backlog_threshold", 5}};
   config["shutdown"] = {{"grace_ms", 100}};
@@ -90,6 +94,10 @@ TEST(ConfigTest, FullConfigLoads) {
   EXPECT_EQ(c.admin.port, 0);
   EXPECT_EQ(c.admin.audit_log, std::filesystem::path("/var/log/a.log"));
   EXPECT_EQ(c.scheduler.owner, "host-a");
+  EXPECT_EQ(c.scheduler.retry_initial_ms, 50);
+  EXPECT_EQ(c.scheduler.retry_max_ms, 400);
+  EXPECT_EQ(c.pipeline.transient_retries, 0);
+  EXPECT_EQ(c.pipeline.transient_retry_ms, 5);
   EXPECT_EQ(c.pipeline.entity_caps.per_installation, 2);
   EXPECT_EQ(c.pipeline.run_caps.per_installation, 1);  // untouched default
   EXPECT_DOUBLE_EQ(c.pipeline.rate_limit_floor, 0.2);
@@ -171,6 +179,16 @@ INSTANTIATE_TEST_SUITE_P(
                    c["scheduler"]["heartbeat_ms"] = 2000;
                  },
                  "config: scheduler.heartbeat_ms: must be less than scheduler.lease_ms (2000)"},
+        BadField{"RetryInitialOverMax",
+                 [](json& c) {
+                   c["scheduler"]["retry_initial_ms"] = 2000;
+                   c["scheduler"]["retry_max_ms"] = 1000;
+                 },
+                 "config: scheduler.retry_initial_ms: must not be more than "
+                 "scheduler.retry_max_ms (1000)"},
+        BadField{"TransientRetries", [](json& c) { c["pipeline"]["transient_retries"] = 11; },
+                 "config: pipeline.transient_retries: must be an integer between 0 and 10 (got "
+                 "11)"},
         BadField{"RecoverWithoutOwner",
                  [](json& c) { c["scheduler"]["recover_own_leases"] = true; },
                  "config: scheduler.recover_own_leases: needs scheduler.owner: the default owner "

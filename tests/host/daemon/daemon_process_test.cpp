@@ -1,14 +1,11 @@
 // backhauld as a real process: a bad config exits 2 naming the field, SIGTERM drains and exits 0.
-#include <filesystem>
 #include <fstream>
-#include <random>
-#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_store.h"
-#include "tests/host/daemon/child_process.h"
+#include "tests/host/daemon/process_fixture.h"
 #include "tests/host/sandbox/test_client.h"
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,22 +13,10 @@
 namespace backhaul::daemon::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
-class DaemonProcessTest : public ::testing::Test {
+class DaemonProcessTest : public ProcessTest {
  protected:
-  void SetUp() override {
-    std::random_device random;
-    dir_ = fs::temp_directory_path() / ("backhauld-process-" + std::to_string(random()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
   void write_config(const json& config) { std::ofstream(dir_ / "config.json") << config.dump(); }
 
   json good_config() const {
@@ -48,9 +33,6 @@ class DaemonProcessTest : public ::testing::Test {
                                  (dir_ / "port").string()},
         env, dir_ / "stderr");
   }
-
-  fs::path dir_;
-  std::unique_ptr<ChildProcess> daemon_;
 };
 
 TEST_F(DaemonProcessTest, BadConfigExits2NamingTheField) {
@@ -103,49 +85,23 @@ TEST_F(DaemonProcessTest, ServesThenSigtermStopsWithExit0) {
 // interrupted units without counting an attempt; a restarted daemon finishes the run from the
 // checkpoints and the gateway receives every event.
 TEST_F(DaemonProcessTest, SigtermMidRunReleasesUnitsAndARestartFinishesTheRun) {
-  ChildProcess sandbox(BACKHAUL_SANDBOX_PATH,
-                       {"--port", "0", "--port-file", (dir_ / "sandbox.port").string(), "--repos",
-                        "3", "--items", "200", "--max-per-page", "10", "--slow-ms", "20"},
-                       {}, dir_ / "sandbox.stderr");
-  const uint16_t sandbox_port = sandbox.wait_port(dir_ / "sandbox.port", std::chrono::seconds(30));
-  ASSERT_NE(sandbox_port, 0) << sandbox.stderr_text();
-  const std::string base = "http://127.0.0.1:" + std::to_string(sandbox_port);
-  json config = good_config();
-  config["store"] = {{"path", (dir_ / "jobs.db").string()}};
-  config["plugins"]["connectors"] = {{"github", {{"base_url", base + "/github"}}}};
-  config["gateway"]["url"] = base + "/gateway";
+  ASSERT_NE(
+      start_sandbox({"--repos", "3", "--items", "200", "--max-per-page", "10", "--slow-ms", "20"}),
+      0)
+      << sandbox_->stderr_text();
+  json config = daemon_config();
   config["scheduler"] = {{"workers", 4}, {"heartbeat_ms", 500}};
   config["shutdown"] = {{"grace_ms", 100}};
-  config["pipeline"] = {{"throttle_burst", 100000}};  // 180 pages: stay clear of the throttle
-  write_config(config);
-  const std::vector<std::string> env = {"BACKHAUL_PROCESS_TEST_TOKEN=process-token"};
-  const sandbox::testing::Headers auth = {{"Authorization", "Bearer process-token"}};
-
-  spawn(env);
-  uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
-  ASSERT_NE(port, 0) << daemon_->stderr_text();
-  int64_t run_id = 0;
-  {
-    sandbox::testing::TestClient client(port);
-    const auto started = client.post(
-        "/v1/runs", R"({"installationId":"gh-inst-1","provider":"github","depth":30})", auth);
-    ASSERT_EQ(started.status, 202) << started.body;
-    run_id = started.json()["runId"];
-    // Wait until units are running and have made progress (bounded polling, no fixed sleep).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    bool progressing = false;
-    while (!progressing && std::chrono::steady_clock::now() < deadline) {
-      const json run = client.get("/v1/runs/" + std::to_string(run_id), auth).json();
-      progressing = run.value("pages", 0) >= 3 && run.value("unitsDone", 0) == 0;
-      if (run.value("unitsDone", 0) > 0) break;
-      if (!progressing) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ASSERT_TRUE(progressing) << "the run finished a unit before SIGTERM; make the data larger";
-  }
-  ASSERT_TRUE(daemon_->signal(SIGTERM));
-  const int status = daemon_->wait_exit(std::chrono::seconds(30));
-  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "; " << daemon_->stderr_text();
-  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github");
+  ASSERT_NE(run_id, 0);
+  // Wait until units are running and have made progress (bounded polling, no fixed sleep).
+  const json progressing = wait_run(run_id, [](const json& run) {
+    return run.value("unitsDone", 0) > 0 || run.value("pages", 0) >= 3;
+  });
+  ASSERT_EQ(progressing["unitsDone"], 0)
+      << "the run finished a unit before SIGTERM; make the data larger";
+  EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
 
   {
     auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
@@ -176,27 +132,14 @@ TEST_F(DaemonProcessTest, SigtermMidRunReleasesUnitsAndARestartFinishesTheRun) {
     EXPECT_GT(released_jobs, 0) << daemon_->stderr_text();
   }
 
-  fs::remove(dir_ / "port");
-  spawn(env);  // the same store: the run resumes
-  port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
-  ASSERT_NE(port, 0) << daemon_->stderr_text();
-  sandbox::testing::TestClient client(port);
-  json run;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    run = client.get("/v1/runs/" + std::to_string(run_id), auth).json();
-    const std::string run_status = run.value("status", "");
-    if (run_status == "succeeded" || run_status == "failed" || run_status == "cancelled") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  ASSERT_NE(start_daemon(), 0) << daemon_->stderr_text();  // the same store: the run resumes
+  const json run = wait_finished(run_id, std::chrono::seconds(120));
   ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
-  sandbox::testing::TestClient sandbox_client(sandbox_port);
-  const json report = sandbox_client.get("/_sandbox/report?installation=inst-1").json();
-  const json& github = report["gateway"]["by_provider"]["github"];
-  EXPECT_EQ(github["missing"], 0) << report.dump(2);
-  EXPECT_EQ(github["unexpected"], 0) << report.dump(2);
-  ASSERT_TRUE(daemon_->signal(SIGTERM));
-  EXPECT_NE(daemon_->wait_exit(std::chrono::seconds(30)), -1);
+  const json gateway_report = report("inst-1");
+  const json& github = gateway_report["gateway"]["by_provider"]["github"];
+  EXPECT_EQ(github["missing"], 0) << gateway_report.dump(2);
+  EXPECT_EQ(github["unexpected"], 0) << gateway_report.dump(2);
+  EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
 }
 
 }  // namespace

@@ -2,9 +2,7 @@
 // gateway on 127.0.0.1), the daemon runs in-process with the real connector plugins and a temp
 // SQLite store. The run must end succeeded with counts that match what the sandbox's gateway
 // received.
-#include <filesystem>
-#include <random>
-#include <thread>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -12,62 +10,43 @@
 #include "core/common/logging.h"
 #include "host/daemon/config.h"
 #include "host/daemon/daemon.h"
-#include "tests/host/daemon/child_process.h"
-#include "tests/host/sandbox/test_client.h"
+#include "tests/host/daemon/process_fixture.h"
 
 namespace backhaul::daemon::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 using sandbox::testing::HttpResult;
 using sandbox::testing::TestClient;
 
-constexpr const char* kToken = "run-test-token";
-
-class RunApiTest : public ::testing::Test {
+class RunApiTest : public ProcessTest {
  protected:
   void SetUp() override {
     logging::configure(logging::Format::kText, "warn");
-    std::random_device random;
-    dir_ = fs::temp_directory_path() / ("backhauld-run-" + std::to_string(random()));
-    fs::create_directories(dir_);
-    sandbox_ = std::make_unique<ChildProcess>(
-        BACKHAUL_SANDBOX_PATH,
-        std::vector<std::string>{"--port", "0", "--port-file", (dir_ / "sandbox.port").string(),
-                                 "--installations", "2", "--repos", "2", "--projects", "2",
-                                 "--items", "120", "--max-per-page", "50"},
-        std::vector<std::string>{}, dir_ / "sandbox.stderr");
-    sandbox_port_ = sandbox_->wait_port(dir_ / "sandbox.port", std::chrono::seconds(30));
-    ASSERT_NE(sandbox_port_, 0) << sandbox_->stderr_text();
-    const std::string base = "http://127.0.0.1:" + std::to_string(sandbox_port_);
-
-    const json config = {
-        {"store", {{"path", "jobs.db"}}},
-        {"plugins",
-         {{"directories", {BACKHAUL_TEST_PLUGIN_DIR}},
-          {"connectors",
-           {{"github", {{"base_url", base + "/github"}}},
-            {"vercel", {{"base_url", base + "/vercel"}}}}}}},
-        {"gateway", {{"url", base + "/gateway"}}},
-        {"admin", {{"port", 0}, {"token_env", "RUN_TEST_TOKEN"}}},
-        {"scheduler", {{"workers", 4}, {"heartbeat_ms", 1000}, {"sweep_ms", 1000}}},
-        {"shutdown", {{"grace_ms", 5000}}}};
+    ProcessTest::SetUp();
+    ASSERT_NE(start_sandbox({"--installations", "2", "--repos", "2", "--projects", "2", "--items",
+                             "120", "--max-per-page", "50"}),
+              0)
+        << sandbox_->stderr_text();
+    json config = daemon_config();
+    config["store"]["path"] = "jobs.db";  // relative to the config's directory
+    config["scheduler"] = {{"workers", 4}, {"heartbeat_ms", 1000}, {"sweep_ms", 1000}};
+    config["pipeline"] = json::object();  // the defaults: RateLimitsReadAndReplace reads them
+    config["shutdown"] = {{"grace_ms", 5000}};
     auto env = [](const std::string& name) -> std::optional<std::string> {
-      if (name == "RUN_TEST_TOKEN") return std::string(kToken);
+      if (name == kTokenEnv) return std::string(kToken);
       return std::nullopt;
     };
-    daemon_ = std::make_unique<Daemon>(parse_config(config.dump(), dir_, env));
-    daemon_->start();
-    client_ = std::make_unique<TestClient>(daemon_->port());
+    local_daemon_ = std::make_unique<Daemon>(parse_config(config.dump(), dir_, env));
+    local_daemon_->start();
+    admin_port_ = local_daemon_->port();
+    client_ = std::make_unique<TestClient>(admin_port_);
   }
 
   void TearDown() override {
     client_.reset();
-    daemon_.reset();
-    sandbox_.reset();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    local_daemon_.reset();
+    ProcessTest::TearDown();
   }
 
   HttpResult call(const std::string& method, const std::string& target,
@@ -76,29 +55,7 @@ class RunApiTest : public ::testing::Test {
                             body);
   }
 
-  // Polls the run until it is finished (bounded): completion, not timing, is what is waited for.
-  json wait_finished(int64_t run_id) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    json run;
-    while (std::chrono::steady_clock::now() < deadline) {
-      run = call("GET", "/v1/runs/" + std::to_string(run_id)).json();
-      const std::string status = run.value("status", "");
-      if (status == "succeeded" || status == "failed" || status == "cancelled") return run;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << "run " << run_id << " not finished: " << run.dump();
-    return run;
-  }
-
-  json sandbox_report(const std::string& installation) {
-    TestClient sandbox(sandbox_port_);
-    return sandbox.get("/_sandbox/report?installation=" + installation).json();
-  }
-
-  fs::path dir_;
-  std::unique_ptr<ChildProcess> sandbox_;
-  uint16_t sandbox_port_ = 0;
-  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<Daemon> local_daemon_;  // in-process, on admin_port_
   std::unique_ptr<TestClient> client_;
 };
 
@@ -142,11 +99,11 @@ TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
 
   // Wait for the second run too, if it started, so the gateway's count is final.
   if (again.status == 202) wait_finished(again.json()["runId"]);
-  const json report = sandbox_report("inst-1");
-  const json& github = report["gateway"]["by_provider"]["github"];
-  EXPECT_EQ(github["missing"], 0) << report.dump(2);
-  EXPECT_EQ(github["unexpected"], 0) << report.dump(2);
-  EXPECT_EQ(run["eventsDispatched"], github["unique"]) << report.dump(2);
+  const json gateway_report = report("inst-1");
+  const json& github = gateway_report["gateway"]["by_provider"]["github"];
+  EXPECT_EQ(github["missing"], 0) << gateway_report.dump(2);
+  EXPECT_EQ(github["unexpected"], 0) << gateway_report.dump(2);
+  EXPECT_EQ(run["eventsDispatched"], github["unique"]) << gateway_report.dump(2);
   EXPECT_GT(github["unique"].get<int64_t>(), 0);
 
   const json list = call("GET", "/v1/runs?installationId=gh-inst-1").json();
@@ -176,7 +133,7 @@ TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
 
 TEST_F(RunApiTest, CliRunStartWaitShowsProgressAndExits0OnSuccess) {
   const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
-  const std::string url = "http://127.0.0.1:" + std::to_string(daemon_->port());
+  const std::string url = "http://127.0.0.1:" + std::to_string(local_daemon_->port());
   const CommandResult started =
       run_command(BACKHAUL_CLI_PATH,
                   {"run", "start", "--url", url, "--installation", "vc-inst-1", "--provider",
@@ -190,7 +147,7 @@ TEST_F(RunApiTest, CliRunStartWaitShowsProgressAndExits0OnSuccess) {
   ASSERT_EQ(runs["items"].size(), 1u);
   const std::string id = std::to_string(runs["items"][0]["id"].get<int64_t>());
   EXPECT_EQ(runs["items"][0]["eventsDispatched"],
-            sandbox_report("inst-1")["gateway"]["by_provider"]["vercel"]["unique"]);
+            report("inst-1")["gateway"]["by_provider"]["vercel"]["unique"]);
 
   const CommandResult status =
       run_command(BACKHAUL_CLI_PATH, {"run", "status", id, "--url", url}, env, dir_);
@@ -256,7 +213,7 @@ TEST_F(RunApiTest, RateLimitsReadAndReplace) {
   EXPECT_DOUBLE_EQ(put.json()["throttlePerHour"].get<double>(), 1200);
   EXPECT_EQ(put.json()["entityCaps"]["global"], 12);
   EXPECT_EQ(put.json()["entityCaps"]["perInstallation"], 5);
-  EXPECT_EQ(daemon_->store().caps().at("backfill.entity").global, 12);
+  EXPECT_EQ(local_daemon_->store().caps().at("backfill.entity").global, 12);
   const HttpResult bad = call("PUT", "/v1/rate-limits", R"({"rateLimitFloor":2})");
   EXPECT_EQ(bad.status, 400) << bad.body;
   EXPECT_EQ(bad.json()["error"]["details"]["field"], "rateLimitFloor");

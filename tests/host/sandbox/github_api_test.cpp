@@ -299,6 +299,51 @@ TEST_F(GithubApiTest, FailRateInjectsServerErrorsWithJsonBodies) {
   EXPECT_EQ(sandbox_->report().faults_injected.at("provider_5xx"), 1);
 }
 
+// Resource faults: one repository (by name or id), one list, after `skip` requests, for `count`.
+TEST_F(GithubApiTest, ResourceFaultsFailOneRepositoryOrOnePageAndRequestsAreCountedPerResource) {
+  start(with_items(30));
+  TestClient control(sandbox_->port());
+  HttpResult set = control.post("/_sandbox/faults",
+                                R"({"resource_faults":[{"resource":"org-1/repo-2","status":404},)"
+                                R"({"resource":"100001","list":"releases","skip":1,"count":1}]})");
+  ASSERT_EQ(set.status, 200) << set.body;
+  EXPECT_EQ(set.json()["resource_faults"][1]["status"], 500);
+  HttpResult gone = get("/github/repositories/100002/pulls");
+  EXPECT_EQ(gone.status, 404);
+  EXPECT_EQ(gone.json()["message"], "Not Found");
+  EXPECT_EQ(get("/github/repos/org-1/repo-2").status, 404);
+  EXPECT_EQ(get("/github/repos/org-1/repo-3/pulls").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1/releases?per_page=10&page=1").status, 200);
+  HttpResult failed = get("/github/repositories/100001/releases?per_page=10&page=2");
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_EQ(failed.json()["message"], "Server Error");
+  EXPECT_EQ(get("/github/repositories/100001/releases?per_page=10&page=2").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls").status, 200);
+  // A faulted request gives its rate-limit unit back.
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").header("x-ratelimit-used"), "5");
+
+  const Report report = sandbox_->report();
+  EXPECT_EQ(report.faults_injected.at("resource"), 3);
+  const nlohmann::json requests = control.get("/_sandbox/requests").json()["by_resource"];
+  EXPECT_EQ(requests["org-1/repo-1"],
+            (nlohmann::json{{"releases", 3}, {"pulls", 1}, {"repository", 1}}));
+  EXPECT_EQ(requests["org-1/repo-2"], (nlohmann::json{{"pulls", 1}, {"repository", 1}}));
+  EXPECT_EQ(requests["org-1/repo-3"], (nlohmann::json{{"pulls", 1}}));
+  EXPECT_EQ(control.get("/_sandbox/requests?installation=inst-1").json()["by_resource"], requests);
+
+  EXPECT_EQ(control.post("/_sandbox/faults", R"({"resource_faults":[{"resource":"x","list":"y"}]})")
+                .json()["error"]["message"],
+            "resource_faults[0].list must be one of pulls, issues, releases, repository, "
+            "deployments, project");
+  EXPECT_EQ(
+      control.post("/_sandbox/faults", R"({"resource_faults":[{"resource":"x","page":1}]})").status,
+      400);
+  ASSERT_EQ(control.post("/_sandbox/faults", R"({"resource_faults":[]})").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-2/pulls").status, 200);
+  ASSERT_EQ(control.post("/_sandbox/reset", "").status, 200);
+  EXPECT_EQ(control.get("/_sandbox/requests").json()["by_resource"], nlohmann::json::object());
+}
+
 TEST_F(GithubApiTest, ConditionalRequestGives304WithoutUsingTheRateLimit) {
   start(with_items(10));
   HttpResult first = get("/github/repos/org-1/repo-1/pulls?state=all");

@@ -193,5 +193,26 @@ TEST_F(VercelApiTest, TokenTtlTurnsTokensInvalid) {
   EXPECT_EQ(get("/vercel/v9/projects/prj_1_1").status, 200);
 }
 
+// A resource fault on a project (by name here) fails its deployment list; the set of faults is
+// replaced at runtime through Sandbox::set_faults().
+TEST_F(VercelApiTest, ResourceFaultFailsOneProjectsDeploymentsOnly) {
+  SandboxOptions options = with_items(10);
+  options.projects = 2;
+  options.faults.resource_faults = {{"project-2", "deployments", 0, 2, 503}};
+  start(options);
+  HttpResult failed = get("/vercel/v6/deployments?projectId=prj_1_2");
+  EXPECT_EQ(failed.status, 503);
+  EXPECT_EQ(failed.json()["error"]["code"], "internal_server_error");
+  EXPECT_TRUE(failed.has_header("x-ratelimit-remaining"));
+  EXPECT_EQ(get("/vercel/v9/projects/prj_1_2").status, 200);
+  EXPECT_EQ(get("/vercel/v6/deployments?projectId=prj_1_1").status, 200);
+  EXPECT_EQ(get("/vercel/v6/deployments?projectId=project-2").status, 503);
+  EXPECT_EQ(get("/vercel/v6/deployments?projectId=prj_1_2").status, 200) << "count is 2";
+  EXPECT_EQ(sandbox_->report().faults_injected.at("resource"), 2);
+  Faults none;
+  sandbox_->set_faults(none);
+  EXPECT_EQ(to_json(sandbox_->faults())["resource_faults"], json::array());
+}
+
 }  // namespace
 }  // namespace backhaul::sandbox

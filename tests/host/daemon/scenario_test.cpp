@@ -1,0 +1,474 @@
+// The backfill scenarios of the pipeline (tests/core/pipeline/pipeline_test.cpp runs them
+// in-process on a fake clock) with everything real: backhaul-sandbox and backhauld as processes on
+// 127.0.0.1, runs started and read over the admin API or with the `backhaul` CLI. Each test checks
+// the run's view (GET /v1/runs/{id}) against what the sandbox saw (GET /_sandbox/report and the
+// per-resource request counts of GET /_sandbox/requests).
+#include <thread>
+
+#include <Poco/Data/SQLite/Connector.h>
+#include <Poco/Data/Session.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/jobs/job_store.h"
+#include "tests/host/daemon/process_fixture.h"
+
+namespace backhaul::daemon::testing {
+namespace {
+
+using nlohmann::json;
+
+int64_t pages_for(int64_t entries, int64_t per_page) { return (entries + per_page - 1) / per_page; }
+
+// GitHub list entries per repository for --items n: pulls and releases n, issues n + n/5 (the
+// PR-shaped entries the connector skips); list names as in /_sandbox/requests.
+struct GithubType {
+  const char* entity_type;
+  const char* list;
+  int64_t (*entries)(int64_t items);
+};
+constexpr GithubType kGithubTypes[] = {
+    {"pull_request", "pulls", [](int64_t n) { return n; }},
+    {"issue", "issues", [](int64_t n) { return n + n / 5; }},
+    {"release", "releases", [](int64_t n) { return n; }},
+};
+
+const json& unit_of(const json& run, const std::string& resource_name,
+                    const std::string& entity_type) {
+  for (const json& unit : run["units"]) {
+    if (unit["resourceName"] == resource_name && unit["entityType"] == entity_type) return unit;
+  }
+  static const json none;
+  ADD_FAILURE() << "no unit " << resource_name << " " << entity_type << " in " << run.dump(2);
+  return none;
+}
+
+int64_t count(const json& object, const std::string& key) {
+  return object.contains(key) ? object[key].get<int64_t>() : 0;
+}
+
+// Runs `sql` on the SQLite file at `path` from this process, as any other client of the file
+// could; retries while the daemon holds the write lock (bounded).
+void run_sql(const std::string& path, const std::string& sql) {
+  Poco::Data::SQLite::Connector::registerConnector();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (true) {
+    try {
+      Poco::Data::Session session("SQLite", path);
+      session << sql, Poco::Data::Keywords::now;
+      return;
+    } catch (const Poco::Exception& e) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << sql << ": " << e.displayText();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+class ScenarioTest : public ProcessTest {
+ protected:
+  // Every GitHub unit of a run over `repos` repositories of inst-1 with `items` items in pages of
+  // `per_page`: succeeded, its pages equal to the list pages and to the sandbox's list requests
+  // for its repository (plus `refused` requests for `refused_repo`), its events to the items.
+  void expect_github_units(const json& run, int repos, int64_t items, int64_t per_page,
+                           const std::string& refused_repo = "", int64_t refused = 0) {
+    const json requests = resource_requests();
+    for (int r = 1; r <= repos; ++r) {
+      const std::string repo = "org-1/repo-" + std::to_string(r);
+      for (const GithubType& type : kGithubTypes) {
+        SCOPED_TRACE(repo + " " + type.entity_type);
+        const json& unit = unit_of(run, repo, type.entity_type);
+        EXPECT_EQ(unit["status"], "succeeded") << unit.dump();
+        EXPECT_EQ(unit["pages"], pages_for(type.entries(items), per_page));
+        EXPECT_EQ(unit["pages"].get<int64_t>() + (repo == refused_repo ? refused : 0),
+                  count(requests[repo], type.list))
+            << requests.dump();
+        EXPECT_EQ(unit["eventsProduced"], items);
+        EXPECT_EQ(unit["eventsDispatched"], items);
+      }
+    }
+  }
+};
+
+// 1. Both connectors, side by side: 3 repositories x 3 entity types = 9 GitHub units and 1
+// Vercel unit; every expected delivery exactly once, and the run's counts are the sandbox's.
+TEST_F(ScenarioTest, HappyPathAcrossBothConnectorsDeliversEveryIdExactlyOnce) {
+  constexpr int64_t kItems = 120, kPerPage = 25;
+  ASSERT_NE(start_sandbox({"--repos", "3", "--projects", "1", "--items", std::to_string(kItems),
+                           "--max-per-page", std::to_string(kPerPage)}),
+            0)
+      << sandbox_->stderr_text();
+  ASSERT_NE(start_daemon(daemon_config()), 0) << daemon_->stderr_text();
+  const int64_t github_run = start_run("gh-inst-1", "github");
+  const int64_t vercel_run = start_run("vc-inst-1", "vercel");
+  ASSERT_NE(github_run, 0);
+  ASSERT_NE(vercel_run, 0);
+  const json github = wait_finished(github_run);
+  const json vercel = wait_finished(vercel_run);
+  ASSERT_EQ(github["status"], "succeeded") << github.dump(2);
+  ASSERT_EQ(vercel["status"], "succeeded") << vercel.dump(2);
+
+  EXPECT_EQ(github["unitsTotal"], 9);
+  EXPECT_EQ(github["unitsDone"], 9);
+  EXPECT_EQ(github["unitsFailed"], 0);
+  ASSERT_EQ(github["units"].size(), 9u);
+  expect_github_units(github, 3, kItems, kPerPage);
+  EXPECT_EQ(github["pages"], 3 * (5 + 6 + 5));
+  EXPECT_EQ(github["eventsDispatched"], 9 * kItems);
+
+  EXPECT_EQ(vercel["unitsTotal"], 1);
+  ASSERT_EQ(vercel["units"].size(), 1u);
+  const json& deployments = vercel["units"][0];
+  EXPECT_EQ(deployments["entityType"], "deployment");
+  EXPECT_EQ(deployments["eventsDispatched"], kItems);
+  EXPECT_GE(deployments["pages"].get<int64_t>(), pages_for(kItems, kPerPage));
+  EXPECT_EQ(deployments["pages"], count(resource_requests()["prj_1_1"], "deployments"));
+
+  const json sandbox = report("inst-1");
+  const json& gateway = sandbox["gateway"];
+  EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
+  EXPECT_EQ(gateway["expected"], 10 * kItems);
+  EXPECT_EQ(gateway["unique"], 10 * kItems);
+  EXPECT_EQ(gateway["received"], 10 * kItems) << "every delivery exactly once";
+  EXPECT_EQ(gateway["duplicates"], 0);
+  EXPECT_EQ(gateway["missing"], 0);
+  EXPECT_EQ(gateway["unexpected"], 0);
+  EXPECT_EQ(gateway["by_provider"]["github"]["unique"], github["eventsDispatched"]);
+  EXPECT_EQ(gateway["by_provider"]["vercel"]["unique"], vercel["eventsDispatched"]);
+  EXPECT_EQ(gateway["by_provider"]["github"]["by_event_type"],
+            (json{{"issues", 3 * kItems}, {"pull_request", 3 * kItems}, {"release", 3 * kItems}}));
+  EXPECT_EQ(sandbox_get("/_sandbox/missing?installation=inst-1")["count"], 0);
+  // Provider requests: the pages, plus one scope check per run, nothing else.
+  EXPECT_EQ(sandbox["provider_requests"]["github"], github["pages"].get<int64_t>() + 1);
+  EXPECT_EQ(sandbox["provider_requests"]["vercel"], vercel["pages"].get<int64_t>() + 1);
+  EXPECT_EQ(metric("backhaul_pipeline_pages_total"),
+            github["pages"].get<double>() + vercel["pages"].get<double>());
+  EXPECT_EQ(metric("backhaul_pipeline_events_dispatched_total"), 10.0 * kItems);
+}
+
+// 2. `backhaul run cancel` mid-run: the run ends cancelled, no unit is left to run, the units that
+// had not finished are cancelled, and the gateway stops receiving.
+TEST_F(ScenarioTest, CliCancelMidRunStopsTheRunAndTheGatewayStopsGrowing) {
+  ASSERT_NE(start_sandbox({"--repos", "3", "--projects", "0", "--items", "200", "--max-per-page",
+                           "10", "--slow-ms", "30"}),
+            0)
+      << sandbox_->stderr_text();
+  ASSERT_NE(start_daemon(daemon_config()), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github");
+  ASSERT_NE(run_id, 0);
+  const json before = wait_run(run_id, [](const json& run) {
+    return run.value("eventsDispatched", 0) > 0 || is_finished(run);
+  });
+  ASSERT_EQ(before["status"], "running") << before.dump(2);
+  ASSERT_LT(before["unitsDone"], 9) << "the run must still be going when it is cancelled";
+
+  const CommandResult cancel = cli({"run", "cancel", std::to_string(run_id), "--json"});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.out << cancel.err;
+  const std::string outcome = json::parse(cancel.out)["outcome"];
+  EXPECT_TRUE(outcome == "cancelled" || outcome == "requested") << cancel.out;
+
+  const json run = wait_finished(run_id);
+  ASSERT_EQ(run["status"], "cancelled") << run.dump(2);
+  int cancelled = 0;
+  for (const json& unit : run["units"]) {
+    const std::string status = unit["status"];
+    EXPECT_TRUE(status == "cancelled" || status == "succeeded") << unit.dump();
+    cancelled += status == "cancelled";
+    // A unit that did not finish stopped at a page boundary: part of its items, never more.
+    if (status == "cancelled") {
+      EXPECT_LT(unit["eventsDispatched"], 200) << unit.dump();
+    }
+  }
+  EXPECT_GT(cancelled, 0) << run.dump(2);
+  EXPECT_EQ(run["unitsDone"], 9);
+
+  const json first = report("inst-1");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // would anything still arrive?
+  const json second = report("inst-1");
+  EXPECT_EQ(second["gateway"]["received"], first["gateway"]["received"]);
+  EXPECT_EQ(second["provider_requests"]["github"], first["provider_requests"]["github"]);
+  EXPECT_GT(second["gateway"]["missing"], 0) << "the run was cut short";
+  EXPECT_EQ(second["gateway"]["duplicates"], 0);
+  EXPECT_EQ(run["eventsDispatched"], second["gateway"]["unique"])
+      << "the cancelled units kept the pages they delivered";
+  EXPECT_EQ(get_run(run_id)["status"], "cancelled");
+}
+
+// 3. One repository answers 404 to everything: its 3 units die (FATAL, one attempt) and are
+// reported in the aggregate, the other 6 complete. With the fault gone, `backhaul dlq retry`
+// replays them and the run ends succeeded with exact counts.
+TEST_F(ScenarioTest, AFailingUnitIsReportedAndADlqRetryCompletesTheRun) {
+  constexpr int64_t kItems = 60, kPerPage = 20;
+  ASSERT_NE(start_sandbox({"--repos", "3", "--projects", "0", "--items", std::to_string(kItems),
+                           "--max-per-page", std::to_string(kPerPage)}),
+            0)
+      << sandbox_->stderr_text();
+  ASSERT_EQ(sandbox_post("/_sandbox/faults",
+                         R"({"resource_faults":[{"resource":"org-1/repo-2","status":404}]})")
+                .status,
+            200);
+  ASSERT_NE(start_daemon(daemon_config()), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github");
+  ASSERT_NE(run_id, 0);
+  const json failed = wait_finished(run_id);
+  ASSERT_EQ(failed["status"], "failed") << failed.dump(2);
+  EXPECT_EQ(failed["unitsTotal"], 9);
+  EXPECT_EQ(failed["unitsDone"], 9);
+  EXPECT_EQ(failed["unitsFailed"], 3);
+  for (const json& unit : failed["units"]) {
+    if (unit["resourceName"] == "org-1/repo-2") {
+      EXPECT_EQ(unit["status"], "dead") << unit.dump();
+      EXPECT_EQ(unit["attempts"], 1) << "FATAL: no retry burnt";
+      EXPECT_EQ(unit["eventsDispatched"], 0);
+      EXPECT_NE(unit["error"].get<std::string>().find("404"), std::string::npos) << unit.dump();
+    } else {
+      EXPECT_EQ(unit["status"], "succeeded") << unit.dump();
+      EXPECT_EQ(unit["eventsDispatched"], kItems) << unit.dump();
+    }
+  }
+  EXPECT_EQ(failed["eventsDispatched"], 6 * kItems);
+  json sandbox = report("inst-1");
+  EXPECT_EQ(sandbox["gateway"]["unique"], 6 * kItems);
+  EXPECT_EQ(sandbox["gateway"]["missing"], 3 * kItems);
+  EXPECT_EQ(sandbox["faults_injected"]["resource"], 3);
+
+  const CommandResult letters = cli({"dlq", "list", "--kind", "backfill.entity", "--json"});
+  ASSERT_EQ(letters.exit_code, 0) << letters.err;
+  ASSERT_EQ(json::parse(letters.out)["items"].size(), 3u) << letters.out;
+
+  ASSERT_EQ(sandbox_post("/_sandbox/faults", R"({"resource_faults":[]})").status, 200);
+  const CommandResult retry = cli({"dlq", "retry", "--all", "--kind", "backfill.entity"});
+  ASSERT_EQ(retry.exit_code, 0) << retry.out << retry.err;
+  EXPECT_NE(retry.out.find("retried 3 dead letters"), std::string::npos) << retry.out;
+
+  const json run =
+      wait_run(run_id, [](const json& r) { return r["status"] == "succeeded" && is_finished(r); });
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  EXPECT_EQ(run["unitsFailed"], 0);
+  EXPECT_EQ(run["unitsDone"], 9);
+  // repo-2's lists each had the one request its dead unit made.
+  expect_github_units(run, 3, kItems, kPerPage, "org-1/repo-2", 1);
+  EXPECT_EQ(run["eventsDispatched"], 9 * kItems);
+  sandbox = report("inst-1");
+  EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
+  EXPECT_EQ(sandbox["gateway"]["unique"], 9 * kItems);
+  EXPECT_EQ(sandbox["gateway"]["duplicates"], 0);
+  for (const json& letter : api("GET", "/v1/dead-letters").json()["items"]) {
+    EXPECT_EQ(letter["status"], "resolved") << letter.dump();
+  }
+}
+
+// 4. Tokens die after 7 provider requests: every unit meets a 401 mid-pagination, refreshes its
+// token once and fetches the same page again; the run succeeds with exact counts.
+TEST_F(ScenarioTest, ATokenExpiringMidPaginationIsRefreshedAndTheRunSucceeds) {
+  constexpr int64_t kItems = 100, kPerPage = 10;
+  ASSERT_NE(
+      start_sandbox({"--repos", "1", "--projects", "0", "--items", std::to_string(kItems),
+                     "--max-per-page", std::to_string(kPerPage), "--token-ttl-requests", "7"}),
+      0)
+      << sandbox_->stderr_text();
+  ASSERT_NE(start_daemon(daemon_config()), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github");
+  ASSERT_NE(run_id, 0);
+  const json run = wait_finished(run_id);
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  expect_github_units(run, 1, kItems, kPerPage);
+  for (const json& unit : run["units"]) EXPECT_EQ(unit["attempts"], 1) << "no failed attempt";
+
+  const json sandbox = report();
+  EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
+  EXPECT_EQ(sandbox["gateway"]["duplicates"], 0);
+  const int64_t expired = sandbox["faults_injected"]["token_expired"];
+  // 10 + 12 + 10 pages: each unit's token dies after 7 of its requests.
+  EXPECT_EQ(expired, 1 + 1 + 1) << sandbox.dump(2);
+  EXPECT_EQ(sandbox["provider_requests"]["unauthorized"], expired) << "one 401 per dead token";
+  EXPECT_EQ(metric("backhaul_pipeline_token_refreshes_total"), static_cast<double>(expired));
+  EXPECT_EQ(sandbox["provider_requests"]["github"], run["pages"].get<int64_t>() + 1 + expired)
+      << "every page once, the scope check, and the rejected requests";
+}
+
+// 5. A unit failing at page 40 of 50 resumes at page 40: the sandbox sees 50 list requests plus
+// the one that failed, not 90.
+TEST_F(ScenarioTest, AUnitFailingAtPage40Of50ResumesThere) {
+  ASSERT_NE(
+      start_sandbox({"--repos", "1", "--projects", "0", "--items", "500", "--max-per-page", "10"}),
+      0)
+      << sandbox_->stderr_text();
+  ASSERT_EQ(sandbox_post("/_sandbox/faults", R"({"resource_faults":[{"resource":"org-1/repo-1",)"
+                                             R"("list":"releases","skip":39,"count":1}]})")
+                .status,
+            200);
+  json config = daemon_config();
+  config["pipeline"]["transient_retries"] = 0;  // the 500 fails the attempt at once
+  config["scheduler"]["retry_initial_ms"] = 50;
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github", {"release"});
+  ASSERT_NE(run_id, 0);
+  const json run = wait_finished(run_id);
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  ASSERT_EQ(run["units"].size(), 1u);
+  const json& unit = run["units"][0];
+  EXPECT_EQ(unit["pages"], 50);
+  EXPECT_EQ(unit["eventsDispatched"], 500);
+
+  const json requests = resource_requests()["org-1/repo-1"];
+  EXPECT_EQ(requests["releases"], 50 + 1) << "every page once, plus page 40 again";
+  EXPECT_EQ(requests["repository"], 1) << "the scope check";
+  const json sandbox = report("inst-1");
+  EXPECT_EQ(sandbox["faults_injected"]["resource"], 1);
+  EXPECT_EQ(sandbox["gateway"]["unique"], 500);
+  EXPECT_EQ(sandbox["gateway"]["duplicates"], 0) << "no page was delivered twice";
+
+  const json job = api("GET", "/v1/jobs/" + std::to_string(unit["jobId"].get<int64_t>())).json();
+  ASSERT_EQ(job["attemptHistory"].size(), 2u) << job.dump(2);
+  EXPECT_EQ(job["attemptHistory"][0]["outcome"], "failed");
+  EXPECT_NE(job["attemptHistory"][0]["error"].get<std::string>().find("500"), std::string::npos)
+      << job.dump(2);
+  EXPECT_EQ(job["attemptHistory"][1]["outcome"], "succeeded") << job.dump(2);
+}
+
+// 6. Tenancy: inst-1 has 8 repositories (24 units), inst-2 one (3 units); with 2 running units per
+// installation (daemon config), the small run finishes while the huge one is still going.
+TEST_F(ScenarioTest, ASmallInstallationFinishesWhileAHugeOneIsStillRunning) {
+  ASSERT_NE(start_sandbox({"--installations", "2", "--repos", "1", "--first-installation-repos",
+                           "8", "--projects", "0", "--items", "100", "--max-per-page", "10",
+                           "--slow-ms", "15"}),
+            0)
+      << sandbox_->stderr_text();
+  json config = daemon_config();
+  config["pipeline"]["entity_caps"] = {{"per_installation", 2}, {"global", 30}};
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  const int64_t huge = start_run("gh-inst-1", "github");
+  const int64_t small = start_run("gh-inst-2", "github");
+  ASSERT_NE(huge, 0);
+  ASSERT_NE(small, 0);
+
+  const json small_run = wait_finished(small);
+  const json huge_then = get_run(huge);
+  ASSERT_EQ(small_run["status"], "succeeded") << small_run.dump(2);
+  EXPECT_EQ(small_run["unitsDone"], 3);
+  EXPECT_EQ(huge_then["status"], "running") << huge_then.dump(2);
+  EXPECT_LT(huge_then["unitsDone"], 24) << "the small run did not wait for the huge one";
+
+  const json huge_run = wait_finished(huge);
+  ASSERT_EQ(huge_run["status"], "succeeded") << huge_run.dump(2);
+  EXPECT_EQ(huge_run["unitsTotal"], 24);
+  EXPECT_EQ(huge_run["eventsDispatched"], 24 * 100);
+  EXPECT_EQ(small_run["eventsDispatched"], 3 * 100);
+  for (const char* installation : {"inst-1", "inst-2"}) {
+    const json sandbox = report(installation);
+    EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
+    EXPECT_EQ(sandbox["gateway"]["duplicates"], 0);
+  }
+  ASSERT_TRUE(stop_daemon()) << daemon_->stderr_text();
+  auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
+  EXPECT_EQ(store->max_running_seen("backfill.entity", "gh-inst-1"), 2) << "the cap held";
+  EXPECT_GE(store->max_running_seen("backfill.entity", "gh-inst-2"), 1);
+  EXPECT_LE(store->max_running_seen("backfill.entity", "gh-inst-2"), 2);
+}
+
+// 7. A small provider rate limit (30 requests per 2 s window): units wait for the reset when fewer
+// than 10% are left, as a run-after (no failed attempt), and the provider never has to refuse a
+// request.
+TEST_F(ScenarioTest, ALowRateLimitMakesUnitsWaitForTheResetWithoutEverHittingIt) {
+  constexpr int64_t kItems = 150, kPerPage = 10;
+  ASSERT_NE(start_sandbox({"--repos", "1", "--projects", "0", "--items", std::to_string(kItems),
+                           "--max-per-page", std::to_string(kPerPage), "--rate-limit", "30",
+                           "--rate-window-s", "2"}),
+            0)
+      << sandbox_->stderr_text();
+  ASSERT_NE(start_daemon(daemon_config()), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github");
+  ASSERT_NE(run_id, 0);
+  const json run = wait_finished(run_id);
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  expect_github_units(run, 1, kItems, kPerPage);
+  // 15 + 18 + 15 pages and a scope check: 49 requests need at least two windows of 30.
+  EXPECT_GE(run["rateLimitWaits"].get<int64_t>(), 1) << run.dump(2);
+  for (const json& unit : run["units"]) EXPECT_EQ(unit["attempts"], 1) << unit.dump();
+  EXPECT_GE(metric("backhaul_pipeline_rate_limit_waits_total"), 1.0);
+
+  const json sandbox = report("inst-1");
+  EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
+  EXPECT_EQ(sandbox["gateway"]["duplicates"], 0);
+  EXPECT_EQ(sandbox["faults_injected"]["rate_limited"], 0) << "never ran into the limit";
+  EXPECT_EQ(sandbox["provider_requests"]["github"], run["pages"].get<int64_t>() + 1)
+      << "no request was refused and made again";
+}
+
+// 8. Provider 5xx (10%), gateway 5xx (10%) and 429 bursts together: the run still succeeds with
+// every expected id and exact counts.
+TEST_F(ScenarioTest, UnderProviderAndGatewayFaultsTheRunSucceedsWithExactCounts) {
+  constexpr int64_t kItems = 150;
+  ASSERT_NE(
+      start_sandbox({"--repos", "2", "--projects", "0", "--items", std::to_string(kItems),
+                     "--max-per-page", "10", "--fail-rate", "0.1", "--gateway-fail-rate", "0.1",
+                     "--burst-429-every", "15", "--burst-len", "1", "--retry-after", "1"}),
+      0)
+      << sandbox_->stderr_text();
+  json config = daemon_config();
+  config["pipeline"]["transient_retries"] = 3;
+  config["pipeline"]["transient_retry_ms"] = 5;
+  config["pipeline"]["provider_circuit"] = {{"failure_threshold", 5}, {"open_ms", 100}};
+  config["pipeline"]["gateway_circuit"] = {{"failure_threshold", 5}, {"open_ms", 100}};
+  config["scheduler"]["retry_initial_ms"] = 50;
+  config["scheduler"]["retry_max_ms"] = 200;
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  const int64_t run_id = start_run("gh-inst-1", "github");
+  ASSERT_NE(run_id, 0);
+  const json run = wait_finished(run_id);
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  EXPECT_EQ(run["unitsTotal"], 6);
+  for (const json& unit : run["units"]) {
+    EXPECT_EQ(unit["status"], "succeeded") << unit.dump();
+    EXPECT_EQ(unit["eventsDispatched"], kItems) << unit.dump();
+  }
+  EXPECT_EQ(run["eventsDispatched"], 6 * kItems);
+
+  const json sandbox = report("inst-1");
+  EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
+  EXPECT_EQ(sandbox["gateway"]["unique"], 6 * kItems);
+  EXPECT_EQ(sandbox["gateway"]["unexpected"], 0);
+  EXPECT_EQ(run["eventsDispatched"], sandbox["gateway"]["unique"])
+      << "a page fetched again is not counted twice";
+  EXPECT_GT(sandbox["faults_injected"]["provider_5xx"], 0) << sandbox.dump(2);
+  EXPECT_GT(sandbox["faults_injected"]["gateway_5xx"], 0) << sandbox.dump(2);
+  EXPECT_GT(sandbox["faults_injected"]["burst_429"], 0) << sandbox.dump(2);
+  EXPECT_GT(metric("backhaul_pipeline_transient_retries_total"), 0.0);
+}
+
+// 9. /health/ready answers 503 naming "store" while the store cannot answer its queries (here the
+// jobs table is renamed away under the running daemon by another client of the SQLite file), and
+// 200 again once it can. The daemon itself keeps running.
+TEST_F(ScenarioTest, ReadyAnswers503NamingTheStoreWhileTheStoreIsUnusable) {
+  ASSERT_NE(start_daemon(daemon_config()), 0) << daemon_->stderr_text();
+  sandbox::testing::TestClient client(admin_port_);
+  const sandbox::testing::HttpResult healthy = client.get("/health/ready");
+  ASSERT_EQ(healthy.status, 200) << healthy.body;
+  EXPECT_EQ(healthy.json()["components"]["store"]["status"], "healthy");
+
+  const std::string db = (dir_ / "jobs.db").string();
+  run_sql(db, "ALTER TABLE jobs RENAME TO jobs_moved_away");
+  const sandbox::testing::HttpResult broken = client.get("/health/ready");
+  EXPECT_EQ(broken.status, 503) << broken.body;
+  const json body = broken.json();
+  EXPECT_EQ(body["status"], "unhealthy");
+  EXPECT_EQ(body["failing"], json::array({"store"})) << broken.body;
+  EXPECT_EQ(body["components"]["store"]["status"], "unhealthy");
+  EXPECT_NE(body["components"]["store"]["error"].get<std::string>().find("no such table: jobs"),
+            std::string::npos)
+      << broken.body;
+  EXPECT_EQ(body["components"]["plugins"]["status"], "healthy") << "only the store is named";
+  EXPECT_EQ(client.get("/health/live").status, 200) << "alive, not ready";
+
+  run_sql(db, "ALTER TABLE jobs_moved_away RENAME TO jobs");
+  const sandbox::testing::HttpResult recovered = client.get("/health/ready");
+  EXPECT_EQ(recovered.status, 200) << recovered.body;
+  EXPECT_EQ(recovered.json()["status"], "healthy");
+  EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+}  // namespace
+}  // namespace backhaul::daemon::testing
