@@ -11,6 +11,9 @@
 //                 each after the previous one finished and the claim loop went idle (the
 //                 scheduler's default 200 ms poll: only the in-process wakeup makes it fast);
 //                 prints p50/p99/max of (handler start - enqueue call).
+// --processes P (W1): after the enqueue, P worker processes (this program with --worker-of) share
+// the processing on one store, as P daemons on one MySQL server would; the figures cover them
+// all (handler calls and CPU summed, first claim = the earliest of theirs).
 // --keys K spreads W1's jobs over K concurrency keys; --per-key-cap/--global-cap set exact caps
 // on the bench kind (to measure what caps cost).
 // Every acknowledgement is durable (SQLite synchronous=FULL, InnoDB flush_log_at_trx_commit=1).
@@ -18,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -29,6 +33,8 @@
 #include "core/jobs/scheduler.h"
 #include "host/bench/bench.h"
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace backhaul::bench {
 namespace {
@@ -49,6 +55,8 @@ struct QueueOptions {
   int keys = 1;
   int per_key_cap = 0;
   int global_cap = 0;
+  int processes = 1;
+  std::string worker_of;  // internal: run as one of --processes' workers for this kind
 };
 
 // The peers' payload: compact JSON of exactly 200 bytes.
@@ -93,6 +101,17 @@ OpenStore open_store(const QueueOptions& o) {
     out.store = jobs::open_mysql_store(o.mysql, static_cast<size_t>(o.concurrency) + 4);
   } else {
     throw std::runtime_error("--store sqlite|mysql");
+  }
+  return out;
+}
+
+// A worker process opens the store the parent filled (never deletes the SQLite file).
+OpenStore open_store_existing(const QueueOptions& o) {
+  OpenStore out;
+  if (o.store == "sqlite") {
+    out.store = jobs::open_sqlite_store(o.sqlite_path);
+  } else {
+    out.store = jobs::open_mysql_store(o.mysql, static_cast<size_t>(o.concurrency) + 4);
   }
   return out;
 }
@@ -166,8 +185,108 @@ void run_latency(const QueueOptions& o) {
   close_store(opened);
 }
 
+jobs::SchedulerOptions throughput_options(const QueueOptions& o) {
+  jobs::SchedulerOptions so;
+  so.owner = "bench-" + std::to_string(::getpid());
+  so.workers = o.concurrency;
+  so.claim_batch = static_cast<size_t>(o.claim_batch > 0 ? o.claim_batch : o.concurrency);
+  so.prefetch = o.prefetch;
+  so.idle_poll_ms = 5;
+  so.retry = {0, 2.0, 0};  // immediate retry, like the peers' smallest backoff
+  return so;
+}
+
+std::atomic<bool> g_worker_stop{false};
+
+// One of --processes' workers: runs the kind's W1 handler until SIGTERM, then prints its handler
+// calls, the steady-clock time of its first call (CLOCK_MONOTONIC, the same in every process)
+// and its CPU seconds.
+void run_worker(const QueueOptions& o) {
+  std::signal(SIGTERM, [](int) { g_worker_stop = true; });
+  OpenStore opened = open_store_existing(o);
+  SystemClock clock;
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> first_ns{0};
+  jobs::Scheduler scheduler(*opened.store, clock, throughput_options(o));
+  scheduler.register_handler(o.worker_of, [&](jobs::JobContext&) {
+    int64_t zero = 0;
+    if (calls++ == 0) {
+      first_ns.compare_exchange_strong(zero, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 Steady::now().time_since_epoch())
+                                                 .count());
+    }
+    return jobs::Outcome::complete();
+  });
+  scheduler.start();
+  while (!g_worker_stop) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  scheduler.drain(std::chrono::milliseconds(1000));
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  std::cout << nlohmann::json{{"calls", calls.load()},
+                              {"first_ns", first_ns.load()},
+                              {"cpu_s", cpu_seconds(self)},
+                              {"rss_kb", self.ru_maxrss}}
+                   .dump()
+            << std::endl;
+}
+
+struct Worker {
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout
+};
+
+Worker spawn_worker(const QueueOptions& o, const std::string& kind) {
+  std::vector<std::string> args = {"backhaul-bench", "queue",
+                                   "--worker-of",    kind,
+                                   "--store",        o.store,
+                                   "--concurrency",  std::to_string(o.concurrency),
+                                   "--claim-batch",  std::to_string(o.claim_batch),
+                                   "--prefetch",     std::to_string(o.prefetch)};
+  if (o.store == "mysql") args.insert(args.end(), {"--mysql", o.mysql});
+  if (o.store == "sqlite") args.insert(args.end(), {"--sqlite-path", o.sqlite_path});
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+nlohmann::json finish_worker(Worker& w) {
+  ::kill(w.pid, SIGTERM);
+  std::string text;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(w.out, buffer, sizeof buffer)) > 0)
+    text.append(buffer, static_cast<size_t>(n));
+  ::close(w.out);
+  int status = 0;
+  ::waitpid(w.pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || text.empty()) {
+    throw std::runtime_error("worker process " + std::to_string(w.pid) + " failed");
+  }
+  return nlohmann::json::parse(text);
+}
+
 void run(const QueueOptions& o) {
+  if (!o.worker_of.empty()) return run_worker(o);
   if (o.workload == "latency") return run_latency(o);
+  if (o.processes > 1 && o.workload != "lifecycle") {
+    throw std::runtime_error("--processes is for the lifecycle workload");
+  }
+  if (o.processes > 1 && o.store == "sqlite" && o.sqlite_path.empty()) {
+    throw std::runtime_error("--processes with sqlite needs --sqlite-path");
+  }
   const bool w2 = o.workload == "retries";
   if (!w2 && o.workload != "lifecycle") {
     throw std::runtime_error("--workload lifecycle|retries|latency");
@@ -186,13 +305,7 @@ void run(const QueueOptions& o) {
   Steady::time_point t_first;
   std::mutex first_mutex;
 
-  jobs::SchedulerOptions so;
-  so.owner = "bench-" + std::to_string(::getpid());
-  so.workers = o.concurrency;
-  so.claim_batch = static_cast<size_t>(o.claim_batch > 0 ? o.claim_batch : o.concurrency);
-  so.prefetch = o.prefetch;
-  so.idle_poll_ms = 5;
-  so.retry = {0, 2.0, 0};  // immediate retry, like the peers' smallest backoff
+  const jobs::SchedulerOptions so = throughput_options(o);
   jobs::Scheduler scheduler(*store, clock, so);
   scheduler.register_handler(kind, [&](jobs::JobContext& c) {
     if (!first_seen.exchange(true)) {
@@ -220,7 +333,12 @@ void run(const QueueOptions& o) {
   }
   auto t_enq = Steady::now();
 
-  scheduler.start();
+  std::vector<Worker> workers;
+  if (o.processes > 1) {
+    for (int p = 0; p < o.processes; ++p) workers.push_back(spawn_worker(o, kind));
+  } else {
+    scheduler.start();
+  }
   auto t_start = Steady::now();
   const int64_t want_done = w2 ? n - n / 100 : n;
   const int64_t want_dead = w2 ? n / 100 : 0;
@@ -229,8 +347,10 @@ void run(const QueueOptions& o) {
   // own state every 20 ms; tEnd is the first poll that shows the final state (the check too).
   // Waiting for the handlers is an in-process counter, so it costs the workers nothing.
   const int64_t expected_calls = w2 ? n + n / 5 + 2 * (n / 100) : n;
-  while (handler_calls.load() < expected_calls && seconds(t0, Steady::now()) < 600)
+  while (workers.empty() && handler_calls.load() < expected_calls &&
+         seconds(t0, Steady::now()) < 600) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   for (;;) {
     auto counts = store->counts();
     done = counts[{kind, JobStatus::kSucceeded}];
@@ -244,6 +364,19 @@ void run(const QueueOptions& o) {
 
   rusage self{};
   getrusage(RUSAGE_SELF, &self);
+  double workers_cpu_s = 0;
+  int64_t workers_rss_kb = 0;
+  for (Worker& w : workers) {
+    nlohmann::json report = finish_worker(w);
+    handler_calls += report["calls"].get<int64_t>();
+    workers_cpu_s += report["cpu_s"].get<double>();
+    workers_rss_kb = std::max(workers_rss_kb, report["rss_kb"].get<int64_t>());
+    const Steady::time_point first{std::chrono::nanoseconds(report["first_ns"].get<int64_t>())};
+    if (report["calls"].get<int64_t>() > 0 && (!first_seen || first < t_first)) {
+      t_first = first;
+      first_seen = true;
+    }
+  }
   const bool ok = done == want_done && dead == want_dead && handler_calls == expected_calls;
   double process_s = seconds(t_first, t_end);
   double e2e = seconds(t0, t_end);
@@ -261,7 +394,9 @@ void run(const QueueOptions& o) {
       {"server_rss_kb", nullptr},  // embedded (SQLite) or measured separately (MariaDB)
       {"client_rss_kb", self.ru_maxrss},
       {"server_cpu_s", nullptr},
-      {"client_cpu_s", cpu_seconds(self)},
+      {"client_cpu_s", cpu_seconds(self) + workers_cpu_s},
+      {"processes", o.processes},
+      {"worker_rss_kb", workers.empty() ? nlohmann::json(nullptr) : nlohmann::json(workers_rss_kb)},
       {"ok", ok},
       {"completed", done},
       {"dead", dead},
@@ -307,6 +442,10 @@ void add_queue_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--per-key-cap", o->per_key_cap, "exact cap per key (0 = none)");
   cmd->add_option("--global-cap", o->global_cap, "exact cap for the kind (0 = none)");
+  cmd->add_option("--processes", o->processes, "worker processes sharing the store (W1)")
+      ->capture_default_str();
+  cmd->add_option("--worker-of", o->worker_of, "internal: worker process for this job kind")
+      ->group("");
   cmd->callback([o] { run(*o); });
 }
 
