@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/common/json_check.h"
+
 namespace backhaul::gateway {
 namespace {
 
@@ -138,7 +140,7 @@ std::string GatewayClient::delivery_body(const Delivery& d) const {
 }
 
 DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery& delivery) const {
-  if (!json::accept(delivery.payload_json)) {
+  if (!is_json(delivery.payload_json)) {
     throw GatewayError(
         "delivery " + std::string(delivery.delivery_id) + ": payload is not valid JSON", 0, false);
   }

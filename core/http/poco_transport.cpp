@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <istream>
 #include <map>
@@ -9,6 +10,7 @@
 #include <ostream>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,7 @@
 #include <Poco/Timespan.h>
 
 #include "core/common/redact.h"
+#include <sys/socket.h>
 
 // How an exchange runs:
 //   1. The URL and headers are checked before any I/O (RequestError).
@@ -287,6 +290,29 @@ class PooledSession {
   // True when the idle connection is open and the server has sent nothing since the last
   // response: a readable idle socket means EOF, a reset or stray bytes, all of them unusable.
   virtual bool usable_when_idle() = 0;
+
+  // The socket's send and receive timeouts as last set (0 = never): each change is a system
+  // call, so a kept-alive connection keeps them while they stay within a tenth of what the
+  // current request has left (a deadline is overrun by at most that).
+  void set_receive_timeout(milliseconds left) {
+    if (close_enough(receive_timeout_, left)) return;
+    http().socket().setReceiveTimeout(to_timespan(left));
+    receive_timeout_ = left;
+  }
+  void set_send_timeout(milliseconds left) {
+    if (close_enough(send_timeout_, left)) return;
+    http().socket().setSendTimeout(to_timespan(left));
+    send_timeout_ = left;
+  }
+  // A new socket (Poco reconnects by itself) starts without our timeouts.
+  void forget_timeouts() { receive_timeout_ = send_timeout_ = milliseconds(0); }
+
+ private:
+  static bool close_enough(milliseconds set, milliseconds left) {
+    return set.count() > 0 && set >= left && set - left <= left / 10;
+  }
+  milliseconds receive_timeout_{0};
+  milliseconds send_timeout_{0};
 };
 
 // Counts every TCP connection the Poco session opens, including the reconnects Poco makes by
@@ -307,26 +333,29 @@ class CountingSession final : public PocoSession, public PooledSession {
   }
 
   bool usable_when_idle() override {
-    return this->connected() && this->buffered() == 0 &&
-           !this->socket().poll(Poco::Timespan(0),
-                                Poco::Net::Socket::SELECT_READ | Poco::Net::Socket::SELECT_ERROR);
+    if (!this->connected() || this->buffered() != 0) return false;
+    if constexpr (std::is_same_v<PocoSession, Poco::Net::HTTPClientSession>) {
+      // Plain TCP: one non-blocking peek (Poco's poll() costs four system calls). 0 = EOF,
+      // > 0 = stray bytes, EAGAIN = open and quiet.
+      char byte;
+      const ssize_t n = ::recv(this->socket().impl()->sockfd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    } else {
+      return !this->socket().poll(Poco::Timespan(0),
+                                  Poco::Net::Socket::SELECT_READ | Poco::Net::Socket::SELECT_ERROR);
+    }
   }
 
  protected:
   void connect(const Poco::Net::SocketAddress& address) override {
     PocoSession::connect(address);
+    this->forget_timeouts();
     opened_.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
   std::atomic<size_t>& opened_;
 };
-
-void set_io_timeouts(Poco::Net::HTTPClientSession& session, milliseconds left) {
-  const Poco::Timespan timeout = to_timespan(left);
-  session.socket().setReceiveTimeout(timeout);
-  session.socket().setSendTimeout(timeout);
-}
 
 // A failed stream operation: the socket error Poco stored, or a generic one.
 void check(const std::ios& stream, const Poco::Net::HTTPClientSession& session) {
@@ -484,7 +513,8 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   pooled.connect_now();
 
   progress.phase = Phase::kSending;
-  set_io_timeouts(session, remaining(deadline));
+  pooled.set_send_timeout(remaining(deadline));
+  pooled.set_receive_timeout(remaining(deadline));
   Poco::Net::HTTPRequest poco_request(request.method, target.request_target,
                                       Poco::Net::HTTPMessage::HTTP_1_1);
   bool has_user_agent = false;
@@ -512,7 +542,7 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   check(out, session);
 
   progress.phase = Phase::kWaiting;
-  session.socket().setReceiveTimeout(to_timespan(remaining(deadline)));
+  pooled.set_receive_timeout(remaining(deadline));
   RecordingResponse response(progress);
   std::istream* body_stream = &session.receiveResponse(response);
   // Poco skips 100 Continue itself; other interim responses (103 Early Hints) are skipped here.
@@ -543,7 +573,7 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
     in.exceptions(std::ios::badbit);  // socket and chunk-format errors leave as Poco exceptions
     char buffer[kReadChunk];
     do {
-      session.socket().setReceiveTimeout(to_timespan(remaining(deadline)));
+      pooled.set_receive_timeout(remaining(deadline));
       in.read(buffer, kReadChunk);
       const auto n = static_cast<size_t>(in.gcount());
       if (result.body.size() + n > limit) throw too_large();

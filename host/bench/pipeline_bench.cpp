@@ -152,17 +152,21 @@ struct PipelineOptions {
   std::string plugin_dir = BACKHAUL_BENCH_PLUGIN_DIR;
 };
 
-// Raw rate of POST /gateway/webhooks/github with distinct delivery ids, measured with wrk.
-std::optional<double> wrk_posts_per_s(const std::string& url, int seconds, const fs::path& dir) {
+// Raw rate of POST /gateway/webhooks/github measured with wrk: `prefix` + a distinct delivery id +
+// `suffix` as the body of every request.
+std::optional<double> wrk_posts_per_s(const std::string& url, int seconds, const fs::path& dir,
+                                      const std::string& prefix, const std::string& suffix) {
   if (std::system("command -v wrk >/dev/null 2>&1") != 0) return std::nullopt;
+  // Lua long brackets hold any text that does not contain their closing bracket.
+  std::string level = "=";
+  while ((prefix + suffix).find("]" + level + "]") != std::string::npos) level += "=";
   fs::path script = dir / "post.lua";
-  std::ofstream(script) << R"(
-counter = 0
+  std::ofstream(script) << "counter = 0\nprefix = [" << level << "[" << prefix << "]" << level
+                        << "]\nsuffix = [" << level << "[" << suffix << "]" << level << "]\n"
+                        << R"(
 request = function()
   counter = counter + 1
-  local body = '{"connectionId":"gh-inst-1","orgId":"org-1","deliveryId":"wrk-' ..
-    math.random(1, 1000000000) .. '-' .. counter ..
-    '","eventType":"issues","payload":{"action":"opened","issue":{"id":1}},"receivedAt":0}'
+  local body = prefix .. "wrk-" .. math.random(1, 1000000000) .. "-" .. counter .. suffix
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
 end
 )";
@@ -178,6 +182,24 @@ end
     if (std::regex_search(line, m, rps)) return std::stod(m[1]);
   }
   return std::nullopt;
+}
+
+// A body the pipeline really sent (the sandbox keeps the first one), split around its delivery
+// id, so that wrk posts the same events; nullopt when the sandbox has none.
+std::optional<std::pair<std::string, std::string>> event_template(http::Transport& transport,
+                                                                  const std::string& sandbox_url) {
+  http::Request request;
+  request.url = sandbox_url + "/_sandbox/sample-webhook?provider=github";
+  http::Response response = transport.perform(request);
+  if (response.status != 200) return std::nullopt;
+  const json body = json::parse(response.body, nullptr, false);
+  if (!body.is_object() || !body.contains("deliveryId")) return std::nullopt;
+  const std::string id = body["deliveryId"].get<std::string>();
+  const std::string field = "\"deliveryId\":\"" + id + "\"";
+  const size_t at = response.body.find(field);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t id_at = at + field.size() - id.size() - 1;
+  return std::make_pair(response.body.substr(0, id_at), response.body.substr(id_at + id.size()));
 }
 
 void run(const PipelineOptions& o) {
@@ -273,8 +295,17 @@ void run(const PipelineOptions& o) {
   json report = json::parse(api.transport.perform(report_request).body, nullptr, false);
   const int stop_status = daemon.stop(SIGTERM);
 
-  std::optional<double> raw =
-      wrk_posts_per_s(sandbox_url + "/gateway/webhooks/github", o.wrk_seconds, dir);
+  // The gateway's raw rate on the events the pipeline sent (same bodies), and on a minimal event.
+  const std::string hooks = sandbox_url + "/gateway/webhooks/github";
+  std::optional<double> raw;
+  std::size_t event_bytes = 0;
+  if (auto tpl = event_template(api.transport, sandbox_url)) {
+    event_bytes = tpl->first.size() + tpl->second.size() + 24;  // + a wrk-style delivery id
+    raw = wrk_posts_per_s(hooks, o.wrk_seconds, dir, tpl->first, tpl->second);
+  }
+  std::optional<double> raw_small = wrk_posts_per_s(
+      hooks, o.wrk_seconds, dir, R"({"connectionId":"gh-inst-1","orgId":"org-1","deliveryId":")",
+      R"(","eventType":"issues","payload":{"action":"opened","issue":{"id":1}},"receivedAt":0})");
   json line = {
       {"bench", "pipeline"},
       {"status", view.value("status", "")},
@@ -296,7 +327,9 @@ void run(const PipelineOptions& o) {
       {"daemon_exit_on_sigterm",
        WIFEXITED(stop_status) ? json(WEXITSTATUS(stop_status)) : json("signal")},
       {"gateway_complete", report.is_object() && report.value("complete", false)},
+      {"event_bytes", event_bytes},
       {"gateway_raw_posts_per_s", raw ? json(*raw) : json(nullptr)},
+      {"gateway_raw_small_posts_per_s", raw_small ? json(*raw_small) : json(nullptr)},
       {"events_per_s_vs_raw", raw && *raw > 0 ? json(events / run_s / *raw) : json(nullptr)}};
   std::cout << line.dump() << std::endl;
 }

@@ -63,6 +63,17 @@ Response missing_ids(const Context& context, const Request& request,
   return json_response(200, {{"count", report.gateway.missing}, {"ids", ids}});
 }
 
+// The first webhook body the gateway accepted for ?provider=github|vercel, verbatim.
+Response sample_webhook(const Context& context, const Request& request) {
+  auto provider = parse_provider(request.query.get("provider").value_or(""));
+  if (!provider) return control_error(400, "bad_request", "provider must be github or vercel");
+  auto body = context.deliveries.sample(*provider);
+  if (!body) return control_error(404, "not_found", "no webhook accepted for this provider yet");
+  Response response;
+  response.body = std::move(*body);
+  return response;
+}
+
 Response faults_route(const Context& context, const Request& request) {
   if (request.method == "POST") {
     const json patch = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
@@ -172,6 +183,7 @@ Response handle_control(const Context& context, const Request& request, Route ro
   if (name == "missing" && get) return missing_ids(context, request, installation);
   if (name == "requests" && get) return resource_requests(context, installation);
   if (name == "faults" && (get || post)) return faults_route(context, request);
+  if (name == "sample-webhook" && get) return sample_webhook(context, request);
   if (name == "reset" && post) {
     context.deliveries.reset();
     context.state.reset();

@@ -87,8 +87,26 @@ std::vector<std::string> DeliveryStore::missing(std::optional<int> installation,
   return result;
 }
 
+void DeliveryStore::keep_sample(Provider provider, std::string_view body) {
+  const size_t p = provider_index(provider);
+  if (sampled_[p].load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(mutex_);
+  if (samples_[p]) return;
+  samples_[p] = std::string(body);
+  sampled_[p] = true;
+}
+
+std::optional<std::string> DeliveryStore::sample(Provider provider) const {
+  std::lock_guard lock(mutex_);
+  return samples_[provider_index(provider)];
+}
+
 void DeliveryStore::reset() {
   std::lock_guard lock(mutex_);
+  for (size_t p = 0; p < samples_.size(); ++p) {
+    samples_[p].reset();
+    sampled_[p] = false;
+  }
   received_.clear();
   std::fill(tallies_.begin(), tallies_.end(), std::array<DeliveryTally, 2>{});
   event_types_.clear();

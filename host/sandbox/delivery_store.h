@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -53,6 +54,11 @@ class DeliveryStore {
   // Up to `limit` expected ids not received yet, for one installation or all, in data order.
   std::vector<std::string> missing(std::optional<int> installation, size_t limit) const;
 
+  // The first accepted body per provider, kept verbatim: a representative event for load tools
+  // (the pipeline benchmark posts it with wrk to measure the gateway's raw rate on real events).
+  void keep_sample(Provider provider, std::string_view body);
+  std::optional<std::string> sample(Provider provider) const;
+
   void reset();
 
  private:
@@ -69,6 +75,8 @@ class DeliveryStore {
   std::map<std::pair<int, std::string>, std::array<int64_t, 2>> event_types_;
   std::vector<std::pair<int, std::string>> unexpected_sample_;
   int64_t invalid_ = 0;
+  std::array<std::optional<std::string>, 2> samples_;
+  std::array<std::atomic<bool>, 2> sampled_{};  // samples_[p] is set (checked without the lock)
 };
 
 }  // namespace backhaul::sandbox

@@ -78,6 +78,7 @@ Response receive_webhook(const Context& context, const Request& request,
   if (context.deliveries.record(*provider, hook) == DeliveryStore::Outcome::kDuplicate) {
     return json_response(200, {{"status", "duplicate"}, {"deliveryId", hook.delivery_id}});
   }
+  context.deliveries.keep_sample(*provider, request.body);
   return json_response(202, {{"status", "accepted"}, {"deliveryId", hook.delivery_id}});
 }
 

@@ -328,6 +328,30 @@ TEST_F(PipelineTest, CancellingARunStopsTheRunningUnitAtThePageBoundaryAndTheRes
 
 // Seed 000 test 5: a unit that fails (here every request for one repository answers 404, which
 // GitHub's connector reports as FATAL) is reported in the run's aggregate; the others complete.
+// The payload is embedded verbatim in the webhook envelope, so one that is not exactly one JSON
+// value (truncated, or closing the envelope to add fields of its own) is refused before it is
+// sent, naming the delivery, and not retried.
+TEST_F(PipelineTest, AnEventPayloadThatIsNotJsonNeverReachesTheGateway) {
+  start();
+  for (const char* payload : {R"({"action":"opened")", R"(1,"deliveryId":"forged")",
+                              "{\"title\":\"\x01\"}", R"({"a":1} {"b":2})"}) {
+    gateway::Delivery d{"gh-inst-1", "org-1", "github:test-delivery", "issues", payload};
+    try {
+      gateway_->dispatch("github", d);
+      ADD_FAILURE() << "dispatched: " << payload;
+    } catch (const gateway::GatewayError& e) {
+      EXPECT_FALSE(e.retryable()) << payload;
+      EXPECT_THAT(e.what(), HasSubstr("github:test-delivery")) << payload;
+      EXPECT_THAT(e.what(), HasSubstr("not valid JSON")) << payload;
+    }
+  }
+  EXPECT_EQ(sandbox_->report().gateway.received, 0) << "nothing was sent";
+  gateway::Delivery ok{"gh-inst-1", "org-1", "github:test-delivery", "issues",
+                       R"({"action":"opened","issue":{"id":1}})"};
+  EXPECT_EQ(gateway_->dispatch("github", ok), gateway::DispatchResult::kAccepted);
+  EXPECT_EQ(sandbox_->report().gateway.received, 1);
+}
+
 TEST_F(PipelineTest, AFailingUnitIsReportedInTheAggregateAndTheOthersComplete) {
   start(data(3, 1, 150));
   RunStart run = start_run("gh-inst-1", "github");

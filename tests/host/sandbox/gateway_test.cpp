@@ -136,6 +136,24 @@ TEST_F(GatewayTest, MalformedWebhooksGet400NamingTheField) {
   EXPECT_EQ(client_->get("/_sandbox/report").json()["gateway"]["received"], 0);
 }
 
+// The first accepted body per provider is kept verbatim for load tools (the pipeline benchmark).
+TEST_F(GatewayTest, TheFirstAcceptedWebhookIsKeptAsASample) {
+  start(small());
+  EXPECT_EQ(client_->get("/_sandbox/sample-webhook?provider=github").status, 404);
+  EXPECT_EQ(client_->get("/_sandbox/sample-webhook?provider=gitlab").status, 400);
+  EXPECT_EQ(client_->post("/gateway/webhooks/github", "{not json").status, 400);
+  const std::string first = webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-12").dump(2);
+  EXPECT_EQ(client_->post("/gateway/webhooks/github", first).status, 202);
+  EXPECT_EQ(deliver("github", webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-11")).status,
+            202);
+  HttpResult sample = client_->get("/_sandbox/sample-webhook?provider=github");
+  EXPECT_EQ(sample.status, 200);
+  EXPECT_EQ(sample.body, first) << "the first accepted body, byte for byte";
+  EXPECT_EQ(client_->get("/_sandbox/sample-webhook?provider=vercel").status, 404);
+  EXPECT_EQ(client_->post("/_sandbox/reset", "").status, 200);
+  EXPECT_EQ(client_->get("/_sandbox/sample-webhook?provider=github").status, 404);
+}
+
 TEST_F(GatewayTest, ReportPerInstallationAndMissingList) {
   start(small(2));
   const json inst1 = client_->get("/_sandbox/expected?installation=inst-1").json();

@@ -1,0 +1,17 @@
+// A JSON syntax check without building anything: true when `text` is exactly one JSON value
+// (RFC 8259) with optional surrounding whitespace, every string well-formed UTF-8 with valid
+// escapes and paired surrogates. It allocates nothing but the nesting stack and runs at memory
+// speed; the pipeline checks every event payload with it before embedding the payload verbatim
+// in a webhook body (an unchecked payload could close the envelope and add fields of its own).
+//
+// Same verdicts as nlohmann::json::accept() except for numbers too large for a double
+// ("1e400"), which RFC 8259 allows and this accepts.
+#pragma once
+
+#include <string_view>
+
+namespace backhaul {
+
+bool is_json(std::string_view text);
+
+}  // namespace backhaul
