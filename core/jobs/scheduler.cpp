@@ -334,6 +334,20 @@ void Scheduler::apply(std::vector<Ending>& endings) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50LL << attempt));
     }
   }
+  // A job failed or released back to the queue may run again at once (a retry without backoff):
+  // claim now rather than at the next idle poll.
+  bool requeued = false;
+  for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
+    requeued = requeued || (results[i].status == JobStatus::kQueued &&
+                            endings[i].finish.kind != Finish::Kind::kDefer);
+  }
+  if (requeued) {
+    {
+      std::lock_guard lock(mutex_);
+      poked_ = true;
+    }
+    wake_.notify_all();
+  }
   for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
     const Ending& e = endings[i];
     const FinishResult& r = results[i];

@@ -227,6 +227,30 @@ TEST_F(SchedulerTest, AnEnqueueThroughTheSameStoreWakesAnIdleClaimLoop) {
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
+// A failure retried without backoff is claimed again at once, not at the next idle poll (the
+// finisher wakes the claim loop once the requeue is written; so does the freed worker slot).
+TEST_F(SchedulerTest, AnImmediateRetryIsClaimedWithoutWaitingForThePoll) {
+  SystemClock clock;
+  SchedulerOptions o = options();
+  o.idle_poll_ms = 3'600'000;
+  o.retry = {0, 2.0, 0};  // no backoff
+  Scheduler scheduler(*store_, clock, o);
+  std::atomic<int> calls{0};
+  scheduler.register_handler("work", [&](JobContext&) -> Outcome {
+    if (++calls == 1) throw JobFailure("flaky");
+    return Outcome::complete();
+  });
+  const JobId id =
+      store_->enqueue({"work", "{}", "k", std::nullopt, 0, 3, 0, {}, 0}, clock.now_ms()).id;
+  scheduler.start();
+  for (int i = 0; i < 1000 && store_->get(id)->status != JobStatus::kSucceeded; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded) << "the retry waited for the poll";
+  EXPECT_EQ(calls.load(), 2);
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
 TEST_F(SchedulerTest, DrainReleasesRunningJobsWithoutCountingTheAttempt) {
   SystemClock clock;
   Scheduler scheduler(*store_, clock, options());
