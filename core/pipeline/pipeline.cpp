@@ -304,7 +304,16 @@ struct Pipeline::Impl {
     const int64_t now = ctx.now_ms();
     const int64_t since = now - int64_t{request.depth_days} * kDayMs;
 
-    if (!connection.resources.empty()) validate_scopes(*connector, connection, request, o);
+    if (!connection.resources.empty()) {
+      // The scope check is a provider request like every page: it takes a throttle token.
+      if (int64_t wait = store.take_tokens(throttle_key(request.installation_id), 1,
+                                           o.throttle_burst, o.throttle_per_hour, now);
+          wait > 0) {
+        ++throttle_waits;
+        return Outcome::defer(now + wait, "throttled: " + request.installation_id);
+      }
+      validate_scopes(*connector, connection, request, o);
+    }
 
     std::vector<UnitRef> units;
     for (const auto& resource : connection.resources)
@@ -839,8 +848,14 @@ UnitProgress unit_of(const jobs::Job& child) {
 std::optional<RunView> Pipeline::get_run(JobId run_id, bool with_units) {
   std::optional<jobs::Job> job = impl_->store.get(run_id);
   if (!job || job->kind != kRunKind) return std::nullopt;
-  RunView v = view_of(*job);
-  std::vector<jobs::Job> kids = impl_->children(run_id);
+  return live_view(*job, with_units);
+}
+
+// The run's own record, with its units' live counts and status: a run whose failed units are
+// replayed from the dead letters is running again, then succeeded.
+RunView Pipeline::live_view(const jobs::Job& run, bool with_units) {
+  RunView v = view_of(run);
+  std::vector<jobs::Job> kids = impl_->children(run.id);
   if (!kids.empty()) v.units_total = std::max(v.units_total, static_cast<int>(kids.size()));
   for (auto it = kids.rbegin(); it != kids.rend(); ++it) {  // oldest (enqueue order) first
     UnitProgress u = unit_of(*it);
@@ -854,7 +869,7 @@ std::optional<RunView> Pipeline::get_run(JobId run_id, bool with_units) {
   }
   // A run that finished with failed units whose dead letters were retried since: while a replay
   // runs it is running again, and once every unit has succeeded it has succeeded.
-  if (v.status == "failed" && job->status == JobStatus::kSucceeded && !kids.empty()) {
+  if (v.status == "failed" && run.status == JobStatus::kSucceeded && !kids.empty()) {
     const bool replaying = v.units_done < v.units_total;
     if (replaying) v.status = "running";
     if (!replaying && v.units_failed == 0) v.status = "succeeded";
@@ -881,6 +896,8 @@ RunPage Pipeline::list_runs(const RunQuery& query) {
     jobs::JobPage jobs_page = impl_->store.list(q);
     for (const jobs::Job& job : jobs_page.jobs) {
       RunView v = view_of(job);
+      // Only a failed run can have been replayed since (its units read again, like get_run).
+      if (v.status == "failed" && job.status == JobStatus::kSucceeded) v = live_view(job, false);
       if (query.status && v.status != *query.status) continue;
       page.runs.push_back(std::move(v));
       if (page.runs.size() == limit) {

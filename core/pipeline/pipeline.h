@@ -201,6 +201,7 @@ class Pipeline {
   PipelineOptions options() const;
 
  private:
+  RunView live_view(const jobs::Job& run, bool with_units);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

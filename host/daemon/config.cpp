@@ -148,6 +148,9 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
 
   const json& scheduler = section(root, "scheduler");
   read(scheduler, "workers", &config.scheduler.workers);
+  read(scheduler, "claim_batch", &config.scheduler.claim_batch);
+  read(scheduler, "prefetch", &config.scheduler.prefetch);
+  read(scheduler, "idle_poll_ms", &config.scheduler.idle_poll_ms);
   read(scheduler, "lease_ms", &config.scheduler.lease_ms);
   read(scheduler, "heartbeat_ms", &config.scheduler.heartbeat_ms);
   read(scheduler, "sweep_ms", &config.scheduler.sweep_ms);

@@ -65,6 +65,9 @@ struct DaemonConfig {
 
   struct Scheduler {
     int workers = 8;
+    int claim_batch = 16;        // jobs per claim call at most
+    int prefetch = 0;            // jobs claimed ahead of free workers
+    int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
     int64_t lease_ms = 30'000;
     int64_t heartbeat_ms = 10'000;
     int64_t sweep_ms = 5'000;

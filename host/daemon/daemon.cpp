@@ -115,6 +115,9 @@ void Daemon::Impl::start_pipeline() {
   jobs::SchedulerOptions scheduler_options;
   scheduler_options.owner = s.owner;
   scheduler_options.workers = s.workers;
+  scheduler_options.claim_batch = static_cast<size_t>(s.claim_batch);
+  scheduler_options.prefetch = s.prefetch;
+  scheduler_options.idle_poll_ms = s.idle_poll_ms;
   scheduler_options.lease_ms = s.lease_ms;
   scheduler_options.heartbeat_interval_ms = s.heartbeat_ms;
   scheduler_options.sweep_interval_ms = s.sweep_ms;

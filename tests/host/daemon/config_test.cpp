@@ -54,6 +54,9 @@ TEST(ConfigTest, MinimalConfigGetsDefaultsAndSecretsFromTheEnvironment) {
   EXPECT_EQ(c.store.path, "/srv/backhaul/backhaul.db");
   EXPECT_EQ(c.scheduler.workers, 8);
   EXPECT_EQ(c.scheduler.retry_initial_ms, 1000);
+  EXPECT_EQ(c.scheduler.claim_batch, 16);
+  EXPECT_EQ(c.scheduler.prefetch, 0);
+  EXPECT_EQ(c.scheduler.idle_poll_ms, 200);
   EXPECT_EQ(c.pipeline.transient_retries, 2);
   EXPECT_FALSE(c.scheduler.owner.empty());
   EXPECT_EQ(c.pipeline.entity_caps.per_installation, 5);
@@ -74,7 +77,8 @@ TEST(ConfigTest, FullConfigLoads) {
   config["gateway"]["api_key_env"] = "GW_KEY";
   config["admin"].update({{"port", 0}, {"max_connections", 4}, {"audit_log", "/var/log/a.log"}});
   config["scheduler"] = {{"workers", 2},           {"lease_ms", 5000},    {"heartbeat_ms", 1000},
-                         {"retry_initial_ms", 50}, {"retry_max_ms", 400}, {"owner", "host-a"}};
+                         {"retry_initial_ms", 50}, {"retry_max_ms", 400}, {"owner", "host-a"},
+                         {"claim_batch", 64},      {"prefetch", 128},     {"idle_poll_ms", 20}};
   config["pipeline"] = {{"entity_caps", {{"per_installation", 2}, {"global", 4}}},
                         {"rate_limit_floor", 0.2},
                         {"transient_retries", 0},
@@ -96,6 +100,9 @@ TEST(ConfigTest, FullConfigLoads) {
   EXPECT_EQ(c.scheduler.owner, "host-a");
   EXPECT_EQ(c.scheduler.retry_initial_ms, 50);
   EXPECT_EQ(c.scheduler.retry_max_ms, 400);
+  EXPECT_EQ(c.scheduler.claim_batch, 64);
+  EXPECT_EQ(c.scheduler.prefetch, 128);
+  EXPECT_EQ(c.scheduler.idle_poll_ms, 20);
   EXPECT_EQ(c.pipeline.transient_retries, 0);
   EXPECT_EQ(c.pipeline.transient_retry_ms, 5);
   EXPECT_EQ(c.pipeline.entity_caps.per_installation, 2);
@@ -132,6 +139,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: scheduler.workers: must be an integer between 1 and 1024 (got 0)"},
         BadField{"WorkersFraction", [](json& c) { c["scheduler"]["workers"] = 2.5; },
                  "config: scheduler.workers: must be an integer"},
+        BadField{"NegativePrefetch", [](json& c) { c["scheduler"]["prefetch"] = -1; },
+                 "config: scheduler.prefetch: must be an integer between 0 and 65536 (got -1)"},
+        BadField{"ZeroClaimBatch", [](json& c) { c["scheduler"]["claim_batch"] = 0; },
+                 "config: scheduler.claim_batch: must be an integer between 1 and 4096 (got 0)"},
         BadField{"LogFormat", [](json& c) { c["logging"]["format"] = "xml"; },
                  "config: logging.format: must be one of \"text\", \"json\" (got \"xml\")"},
         BadField{"UnknownField", [](json& c) { c["admin"]["prot"] = 1; },
