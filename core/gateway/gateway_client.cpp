@@ -139,7 +139,8 @@ std::string GatewayClient::delivery_body(const Delivery& d) const {
   return body;
 }
 
-DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery& delivery) const {
+http::Request GatewayClient::delivery_request(std::string_view provider,
+                                              const Delivery& delivery) const {
   if (!is_json(delivery.payload_json)) {
     throw GatewayError(
         "delivery " + std::string(delivery.delivery_id) + ": payload is not valid JSON", 0, false);
@@ -150,18 +151,56 @@ DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery
   r.headers.emplace_back("Content-Type", "application/json");
   if (api_key_) r.headers.emplace_back("X-Api-Key", *api_key_);
   r.body = delivery_body(delivery);
-  http::Response response;
-  try {
-    response = http::send(transport_, std::move(r));
-  } catch (const std::exception& e) {
-    throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
-  }
+  return r;
+}
+
+DispatchResult GatewayClient::interpret(const Delivery& delivery, const http::Response& response) {
   if (response.status >= 200 && response.status < 300) {
     json j = json::parse(response.body, nullptr, false);
     if (j.is_object() && j.value("status", "") == "duplicate") return DispatchResult::kDuplicate;
     return DispatchResult::kAccepted;
   }
   fail("dispatch " + std::string(delivery.delivery_id), response);
+}
+
+DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery& delivery) const {
+  http::Request r = delivery_request(provider, delivery);
+  http::Response response;
+  try {
+    response = http::send(transport_, std::move(r));
+  } catch (const std::exception& e) {
+    throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
+  }
+  return interpret(delivery, response);
+}
+
+std::vector<GatewayClient::Outcome> GatewayClient::dispatch_batch(
+    std::string_view provider, const std::vector<Delivery>& deliveries) const {
+  std::vector<Outcome> outcomes(deliveries.size());
+  std::vector<http::Request> requests;
+  std::vector<size_t> sent;  // index of each request's delivery
+  for (size_t i = 0; i < deliveries.size(); ++i) {
+    try {
+      requests.push_back(delivery_request(provider, deliveries[i]));
+      sent.push_back(i);
+    } catch (const GatewayError& e) {
+      outcomes[i].error = e;
+    }
+  }
+  std::vector<http::BatchResult> results = transport_.perform_batch(requests);
+  for (size_t k = 0; k < results.size(); ++k) {
+    Outcome& outcome = outcomes[sent[k]];
+    if (!results[k].response) {
+      outcome.error = GatewayError("gateway unreachable: " + results[k].error, 0, true);
+      continue;
+    }
+    try {
+      outcome.result = interpret(deliveries[sent[k]], *results[k].response);
+    } catch (const GatewayError& e) {
+      outcome.error = e;
+    }
+  }
+  return outcomes;
 }
 
 }  // namespace backhaul::gateway

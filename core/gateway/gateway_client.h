@@ -64,12 +64,25 @@ class GatewayClient {
   std::string access_token(std::string_view connection_id) const;
   // POST {base}/webhooks/{provider}. Throws GatewayError (FATAL-like when !retryable()).
   DispatchResult dispatch(std::string_view provider, const Delivery& delivery) const;
+  // Many deliveries at once, pipelined on one connection where the transport can: a delivery
+  // whose answer did not arrive may be sent again, which the gateway dedupes by delivery id.
+  // One outcome per delivery, in order: the result, or the error dispatch() would have thrown.
+  struct Outcome {
+    std::optional<DispatchResult> result;
+    std::optional<GatewayError> error;
+  };
+  std::vector<Outcome> dispatch_batch(std::string_view provider,
+                                      const std::vector<Delivery>& deliveries) const;
 
   // The JSON body dispatch() sends (exposed for tests and benchmarks).
   std::string delivery_body(const Delivery& delivery) const;
 
  private:
   http::Response get(const std::string& path) const;
+  // The POST for a delivery (throws GatewayError when its payload is not JSON), and what an
+  // answer to it means.
+  http::Request delivery_request(std::string_view provider, const Delivery& delivery) const;
+  static DispatchResult interpret(const Delivery& delivery, const http::Response& response);
 
   http::Transport& transport_;
   std::string base_url_;

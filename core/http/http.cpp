@@ -195,6 +195,18 @@ std::string resolve_url(std::string_view base, std::string_view location) {
   return compose(scheme, b.authority, remove_dot_segments(merged), ref.query, ref.fragment);
 }
 
+std::vector<BatchResult> Transport::perform_batch(const std::vector<Request>& requests) {
+  std::vector<BatchResult> results(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    try {
+      results[i].response = perform(requests[i]);
+    } catch (const Error& e) {
+      results[i].error = e.what();
+    }
+  }
+  return results;
+}
+
 Response send(Transport& transport, Request request, int max_redirects) {
   // Credentials belong to the origin they were given for. Comparing the whole origin (scheme, host
   // and port) rather than the host alone also keeps a token off an https -> http downgrade and off

@@ -45,12 +45,26 @@ class RequestError : public Error {
   using Error::Error;
 };
 
+// One exchange of a batch: the response, or why there is none.
+struct BatchResult {
+  std::optional<Response> response;
+  std::string error;  // set when there is no response (what perform() would have thrown)
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   // Performs one exchange; does not follow redirects. Throws TransportError or RequestError.
   // [thread-safe]
   virtual Response perform(const Request& request) = 0;
+
+  // Performs requests to one origin; results in request order. A transport may pipeline them
+  // (HTTP/1.1: all sent on one connection before the answers are read), and a request whose
+  // answer did not arrive is sent again on a new connection even if the server may have acted on
+  // it: only for requests that are safe to repeat (idempotent ones, or deliveries the server
+  // deduplicates by id). No redirects are followed. The default performs them one by one.
+  // [thread-safe]
+  virtual std::vector<BatchResult> perform_batch(const std::vector<Request>& requests);
 };
 
 // Performs `request`, following 301/302/303/307/308 up to `max_redirects` times (303, and 301/302

@@ -422,6 +422,183 @@ struct SslLibrary {
   SslLibrary& operator=(const SslLibrary&) = delete;
 };
 
+// --- pipelined batches (plain HTTP/1.1) ------------------------------------------------------
+
+// A kept-alive TCP connection used for pipelined batches, with the bytes read past the last
+// response.
+struct RawConnection {
+  Poco::Net::StreamSocket socket;
+  std::string buffer;
+  size_t parsed = 0;  // bytes of `buffer` consumed
+
+  // Open and quiet since the last response: one non-blocking peek (EAGAIN = nothing to read).
+  bool usable_when_idle() {
+    if (parsed != buffer.size()) return false;
+    char byte;
+    const ssize_t n = ::recv(socket.impl()->sockfd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+
+  // Reads more bytes; false at EOF. Throws Poco::TimeoutException past the deadline.
+  bool fill(SteadyClock::time_point deadline) {
+    if (parsed > 0 && parsed == buffer.size()) {
+      buffer.clear();
+      parsed = 0;
+    }
+    socket.setReceiveTimeout(to_timespan(remaining(deadline)));
+    char chunk[16 * 1024];
+    const int n = socket.receiveBytes(chunk, sizeof chunk);
+    if (n <= 0) return false;
+    buffer.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+
+  // The next `n` unparsed bytes, reading as needed; nullopt at EOF first.
+  std::optional<std::string_view> take(size_t n, SteadyClock::time_point deadline) {
+    while (buffer.size() - parsed < n) {
+      if (!fill(deadline)) return std::nullopt;
+    }
+    std::string_view out(buffer.data() + parsed, n);
+    parsed += n;
+    return out;
+  }
+
+  // The next line without its CRLF; nullopt at EOF first.
+  std::optional<std::string> line(SteadyClock::time_point deadline, size_t max_bytes) {
+    for (;;) {
+      const size_t end = buffer.find("\r\n", parsed);
+      if (end != std::string::npos) {
+        std::string out = buffer.substr(parsed, end - parsed);
+        parsed = end + 2;
+        return out;
+      }
+      if (buffer.size() - parsed > max_bytes) throw Poco::DataFormatException("line too long");
+      if (!fill(deadline)) return std::nullopt;
+    }
+  }
+};
+
+// The request as HTTP/1.1 bytes, framed by Content-Length.
+void serialize(const Request& request, const Target& target, const std::string& user_agent,
+               std::string& out) {
+  out += request.method;
+  out += ' ';
+  out += target.request_target;
+  out += " HTTP/1.1\r\n";
+  bool has_host = false;
+  bool has_user_agent = false;
+  for (const auto& [name, value] : request.headers) {
+    if (iequals(name, "content-length") || iequals(name, "transfer-encoding") ||
+        iequals(name, "connection")) {
+      continue;
+    }
+    has_host = has_host || iequals(name, "host");
+    has_user_agent = has_user_agent || iequals(name, "user-agent");
+    out.append(name).append(": ").append(value).append("\r\n");
+  }
+  if (!has_host) out.append("Host: ").append(target.host_header).append("\r\n");
+  if (!has_user_agent && !user_agent.empty()) {
+    out.append("User-Agent: ").append(user_agent).append("\r\n");
+  }
+  const size_t length = request.body ? request.body->size() : 0;
+  if (request.body || iequals(request.method, "POST") || iequals(request.method, "PUT") ||
+      iequals(request.method, "PATCH")) {
+    out.append("Content-Length: ").append(std::to_string(length)).append("\r\n");
+  }
+  out += "\r\n";
+  if (request.body) out += *request.body;
+}
+
+// Reads one response; nullopt when the connection ended before its first byte. `close` is set
+// when the connection cannot carry another exchange after it.
+std::optional<Response> read_response(RawConnection& c, const Request& request,
+                                      SteadyClock::time_point deadline, size_t max_body,
+                                      bool& close) {
+  constexpr size_t kMaxLine = 64 * 1024;
+  for (;;) {
+    std::optional<std::string> status_line = c.line(deadline, kMaxLine);
+    if (!status_line) return std::nullopt;
+    // "HTTP/1.1 200 OK"
+    if (status_line->size() < 12 || status_line->compare(0, 5, "HTTP/") != 0 ||
+        (*status_line)[8] != ' ') {
+      throw Poco::DataFormatException("malformed status line");
+    }
+    Response response;
+    response.url = request.url;
+    response.status = std::atoi(status_line->c_str() + 9);
+    if (response.status < 100 || response.status > 999) {
+      throw Poco::DataFormatException("malformed status line");
+    }
+    std::optional<size_t> length;
+    bool chunked = false;
+    close = status_line->compare(0, 8, "HTTP/1.0") == 0;
+    for (;;) {
+      std::optional<std::string> header = c.line(deadline, kMaxLine);
+      if (!header) throw Poco::DataFormatException("connection closed in the response header");
+      if (header->empty()) break;
+      const size_t colon = header->find(':');
+      if (colon == std::string::npos) throw Poco::DataFormatException("malformed header");
+      std::string name = to_lower(std::string_view(*header).substr(0, colon));
+      std::string value(trim(std::string_view(*header).substr(colon + 1)));
+      if (name == "content-length") {
+        length = static_cast<size_t>(std::stoull(value));
+      } else if (name == "transfer-encoding") {
+        chunked = to_lower(value).find("chunked") != std::string::npos;
+      } else if (name == "connection") {
+        const std::string v = to_lower(value);
+        if (v.find("close") != std::string::npos) close = true;
+        if (v.find("keep-alive") != std::string::npos) close = false;
+      }
+      response.headers.emplace_back(std::move(name), std::move(value));
+    }
+    if (response.status < 200 && response.status != 101) continue;  // interim: the next one
+    const bool no_body = iequals(request.method, "HEAD") || response.status == 204 ||
+                         response.status == 304 || response.status < 200;
+    if (no_body) return response;
+    auto too_large = [&] {
+      return TransportError(describe(request, "response body larger than max_response_bytes (" +
+                                                  std::to_string(max_body) + " bytes)"));
+    };
+    if (chunked) {
+      for (;;) {
+        std::optional<std::string> size_line = c.line(deadline, kMaxLine);
+        if (!size_line) throw Poco::DataFormatException("connection closed in a chunked body");
+        const size_t size = std::stoul(*size_line, nullptr, 16);
+        if (size == 0) {
+          while (true) {  // trailers up to the empty line
+            std::optional<std::string> trailer = c.line(deadline, kMaxLine);
+            if (!trailer) throw Poco::DataFormatException("connection closed in the trailers");
+            if (trailer->empty()) break;
+          }
+          return response;
+        }
+        if (response.body.size() + size > max_body) throw too_large();
+        std::optional<std::string_view> data = c.take(size + 2, deadline);
+        if (!data) throw Poco::DataFormatException("connection closed in a chunk");
+        response.body.append(data->substr(0, size));
+      }
+    }
+    if (length) {
+      if (*length > max_body) throw too_large();
+      std::optional<std::string_view> data = c.take(*length, deadline);
+      if (!data) {
+        throw TransportError(describe(request, "connection closed before the " +
+                                                   std::to_string(*length) + "-byte body ended"));
+      }
+      response.body.assign(*data);
+      return response;
+    }
+    // Delimited by the end of the connection.
+    close = true;
+    for (;;) {
+      response.body.append(c.buffer, c.parsed, std::string::npos);
+      c.parsed = c.buffer.size();
+      if (response.body.size() > max_body) throw too_large();
+      if (!c.fill(deadline)) return response;
+    }
+  }
+}
+
 }  // namespace
 
 struct PocoTransport::Impl {
@@ -435,6 +612,8 @@ struct PocoTransport::Impl {
   Poco::Net::Context::Ptr tls_context;  // guarded by mutex; made on the first https request
   // Idle sessions per pool key, most recently used last. Guarded by mutex.
   std::map<std::string, std::vector<std::unique_ptr<PooledSession>>> idle;
+  // Idle connections of pipelined batches, per pool key. Guarded by mutex.
+  std::map<std::string, std::vector<std::unique_ptr<RawConnection>>> raw_idle;
 
   Poco::Net::Context::Ptr context();
   std::unique_ptr<PooledSession> take_idle(const std::string& key);
@@ -442,6 +621,14 @@ struct PocoTransport::Impl {
   void give_back(const std::string& key, std::unique_ptr<PooledSession> session);
   Response exchange(PooledSession& pooled, const Target& target, const Request& request,
                     SteadyClock::time_point deadline, Progress& progress, bool& reusable);
+
+  std::unique_ptr<RawConnection> take_raw(const Target& target, SteadyClock::time_point deadline,
+                                          bool& reused);
+  // Sends requests[first..] pipelined on `c` and reads their answers into `results` until one is
+  // missing; returns how many were answered. `c` stays usable when all were.
+  size_t pipeline(RawConnection& c, const std::vector<Request>& requests, size_t first,
+                  SteadyClock::time_point deadline, std::vector<BatchResult>& results,
+                  bool& reusable);
 };
 
 Poco::Net::Context::Ptr PocoTransport::Impl::context() {
@@ -631,6 +818,112 @@ Response PocoTransport::perform(const Request& request) {
       throw TransportError(describe(request, failure_reason(e, progress.phase)));
     }
   }
+}
+
+std::unique_ptr<RawConnection> PocoTransport::Impl::take_raw(const Target& target,
+                                                             SteadyClock::time_point deadline,
+                                                             bool& reused) {
+  for (;;) {
+    std::unique_ptr<RawConnection> c;
+    {
+      std::lock_guard lock(mutex);
+      auto it = raw_idle.find(target.pool_key);
+      if (it == raw_idle.end() || it->second.empty()) break;
+      c = std::move(it->second.back());
+      it->second.pop_back();
+    }
+    if (c->usable_when_idle()) {
+      reused = true;
+      return c;
+    }
+  }
+  reused = false;
+  auto c = std::make_unique<RawConnection>();
+  const milliseconds connect = std::min(options.connect_timeout, remaining(deadline));
+  c->socket.connect(Poco::Net::SocketAddress(target.host, target.port), to_timespan(connect));
+  c->socket.setNoDelay(true);
+  opened.fetch_add(1, std::memory_order_relaxed);
+  return c;
+}
+
+size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request>& requests,
+                                     size_t first, SteadyClock::time_point deadline,
+                                     std::vector<BatchResult>& results, bool& reusable) {
+  std::string bytes;
+  for (size_t i = first; i < requests.size(); ++i) {
+    serialize(requests[i], parse_target(requests[i].url), options.user_agent, bytes);
+  }
+  c.socket.setSendTimeout(to_timespan(remaining(deadline)));
+  for (size_t sent = 0; sent < bytes.size();) {
+    const int n = c.socket.sendBytes(
+        bytes.data() + sent, static_cast<int>(std::min<size_t>(bytes.size() - sent, 1 << 30)));
+    if (n <= 0) throw Poco::Net::ConnectionResetException("send failed");
+    sent += static_cast<size_t>(n);
+  }
+  size_t answered = 0;
+  reusable = false;
+  for (size_t i = first; i < requests.size(); ++i) {
+    bool close = false;
+    std::optional<Response> response =
+        read_response(c, requests[i], deadline, options.max_response_bytes, close);
+    if (!response) return answered;  // the server closed the connection
+    results[i].response = std::move(response);
+    ++answered;
+    if (close) return answered;
+  }
+  reusable = true;
+  return answered;
+}
+
+std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>& requests) {
+  if (requests.empty()) return {};
+  const Target target = parse_target(requests.front().url);
+  bool pipelined = !target.tls;
+  milliseconds timeout{0};
+  for (const Request& r : requests) {
+    validate(r);
+    const Target t = parse_target(r.url);
+    pipelined = pipelined && t.pool_key == target.pool_key;
+    timeout = std::max(timeout, r.timeout);
+  }
+  if (!pipelined) return Transport::perform_batch(requests);
+
+  // One deadline for the batch: the longest request timeout. Each connection answers what it
+  // can; the rest goes out again on a new one, until a fresh connection answers nothing.
+  const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  std::vector<BatchResult> results(requests.size());
+  size_t next = 0;
+  std::string failure;
+  while (next < requests.size()) {
+    bool reused = false;
+    size_t answered = 0;
+    try {
+      std::unique_ptr<RawConnection> c = impl_->take_raw(target, deadline, reused);
+      bool reusable = false;
+      answered = impl_->pipeline(*c, requests, next, deadline, results, reusable);
+      if (reusable) {
+        std::lock_guard lock(impl_->mutex);
+        auto& pool = impl_->raw_idle[target.pool_key];
+        if (pool.size() < impl_->options.max_idle_per_origin) pool.push_back(std::move(c));
+      }
+      if (answered == 0) failure = "the connection closed before any response";
+    } catch (const Poco::TimeoutException&) {
+      failure = "timeout after " + std::to_string(timeout.count()) + " ms (pipelined batch)";
+      // Whatever was answered before the timeout stands; the rest has timed out.
+      while (next < requests.size() && results[next].response) ++next;
+      break;
+    } catch (const Poco::Exception& e) {
+      failure = e.displayText();
+    } catch (const TransportError& e) {
+      failure = e.what();
+    }
+    while (next < requests.size() && results[next].response) ++next;
+    if (answered == 0 && !reused) break;  // a fresh connection answered nothing: give up
+  }
+  for (size_t i = next; i < requests.size(); ++i) {
+    if (!results[i].response) results[i].error = describe(requests[i], failure);
+  }
+  return results;
 }
 
 size_t PocoTransport::connections_opened() const {

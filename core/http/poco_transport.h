@@ -31,6 +31,9 @@ class PocoTransport final : public Transport {
   PocoTransport& operator=(const PocoTransport&) = delete;
 
   Response perform(const Request& request) override;
+  // Plain HTTP to one origin: pipelined on one kept-alive connection (see Transport). Otherwise,
+  // one by one.
+  std::vector<BatchResult> perform_batch(const std::vector<Request>& requests) override;
 
   // Number of TCP connections opened so far (to prove keep-alive reuse in tests).
   size_t connections_opened() const;

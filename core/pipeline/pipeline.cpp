@@ -614,10 +614,11 @@ struct Pipeline::Impl {
     }
   }
 
-  // Sends every event of the page to the gateway, dispatch_concurrency at a time (delivery order
-  // is not the backfill's concern). A delivery that fails for good fails the attempt through
-  // gateway_failed(); the page is not checkpointed, so the retry sends it again and the gateway
-  // dedupes by delivery id.
+  // Sends every event of the page to the gateway: dispatch_concurrency slices side by side, each
+  // slice pipelined on one connection (delivery order is not the backfill's concern; a delivery
+  // whose answer was lost goes out again, and the gateway dedupes by delivery id). A delivery
+  // that failed transiently is retried on its own; one that fails for good fails the attempt
+  // through gateway_failed(), and the page is not checkpointed, so the retry sends it again.
   void dispatch_page(const plugins::Page& p, const std::string& provider,
                      const std::string& installation, const std::string& org_id,
                      const PipelineOptions& o) {
@@ -630,26 +631,53 @@ struct Pipeline::Impl {
       if (!error) error = std::move(e);
       failed = true;
     };
-    auto work = [&] {
-      for (size_t i = next++; i < p.size() && !failed; i = next++) {
-        plugins::EventView e = p.event(i);
-        gateway::Delivery d{installation, org_id, e.delivery_id, e.event_type, e.payload_json};
-        for (int retry = 0;; ++retry) {
-          try {
-            if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
-            break;
-          } catch (const gateway::GatewayError& err) {
-            if (!err.retryable() || retry >= o.transient_retries) return give_up(err);
-            ++retries_in_place;
-            pause(o, retry);
-          } catch (const std::exception& err) {
-            return give_up(gateway::GatewayError(err.what(), 0, true));
+    // Retries `d` (its `retry`-th retry first, up to transient_retries); false once it gave up.
+    auto retry_one = [&](const gateway::Delivery& d, int retry) {
+      for (;; ++retry) {
+        ++retries_in_place;
+        pause(o, retry - 1);
+        try {
+          if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
+          return true;
+        } catch (const gateway::GatewayError& err) {
+          if (!err.retryable() || retry >= o.transient_retries) {
+            give_up(err);
+            return false;
           }
+        } catch (const std::exception& err) {
+          give_up(gateway::GatewayError(err.what(), 0, true));
+          return false;
         }
       }
     };
     const size_t threads =
         std::min<size_t>(static_cast<size_t>(std::max(o.dispatch_concurrency, 1)), p.size());
+    const size_t slice = threads == 0 ? 1 : (p.size() + threads - 1) / threads;
+    auto work = [&] {
+      for (size_t begin = next.fetch_add(slice); begin < p.size() && !failed;
+           begin = next.fetch_add(slice)) {
+        std::vector<gateway::Delivery> batch;
+        for (size_t i = begin; i < std::min(p.size(), begin + slice); ++i) {
+          plugins::EventView e = p.event(i);
+          batch.push_back({installation, org_id, e.delivery_id, e.event_type, e.payload_json});
+        }
+        std::vector<gateway::GatewayClient::Outcome> outcomes;
+        try {
+          outcomes = gateway.dispatch_batch(provider, batch);
+        } catch (const std::exception& err) {
+          return give_up(gateway::GatewayError(err.what(), 0, true));
+        }
+        for (size_t k = 0; k < outcomes.size() && !failed; ++k) {
+          if (outcomes[k].result) {
+            if (*outcomes[k].result == gateway::DispatchResult::kDuplicate) ++duplicates;
+            continue;
+          }
+          const gateway::GatewayError& err = *outcomes[k].error;
+          if (!err.retryable() || o.transient_retries == 0) return give_up(err);
+          if (!retry_one(batch[k], 1)) return;
+        }
+      }
+    };
     std::vector<std::thread> helpers;
     for (size_t k = 1; k < threads; ++k) helpers.emplace_back(work);
     work();

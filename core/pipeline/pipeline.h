@@ -42,7 +42,7 @@ struct PipelineOptions {
   // many times per page or delivery, after transient_retry_ms * 2^n of real waiting, before it
   // fails the attempt (whose retry resumes from the checkpoint with the job's backoff).
   int transient_retries = 2;
-  int dispatch_concurrency = 8;  // deliveries of one page in flight at once
+  int dispatch_concurrency = 4;  // slices of a page sent side by side, each pipelined
   int64_t transient_retry_ms = 100;
   jobs::Caps entity_caps{5, 30};  // per installation, global (D7)
   jobs::Caps run_caps{1, 10};

@@ -181,6 +181,7 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(pipeline, "rate_limit_floor", &config.pipeline.rate_limit_floor);
   read(pipeline, "transient_retries", &config.pipeline.transient_retries);
   read(pipeline, "transient_retry_ms", &config.pipeline.transient_retry_ms);
+  read(pipeline, "dispatch_concurrency", &config.pipeline.dispatch_concurrency);
   read_caps(pipeline, "entity_caps", &config.pipeline.entity_caps);
   read_caps(pipeline, "run_caps", &config.pipeline.run_caps);
   read_circuit(pipeline, "provider_circuit", &config.pipeline.provider_circuit);

@@ -85,6 +85,7 @@ struct DaemonConfig {
     double rate_limit_floor = 0.10;
     int transient_retries = 2;
     int64_t transient_retry_ms = 100;
+    int dispatch_concurrency = 4;  // slices of a page sent to the gateway side by side
     CapsConfig entity_caps{5, 30};
     CapsConfig run_caps{1, 10};
     CircuitConfig provider_circuit;

@@ -96,6 +96,7 @@ void Daemon::Impl::start_pipeline() {
   options.rate_limit_floor = p.rate_limit_floor;
   options.transient_retries = p.transient_retries;
   options.transient_retry_ms = p.transient_retry_ms;
+  options.dispatch_concurrency = p.dispatch_concurrency;
   options.entity_caps = {p.entity_caps.per_installation, p.entity_caps.global};
   options.run_caps = {p.run_caps.per_installation, p.run_caps.global};
   options.provider_circuit = {p.provider_circuit.failure_threshold, p.provider_circuit.open_ms};

@@ -543,6 +543,90 @@ TEST(PocoTransportTest, TimesOutWhenTheServerDoesNotAnswer) {
   EXPECT_LT(elapsed, 5s);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pipelined batches
+
+Request post(std::string url, std::string body) {
+  Request r = get(std::move(url));
+  r.method = "POST";
+  r.body = std::move(body);
+  r.headers.emplace_back("Content-Type", "application/json");
+  return r;
+}
+
+TEST(PocoTransportBatchTest, PipelinesABatchOnOneConnectionAndAnswersInOrder) {
+  RoutingServer server;
+  PocoTransport transport;
+  std::vector<Request> batch;
+  for (int i = 0; i < 50; ++i)
+    batch.push_back(post(server.url("/echo"), "body-" + std::to_string(i)));
+  batch.push_back(get(server.url("/chunked?250")));
+  batch.push_back(get(server.url("/nocontent")));
+  Request head = get(server.url("/bytes?7"));
+  head.method = "HEAD";
+  batch.push_back(head);
+  batch.push_back(get(server.url("/bytes?3")));
+  const std::vector<BatchResult> results = transport.perform_batch(batch);
+  ASSERT_EQ(results.size(), batch.size());
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(results[i].response) << i << ": " << results[i].error;
+    EXPECT_EQ(results[i].response->status, 200);
+    EXPECT_EQ(results[i].response->body, "body-" + std::to_string(i));
+    EXPECT_EQ(results[i].response->header("x-echo-method"), "POST");
+    EXPECT_EQ(results[i].response->header("x-echo-content-length"),
+              std::to_string(5 + std::to_string(i).size()));
+    EXPECT_EQ(results[i].response->header("x-echo-user-agent"), "backhaul");
+  }
+  EXPECT_EQ(results[50].response->body, std::string(250, 'c')) << "chunked";
+  EXPECT_EQ(results[51].response->status, 204);
+  EXPECT_EQ(results[52].response->body, "") << "HEAD has no body";
+  EXPECT_EQ(results[53].response->body, "bbb");
+  EXPECT_EQ(transport.connections_opened(), 1u);
+  EXPECT_EQ(server.total_connections(), 1);
+  // The connection is kept for the next batch.
+  EXPECT_EQ(transport.perform_batch({get(server.url("/bytes?2"))})[0].response->body, "bb");
+  EXPECT_EQ(transport.connections_opened(), 1u);
+}
+
+// A server that answers one request per connection and closes: the unanswered rest goes out
+// again on new connections until every request has its answer.
+TEST(PocoTransportBatchTest, SendsTheUnansweredRestAgainOnANewConnection) {
+  RawServer server(kOkResponse, RawServer::Then::kClose);
+  PocoTransport transport;
+  std::vector<Request> batch(5, get(server.url("/x")));
+  const std::vector<BatchResult> results = transport.perform_batch(batch);
+  for (const BatchResult& r : results) {
+    ASSERT_TRUE(r.response) << r.error;
+    EXPECT_EQ(r.response->body, "ok");
+  }
+  EXPECT_EQ(transport.connections_opened(), 5u);
+}
+
+TEST(PocoTransportBatchTest, ReportsAnErrorPerRequestWhenNothingAnswers) {
+  uint16_t port = 0;
+  {
+    Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", 0));
+    port = socket.address().port();
+  }  // closed: nothing listens on `port` now
+  PocoTransport transport;
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/x";
+  const std::vector<BatchResult> results = transport.perform_batch({get(url), post(url, "{}")});
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_FALSE(results[0].response);
+  EXPECT_EQ(results[0].error, "GET " + url + ": Connection refused");
+  EXPECT_EQ(results[1].error, "POST " + url + ": Connection refused");
+}
+
+TEST(PocoTransportBatchTest, RequestsToSeveralOriginsGoOneByOne) {
+  RoutingServer a;
+  RoutingServer b;
+  PocoTransport transport;
+  const std::vector<BatchResult> results =
+      transport.perform_batch({get(a.url("/bytes?1")), get(b.url("/bytes?2"))});
+  EXPECT_EQ(results[0].response->body, "b");
+  EXPECT_EQ(results[1].response->body, "bb");
+}
+
 TEST(PocoTransportTest, ReportsConnectionRefused) {
   uint16_t port = 0;
   {

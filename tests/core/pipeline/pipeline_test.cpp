@@ -350,6 +350,27 @@ TEST_F(PipelineTest, AnEventPayloadThatIsNotJsonNeverReachesTheGateway) {
                        R"({"action":"opened","issue":{"id":1}})"};
   EXPECT_EQ(gateway_->dispatch("github", ok), gateway::DispatchResult::kAccepted);
   EXPECT_EQ(sandbox_->report().gateway.received, 1);
+
+  // In a batch (pipelined on one connection), the bad payload is refused alone.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back("github:batch-" + std::to_string(i));
+  std::vector<gateway::Delivery> batch;
+  for (int i = 0; i < 5; ++i) {
+    batch.push_back({"gh-inst-1", "org-1", ids[static_cast<size_t>(i)], "issues",
+                     i == 2 ? std::string_view(R"({"a":)") : std::string_view(R"({"a":1})")});
+  }
+  batch.push_back(batch[0]);  // a repeat: the gateway answers "duplicate"
+  const std::vector<gateway::GatewayClient::Outcome> outcomes =
+      gateway_->dispatch_batch("github", batch);
+  ASSERT_EQ(outcomes.size(), 6u);
+  for (size_t i : {0u, 1u, 3u, 4u}) {
+    EXPECT_EQ(outcomes[i].result, gateway::DispatchResult::kAccepted) << i;
+  }
+  ASSERT_TRUE(outcomes[2].error);
+  EXPECT_FALSE(outcomes[2].error->retryable());
+  EXPECT_THAT(outcomes[2].error->what(), HasSubstr("github:batch-2"));
+  EXPECT_EQ(outcomes[5].result, gateway::DispatchResult::kDuplicate);
+  EXPECT_EQ(sandbox_->report().gateway.received, 1 + 5) << "every post but the bad one";
 }
 
 TEST_F(PipelineTest, AFailingUnitIsReportedInTheAggregateAndTheOthersComplete) {

@@ -83,6 +83,7 @@ TEST(ConfigTest, FullConfigLoads) {
                         {"rate_limit_floor", 0.2},
                         {"transient_retries", 0},
                         {"transient_retry_ms", 5},
+                        {"dispatch_concurrency", 2},
                         {"gateway_circuit", {{"failure_threshold", 3}, {"open_ms", 1000}}}};
   config["health"] = {{"backlog_threshold", 5}};
   config["shutdown"] = {{"grace_ms", 100}};
@@ -105,6 +106,7 @@ TEST(ConfigTest, FullConfigLoads) {
   EXPECT_EQ(c.scheduler.idle_poll_ms, 20);
   EXPECT_EQ(c.pipeline.transient_retries, 0);
   EXPECT_EQ(c.pipeline.transient_retry_ms, 5);
+  EXPECT_EQ(c.pipeline.dispatch_concurrency, 2);
   EXPECT_EQ(c.pipeline.entity_caps.per_installation, 2);
   EXPECT_EQ(c.pipeline.run_caps.per_installation, 1);  // untouched default
   EXPECT_DOUBLE_EQ(c.pipeline.rate_limit_floor, 0.2);
