@@ -628,7 +628,7 @@ struct PocoTransport::Impl {
   // missing; returns how many were answered. `c` stays usable when all were.
   size_t pipeline(RawConnection& c, const std::vector<Request>& requests, size_t first,
                   SteadyClock::time_point deadline, std::vector<BatchResult>& results,
-                  bool& reusable);
+                  bool& reusable, Phase& phase);
 };
 
 Poco::Net::Context::Ptr PocoTransport::Impl::context() {
@@ -848,7 +848,9 @@ std::unique_ptr<RawConnection> PocoTransport::Impl::take_raw(const Target& targe
 
 size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request>& requests,
                                      size_t first, SteadyClock::time_point deadline,
-                                     std::vector<BatchResult>& results, bool& reusable) {
+                                     std::vector<BatchResult>& results, bool& reusable,
+                                     Phase& phase) {
+  phase = Phase::kSending;
   std::string bytes;
   for (size_t i = first; i < requests.size(); ++i) {
     serialize(requests[i], parse_target(requests[i].url), options.user_agent, bytes);
@@ -860,6 +862,7 @@ size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request
     if (n <= 0) throw Poco::Net::ConnectionResetException("send failed");
     sent += static_cast<size_t>(n);
   }
+  phase = Phase::kWaiting;
   size_t answered = 0;
   reusable = false;
   for (size_t i = first; i < requests.size(); ++i) {
@@ -897,10 +900,11 @@ std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>
   while (next < requests.size()) {
     bool reused = false;
     size_t answered = 0;
+    Phase phase = Phase::kConnecting;
     try {
       std::unique_ptr<RawConnection> c = impl_->take_raw(target, deadline, reused);
       bool reusable = false;
-      answered = impl_->pipeline(*c, requests, next, deadline, results, reusable);
+      answered = impl_->pipeline(*c, requests, next, deadline, results, reusable, phase);
       if (reusable) {
         std::lock_guard lock(impl_->mutex);
         auto& pool = impl_->raw_idle[target.pool_key];
@@ -908,12 +912,12 @@ std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>
       }
       if (answered == 0) failure = "the connection closed before any response";
     } catch (const Poco::TimeoutException&) {
-      failure = "timeout after " + std::to_string(timeout.count()) + " ms (pipelined batch)";
+      failure = timeout_reason(phase, timeout, impl_->options.connect_timeout);
       // Whatever was answered before the timeout stands; the rest has timed out.
       while (next < requests.size() && results[next].response) ++next;
       break;
     } catch (const Poco::Exception& e) {
-      failure = e.displayText();
+      failure = failure_reason(e, phase);
     } catch (const TransportError& e) {
       failure = e.what();
     }

@@ -546,6 +546,12 @@ TEST(PocoTransportTest, TimesOutWhenTheServerDoesNotAnswer) {
 // ---------------------------------------------------------------------------------------------
 // Pipelined batches
 
+// A port nothing listens on (it was free a moment ago).
+uint16_t closed_port() {
+  Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", 0));
+  return socket.address().port();
+}
+
 Request post(std::string url, std::string body) {
   Request r = get(std::move(url));
   r.method = "POST";
@@ -603,18 +609,14 @@ TEST(PocoTransportBatchTest, SendsTheUnansweredRestAgainOnANewConnection) {
 }
 
 TEST(PocoTransportBatchTest, ReportsAnErrorPerRequestWhenNothingAnswers) {
-  uint16_t port = 0;
-  {
-    Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", 0));
-    port = socket.address().port();
-  }  // closed: nothing listens on `port` now
+  const uint16_t port = closed_port();
   PocoTransport transport;
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/x";
   const std::vector<BatchResult> results = transport.perform_batch({get(url), post(url, "{}")});
   ASSERT_EQ(results.size(), 2u);
   EXPECT_FALSE(results[0].response);
-  EXPECT_EQ(results[0].error, "GET " + url + ": Connection refused");
-  EXPECT_EQ(results[1].error, "POST " + url + ": Connection refused");
+  EXPECT_EQ(results[0].error, "GET " + url + ": connection refused");
+  EXPECT_EQ(results[1].error, "POST " + url + ": connection refused");
 }
 
 TEST(PocoTransportBatchTest, RequestsToSeveralOriginsGoOneByOne) {
@@ -628,11 +630,7 @@ TEST(PocoTransportBatchTest, RequestsToSeveralOriginsGoOneByOne) {
 }
 
 TEST(PocoTransportTest, ReportsConnectionRefused) {
-  uint16_t port = 0;
-  {
-    Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", 0));
-    port = socket.address().port();
-  }  // closed: nothing listens on `port` now
+  const uint16_t port = closed_port();
   PocoTransport transport;
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/x";
   const std::string error = transport_error(transport, get(url));
