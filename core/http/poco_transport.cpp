@@ -899,12 +899,13 @@ std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>
   std::string failure;
   while (next < requests.size()) {
     bool reused = false;
-    size_t answered = 0;
+    const size_t before = next;
     Phase phase = Phase::kConnecting;
     try {
       std::unique_ptr<RawConnection> c = impl_->take_raw(target, deadline, reused);
       bool reusable = false;
-      answered = impl_->pipeline(*c, requests, next, deadline, results, reusable, phase);
+      const size_t answered =
+          impl_->pipeline(*c, requests, next, deadline, results, reusable, phase);
       if (reusable) {
         std::lock_guard lock(impl_->mutex);
         auto& pool = impl_->raw_idle[target.pool_key];
@@ -922,7 +923,7 @@ std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>
       failure = e.what();
     }
     while (next < requests.size() && results[next].response) ++next;
-    if (answered == 0 && !reused) break;  // a fresh connection answered nothing: give up
+    if (next == before && !reused) break;  // a fresh connection answered nothing: give up
   }
   for (size_t i = next; i < requests.size(); ++i) {
     if (!results[i].response) results[i].error = describe(requests[i], failure);
