@@ -255,7 +255,9 @@ TEST_F(ScenarioTest, AFailingUnitIsReportedAndADlqRetryCompletesTheRun) {
   EXPECT_TRUE(sandbox["complete"].get<bool>()) << sandbox.dump(2);
   EXPECT_EQ(sandbox["gateway"]["unique"], 9 * kItems);
   EXPECT_EQ(sandbox["gateway"]["duplicates"], 0);
-  for (const json& letter : api("GET", "/v1/dead-letters").json()["items"]) {
+  const json resolved = api("GET", "/v1/dead-letters").json();
+  ASSERT_EQ(resolved["items"].size(), 3u);
+  for (const json& letter : resolved["items"]) {
     EXPECT_EQ(letter["status"], "resolved") << letter.dump();
   }
 }
