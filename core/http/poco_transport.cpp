@@ -280,6 +280,14 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
   Headers fields_;
 };
 
+// An idle plain-TCP connection is open and quiet: one non-blocking peek (Poco's poll() costs four
+// system calls). 0 = EOF, > 0 = stray bytes, EAGAIN = open and nothing to read.
+bool open_and_quiet(const Poco::Net::StreamSocket& socket) {
+  char byte;
+  const ssize_t n = ::recv(socket.impl()->sockfd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 // A keep-alive connection to one origin, HTTP or HTTPS.
 class PooledSession {
  public:
@@ -335,11 +343,7 @@ class CountingSession final : public PocoSession, public PooledSession {
   bool usable_when_idle() override {
     if (!this->connected() || this->buffered() != 0) return false;
     if constexpr (std::is_same_v<PocoSession, Poco::Net::HTTPClientSession>) {
-      // Plain TCP: one non-blocking peek (Poco's poll() costs four system calls). 0 = EOF,
-      // > 0 = stray bytes, EAGAIN = open and quiet.
-      char byte;
-      const ssize_t n = ::recv(this->socket().impl()->sockfd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+      return open_and_quiet(this->socket());
     } else {
       return !this->socket().poll(Poco::Timespan(0),
                                   Poco::Net::Socket::SELECT_READ | Poco::Net::Socket::SELECT_ERROR);
@@ -431,13 +435,8 @@ struct RawConnection {
   std::string buffer;
   size_t parsed = 0;  // bytes of `buffer` consumed
 
-  // Open and quiet since the last response: one non-blocking peek (EAGAIN = nothing to read).
-  bool usable_when_idle() {
-    if (parsed != buffer.size()) return false;
-    char byte;
-    const ssize_t n = ::recv(socket.impl()->sockfd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-  }
+  // Open, and nothing arrived since the last response.
+  bool usable_when_idle() { return parsed == buffer.size() && open_and_quiet(socket); }
 
   // Reads more bytes; false at EOF. Throws Poco::TimeoutException past the deadline.
   bool fill(SteadyClock::time_point deadline) {

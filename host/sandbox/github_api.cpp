@@ -206,6 +206,25 @@ Response list_items(const Context& context, const Request& request, RepoRef repo
 }
 
 // Repositories the token's installation can access (GET /installation/repositories).
+// A route under /repos/{owner}/{repo} or /repositories/{id}: whether it has that shape, the
+// repository it names (if any) and the rest of the route after it.
+struct RepoRoute {
+  bool known = false;
+  std::optional<RepoRef> repo;
+  Route rest;
+};
+
+RepoRoute repo_route(const Context& context, Route route) {
+  RepoRoute r;
+  if (route.size() >= 3 && route[0] == "repos") {
+    r = {true, context.data.find_repo(route[1], route[2]), route.subspan(3)};
+  } else if (route.size() >= 2 && route[0] == "repositories") {
+    r = {true, std::nullopt, route.subspan(2)};
+    if (auto id = parse_int(route[1])) r.repo = context.data.find_repo(*id);
+  }
+  return r;
+}
+
 Response installation_repositories(const Context& context, int installation) {
   json repositories = json::array();
   for (int r = 1; r <= context.data.repos_of(installation); ++r) {
@@ -223,17 +242,8 @@ Response dispatch(const Context& context, const Request& request, Route route, i
   if (route.size() == 2 && route[0] == "installation" && route[1] == "repositories") {
     return installation_repositories(context, installation);
   }
-  std::optional<RepoRef> repo;
-  Route rest;
-  if (route.size() >= 3 && route[0] == "repos") {
-    repo = context.data.find_repo(route[1], route[2]);
-    rest = route.subspan(3);
-  } else if (route.size() >= 2 && route[0] == "repositories") {
-    if (auto id = parse_int(route[1])) repo = context.data.find_repo(*id);
-    rest = route.subspan(2);
-  } else {
-    return not_found();
-  }
+  auto [known, repo, rest] = repo_route(context, route);
+  if (!known) return not_found();
   // Another installation's repository is as invisible as a missing one (404, not 403).
   if (!repo || repo->installation != installation) return not_found(kRepoDocs);
   if (rest.empty()) return json_response(200, context.data.repo_json(*repo));
@@ -252,15 +262,7 @@ Response dispatch(const Context& context, const Request& request, Route route, i
 // The repository and list a request is about (for resource faults and per-resource counts), when
 // it names a repository of `installation`.
 std::optional<Target> target_of(const Context& context, Route route, int installation) {
-  std::optional<RepoRef> repo;
-  Route rest;
-  if (route.size() >= 3 && route[0] == "repos") {
-    repo = context.data.find_repo(route[1], route[2]);
-    rest = route.subspan(3);
-  } else if (route.size() >= 2 && route[0] == "repositories") {
-    if (auto id = parse_int(route[1])) repo = context.data.find_repo(*id);
-    rest = route.subspan(2);
-  }
+  auto [known, repo, rest] = repo_route(context, route);
   if (!repo || repo->installation != installation || rest.size() > 1) return std::nullopt;
   return Target{installation,
                 DataModel::org_login(installation) + "/" + DataModel::repo_name(repo->repo),
