@@ -185,7 +185,7 @@ class JobStore {
   // run_after, id) order, skipping keys at their cap and kinds at their global cap. For a kind
   // with a per-key cap, keys take turns: the least-loaded key's next job first, so one tenant's
   // backlog cannot starve another's. Each claimed
-  // job is running with a new lease token, attempts + 1, and an attempt row.
+  // job is running with a new lease token, attempts + 1, and a running attempt in attempts().
   virtual std::vector<Claimed> claim(const ClaimRequest& request) = 0;
 
   // Renews the lease and, when given, replaces the checkpoint in the same transaction. A

@@ -1070,19 +1070,26 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     for (const auto& [kind, c] : capped) capped_hint.insert(kind);
   }
 
+  // The hint is stale when a kind was capped since it was taken (its jobs took places in the
+  // scan, which would cut the claim short) or uncapped since (the scan left its jobs out): scan
+  // again without exactly the capped kinds (all locked by us now).
   bool stale = false;
   for (const Row& row : first[1].rows) stale = stale || capped.count(to_str(row[1])) > 0;
+  for (const std::string& kind : hint) {
+    const bool asked =
+        r.kinds.empty() || std::find(r.kinds.begin(), r.kinds.end(), kind) != r.kinds.end();
+    stale = stale || (asked && capped.count(kind) == 0);
+  }
   if (stale) {
-    // A kind was capped since the hint was taken and its jobs took places in the scan: scan again
-    // without the capped kinds (all locked by us now), so that the claim is not cut short.
     std::vector<std::string> exclude;
     for (const auto& [kind, c] : capped) exclude.push_back(kind);
-    first[1] = tx.one(Sql("SELECT ")
-                          .raw(kJobColumns)
-                          .raw(" FROM jobs WHERE status = 'queued' AND run_after_ms <= ")
-                      << now << kinds_filter << " AND kind NOT IN (" << in_list(exclude)
-                      << ") ORDER BY priority, run_after_ms, id LIMIT " << r.limit
-                      << " FOR UPDATE SKIP LOCKED");
+    first[1] = tx.one(
+        Sql("SELECT ")
+            .raw(kJobColumns)
+            .raw(" FROM jobs WHERE status = 'queued' AND run_after_ms <= ")
+        << now << kinds_filter
+        << (exclude.empty() ? std::string() : " AND kind NOT IN (" + in_list(exclude) + ")")
+        << " ORDER BY priority, run_after_ms, id LIMIT " << r.limit << " FOR UPDATE SKIP LOCKED");
   }
   std::vector<std::vector<Candidate>> lists;
   lists.emplace_back();

@@ -37,6 +37,7 @@
 #include <Poco/Data/Session.h>
 
 #include "core/common/errors.h"
+#include <pthread.h>
 #include <sqlite3.h>
 
 namespace backhaul::jobs::sqlite {
@@ -403,6 +404,7 @@ class GroupCommitWriter {
   }
 
   void loop() {
+    pthread_setname_np(pthread_self(), "bh-sqlite-write");
     std::vector<Task*> batch;
     batch.reserve(max_batch_);
     while (true) {

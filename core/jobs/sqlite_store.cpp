@@ -10,7 +10,8 @@
 // Invariants kept by the operations below:
 // * running_counts holds the number of running jobs per (kind, key) and per kind (total row):
 //   +n in the claim, -1 in end_attempt(), which every exit from running calls exactly once.
-// * An attempt row is opened by each claim (seq = jobs.claims) and closed by end_attempt().
+// * A claim opens an attempt (seq = jobs.claims, number = jobs.attempt_no), kept in the job row
+//   while it runs; end_attempt() writes its row to attempts, once (schema 0002).
 // * A child counted in its parent's pending_children (counted_in_parent = 1) is uncounted in the
 //   transaction that makes it terminal (succeeded, dead, cancelled), once.
 // * A dead job has a pending dead letter; a retried one a retrying letter that becomes resolved
@@ -18,9 +19,11 @@
 #include "core/jobs/sqlite_store.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -183,8 +186,16 @@ JobState load_running(Connection& c, JobId id, const std::string& token) {
 
 // --- transitions ---------------------------------------------------------------------------
 
+// The running attempt's row, from the job row before the ending changes it. ON CONFLICT: a job
+// claimed before schema 0002 has its row open already.
+const std::string kAttemptRowHead =
+    "INSERT INTO attempts (job_id, seq, attempt, owner, started_ms, finished_ms, outcome, error) "
+    "SELECT id, claims, attempt_no, lease_owner, started_ms, ";
+const std::string kAttemptRowTail =
+    " ON CONFLICT (job_id, seq) DO UPDATE SET finished_ms = excluded.finished_ms, "
+    "outcome = excluded.outcome, error = excluded.error";
 const std::string kEndAttempt =
-    "UPDATE attempts SET finished_ms = ?3, outcome = ?4, error = ?5 WHERE job_id = ?1 AND seq = ?2";
+    kAttemptRowHead + "?2, ?3, ?4 FROM jobs WHERE id = ?1" + kAttemptRowTail;
 // The key's row and the kind's total row, by two primary-key seeks in one statement.
 const std::string kRunningDown =
     "UPDATE running_counts SET running = running - 1 WHERE kind = ?1 "
@@ -193,7 +204,7 @@ const std::string kRunningDown =
 // Every exit from running: closes the open attempt row and frees the running slot.
 void end_attempt(Connection& c, const JobState& s, std::string_view outcome,
                  const std::optional<std::string>& error, int64_t now) {
-  c.query(kEndAttempt).args(s.id, s.claims, now, outcome, error).run();
+  c.query(kEndAttempt).args(s.id, now, outcome, error).run();
   c.query(kRunningDown).args(s.kind, s.key).run();
 }
 
@@ -304,8 +315,8 @@ const std::string kCountChild =
 const std::string kJobExists = "SELECT 1 FROM jobs WHERE id = ?1";
 const std::string kInsertJob =
     "INSERT INTO jobs (kind, concurrency_key, dedupe_key, status, priority, max_attempts, "
-    "run_after_ms, parent_id, counted_in_parent, timeout_ms, created_ms, updated_ms, payload) "
-    "VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)";
+    "run_after_ms, parent_id, counted_in_parent, timeout_ms, created_ms, updated_ms, payload, "
+    "fair) VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)";
 
 std::optional<JobId> active_duplicate(Connection& c, const std::string& kind,
                                       const std::string& dedupe_key) {
@@ -353,6 +364,15 @@ std::string repeat_rows(const std::string& head, const std::string& row, int par
   return sql + tail;
 }
 
+// Kinds with a per-key cap: their queued jobs are also in jobs_claim_key (jobs.fair, schema 0003).
+using FairKinds = std::set<std::string>;
+FairKinds fair_kinds(Connection& c) {
+  FairKinds kinds;
+  Query q = c.query("SELECT kind FROM caps WHERE per_key_cap > 0");
+  while (q.step()) kinds.insert(q.text(0));
+  return kinds;
+}
+
 // Rows per multi-row statement: one statement execution opens the table's and its indexes'
 // cursors once for the whole chunk instead of once per job (measured: most of a single-row
 // INSERT's cost with the jobs table's indexes).
@@ -364,8 +384,8 @@ const std::string& insert_jobs_sql(size_t n) {
     for (size_t i = 1; i <= kChunk; ++i) {
       all[i] = repeat_rows(
           "INSERT INTO jobs (kind, concurrency_key, status, priority, max_attempts, run_after_ms, "
-          "timeout_ms, created_ms, updated_ms, payload) VALUES ",
-          "({0}, {1}, 'queued', {2}, {3}, {4}, {5}, {6}, {6}, {7})", 8, i, " RETURNING id");
+          "timeout_ms, created_ms, updated_ms, payload, fair) VALUES ",
+          "({0}, {1}, 'queued', {2}, {3}, {4}, {5}, {6}, {6}, {7}, {8})", 9, i);
     }
     return all;
   }();
@@ -374,7 +394,7 @@ const std::string& insert_jobs_sql(size_t n) {
 
 // Jobs without a dedupe key or a parent (nothing to look up first), inserted by one statement.
 void insert_plain(Connection& c, const std::vector<JobSpec>& specs, size_t begin, size_t end,
-                  int64_t now, std::vector<EnqueueResult>& results) {
+                  int64_t now, const FairKinds& fair, std::vector<EnqueueResult>& results) {
   Query q = c.query(insert_jobs_sql(end - begin));
   int index = 0;
   for (size_t i = begin; i < end; ++i) {
@@ -388,38 +408,40 @@ void insert_plain(Connection& c, const std::vector<JobSpec>& specs, size_t begin
     q.bind(++index, spec.timeout_ms);
     q.bind(++index, now);
     q.bind_static(++index, spec.payload);
+    q.bind(++index, fair.count(spec.kind) > 0);
   }
-  std::vector<JobId> ids;
-  ids.reserve(end - begin);
-  while (q.step()) ids.push_back(q.i64(0));
-  if (ids.size() != end - begin) throw StorageError("sqlite: multi-row insert lost rows");
-  // AUTOINCREMENT ids grow in VALUES order; RETURNING's own order is unspecified.
-  std::sort(ids.begin(), ids.end());
-  for (JobId id : ids) results.push_back({id, true});
+  // No RETURNING (an ephemeral table per execution). The writer holds the write lock and
+  // AUTOINCREMENT gives each new row max(ever used) + 1, so the rows got consecutive ids in
+  // VALUES order, the last of which is the connection's last insert rowid.
+  const int64_t n = static_cast<int64_t>(end - begin);
+  if (q.run() != n) throw StorageError("sqlite: multi-row insert lost rows");
+  const JobId last = sqlite3_last_insert_rowid(c.handle());
+  for (JobId id = last - n + 1; id <= last; ++id) results.push_back({id, true});
 }
 
-EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now);
+EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now, const FairKinds& fair);
 
 std::vector<EnqueueResult> enqueue_many(Connection& c, const std::vector<JobSpec>& specs,
                                         int64_t now) {
+  const FairKinds fair = fair_kinds(c);
   std::vector<EnqueueResult> results;
   results.reserve(specs.size());
   auto plain = [](const JobSpec& spec) { return !spec.dedupe_key && !spec.parent_id; };
   for (size_t i = 0; i < specs.size();) {
     if (!plain(specs[i])) {
-      results.push_back(enqueue_one(c, specs[i], now));
+      results.push_back(enqueue_one(c, specs[i], now, fair));
       ++i;
       continue;
     }
     size_t end = i;
     while (end < specs.size() && end - i < kChunk && plain(specs[end])) ++end;
-    insert_plain(c, specs, i, end, now, results);
+    insert_plain(c, specs, i, end, now, fair, results);
     i = end;
   }
   return results;
 }
 
-EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now) {
+EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now, const FairKinds& fair) {
   if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
   if (spec.dedupe_key) {
     if (auto existing = active_duplicate(c, spec.kind, *spec.dedupe_key)) {
@@ -430,7 +452,8 @@ EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now) {
   int64_t run_after = spec.run_after_ms > 0 ? spec.run_after_ms : now;
   c.query(kInsertJob)
       .args(spec.kind, spec.concurrency_key, spec.dedupe_key, spec.priority, spec.max_attempts,
-            run_after, spec.parent_id, counted, spec.timeout_ms, now, spec.payload)
+            run_after, spec.parent_id, counted, spec.timeout_ms, now, spec.payload,
+            fair.count(spec.kind) > 0)
       .run();
   return {sqlite3_last_insert_rowid(c.handle()), true};
 }
@@ -459,10 +482,10 @@ const std::string kFirstQueuedKind =
 const std::string kNextQueuedKind =
     "SELECT kind FROM jobs WHERE status = 'queued' AND kind > ?1 ORDER BY kind LIMIT 1";
 const std::string kFirstQueuedKey =
-    "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND kind = ?1 "
+    "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = ?1 "
     "ORDER BY concurrency_key LIMIT 1";
 const std::string kNextQueuedKey =
-    "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND kind = ?1 "
+    "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = ?1 "
     "AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1";
 const std::string kCandidatesOfKind =
     "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_kind "
@@ -470,7 +493,8 @@ const std::string kCandidatesOfKind =
     "ORDER BY priority, run_after_ms, id LIMIT ?3";
 const std::string kCandidatesOfKey =
     "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_key "
-    "WHERE status = 'queued' AND kind = ?1 AND concurrency_key = ?2 AND run_after_ms <= ?3 "
+    "WHERE status = 'queued' AND fair = 1 AND kind = ?1 AND concurrency_key = ?2 "
+    "AND run_after_ms <= ?3 "
     "ORDER BY priority, run_after_ms, id LIMIT ?4";
 const std::string kKeyRunning =
     "SELECT running FROM running_counts WHERE kind = ?1 AND total = 0 AND concurrency_key = ?2";
@@ -520,7 +544,8 @@ void append_candidates(Query& q, int64_t base_load, std::vector<Candidate>& out)
 
 const std::string kMoreOfKey =
     "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_key "
-    "WHERE status = 'queued' AND kind = ?1 AND concurrency_key = ?2 AND run_after_ms <= ?3 "
+    "WHERE status = 'queued' AND fair = 1 AND kind = ?1 AND concurrency_key = ?2 "
+    "AND run_after_ms <= ?3 "
     "AND (priority, run_after_ms, id) > (?4, ?5, ?6) "
     "ORDER BY priority, run_after_ms, id LIMIT ?7";
 
@@ -641,8 +666,8 @@ class TokenSource {
   std::mt19937_64 rng_;
 };
 
-// A claim takes its candidates kChunk at a time: one UPDATE, one INSERT of the attempt rows and
-// one SELECT of the claimed rows per chunk (ids padded with 0, which no job has). Each job's lease
+// A claim takes its candidates kChunk at a time: one UPDATE and one SELECT of the claimed rows
+// per chunk (ids padded with 0, which no job has). Each job's lease
 // token is the chunk's random prefix followed by the job id: unique, and what the chunk's later
 // statements select by. No RETURNING: SQLite buffers RETURNING rows in an ephemeral table per
 // execution, which measured as much as the UPDATE itself.
@@ -656,14 +681,11 @@ std::string id_list(int first, size_t n) {
 }
 
 const std::string kClaimChunk =
-    "UPDATE jobs SET status = 'running', attempts = attempts + 1, claims = claims + 1, "
+    "UPDATE jobs SET status = 'running', attempts = attempts + 1, attempt_no = attempts + 1, "
+    "claims = claims + 1, "
     "lease_owner = ?2, lease_token = ?1 || id, lease_expires_ms = ?3, started_ms = ?4, "
     "updated_ms = ?4 WHERE status = 'queued' AND id IN " +
     id_list(5, kChunk);
-const std::string kOpenAttempts =
-    "INSERT INTO attempts (job_id, seq, attempt, owner, started_ms) "
-    "SELECT id, claims, attempts, lease_owner, started_ms FROM jobs WHERE id IN " +
-    id_list(2, kChunk) + " AND lease_token = ?1 || id";
 const std::string kClaimedRows = "SELECT " + kJobColumns + " FROM jobs WHERE id IN " +
                                  id_list(2, kChunk) + " AND lease_token = ?1 || id";
 // total = 0: one (kind, key); total = 1: the whole kind (key '').
@@ -689,12 +711,6 @@ void take_chunk(Connection& c, const std::vector<Candidate>& chunk, const ClaimR
     q.args(prefix, r.owner, expires, r.now_ms);
     bind_ids(q, 5, chunk);
     if (q.run() == 0) return;
-  }
-  {
-    Query q = c.query(kOpenAttempts);
-    q.bind(1, prefix);
-    bind_ids(q, 2, chunk);
-    q.run();
   }
   std::map<JobId, Claimed> rows;
   {
@@ -879,23 +895,40 @@ const std::string kRunningDownBy =
 // statement each; the running counters are decremented once per (kind, key) for the whole call
 // (`down`). What follows the lease check cannot fail short of an error that ends the whole
 // transaction, so the chunk needs no savepoints.
-const std::string kChunkStates =
-    "SELECT " + kStateColumns + " FROM jobs WHERE id IN " + id_list(1, kChunk);
-const std::string kEndSucceededAttempts =
-    "UPDATE attempts SET finished_ms = ?1, outcome = 'succeeded', error = NULL "
-    "WHERE (job_id, seq) IN (SELECT id, claims FROM jobs WHERE id IN " +
-    id_list(2, kChunk) + ")";
-const std::string kCompleteChunk = [] {
+// A statement in widths 1, 2, 4, ... kChunk: a chunk uses the narrowest that holds it (padded
+// with id 0, which no job has), so a few completions do not pay for kChunk lookups.
+class Widths {
+ public:
+  explicit Widths(const std::function<std::string(size_t)>& build) {
+    for (size_t n = 1; n <= kChunk; n *= 2) sql_.push_back(build(n));
+  }
+  static size_t width(size_t n) { return std::bit_ceil(std::max<size_t>(n, 1)); }
+  const std::string& operator()(size_t n) const {
+    return sql_[static_cast<size_t>(std::countr_zero(width(n)))];
+  }
+
+ private:
+  std::vector<std::string> sql_;
+};
+
+const Widths kChunkStates([](size_t n) {
+  return "SELECT " + kStateColumns + " FROM jobs WHERE id IN " + id_list(1, n);
+});
+const Widths kEndSucceededAttempts([](size_t n) {
+  return kAttemptRowHead + "?1, 'succeeded', NULL FROM jobs WHERE id IN " + id_list(2, n) +
+         kAttemptRowTail;
+});
+const Widths kCompleteChunk([](size_t n) {
   std::string sql = "UPDATE jobs SET status = 'succeeded', result = CASE id";
-  for (size_t i = 0; i < kChunk; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     sql += " WHEN ?" + std::to_string(2 + 2 * i) + " THEN ?" + std::to_string(3 + 2 * i);
   }
   sql +=
       " END, finished_ms = ?1, updated_ms = ?1, lease_owner = NULL, lease_token = NULL, "
       "lease_expires_ms = 0, counted_in_parent = 0 WHERE id IN (";
-  for (size_t i = 0; i < kChunk; ++i) sql += (i ? ", ?" : "?") + std::to_string(2 + 2 * i);
+  for (size_t i = 0; i < n; ++i) sql += (i ? ", ?" : "?") + std::to_string(2 + 2 * i);
   return sql + ")";
-}();
+});
 
 void complete_chunk(Connection& c, const std::vector<Finish>& items,
                     const std::vector<size_t>& chunk, int64_t now,
@@ -903,8 +936,8 @@ void complete_chunk(Connection& c, const std::vector<Finish>& items,
                     std::vector<FinishResult>& results) {
   std::map<JobId, JobState> states;
   {
-    Query q = c.query(kChunkStates);
-    for (size_t i = 0; i < kChunk; ++i) {
+    Query q = c.query(kChunkStates(chunk.size()));
+    for (size_t i = 0; i < Widths::width(chunk.size()); ++i) {
       q.bind(1 + static_cast<int>(i), i < chunk.size() ? items[chunk[i]].id : 0);
     }
     while (q.step()) {
@@ -929,16 +962,16 @@ void complete_chunk(Connection& c, const std::vector<Finish>& items,
   }
   if (valid.empty()) return;
   {
-    Query q = c.query(kEndSucceededAttempts);
+    Query q = c.query(kEndSucceededAttempts(valid.size()));
     q.bind(1, now);
-    for (size_t i = 0; i < kChunk; ++i)
+    for (size_t i = 0; i < Widths::width(valid.size()); ++i)
       q.bind(2 + static_cast<int>(i), i < valid.size() ? valid[i]->id : 0);
     q.run();
   }
   {
-    Query q = c.query(kCompleteChunk);
+    Query q = c.query(kCompleteChunk(applied.size()));
     q.bind(1, now);
-    for (size_t i = 0; i < kChunk; ++i) {
+    for (size_t i = 0; i < Widths::width(applied.size()); ++i) {
       const int slot = 2 + 2 * static_cast<int>(i);
       if (i < applied.size()) {
         q.bind(slot, items[applied[i]].id);
@@ -1323,7 +1356,8 @@ class SqliteStore final : public SqliteJobStore {
   std::string backend() const override { return "sqlite"; }
 
   EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
-    EnqueueResult result = write([&](Connection& c) { return enqueue_one(c, spec, now_ms); });
+    EnqueueResult result =
+        write([&](Connection& c) { return enqueue_one(c, spec, now_ms, fair_kinds(c)); });
     notify_runnable();
     return result;
   }
@@ -1535,12 +1569,16 @@ JobPage SqliteStore::list(const JobQuery& query) {
 std::vector<Attempt> SqliteStore::attempts(JobId id) {
   return read([&](Connection& c) {
     std::vector<Attempt> out;
+    // The ended attempts, then the running one from the job row (one statement: one snapshot).
     Query q = c.query(
-        "SELECT attempt, owner, started_ms, finished_ms, outcome, error FROM attempts "
-        "WHERE job_id = ?1 ORDER BY seq");
+        "SELECT seq, attempt, owner, started_ms, finished_ms, outcome, error FROM attempts "
+        "WHERE job_id = ?1 UNION ALL "
+        "SELECT claims, attempt_no, lease_owner, started_ms, 0, 'running', NULL FROM jobs "
+        "WHERE id = ?1 AND status = 'running' AND NOT EXISTS (SELECT 1 FROM attempts a "
+        "WHERE a.job_id = jobs.id AND a.seq = jobs.claims) ORDER BY 1");
     q.args(id);
     while (q.step()) {
-      out.push_back({id, q.i32(0), q.text(1), q.i64(2), q.i64(3), q.text(4), q.opt_text(5)});
+      out.push_back({id, q.i32(1), q.text(2), q.i64(3), q.i64(4), q.text(5), q.opt_text(6)});
     }
     return out;
   });
@@ -1557,12 +1595,23 @@ std::map<std::pair<std::string, JobStatus>, int64_t> SqliteStore::counts() {
 
 void SqliteStore::set_caps(const std::string& kind, Caps caps) {
   write([&](Connection& c) {
+    const bool was_fair = fair_kinds(c).count(kind) > 0;
     c.query(
          "INSERT INTO caps (kind, per_key_cap, global_cap) VALUES (?1, ?2, ?3) "
          "ON CONFLICT (kind) DO UPDATE SET per_key_cap = excluded.per_key_cap, "
          "global_cap = excluded.global_cap")
         .args(kind, std::max(caps.per_key, 0), std::max(caps.global, 0))
         .run();
+    const bool fair = caps.per_key > 0;
+    if (fair == was_fair) return;
+    // The kind's jobs that are or may again be queued move into or out of jobs_claim_key. One
+    // statement per status (a literal), each through that status's partial index.
+    for (const char* status : {"queued", "running", "waiting", "dead"}) {
+      c.query("UPDATE jobs SET fair = ?2 WHERE status = '" + std::string(status) +
+              "' AND kind = ?1")
+          .args(kind, fair)
+          .run();
+    }
   });
 }
 

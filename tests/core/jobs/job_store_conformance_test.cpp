@@ -1474,6 +1474,46 @@ TEST_P(JobStoreConformance, APerKeyCapLimitsRunningJobsOfOneKey) {
   EXPECT_EQ(next[0].job.concurrency_key, "A");
 }
 
+// Caps set or cleared while the kind has jobs queued, running and dead apply to all of them: the
+// queued ones are claimed under the new caps, and so are the running one requeued and the dead one
+// retried later. (SQLite keeps a second claim index only for capped kinds; this moves the jobs.)
+TEST_P(JobStoreConformance, CapsSetOrClearedLaterApplyToTheKindsExistingJobs) {
+  const JobId dead = add_dead(spec("entity", "B"), "gone");
+  const JobId running = add(spec("entity", "A"));
+  Claimed held = claim_job(running);
+  for (const char* key : {"A", "A", "B", "B"}) add(spec("entity", key));
+
+  store().set_caps("entity", Caps{1, 0});
+  std::vector<Claimed> first = claim(10);
+  ASSERT_EQ(first.size(), 1u) << "A is at its cap; B gets one";
+  EXPECT_EQ(first[0].job.concurrency_key, "B");
+
+  // The running A job comes back queued, and the dead B job is retried: both under the cap.
+  EXPECT_EQ(store().fail(running, held.lease_token, Failure{"retry me", false, 0}, kT0),
+            JobStatus::kQueued);
+  store().retry_dead_letter(letter_of(dead).id, kT0);
+  store().complete(first[0].job.id, first[0].lease_token, "{}", kT0);
+  std::vector<Claimed> second = claim(10, kT0 + 1);
+  ASSERT_EQ(second.size(), 2u);
+  std::set<std::string> keys;
+  for (const Claimed& c : second) keys.insert(c.job.concurrency_key);
+  EXPECT_EQ(keys, (std::set<std::string>{"A", "B"}));
+
+  // Without the cap, everything left is claimable at once: of the 6 jobs, one succeeded and two
+  // run (A and B at their caps of 1 a moment ago).
+  store().set_caps("entity", Caps{0, 0});
+  std::vector<Claimed> rest = claim(10, kT0 + 2);
+  EXPECT_EQ(rest.size(), 3u);
+  std::set<JobId> all;
+  for (const auto* batch : {&first, &second, &rest}) {
+    for (const Claimed& c : *batch) all.insert(c.job.id);
+  }
+  all.insert(running);
+  EXPECT_EQ(all.size(), 6u) << "every job claimed, none twice";
+  EXPECT_TRUE(all.count(dead));
+  EXPECT_THAT(claim(10, kT0 + 3), ::testing::IsEmpty());
+}
+
 TEST_P(JobStoreConformance, AGlobalCapLimitsRunningJobsOfOneKindOnly) {
   store().set_caps("entity", Caps{0, 3});
   for (int i = 0; i < 6; ++i) add(spec("entity", "inst-" + std::to_string(i)));

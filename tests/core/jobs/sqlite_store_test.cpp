@@ -181,6 +181,82 @@ TEST_F(SqliteStoreTest, MigrateRecordsEachVersionOnceAndIsANoOpTheSecondTime) {
   EXPECT_EQ(query_file(path_, rows_sql), before) << "nothing re-applied, applied_ms unchanged";
 }
 
+// Schema 0002 writes an attempt's row when it ends. A job running across the upgrade already has
+// its row open (schema 0001 opened it at the claim): it is shown once while running, and its end
+// closes that row instead of adding a second.
+TEST_F(SqliteStoreTest, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttempt) {
+  const auto& migrations = sqlite_migrations();
+  ASSERT_GE(migrations.size(), 2u);
+  ASSERT_EQ(migrations[1].version, 2);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    auto exec = [db](const std::string& sql) {
+      char* error = nullptr;
+      int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+      std::string message = error ? error : "";
+      sqlite3_free(error);
+      ASSERT_EQ(rc, SQLITE_OK) << message << " in " << sql;
+    };
+    exec(
+        "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+        "applied_ms INTEGER NOT NULL)");
+    for (const std::string& statement : split_sql_statements(migrations[0].sql)) exec(statement);
+    exec("INSERT INTO schema_migrations VALUES (1, '" + std::string(migrations[0].name) + "', 1)");
+    // Attempt 1 failed; attempt 2 runs under token "tok" (as a schema-0001 claim left it).
+    exec(
+        "INSERT INTO jobs (id, kind, concurrency_key, status, attempts, max_attempts, "
+        "run_after_ms, lease_owner, lease_token, lease_expires_ms, claims, created_ms, "
+        "started_ms, updated_ms, payload) VALUES (1, 'entity', 'inst-1', 'running', 2, 5, "
+        "1700000000000, 'old-host', 'tok', 1700000030000, 2, 1699999990000, 1700000000000, "
+        "1700000000000, '{}')");
+    exec(
+        "INSERT INTO attempts (job_id, seq, attempt, owner, started_ms, finished_ms, outcome, "
+        "error) VALUES (1, 1, 1, 'old-host', 1699999990000, 1699999995000, 'failed', 'boom'), "
+        "(1, 2, 2, 'old-host', 1700000000000, 0, 'running', NULL)");
+    exec(
+        "INSERT INTO running_counts (kind, total, concurrency_key, running, max_running) VALUES "
+        "('entity', 0, 'inst-1', 1, 1), ('entity', 1, '', 1, 1)");
+    sqlite3_close(db);
+  }
+  auto store = open();
+  EXPECT_EQ(store->migrate(), migrations.back().version);
+
+  auto history = store->attempts(1);
+  ASSERT_EQ(history.size(), 2u) << "the open row once, not also the job row's attempt";
+  EXPECT_EQ(history[0].outcome, "failed");
+  EXPECT_EQ(history[1].attempt, 2);
+  EXPECT_EQ(history[1].outcome, "running");
+  EXPECT_EQ(history[1].owner, "old-host");
+
+  store->complete(1, "tok", "{}", kT0 + 100);
+  history = store->attempts(1);
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[1].attempt, 2);
+  EXPECT_EQ(history[1].outcome, "succeeded");
+  EXPECT_EQ(history[1].started_ms, kT0);
+  EXPECT_EQ(history[1].finished_ms, kT0 + 100);
+  EXPECT_EQ(store->running("entity", "inst-1"), 0);
+
+  // A job claimed after the upgrade: no row while it runs, one when it ends.
+  JobId id = store->enqueue(spec(), kT0).id;
+  auto claimed = store->claim(claim_request("new-host", 1, kT0 + 200));
+  ASSERT_EQ(claimed.size(), 1u);
+  EXPECT_EQ(
+      query_value(path_, "SELECT COUNT(*) FROM attempts WHERE job_id = " + std::to_string(id)),
+      "0");
+  history = store->attempts(id);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].outcome, "running");
+  EXPECT_EQ(history[0].owner, "new-host");
+  store->complete(id, claimed[0].lease_token, "{}", kT0 + 300);
+  history = store->attempts(id);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].attempt, 1);
+  EXPECT_EQ(history[0].outcome, "succeeded");
+  EXPECT_EQ(history[0].finished_ms, kT0 + 300);
+}
+
 TEST_F(SqliteStoreTest, HostsStartingTogetherOnAFreshFileMigrateItOnce) {
   constexpr int kHosts = 4;
   std::latch start(kHosts);
@@ -434,14 +510,15 @@ TEST_F(SqliteStoreTest, TheSchemaLetsClaimsSeekInsteadOfScanning) {
   };
   // A saturated tenant's backlog is skipped by seeking each unsaturated key's head.
   std::string by_key = plan(
-      "SELECT id FROM jobs WHERE status = 'queued' AND kind = 'entity' AND concurrency_key = 'k' "
-      "AND run_after_ms <= 5 ORDER BY priority, run_after_ms, id LIMIT 5");
+      "SELECT id FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = 'entity' "
+      "AND concurrency_key = 'k' AND run_after_ms <= 5 ORDER BY priority, run_after_ms, id "
+      "LIMIT 5");
   EXPECT_NE(by_key.find("jobs_claim_key (kind=? AND concurrency_key=?)"), std::string::npos)
       << by_key;
   EXPECT_EQ(by_key.find("TEMP B-TREE"), std::string::npos) << by_key;
   std::string next_key = plan(
-      "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND kind = 'entity' "
-      "AND concurrency_key > 'k' ORDER BY concurrency_key LIMIT 1");
+      "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND fair = 1 "
+      "AND kind = 'entity' AND concurrency_key > 'k' ORDER BY concurrency_key LIMIT 1");
   EXPECT_NE(next_key.find("jobs_claim_key (kind=? AND concurrency_key>?)"), std::string::npos)
       << next_key;
   std::string by_kind = plan(
