@@ -2,7 +2,19 @@
 
 #include <sstream>
 
+#include "core/common/errors.h"
+
 namespace backhaul::jobs {
+
+void check_not_newer(const char* backend, const std::set<int>& applied,
+                     const std::vector<Migration>& known) {
+  const int latest = known.empty() ? 0 : known.back().version;
+  if (applied.empty() || *applied.rbegin() <= latest) return;
+  throw StorageError(std::string(backend) + ": the database is at schema version " +
+                     std::to_string(*applied.rbegin()) + ", newer than this build's " +
+                     std::to_string(latest) +
+                     ": run the newer backhaul (every process on one store runs the same version)");
+}
 
 std::vector<std::string> split_sql_statements(const std::string& sql) {
   std::vector<std::string> statements;

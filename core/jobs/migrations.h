@@ -2,6 +2,7 @@
 // build time. Append-only: a released migration is never edited; a change is a new file.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,11 @@ struct Migration {
 
 const std::vector<Migration>& sqlite_migrations();
 const std::vector<Migration>& mysql_migrations();
+
+// Throws StorageError when the database records a migration this build does not know: a newer
+// build upgraded it, and this one would misread it (all processes on a store run one version).
+void check_not_newer(const char* backend, const std::set<int>& applied,
+                     const std::vector<Migration>& known);
 
 // Splits a migration into statements (on ";" at the end of a line; "--" comment lines dropped).
 std::vector<std::string> split_sql_statements(const std::string& sql);

@@ -660,14 +660,35 @@ JobState lock_existing(Tx& tx, JobId id) {
 }
 
 // Fencing: the job must be running under `token`, or the caller has lost it.
+// Fencing: why a write under `token` to job `id` (state `s`, none if it is gone) must not apply,
+// or nothing when the job is running under that token.
+std::optional<std::string> lease_problem(JobId id, const JobState* s, const std::string& token) {
+  std::string job = "job " + std::to_string(id);
+  if (!s) return job + " no longer exists";
+  if (s->status != JobStatus::kRunning) {
+    return job + " is " + std::string(to_string(s->status)) + ", not running";
+  }
+  if (s->token != token) return job + ": the lease was taken over (token mismatch)";
+  return std::nullopt;
+}
+
+// The states of `ids` (duplicates allowed), their rows locked in id order; absent ones are gone.
+std::map<JobId, JobState> lock_states(Tx& tx, std::vector<JobId> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  Result locked = tx.one(Sql("SELECT ").raw(kStateColumns).raw(" FROM jobs WHERE id IN (")
+                         << id_list(ids) << ") ORDER BY id FOR UPDATE");
+  std::map<JobId, JobState> states;
+  for (const Row& row : locked.rows) {
+    JobState s = read_state(row);
+    states.emplace(s.id, std::move(s));
+  }
+  return states;
+}
+
 JobState lock_running(Tx& tx, JobId id, const std::string& token) {
   std::optional<JobState> s = lock_state(tx, id);
-  std::string job = "job " + std::to_string(id);
-  if (!s) throw LeaseLost(job + " no longer exists");
-  if (s->status != JobStatus::kRunning) {
-    throw LeaseLost(job + " is " + std::string(to_string(s->status)) + ", not running");
-  }
-  if (s->token != token) throw LeaseLost(job + ": the lease was taken over (token mismatch)");
+  if (auto problem = lease_problem(id, s ? &*s : nullptr, token)) throw LeaseLost(*problem);
   return *s;
 }
 
@@ -1278,15 +1299,7 @@ void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
     op->error = nullptr;  // the body may run again after a deadlock
     ids.push_back(op->id);
   }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  Result locked = tx.one(Sql("SELECT ").raw(kStateColumns).raw(" FROM jobs WHERE id IN (")
-                         << id_list(ids) << ") ORDER BY id FOR UPDATE");
-  std::map<JobId, JobState> states;
-  for (const Row& row : locked.rows) {
-    JobState s = read_state(row);
-    states.emplace(s.id, std::move(s));
-  }
+  std::map<JobId, JobState> states = lock_states(tx, ids);
   std::vector<std::pair<const CompleteOp*, const JobState*>> valid;
   std::set<JobId> taken;
   for (CompleteOp* op : ops) {
@@ -1672,6 +1685,39 @@ class MysqlStore final : public JobStore {
         }
       }
     }
+    // Failures, deferrals and releases of distinct jobs share one transaction; should it fail,
+    // they are tried again one by one below, with the endings left (waiting for children, a job
+    // named twice).
+    {
+      std::vector<const Finish*> ends;
+      std::vector<size_t> end_item;
+      std::vector<Finish> rest;
+      std::vector<size_t> rest_item;
+      std::set<JobId> named;
+      for (size_t k = 0; k < others.size(); ++k) {
+        if (others[k].kind != Finish::Kind::kWaitForChildren && named.insert(others[k].id).second) {
+          ends.push_back(&others[k]);
+          end_item.push_back(other_item[k]);
+        } else {
+          rest_item.push_back(other_item[k]);
+        }
+      }
+      if (!ends.empty()) {
+        std::vector<FinishResult> end_results;
+        bool applied = false;
+        try {
+          transact("finish", [&](Tx& tx) { end_jobs(tx, ends, end_results, now_ms); });
+          applied = true;
+        } catch (const std::exception&) {  // each again on its own below, with its own error
+        }
+        if (applied) {
+          for (size_t k = 0; k < ends.size(); ++k) results[end_item[k]] = end_results[k];
+          for (size_t index : rest_item) rest.push_back(items[index]);
+          others = std::move(rest);
+          other_item = std::move(rest_item);
+        }
+      }
+    }
     // The other endings take one transaction each; run side by side on the pool's connections
     // so that InnoDB commits them together (its own group commit) instead of one fsync apiece.
     if (!others.empty()) {
@@ -1703,23 +1749,26 @@ class MysqlStore final : public JobStore {
     return transact("fail", [&](Tx& tx) {
       JobState s = lock_running(tx, id, token);
       Writes w;
-      end_attempt(w, s, failure.fatal ? "fatal" : "failed", failure.error, now_ms);
-      JobStatus status = JobStatus::kQueued;
-      // The cancellation rule turns only what would requeue into kCancelled: a FATAL or last
-      // failure still dies (and opens a dead letter), as complete() still succeeds.
-      if (failure.fatal || s.attempts >= s.max_attempts) {
-        mark_dead(w, s, failure.error, now_ms);
-        status = JobStatus::kDead;
-      } else if (s.cancel_requested) {
-        mark_cancelled(tx, w, s, 0, failure.error, now_ms);
-        status = JobStatus::kCancelled;
-      } else {
-        requeue(w, s, now_ms + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error,
-                now_ms);
-      }
+      JobStatus status = fail_locked(tx, w, s, failure, now_ms);
       w.commit(tx);
       return status;
     });
+  }
+  static JobStatus fail_locked(Tx& tx, Writes& w, const JobState& s, const Failure& failure,
+                               int64_t now) {
+    end_attempt(w, s, failure.fatal ? "fatal" : "failed", failure.error, now);
+    // The cancellation rule turns only what would requeue into kCancelled: a FATAL or last
+    // failure still dies (and opens a dead letter), as complete() still succeeds.
+    if (failure.fatal || s.attempts >= s.max_attempts) {
+      mark_dead(w, s, failure.error, now);
+      return JobStatus::kDead;
+    }
+    if (s.cancel_requested) {
+      mark_cancelled(tx, w, s, 0, failure.error, now);
+      return JobStatus::kCancelled;
+    }
+    requeue(w, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
+    return JobStatus::kQueued;
   }
 
   void defer(JobId id, const std::string& token, int64_t run_after_ms, const std::string& reason,
@@ -2187,16 +2236,57 @@ class MysqlStore final : public JobStore {
     transact(outcome == "deferred" ? "defer" : "release", [&](Tx& tx) {
       JobState s = lock_running(tx, id, token);
       Writes w;
-      if (s.cancel_requested) {
-        // Leaving running is where a requested cancellation takes effect.
-        end_attempt(w, s, "cancelled", reason, now_ms);
-        mark_cancelled(tx, w, s, 1, std::nullopt, now_ms);
-      } else {
-        end_attempt(w, s, outcome, reason, now_ms);
-        requeue(w, s, run_after, 1, std::nullopt, now_ms);
-      }
+      return_locked(tx, w, s, run_after, outcome, reason, now_ms);
       w.commit(tx);
     });
+  }
+  static JobStatus return_locked(Tx& tx, Writes& w, const JobState& s, int64_t run_after,
+                                 std::string_view outcome, const std::optional<std::string>& reason,
+                                 int64_t now) {
+    if (s.cancel_requested) {
+      // Leaving running is where a requested cancellation takes effect.
+      end_attempt(w, s, "cancelled", reason, now);
+      mark_cancelled(tx, w, s, 1, std::nullopt, now);
+      return JobStatus::kCancelled;
+    }
+    end_attempt(w, s, outcome, reason, now);
+    requeue(w, s, run_after, 1, std::nullopt, now);
+    return JobStatus::kQueued;
+  }
+
+  // fail(), defer() and release() of distinct jobs in one transaction, each as that method would:
+  // the rows are locked by one SELECT in id order and each lease is checked before anything is
+  // written; an item whose lease does not hold changes nothing. `results` is set anew each time
+  // (the body may run again after a deadlock).
+  static void end_jobs(Tx& tx, const std::vector<const Finish*>& items,
+                       std::vector<FinishResult>& results, int64_t now) {
+    std::vector<JobId> ids;
+    for (const Finish* f : items) ids.push_back(f->id);
+    std::map<JobId, JobState> states = lock_states(tx, ids);
+    results.assign(items.size(), FinishResult{});
+    Writes w;
+    for (size_t k = 0; k < items.size(); ++k) {
+      const Finish& f = *items[k];
+      auto it = states.find(f.id);
+      const JobState* s = it == states.end() ? nullptr : &it->second;
+      if (auto problem = lease_problem(f.id, s, f.token)) {
+        results[k].lease_lost = true;
+        results[k].error = *problem;
+        continue;
+      }
+      switch (f.kind) {
+        case Finish::Kind::kFail:
+          results[k].status = fail_locked(tx, w, *s, f.failure, now);
+          break;
+        case Finish::Kind::kDefer:
+          results[k].status = return_locked(tx, w, *s, f.until_ms, "deferred", f.reason, now);
+          break;
+        default:  // kRelease
+          results[k].status = return_locked(tx, w, *s, now, "released", std::nullopt, now);
+          break;
+      }
+    }
+    w.commit(tx);
   }
 
   static std::string letter_filter(const DeadLetterQuery& q) {
@@ -2292,6 +2382,7 @@ int MysqlStore::migrate() {
       for (const Row& row : c->one("SELECT version FROM schema_migrations").rows) {
         applied.insert(to_int(row[0]));
       }
+      check_not_newer("mysql", applied, mysql_migrations());
       for (const Migration& m : mysql_migrations()) {
         if (applied.count(m.version)) continue;
         for (const std::string& statement : split_sql_statements(m.sql)) c->one(statement);

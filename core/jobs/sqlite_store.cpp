@@ -1317,6 +1317,7 @@ int migrate_schema(Connection& c) {
     Query q = c.query("SELECT version FROM schema_migrations");
     while (q.step()) applied.insert(q.i32(0));
   }
+  check_not_newer("sqlite", applied, sqlite_migrations());
   for (const Migration& m : sqlite_migrations()) {
     if (applied.count(m.version)) continue;
     for (const std::string& statement : split_sql_statements(m.sql)) c.exec(statement);

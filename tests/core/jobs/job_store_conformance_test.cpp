@@ -1067,6 +1067,54 @@ TEST_P(JobStoreConformance, FinishAppliesALargeBatchOneItemAtATime) {
   EXPECT_EQ(store().running("entity", ""), 1) << "only the job with the wrong token still runs";
 }
 
+// Failures and releases also go many at a time (MySQL: one transaction for all): a lost lease,
+// or the same job named a second time, is refused alone; a cancel request still wins.
+TEST_P(JobStoreConformance, FinishRefusesALostLeaseOrARepeatAmongFailuresAndAppliesTheRest) {
+  const JobId a = add(spec());
+  const JobId b = add(spec());
+  const JobId c = add(spec());
+  const JobId d = add(spec());
+  std::map<JobId, std::string> token;
+  for (JobId id : {a, b, c, d}) token[id] = claim_job(id).lease_token;
+  ASSERT_EQ(store().cancel(d, kT0 + kSecond), CancelOutcome::kRequested);
+  auto failure = [&](JobId id, const std::string& t) {
+    Finish f;
+    f.kind = Finish::Kind::kFail;
+    f.id = id;
+    f.token = t;
+    f.failure = {"upstream 502", false, 0};
+    return f;
+  };
+  Finish release;
+  release.kind = Finish::Kind::kRelease;
+  release.id = c;
+  release.token = token[c];
+  const std::vector<Finish> items = {failure(a, token[a]), failure(b, "not-the-token"), release,
+                                     failure(a, token[a]), failure(d, token[d])};
+  std::vector<FinishResult> results = store().finish(items, kT0 + 2 * kSecond);
+  ASSERT_EQ(results.size(), items.size());
+  EXPECT_EQ(results[0].status, JobStatus::kQueued) << results[0].error;
+  EXPECT_TRUE(results[1].lease_lost);
+  EXPECT_THAT(results[1].error, HasSubstr("token"));
+  EXPECT_EQ(results[2].status, JobStatus::kQueued) << results[2].error;
+  EXPECT_TRUE(results[3].lease_lost) << "a is queued by then";
+  EXPECT_FALSE(results[3].status.has_value());
+  EXPECT_EQ(results[4].status, JobStatus::kCancelled) << results[4].error;
+
+  EXPECT_EQ(status_of(a), JobStatus::kQueued);
+  EXPECT_EQ(get_job(a).last_error, "upstream 502");
+  EXPECT_EQ(status_of(b), JobStatus::kRunning) << "the refused item changed nothing";
+  EXPECT_EQ(get_job(b).lease_token, token[b]);
+  EXPECT_EQ(status_of(c), JobStatus::kQueued);
+  EXPECT_EQ(get_job(c).attempts, 0) << "a release is not an attempt";
+  EXPECT_EQ(status_of(d), JobStatus::kCancelled);
+  ASSERT_EQ(store().attempts(a).size(), 1u);
+  EXPECT_EQ(store().attempts(a)[0].outcome, "failed");
+  ASSERT_EQ(store().attempts(c).size(), 1u);
+  EXPECT_EQ(store().attempts(c)[0].outcome, "released");
+  EXPECT_EQ(store().running("entity", ""), 1) << "only b still runs";
+}
+
 TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
   const JobId id = add(spec());
   Claimed c = claim_job(id);

@@ -209,6 +209,22 @@ TEST(MysqlStore, ThreeHostsMigrateAtOnce) {
 
 // Two store instances (two "hosts"), eight threads each, claim 2000 jobs with random batch
 // sizes: every job is claimed exactly once and ends succeeded with one attempt.
+TEST(MysqlStore, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
+  TestDatabase db;
+  db.open(2).reset();
+  auto c = db.app_session();
+  c->one("INSERT INTO schema_migrations (version, name, applied_ms) VALUES (999, 'future', 1)");
+  try {
+    db.open(2);
+    FAIL() << "opened a database at a schema version this build does not know";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("schema version 999, newer than this build's " +
+                                         std::to_string(mysql_migrations().back().version)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MysqlStore, TwoStoresClaimDisjointJobsUnderContention) {
   TestDatabase db;
   auto a = db.open(8);

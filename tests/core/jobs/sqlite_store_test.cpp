@@ -257,6 +257,27 @@ TEST_F(SqliteStoreTest, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttem
   EXPECT_EQ(history[0].finished_ms, kT0 + 300);
 }
 
+TEST_F(SqliteStoreTest, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
+  open().reset();
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "INSERT INTO schema_migrations VALUES (999, 'future', 1)", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  try {
+    open();
+    FAIL() << "opened a database at a schema version this build does not know";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("schema version 999, newer than this build's " +
+                                         std::to_string(sqlite_migrations().back().version)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(SqliteStoreTest, HostsStartingTogetherOnAFreshFileMigrateItOnce) {
   constexpr int kHosts = 4;
   std::latch start(kHosts);

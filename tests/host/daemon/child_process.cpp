@@ -7,8 +7,9 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 extern char** environ;
 
@@ -28,15 +29,21 @@ ChildProcess::ChildProcess(const std::string& path, const std::vector<std::strin
   std::vector<char*> envp;
   for (auto& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 1, stdout_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  const int rc = posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw std::runtime_error("posix_spawn " + path + ": " + std::to_string(rc));
+  // fork + exec rather than posix_spawn, for PR_SET_PDEATHSIG: the child is killed when this
+  // process dies, so a test run that aborts (a failed assertion in a fixture, a sanitizer) leaves
+  // no daemon behind. Between fork and exec only async-signal-safe calls.
+  if (access(path.c_str(), X_OK) != 0) throw std::runtime_error("cannot execute " + path);
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork for " + path + " failed");
+  if (pid_ == 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);
+    const int err = open(stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int out = open(stdout_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (err < 0 || out < 0 || dup2(err, 2) < 0 || dup2(out, 1) < 0) _exit(126);
+    execve(path.c_str(), argv.data(), envp.data());
+    _exit(127);
+  }
 }
 
 ChildProcess::~ChildProcess() {
