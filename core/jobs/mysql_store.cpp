@@ -777,13 +777,16 @@ class Writes {
 
 Result read_after(Tx& tx, Writes& w, const std::string& statement) { return w.read(tx, statement); }
 
-// Every exit from running closes the attempt row opened by the claim (found by its token).
+// Every exit from running writes the attempt's row, from the job row before this exit's own
+// UPDATE of it (schema 0002: the claim opens no row).
 void end_attempt(Writes& w, const JobState& s, std::string_view outcome,
                  const std::optional<std::string>& error, int64_t now) {
   w.running(s.kind, s.key, -1);
-  w.push_back(Sql("UPDATE job_attempts SET finished_ms = ")
-              << now << ", outcome = " << quote(outcome) << ", error = " << quote(clip(error))
-              << " WHERE job_id = " << s.id << " AND lease_token = " << quote(s.token));
+  w.push_back(Sql("INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
+                  "finished_ms, outcome, error) SELECT id, attempt_no, lease_owner, lease_token, "
+                  "started_ms, ")
+              << now << ", " << quote(outcome) << ", " << quote(clip(error))
+              << " FROM jobs WHERE id = " << s.id);
 }
 
 // Fan-in: `n` children of `parent` became terminal. A waiting parent whose count reaches 0 is
@@ -1267,15 +1270,15 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     return;
   }
   std::string list = id_list(ids);
-  w.push_back("UPDATE jobs SET status = 'running', attempts = attempts + 1, lease_owner = " +
-              per_id("id", owners) + ", lease_token = CONCAT(" + quote(prefix) +
-              ", id), lease_expires_ms = " + per_id("id", expiries) +
-              ", started_ms = " + per_id("id", starts) + ", updated_ms = " + per_id("id", starts) +
-              " WHERE id IN (" + list + ")");
+  // attempt_no before attempts: it reads attempts before that is assigned, under MySQL's
+  // left-to-right and MariaDB's simultaneous assignment alike. No attempt row yet (schema 0002).
   w.push_back(
-      "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms) "
-      "SELECT id, attempts, lease_owner, lease_token, started_ms FROM jobs WHERE id IN (" +
-      list + ") ORDER BY id");
+      "UPDATE jobs SET status = 'running', attempt_no = attempts + 1, "
+      "attempts = attempts + 1, lease_owner = " +
+      per_id("id", owners) + ", lease_token = CONCAT(" + quote(prefix) +
+      ", id), lease_expires_ms = " + per_id("id", expiries) +
+      ", started_ms = " + per_id("id", starts) + ", updated_ms = " + per_id("id", starts) +
+      " WHERE id IN (" + list + ")");
   w.commit(tx);
 }
 
@@ -1326,14 +1329,11 @@ void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
   Writes w;
   std::vector<JobId> done;
   std::vector<std::pair<JobId, std::string>> results, nows;
-  std::string tokens;
   std::map<JobId, std::pair<int, int64_t>> parents;  // children that finished, latest clock
   for (const auto& [op, s] : valid) {
     done.push_back(s->id);
     results.emplace_back(s->id, quote(op->result));
     nows.emplace_back(s->id, std::to_string(op->now));
-    if (!tokens.empty()) tokens += ", ";
-    tokens += quote(s->token);
     w.running(s->kind, s->key, -1);
     if (s->dead_letter_id) {
       w.push_back(Sql("UPDATE dead_letters SET status = 'resolved', updated_ms = ")
@@ -1346,11 +1346,11 @@ void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
     }
   }
   std::string list = id_list(done);
-  // Tokens are unique per claim and name their job, so matching the two lists separately finds
-  // exactly the open attempt of each job.
-  w.push_back("UPDATE job_attempts SET finished_ms = " + per_id("job_id", nows) +
-              ", outcome = 'succeeded', error = NULL WHERE job_id IN (" + list +
-              ") AND lease_token IN (" + tokens + ")");
+  // The attempts' rows, from the job rows before the UPDATE below (see end_attempt).
+  w.push_back(
+      "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, finished_ms, "
+      "outcome) SELECT id, attempt_no, lease_owner, lease_token, started_ms, " +
+      per_id("id", nows) + ", 'succeeded' FROM jobs WHERE id IN (" + list + ") ORDER BY id");
   w.push_back("UPDATE jobs SET status = 'succeeded', result = " + per_id("id", results) +
               ", finished_ms = " + per_id("id", nows) + ", updated_ms = " + per_id("id", nows) +
               ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
@@ -1946,9 +1946,14 @@ class MysqlStore final : public JobStore {
 
   std::vector<Attempt> attempts(JobId id) override {
     Result r = read("attempts", [&](mysql::Connection& c) {
-      return c.one(Sql("SELECT attempt, owner, started_ms, finished_ms, outcome, error FROM "
-                       "job_attempts WHERE job_id = ")
-                   << id << " ORDER BY id");
+      // The ended attempts, then the running one from the job row (one statement: one
+      // snapshot).
+      return c.one(Sql("SELECT attempt, owner, started_ms, finished_ms, outcome, error, id AS seq "
+                       "FROM job_attempts WHERE job_id = ")
+                   << id
+                   << " UNION ALL SELECT attempt_no, lease_owner, started_ms, 0, 'running', NULL, "
+                      "9223372036854775807 FROM jobs WHERE id = "
+                   << id << " AND status = 'running' ORDER BY seq");
     });
     std::vector<Attempt> out;
     for (const Row& row : r.rows) {
@@ -2385,7 +2390,15 @@ int MysqlStore::migrate() {
       check_not_newer("mysql", applied, mysql_migrations());
       for (const Migration& m : mysql_migrations()) {
         if (applied.count(m.version)) continue;
-        for (const std::string& statement : split_sql_statements(m.sql)) c->one(statement);
+        for (const std::string& statement : split_sql_statements(m.sql)) {
+          try {
+            c->one(statement);
+          } catch (const mysql::Error& e) {
+            // 1060: a column an ADD COLUMN adds exists -- that statement ran before a crash
+            // that left the migration unrecorded (MySQL 8 has no ADD COLUMN IF NOT EXISTS).
+            if (e.code() != 1060) throw;
+          }
+        }
         // applied_ms audits when an operator upgraded; it is not job time (no clock here).
         int64_t wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               std::chrono::system_clock::now().time_since_epoch())

@@ -225,6 +225,80 @@ TEST(MysqlStore, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
   }
 }
 
+// Schema 0002 writes an attempt's row when it ends. A job running across the upgrade had its row
+// opened by a schema-0001 claim: the migration moves it into the job row, so the job still shows
+// one row per attempt, before and after its end. The migration also runs again after a crash
+// that came between its ADD COLUMN and its record.
+TEST(MysqlStore, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttempt) {
+  const auto& migrations = mysql_migrations();
+  ASSERT_GE(migrations.size(), 2u);
+  ASSERT_EQ(migrations[1].version, 2);
+  TestDatabase db;
+  {
+    auto c = db.app_session();
+    c->one(
+        "CREATE TABLE schema_migrations (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT "
+        "NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB");
+    for (const std::string& statement : split_sql_statements(migrations[0].sql)) c->one(statement);
+    c->one("INSERT INTO schema_migrations VALUES (1, '" + std::string(migrations[0].name) +
+           "', 1)");
+    // Attempt 1 failed; attempt 2 runs under token "tok".
+    c->one(
+        "INSERT INTO jobs (id, kind, concurrency_key, status, attempts, max_attempts, "
+        "run_after_ms, lease_owner, lease_token, lease_expires_ms, created_ms, started_ms, "
+        "updated_ms, payload) VALUES (1, 'entity', 'inst-1', 'running', 2, 5, 1000, 'old-host', "
+        "'tok', 31000, 900, 1000, 1000, '{}')");
+    c->one(
+        "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, finished_ms, "
+        "outcome, error) VALUES (1, 1, 'old-host', 'tok-1', 900, 950, 'failed', 'boom'), "
+        "(1, 2, 'old-host', 'tok', 1000, 0, 'running', NULL)");
+    c->one("INSERT INTO running_counts VALUES ('entity', 'inst-1', 1, 1)");
+    c->one("INSERT INTO running_totals VALUES ('entity', 1, 1)");
+    c->one("ALTER TABLE jobs ADD COLUMN attempt_no INT NOT NULL DEFAULT 0");  // then a crash
+  }
+  auto store = db.open(2);
+  EXPECT_EQ(store->migrate(), migrations.back().version);
+
+  auto history = store->attempts(1);
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].outcome, "failed");
+  EXPECT_EQ(history[1].attempt, 2);
+  EXPECT_EQ(history[1].outcome, "running");
+  EXPECT_EQ(history[1].owner, "old-host");
+
+  store->complete(1, "tok", "{}", 2000);
+  history = store->attempts(1);
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[1].attempt, 2);
+  EXPECT_EQ(history[1].outcome, "succeeded");
+  EXPECT_EQ(history[1].started_ms, 1000);
+  EXPECT_EQ(history[1].finished_ms, 2000);
+  EXPECT_EQ(store->running("entity", "inst-1"), 0);
+
+  // A job claimed after the upgrade: no row while it runs, one when it ends.
+  JobId id = store->enqueue(spec("entity", "inst-1"), 3000).id;
+  ClaimRequest r;
+  r.owner = "new-host";
+  r.limit = 1;
+  r.now_ms = 3000;
+  r.lease_ms = 30000;
+  auto claimed = store->claim(r);
+  ASSERT_EQ(claimed.size(), 1u);
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM job_attempts WHERE job_id = " + std::to_string(id)),
+            0);
+  history = store->attempts(id);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].outcome, "running");
+  EXPECT_EQ(history[0].owner, "new-host");
+  store->complete(id, claimed[0].lease_token, "{}", 4000);
+  history = store->attempts(id);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].attempt, 1);
+  EXPECT_EQ(history[0].outcome, "succeeded");
+  EXPECT_EQ(history[0].finished_ms, 4000);
+}
+
 TEST(MysqlStore, TwoStoresClaimDisjointJobsUnderContention) {
   TestDatabase db;
   auto a = db.open(8);
