@@ -364,7 +364,8 @@ std::string repeat_rows(const std::string& head, const std::string& row, int par
   return sql + tail;
 }
 
-// Kinds with a per-key cap: their queued jobs are also in jobs_claim_key (jobs.fair, schema 0003).
+// Kinds with a per-key cap: their queued jobs are in jobs_claim_key, the others' in
+// jobs_claim_kind (jobs.fair, schema 0003).
 using FairKinds = std::set<std::string>;
 FairKinds fair_kinds(Connection& c) {
   FairKinds kinds;
@@ -477,10 +478,16 @@ bool fair_order(const Candidate& a, const Candidate& b) {
 }
 
 const std::string kCaps = "SELECT kind, per_key_cap, global_cap FROM caps";
-const std::string kFirstQueuedKind =
-    "SELECT kind FROM jobs WHERE status = 'queued' ORDER BY kind LIMIT 1";
-const std::string kNextQueuedKind =
-    "SELECT kind FROM jobs WHERE status = 'queued' AND kind > ?1 ORDER BY kind LIMIT 1";
+// The least kind (after ?1) with queued jobs: each claim index's, then the lesser of the two.
+std::string queued_kind_sql(const std::string& after) {
+  auto in = [&](const char* fair) {
+    return "SELECT * FROM (SELECT kind FROM jobs WHERE status = 'queued' AND fair = " +
+           std::string(fair) + after + " ORDER BY kind LIMIT 1)";
+  };
+  return in("0") + " UNION ALL " + in("1") + " ORDER BY 1 LIMIT 1";
+}
+const std::string kFirstQueuedKind = queued_kind_sql("");
+const std::string kNextQueuedKind = queued_kind_sql(" AND kind > ?1");
 const std::string kFirstQueuedKey =
     "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = ?1 "
     "ORDER BY concurrency_key LIMIT 1";
@@ -489,7 +496,7 @@ const std::string kNextQueuedKey =
     "AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1";
 const std::string kCandidatesOfKind =
     "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_kind "
-    "WHERE status = 'queued' AND kind = ?1 AND run_after_ms <= ?2 "
+    "WHERE status = 'queued' AND fair = 0 AND kind = ?1 AND run_after_ms <= ?2 "
     "ORDER BY priority, run_after_ms, id LIMIT ?3";
 const std::string kCandidatesOfKey =
     "SELECT id, priority, run_after_ms FROM jobs INDEXED BY jobs_claim_key "
@@ -1526,9 +1533,11 @@ std::string status_filter(JobStatus status) {
   return " AND status = " + literal + " AND status IN ('succeeded', 'dead', 'cancelled')";
 }
 
-// Each part is a covering scan of one partial index, not of the table.
+// Each part is a covering scan of one partial index, not of the table (queued jobs are in two).
 const std::string kCounts =
-    "SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' GROUP BY kind "
+    "SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 0 GROUP BY kind "
+    "UNION ALL SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 1 "
+    "GROUP BY kind "
     "UNION ALL SELECT kind, 'running', COUNT(*) FROM jobs WHERE status = 'running' GROUP BY kind "
     "UNION ALL SELECT kind, 'waiting', COUNT(*) FROM jobs WHERE status = 'waiting' GROUP BY kind "
     "UNION ALL SELECT kind, status, COUNT(*) FROM jobs "
@@ -1589,7 +1598,7 @@ std::map<std::pair<std::string, JobStatus>, int64_t> SqliteStore::counts() {
   return read([](Connection& c) {
     std::map<std::pair<std::string, JobStatus>, int64_t> out;
     Query q = c.query(kCounts);
-    while (q.step()) out[{q.text(0), status_from(q.text(1))}] = q.i64(2);
+    while (q.step()) out[{q.text(0), status_from(q.text(1))}] += q.i64(2);
     return out;
   });
 }
@@ -1605,7 +1614,7 @@ void SqliteStore::set_caps(const std::string& kind, Caps caps) {
         .run();
     const bool fair = caps.per_key > 0;
     if (fair == was_fair) return;
-    // The kind's jobs that are or may again be queued move into or out of jobs_claim_key. One
+    // The kind's jobs that are or may again be queued move to the other claim index. One
     // statement per status (a literal), each through that status's partial index.
     for (const char* status : {"queued", "running", "waiting", "dead"}) {
       c.query("UPDATE jobs SET fair = ?2 WHERE status = '" + std::string(status) +

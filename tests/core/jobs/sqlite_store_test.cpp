@@ -543,10 +543,24 @@ TEST_F(SqliteStoreTest, TheSchemaLetsClaimsSeekInsteadOfScanning) {
   EXPECT_NE(next_key.find("jobs_claim_key (kind=? AND concurrency_key>?)"), std::string::npos)
       << next_key;
   std::string by_kind = plan(
-      "SELECT id FROM jobs WHERE status = 'queued' AND kind = 'entity' AND run_after_ms <= 5 "
-      "ORDER BY priority, run_after_ms, id LIMIT 5");
+      "SELECT id FROM jobs WHERE status = 'queued' AND fair = 0 AND kind = 'entity' "
+      "AND run_after_ms <= 5 ORDER BY priority, run_after_ms, id LIMIT 5");
   EXPECT_NE(by_kind.find("jobs_claim_kind (kind=?)"), std::string::npos) << by_kind;
   EXPECT_EQ(by_kind.find("TEMP B-TREE"), std::string::npos) << by_kind;
+  // A queued job is in one of the two claim indexes: the next kind with queued jobs is a seek in
+  // each, and counting queued jobs scans the two indexes, not the table.
+  std::string next_kind = plan(
+      "SELECT * FROM (SELECT kind FROM jobs WHERE status = 'queued' AND fair = 0 AND kind > 'a' "
+      "ORDER BY kind LIMIT 1) UNION ALL SELECT * FROM (SELECT kind FROM jobs WHERE status = "
+      "'queued' AND fair = 1 AND kind > 'a' ORDER BY kind LIMIT 1) ORDER BY 1 LIMIT 1");
+  EXPECT_NE(next_kind.find("jobs_claim_kind (kind>?)"), std::string::npos) << next_kind;
+  EXPECT_NE(next_kind.find("jobs_claim_key (kind>?)"), std::string::npos) << next_kind;
+  std::string counts = plan(
+      "SELECT kind, COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 0 GROUP BY kind "
+      "UNION ALL SELECT kind, COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 1 "
+      "GROUP BY kind");
+  EXPECT_NE(counts.find("SCAN jobs USING INDEX jobs_claim_kind"), std::string::npos) << counts;
+  EXPECT_NE(counts.find("SCAN jobs USING INDEX jobs_claim_key"), std::string::npos) << counts;
 }
 
 }  // namespace
