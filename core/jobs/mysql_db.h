@@ -48,6 +48,8 @@ struct Config {
   unsigned read_timeout_s = 120;
 };
 Config parse_config(const std::string& connection_string);
+// The connection string with its db= replaced (or added).
+std::string with_database(const std::string& connection_string, const std::string& db);
 
 // A server or client error with its errno. `lost` means the connection is unusable.
 class Error : public StorageError {

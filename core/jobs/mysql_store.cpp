@@ -79,15 +79,24 @@ unsigned parse_unsigned(const std::string& key, const std::string& value) {
 
 }  // namespace
 
-Config parse_config(const std::string& connection_string) {
-  Config config;
+namespace {
+// Calls fn(item) for each ';'-separated item of a connection string that is not blank.
+template <class Fn>
+void for_each_item(const std::string& connection_string, Fn&& fn) {
   size_t pos = 0;
   while (pos <= connection_string.size()) {
     size_t end = connection_string.find(';', pos);
     if (end == std::string::npos) end = connection_string.size();
     std::string item = connection_string.substr(pos, end - pos);
     pos = end + 1;
-    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    if (item.find_first_not_of(" \t") != std::string::npos) fn(std::move(item));
+  }
+}
+}  // namespace
+
+Config parse_config(const std::string& connection_string) {
+  Config config;
+  for_each_item(connection_string, [&](std::string item) {
     size_t eq = item.find('=');
     if (eq == std::string::npos) {
       throw ConfigError("mysql connection string: '" + item + "' is not key=value");
@@ -126,8 +135,16 @@ Config parse_config(const std::string& connection_string) {
     } else {
       throw ConfigError("mysql connection string: unknown key '" + key + "'");
     }
-  }
+  });
   return config;
+}
+
+std::string with_database(const std::string& connection_string, const std::string& db) {
+  std::string out;
+  for_each_item(connection_string, [&](const std::string& item) {
+    if (item.rfind("db=", 0) != 0) out += item + ";";
+  });
+  return out + "db=" + db;
 }
 
 // --- values --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/jobs/mysql_db.h"
 #include "core/jobs/scheduler.h"
 #include "host/bench/bench.h"
 #include <sys/resource.h>
@@ -81,7 +82,9 @@ double cpu_seconds(const rusage& r) {
 
 struct OpenStore {
   std::unique_ptr<jobs::JobStore> store;
-  std::string path;  // a temp SQLite file to remove afterwards, or empty
+  std::string path;        // a temp SQLite file to remove afterwards, or empty
+  std::string mysql;       // MySQL: the run's own database (connection string), for workers
+  std::string mysql_drop;  // MySQL: that database, to drop afterwards
 };
 
 OpenStore open_store(const QueueOptions& o) {
@@ -98,7 +101,23 @@ OpenStore open_store(const QueueOptions& o) {
     out.store = jobs::open_sqlite_store(path);
   } else if (o.store == "mysql") {
     if (o.mysql.empty()) throw std::runtime_error("--mysql CONNECTION is required for mysql");
-    out.store = jobs::open_mysql_store(o.mysql, static_cast<size_t>(o.concurrency) + 4);
+    // A database of its own per run, dropped afterwards, as each peer measurement starts from an
+    // empty server: earlier runs' jobs would slow this one (counts() reads every job, for one).
+    // Named after the given database, so that a grant on "<db>_%" covers it.
+    jobs::mysql::Config server = jobs::mysql::parse_config(o.mysql);
+    const std::string db = server.db + "_bench_" + std::to_string(::getpid());
+    try {
+      jobs::mysql::Connection(server).one("CREATE DATABASE `" + db +
+                                          "` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci");
+    } catch (const std::exception& e) {
+      throw std::runtime_error("cannot create the run's database " + db +
+                               " (the user needs "
+                               "CREATE and DROP on it): " +
+                               e.what());
+    }
+    out.mysql = jobs::mysql::with_database(o.mysql, db);
+    out.mysql_drop = db;
+    out.store = jobs::open_mysql_store(out.mysql, static_cast<size_t>(o.concurrency) + 4);
   } else {
     throw std::runtime_error("--store sqlite|mysql");
   }
@@ -116,8 +135,12 @@ OpenStore open_store_existing(const QueueOptions& o) {
   return out;
 }
 
-void close_store(OpenStore& s) {
+void close_store(OpenStore& s, const QueueOptions& o) {
   s.store.reset();
+  if (!s.mysql_drop.empty()) {
+    jobs::mysql::Connection(jobs::mysql::parse_config(o.mysql))
+        .one("DROP DATABASE IF EXISTS `" + s.mysql_drop + "`");
+  }
   if (!s.path.empty()) {
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(s.path + suffix);
   }
@@ -182,7 +205,7 @@ void run_latency(const QueueOptions& o) {
                          {"rep", o.rep},
                          {"config", o.store}};
   std::cout << line.dump() << std::endl;
-  close_store(opened);
+  close_store(opened, o);
 }
 
 jobs::SchedulerOptions throughput_options(const QueueOptions& o) {
@@ -235,14 +258,14 @@ struct Worker {
   int out = -1;  // read end of its stdout
 };
 
-Worker spawn_worker(const QueueOptions& o, const std::string& kind) {
+Worker spawn_worker(const QueueOptions& o, const OpenStore& opened, const std::string& kind) {
   std::vector<std::string> args = {"backhaul-bench", "queue",
                                    "--worker-of",    kind,
                                    "--store",        o.store,
                                    "--concurrency",  std::to_string(o.concurrency),
                                    "--claim-batch",  std::to_string(o.claim_batch),
                                    "--prefetch",     std::to_string(o.prefetch)};
-  if (o.store == "mysql") args.insert(args.end(), {"--mysql", o.mysql});
+  if (o.store == "mysql") args.insert(args.end(), {"--mysql", opened.mysql});
   if (o.store == "sqlite") args.insert(args.end(), {"--sqlite-path", o.sqlite_path});
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
@@ -335,7 +358,7 @@ void run(const QueueOptions& o) {
 
   std::vector<Worker> workers;
   if (o.processes > 1) {
-    for (int p = 0; p < o.processes; ++p) workers.push_back(spawn_worker(o, kind));
+    for (int p = 0; p < o.processes; ++p) workers.push_back(spawn_worker(o, opened, kind));
   } else {
     scheduler.start();
   }
@@ -417,7 +440,7 @@ void run(const QueueOptions& o) {
       {"server_version", o.store == "sqlite" ? "sqlite (embedded)" : "mariadb"},
       {"durability", o.store == "sqlite" ? "synchronous=FULL" : "flush_log_at_trx_commit=1"}};
   std::cout << line.dump() << std::endl;
-  close_store(opened);
+  close_store(opened, o);
   if (!ok) throw std::runtime_error("final state is wrong (see the JSON line)");
 }
 

@@ -62,21 +62,6 @@ std::string setting(const char* env, const char* file) {
   return read_first_line(mariadb_dir() + "/" + file);
 }
 
-// Replaces (or adds) db= in a connection string.
-std::string with_db(const std::string& connection, const std::string& db) {
-  std::string out;
-  size_t pos = 0;
-  while (pos <= connection.size()) {
-    size_t end = connection.find(';', pos);
-    if (end == std::string::npos) end = connection.size();
-    std::string item = connection.substr(pos, end - pos);
-    pos = end + 1;
-    if (item.empty() || item.rfind("db=", 0) == 0) continue;
-    out += item + ";";
-  }
-  return out + "db=" + db;
-}
-
 // A database of its own on the fixture's server, created and dropped with the root login.
 class TestDatabase {
  public:
@@ -84,7 +69,7 @@ class TestDatabase {
     static std::atomic<int> counter{0};
     name_ = "backhaul_mst_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
     root_ = setting("BACKHAUL_TEST_MYSQL_ROOT", "root_connection.txt");
-    app_ = with_db(setting("BACKHAUL_TEST_MYSQL", "connection.txt"), name_);
+    app_ = mysql::with_database(setting("BACKHAUL_TEST_MYSQL", "connection.txt"), name_);
     root_session()->one("CREATE DATABASE `" + name_ +
                         "` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci");
   }
@@ -108,7 +93,8 @@ class TestDatabase {
     return std::make_unique<mysql::Connection>(mysql::parse_config(root_));
   }
   std::unique_ptr<mysql::Connection> root_session_in_db() const {
-    return std::make_unique<mysql::Connection>(mysql::parse_config(with_db(root_, name_)));
+    return std::make_unique<mysql::Connection>(
+        mysql::parse_config(mysql::with_database(root_, name_)));
   }
 
  private:
