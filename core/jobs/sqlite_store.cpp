@@ -367,12 +367,7 @@ std::string repeat_rows(const std::string& head, const std::string& row, int par
 // Kinds with a per-key cap: their queued jobs are in jobs_claim_key, the others' in
 // jobs_claim_kind (jobs.fair, schema 0003).
 using FairKinds = std::set<std::string>;
-FairKinds fair_kinds(Connection& c) {
-  FairKinds kinds;
-  Query q = c.query("SELECT kind FROM caps WHERE per_key_cap > 0");
-  while (q.step()) kinds.insert(q.text(0));
-  return kinds;
-}
+FairKinds fair_kinds(Connection& c);
 
 // Rows per multi-row statement: one statement execution opens the table's and its indexes'
 // cursors once for the whole chunk instead of once per job (measured: most of a single-row
@@ -513,6 +508,14 @@ std::map<std::string, Caps> read_caps(Connection& c) {
   Query q = c.query(kCaps);
   while (q.step()) caps[q.text(0)] = Caps{q.i32(1), q.i32(2)};
   return caps;
+}
+
+FairKinds fair_kinds(Connection& c) {
+  FairKinds kinds;
+  for (const auto& [kind, caps] : read_caps(c)) {
+    if (caps.per_key > 0) kinds.insert(kind);
+  }
+  return kinds;
 }
 
 // Steps through the distinct values of an index prefix with one seek each (a skip scan).
