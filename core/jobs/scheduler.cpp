@@ -93,6 +93,12 @@ void Scheduler::pause(std::unique_lock<std::mutex>& lock, int64_t ms) {
   wake_.wait_for(lock, std::chrono::milliseconds(ms));
 }
 
+// The heartbeat and sweep loops' timers. Not on wake_: it fires at every job's end, and a sweep
+// per job end is a store transaction per job end.
+void Scheduler::sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms) {
+  stop_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return stopped_; });
+}
+
 void Scheduler::claim_loop() {
   const std::vector<std::string> claim_kinds = kinds();
   int64_t backoff_ms = options_.idle_poll_ms;
@@ -156,7 +162,7 @@ void Scheduler::worker_loop() {
 void Scheduler::heartbeat_loop() {
   std::unique_lock lock(mutex_);
   while (!stopped_) {
-    pause(lock, std::max<int64_t>(options_.heartbeat_interval_ms / 2, 10));
+    sleep_unless_stopped(lock, std::max<int64_t>(options_.heartbeat_interval_ms / 2, 10));
     if (stopped_) break;
     std::vector<std::shared_ptr<JobContext>> running = running_;
     lock.unlock();
@@ -181,7 +187,7 @@ void Scheduler::heartbeat_loop() {
 void Scheduler::sweep_loop() {
   std::unique_lock lock(mutex_);
   while (!stopped_) {
-    pause(lock, options_.sweep_interval_ms);
+    sleep_unless_stopped(lock, options_.sweep_interval_ms);
     if (stopped_) break;
     lock.unlock();
     try {
@@ -429,6 +435,7 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   finisher_running_ = false;  // it writes what is handed over, then exits
   lock.unlock();
   wake_.notify_all();
+  stop_.notify_all();
   work_ready_.notify_all();
   endings_ready_.notify_all();
   for (auto& t : threads_) t.join();

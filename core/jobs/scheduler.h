@@ -202,6 +202,7 @@ class Scheduler {
   std::vector<std::string> kinds() const;
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
+  void sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms);
 
   JobStore& store_;
   const Clock& clock_;
@@ -210,7 +211,8 @@ class Scheduler {
   std::map<std::string, Handler> handlers_;
 
   mutable std::mutex mutex_;
-  std::condition_variable wake_;        // claim loop, heartbeat and sweep loops
+  std::condition_variable wake_;        // the claim loop and drain(): every job's end fires it
+  std::condition_variable stop_;        // heartbeat and sweep loops: only drain() fires it
   std::condition_variable work_ready_;  // workers
   std::deque<Claimed> ready_;
   std::vector<Ending> endings_;  // handed over by workers, not yet written

@@ -186,6 +186,39 @@ TEST_F(SchedulerTest, WorkerPoolRunsEveryJobExactlyOnce) {
   EXPECT_EQ(scheduler.stats().in_flight, 0);
 }
 
+// The sweep runs every sweep_interval_ms (here an hour), not whenever a job ends. A lease that
+// expired after the start-up sweep is still held while 200 jobs run; a sweep on any of their ends
+// would have requeued it.
+TEST_F(SchedulerTest, TheSweepKeepsItsIntervalWhileJobsEnd) {
+  SchedulerOptions o = options();
+  o.sweep_interval_ms = 3'600'000;
+  Scheduler scheduler(*store_, clock_, o);
+  std::atomic<int> calls{0};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++calls;
+    return Outcome::complete();
+  });
+  const JobId orphan = enqueue("orphan");
+  ClaimRequest r;
+  r.owner = "crashed-host";
+  r.limit = 1;
+  r.lease_ms = 1'000;
+  r.now_ms = clock_.now_ms();
+  ASSERT_EQ(store_->claim(r).size(), 1u);
+  scheduler.start();         // its start-up sweep finds the lease still valid
+  clock_.advance_ms(5'000);  // now it has expired
+  std::vector<JobSpec> specs(200, JobSpec{"work", "{}", "k", std::nullopt, 0, 3, 0, {}, 0});
+  store_->enqueue_batch(specs, clock_.now_ms());
+  for (int i = 0; i < 1000 && calls.load() < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  ASSERT_EQ(calls.load(), 200);
+  EXPECT_EQ(store_->get(orphan)->status, JobStatus::kRunning);
+  EXPECT_EQ(store_->get(orphan)->lease_owner, "crashed-host");
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 1);  // expired indeed: a sweep takes it
+}
+
 // An idle claim loop sleeps for idle_poll_ms (here an hour); a job enqueued through the same
 // store object wakes it at once, and so does a dead letter retried through it.
 TEST_F(SchedulerTest, AnEnqueueThroughTheSameStoreWakesAnIdleClaimLoop) {
