@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -306,6 +307,7 @@ Connection::Connection(const Config& config) {
 }
 
 Connection::~Connection() {
+  for (auto& [sql, statement] : statements_) mysql_stmt_close(statement);
   if (handle_) mysql_close(handle_);
 }
 
@@ -318,6 +320,68 @@ void Connection::fail(const char* what) {
   throw Error(
       std::string(what) + ": " + mysql_error(handle_) + " (errno " + std::to_string(code) + ")",
       code, lost);
+}
+
+void Connection::fail(MYSQL_STMT* statement, const char* what) {
+  unsigned code = mysql_stmt_errno(statement);
+  bool lost = is_connection_error(code);
+  if (lost) broken_ = true;
+  throw Error(std::string(what) + ": " + mysql_stmt_error(statement) + " (errno " +
+                  std::to_string(code) + ")",
+              code, lost);
+}
+
+Result Connection::execute(const std::string& sql, const std::vector<Param>& params) {
+  if (broken_) throw Error("connection is broken", 2006, true);
+  auto it = statements_.find(sql);
+  if (it == statements_.end()) {
+    MYSQL_STMT* statement = mysql_stmt_init(handle_);
+    if (!statement) throw Error("mysql_stmt_init failed (out of memory)", 0, false);
+    if (mysql_stmt_prepare(statement, sql.data(), static_cast<unsigned long>(sql.size())) != 0) {
+      try {
+        fail(statement, "prepare");
+      } catch (...) {
+        mysql_stmt_close(statement);
+        throw;
+      }
+    }
+    it = statements_.emplace(sql, statement).first;
+  }
+  MYSQL_STMT* statement = it->second;
+  if (mysql_stmt_param_count(statement) != params.size()) {
+    throw std::logic_error("mysql: a prepared statement takes " +
+                           std::to_string(mysql_stmt_param_count(statement)) + " values, not " +
+                           std::to_string(params.size()));
+  }
+  std::vector<MYSQL_BIND> binds(params.size());
+  std::vector<unsigned long> lengths(params.size());
+  static const char kEmpty[] = "";
+  for (size_t i = 0; i < params.size(); ++i) {
+    MYSQL_BIND& b = binds[i];
+    std::memset(&b, 0, sizeof b);
+    const Param& p = params[i];
+    switch (p.kind) {
+      case Param::Kind::kNull:
+        b.buffer_type = MYSQL_TYPE_NULL;
+        break;
+      case Param::Kind::kInt:
+        b.buffer_type = MYSQL_TYPE_LONGLONG;
+        b.buffer = const_cast<int64_t*>(&p.number);  // the API's buffers are not const
+        break;
+      case Param::Kind::kBytes:
+        b.buffer_type = MYSQL_TYPE_STRING;
+        b.buffer = const_cast<char*>(p.bytes.empty() ? kEmpty : p.bytes.data());
+        b.buffer_length = lengths[i] = static_cast<unsigned long>(p.bytes.size());
+        b.length = &lengths[i];
+        break;
+    }
+  }
+  if (mysql_stmt_bind_param(statement, binds.data()) != 0) fail(statement, "binding values");
+  if (mysql_stmt_execute(statement) != 0) fail(statement, "statement");
+  Result result;
+  result.affected = mysql_stmt_affected_rows(statement);
+  result.insert_id = mysql_stmt_insert_id(statement);
+  return result;
 }
 
 std::vector<Result> Connection::run(std::string_view sql, size_t* completed) {
@@ -413,6 +477,25 @@ void Pool::give_back(std::unique_ptr<Connection> connection) {
 
 Tx::~Tx() { rollback(); }
 
+// Runs `call` on the session; a lost session ends the transaction (nothing to roll back).
+template <class Call>
+auto Tx::guarded(Call&& call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (const Error& e) {
+    if (e.connection_lost()) finished_ = true;
+    throw;
+  }
+}
+
+Result Tx::execute(const std::string& sql, const std::vector<Param>& params) {
+  if (!begun_) {
+    guarded([&] { return connection_.run("START TRANSACTION"); });
+    begun_ = true;
+  }
+  return guarded([&] { return connection_.execute(sql, params); });
+}
+
 std::vector<Result> Tx::send(const std::vector<std::string>& statements, bool commit) {
   std::string sql;
   size_t skip = 0;
@@ -481,6 +564,7 @@ void backoff(int attempt, std::chrono::milliseconds base, std::chrono::milliseco
 namespace {
 
 using mysql::Cell;
+using mysql::Param;
 using mysql::Pool;
 using mysql::quote;
 using mysql::Result;
@@ -1386,6 +1470,28 @@ void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
 constexpr size_t kInsertChunkBytes = 4u << 20;
 constexpr size_t kInsertChunkRows = 1000;
 
+// How many of `n` rows (1..kInsertChunkRows) one INSERT takes: all of a full chunk, else the
+// largest power of two, so that a session prepares at most 11 INSERT texts.
+size_t insert_width(size_t n) {
+  if (n >= kInsertChunkRows) return kInsertChunkRows;
+  size_t width = 1;
+  while (width * 2 <= n) width *= 2;
+  return width;
+}
+
+// INSERT INTO jobs with `width` rows of '?' (the order of enqueue_jobs' params).
+std::string insert_jobs_sql(size_t width) {
+  std::string sql =
+      "INSERT INTO jobs (kind, concurrency_key, dedupe_key, active_dedupe_key, status, priority, "
+      "max_attempts, run_after_ms, parent_id, counted_in_parent, timeout_ms, created_ms, "
+      "updated_ms, payload) VALUES ";
+  for (size_t i = 0; i < width; ++i) {
+    sql += i ? ", (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+             : "(?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+  }
+  return sql;
+}
+
 struct AutoIncrement {
   bool consecutive = true;  // innodb_autoinc_lock_mode 0 or 1: a multi-row INSERT's ids are
                             // insert_id, insert_id + step, ... (not guaranteed in mode 2)
@@ -1465,36 +1571,39 @@ std::vector<EnqueueResult> enqueue_jobs(Tx& tx, const std::vector<JobSpec>& spec
     }
   }
 
-  // 3. The new rows, in multi-row INSERTs.
+  // 3. The new rows, in multi-row INSERTs, prepared: the payloads go as they are, and the
+  // server parses no literal (a text INSERT of 1000 jobs spends about half its time parsing).
   std::vector<size_t> rows;
   for (size_t i = 0; i < n; ++i) {
     if (!settled[i] && same_as[i] == SIZE_MAX) rows.push_back(i);
   }
+  std::vector<Param> params;
   size_t at = 0;
   while (at < rows.size()) {
-    std::string sql =
-        "INSERT INTO jobs (kind, concurrency_key, dedupe_key, active_dedupe_key, status, "
-        "priority, max_attempts, run_after_ms, parent_id, counted_in_parent, timeout_ms, "
-        "created_ms, updated_ms, payload) VALUES ";
-    size_t begin = at;
+    const size_t begin = at;
+    size_t bytes = 0;
     while (at < rows.size() && at - begin < (autoinc.consecutive ? kInsertChunkRows : 1) &&
-           (at == begin || sql.size() < kInsertChunkBytes)) {
+           (at == begin || bytes < kInsertChunkBytes)) {
       const JobSpec& s = specs[rows[at]];
-      bool counted = s.parent_id && counting.count(*s.parent_id);
-      if (at > begin) sql += ", ";
-      sql +=
-          Sql("(").str(s.kind) << ", " << quote(s.concurrency_key) << ", " << quote(s.dedupe_key)
-                               << ", " << quote(s.dedupe_key) << ", 'queued', " << s.priority
-                               << ", " << s.max_attempts << ", "
-                               << (s.run_after_ms > 0 ? s.run_after_ms : now) << ", "
-                               << (s.parent_id ? std::to_string(*s.parent_id) : std::string("NULL"))
-                               << ", " << (counted ? 1 : 0) << ", " << s.timeout_ms << ", " << now
-                               << ", " << now << ", " << quote(s.payload) << ")";
+      bytes += s.payload.size() + s.kind.size() + s.concurrency_key.size() + 64;
       ++at;
+    }
+    at = begin + insert_width(at - begin);
+    params.clear();
+    for (size_t i = begin; i < at; ++i) {
+      const JobSpec& s = specs[rows[i]];
+      const bool counted = s.parent_id && counting.count(*s.parent_id);
+      params.insert(
+          params.end(),
+          {Param::of(s.kind), Param::of(s.concurrency_key), Param::of(s.dedupe_key),
+           Param::of(s.dedupe_key), Param::of(s.priority), Param::of(s.max_attempts),
+           Param::of(s.run_after_ms > 0 ? s.run_after_ms : now),
+           s.parent_id ? Param::of(*s.parent_id) : Param::null(), Param::of(counted ? 1 : 0),
+           Param::of(s.timeout_ms), Param::of(now), Param::of(now), Param::of(s.payload)});
     }
     Result inserted;
     try {
-      inserted = tx.one(sql);
+      inserted = tx.execute(insert_jobs_sql(at - begin), params);
     } catch (const mysql::Error& e) {
       // Another transaction made a job with one of our dedupe keys active after our read: start
       // over, and the read will find it.
