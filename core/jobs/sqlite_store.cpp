@@ -940,11 +940,16 @@ const Widths kCompleteChunk([](size_t n) {
   return sql + ")";
 });
 
-void complete_chunk(Connection& c, const std::vector<Finish>& items,
-                    const std::vector<size_t>& chunk, int64_t now,
-                    std::map<std::pair<std::string, std::string>, int>& down,
-                    std::vector<FinishResult>& results) {
+// The states of a chunk's jobs (distinct), read by one SELECT, and the items whose lease holds;
+// the others get lease_lost in `results`. (The map's nodes, and so `valid`'s pointers, survive
+// a move.)
+struct CheckedChunk {
   std::map<JobId, JobState> states;
+  std::vector<std::pair<size_t, const JobState*>> valid;  // item index, its job's state
+};
+CheckedChunk check_chunk(Connection& c, const std::vector<Finish>& items,
+                         const std::vector<size_t>& chunk, std::vector<FinishResult>& results) {
+  CheckedChunk out;
   {
     Query q = c.query(kChunkStates(chunk.size()));
     for (size_t i = 0; i < Widths::width(chunk.size()); ++i) {
@@ -952,22 +957,33 @@ void complete_chunk(Connection& c, const std::vector<Finish>& items,
     }
     while (q.step()) {
       JobState state = read_state(q);
-      states.emplace(state.id, std::move(state));
+      out.states.emplace(state.id, std::move(state));
     }
   }
-  std::vector<const JobState*> valid;
-  std::vector<size_t> applied;
   for (size_t index : chunk) {
     const Finish& f = items[index];
-    auto it = states.find(f.id);
+    auto it = out.states.find(f.id);
     std::optional<JobState> state;
-    if (it != states.end()) state = it->second;
+    if (it != out.states.end()) state = it->second;
     if (auto problem = lease_problem(f.id, state, f.token)) {
       results[index].lease_lost = true;
       results[index].error = *problem;
       continue;
     }
-    valid.push_back(&it->second);
+    out.valid.emplace_back(index, &it->second);
+  }
+  return out;
+}
+
+void complete_chunk(Connection& c, const std::vector<Finish>& items,
+                    const std::vector<size_t>& chunk, int64_t now,
+                    std::map<std::pair<std::string, std::string>, int>& down,
+                    std::vector<FinishResult>& results) {
+  const CheckedChunk checked = check_chunk(c, items, chunk, results);
+  std::vector<const JobState*> valid;
+  std::vector<size_t> applied;
+  for (const auto& [index, state] : checked.valid) {
+    valid.push_back(state);
     applied.push_back(index);
   }
   if (valid.empty()) return;
@@ -1001,30 +1017,86 @@ void complete_chunk(Connection& c, const std::vector<Finish>& items,
   }
 }
 
-// Completions in chunks of distinct jobs; every other item in its own savepoint inside the one
-// transaction, so that one item's failure undoes only that item. An error that ended the
-// transaction itself fails the whole call.
+// "CASE id WHEN ?a THEN ?b ... END" over `n` rows of `stride` parameters from ?2, row i's id at
+// ?(2 + stride * i) and its value `offset` after it.
+std::string case_of_id(size_t n, int stride, int offset) {
+  std::string sql = "CASE id";
+  for (size_t i = 0; i < n; ++i) {
+    const int id = 2 + stride * static_cast<int>(i);
+    sql += " WHEN ?" + std::to_string(id) + " THEN ?" + std::to_string(id + offset);
+  }
+  return sql + " END";
+}
+std::string ids_of_rows(size_t n, int stride) {
+  std::string sql = "(";
+  for (size_t i = 0; i < n; ++i) sql += (i ? ", ?" : "?") + std::to_string(2 + stride * i);
+  return sql + ")";
+}
+
+// Retries (a failure that requeues), by rows of (id, run_after, error) from ?2; ?1 = now.
+const Widths kEndFailedAttempts([](size_t n) {
+  return kAttemptRowHead + "?1, 'failed', " + case_of_id(n, 3, 2) + " FROM jobs WHERE id IN " +
+         ids_of_rows(n, 3) + kAttemptRowTail;
+});
+const Widths kRetryChunk([](size_t n) {
+  return "UPDATE jobs SET status = 'queued', run_after_ms = " + case_of_id(n, 3, 1) +
+         ", last_error = " + case_of_id(n, 3, 2) +
+         ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = ?1 "
+         "WHERE id IN " +
+         ids_of_rows(n, 3);
+});
+
+// fail_job() for a chunk of items (distinct jobs). The failures that requeue -- the common case:
+// not FATAL, attempts left, no cancel request -- are checked like complete_chunk's and written
+// by one statement each; the others (dead, cancelled) go one by one through fail_job().
+void fail_chunk(Connection& c, const std::vector<Finish>& items, const std::vector<size_t>& chunk,
+                int64_t now, std::map<std::pair<std::string, std::string>, int>& down,
+                std::vector<FinishResult>& results, std::vector<size_t>& one_by_one) {
+  std::vector<size_t> retries;
+  const CheckedChunk checked = check_chunk(c, items, chunk, results);
+  for (const auto& [index, state] : checked.valid) {
+    if (items[index].failure.fatal || state->attempts >= state->max_attempts ||
+        state->cancel_requested) {
+      one_by_one.push_back(index);
+    } else {
+      retries.push_back(index);
+      ++down[{state->kind, state->key}];
+    }
+  }
+  if (retries.empty()) return;
+  for (const Widths* statement : {&kEndFailedAttempts, &kRetryChunk}) {
+    Query q = c.query((*statement)(retries.size()));
+    q.bind(1, now);
+    for (size_t i = 0; i < Widths::width(retries.size()); ++i) {
+      const int slot = 2 + 3 * static_cast<int>(i);
+      if (i < retries.size()) {
+        const Finish& f = items[retries[i]];
+        q.bind(slot, f.id);
+        q.bind(slot + 1, now + std::max<int64_t>(f.failure.retry_delay_ms, 0));
+        q.bind_static(slot + 2, f.failure.error);
+      } else {
+        q.bind(slot, 0);
+      }
+    }
+    q.run();
+  }
+  for (size_t index : retries) results[index].status = JobStatus::kQueued;
+}
+
+// Completions, and failures, in chunks of distinct jobs; every other item in its own savepoint
+// inside the one transaction, so that one item's failure undoes only that item. An error that
+// ended the transaction itself fails the whole call.
 std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& items,
                                       int64_t now) {
   std::vector<FinishResult> results(items.size());
   std::map<std::pair<std::string, std::string>, int> down;
-  for (size_t i = 0; i < items.size();) {
-    if (items[i].kind == Finish::Kind::kComplete) {
-      std::vector<size_t> chunk;
-      std::set<JobId> ids;
-      while (i < items.size() && chunk.size() < kChunk &&
-             items[i].kind == Finish::Kind::kComplete && ids.insert(items[i].id).second) {
-        chunk.push_back(i++);
-      }
-      complete_chunk(c, items, chunk, now, down, results);
-      continue;
-    }
+  // One item alone, in a savepoint.
+  auto finish_one = [&](size_t i) {
     c.query("SAVEPOINT item").run();
     try {
       results[i].status = finish_job(c, items[i], now);
       c.query("RELEASE item").run();
-      ++i;
-      continue;
+      return;
     } catch (const LeaseLost& e) {
       results[i].lease_lost = true;
       results[i].error = e.what();
@@ -1034,8 +1106,37 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
     if (c.autocommit()) throw StorageError("sqlite: the transaction ended: " + results[i].error);
     c.query("ROLLBACK TO item").run();
     c.query("RELEASE item").run();
-    ++i;
+  };
+  // The first item of each job, if it completes or fails, goes in a chunk of its kind; every
+  // other item comes after them, in order (a repeat then finds its job no longer running under
+  // the token, as it would one by one).
+  std::vector<size_t> completes, fails, rest;
+  std::set<JobId> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const bool first = seen.insert(items[i].id).second;
+    if (first && items[i].kind == Finish::Kind::kComplete) {
+      completes.push_back(i);
+    } else if (first && items[i].kind == Finish::Kind::kFail) {
+      fails.push_back(i);
+    } else {
+      rest.push_back(i);
+    }
   }
+  auto chunks = [](const std::vector<size_t>& all, auto&& fn) {
+    for (size_t at = 0; at < all.size(); at += kChunk) {
+      fn(std::vector<size_t>(all.begin() + at, all.begin() + std::min(all.size(), at + kChunk)));
+    }
+  };
+  chunks(completes, [&](const std::vector<size_t>& chunk) {
+    complete_chunk(c, items, chunk, now, down, results);
+  });
+  std::vector<size_t> one_by_one;
+  chunks(fails, [&](const std::vector<size_t>& chunk) {
+    fail_chunk(c, items, chunk, now, down, results, one_by_one);
+  });
+  one_by_one.insert(one_by_one.end(), rest.begin(), rest.end());
+  std::sort(one_by_one.begin(), one_by_one.end());
+  for (size_t index : one_by_one) finish_one(index);
   for (const auto& [key, n] : down) c.query(kRunningDownBy).args(key.first, key.second, n).run();
   return results;
 }

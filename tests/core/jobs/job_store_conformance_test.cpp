@@ -1115,6 +1115,69 @@ TEST_P(JobStoreConformance, FinishRefusesALostLeaseOrARepeatAmongFailuresAndAppl
   EXPECT_EQ(store().running("entity", ""), 1) << "only b still runs";
 }
 
+// A finish() batch of interleaved completions and failures, more than one statement chunk of
+// each: every failure keeps its own error and retry time, and the ones that die or are cancelled
+// do so beside the retries.
+TEST_P(JobStoreConformance, FinishWritesEachFailureItsOwnErrorAndRetryTime) {
+  constexpr int kJobs = 90;
+  std::vector<JobId> ids;
+  std::vector<Finish> items;
+  for (int i = 0; i < kJobs; ++i) {
+    JobSpec s = spec();
+    if (i == 7) s.max_attempts = 1;  // its failure is its last
+    ids.push_back(add(s));
+  }
+  std::map<JobId, std::string> token;
+  for (JobId id : ids) token[id] = claim_job(id).lease_token;
+  ASSERT_EQ(store().cancel(ids[11], kT0 + kSecond), CancelOutcome::kRequested);
+  const int64_t now = kT0 + 2 * kSecond;
+  for (int i = 0; i < kJobs; ++i) {
+    Finish f;
+    f.id = ids[i];
+    f.token = token[ids[i]];
+    if (i % 3 == 0) {
+      f.kind = Finish::Kind::kComplete;
+      f.result_json = "{\"i\":" + std::to_string(i) + "}";
+    } else {
+      f.kind = Finish::Kind::kFail;
+      f.failure = {"error of " + std::to_string(i), i == 5, i * kSecond};
+    }
+    items.push_back(f);
+  }
+  std::vector<FinishResult> results = store().finish(items, now);
+  ASSERT_EQ(results.size(), items.size());
+  for (int i = 0; i < kJobs; ++i) {
+    SCOPED_TRACE("job " + std::to_string(i));
+    const Job job = get_job(ids[i]);
+    const std::vector<Attempt> history = store().attempts(ids[i]);
+    ASSERT_EQ(history.size(), 1u);
+    EXPECT_EQ(history[0].finished_ms, now);
+    if (i % 3 == 0) {
+      EXPECT_EQ(results[i].status, JobStatus::kSucceeded);
+      EXPECT_EQ(job.result, "{\"i\":" + std::to_string(i) + "}");
+      EXPECT_EQ(history[0].outcome, "succeeded");
+      continue;
+    }
+    const std::string error = "error of " + std::to_string(i);
+    EXPECT_EQ(job.last_error, error);
+    EXPECT_EQ(history[0].error, error);
+    EXPECT_EQ(history[0].outcome, i == 5 ? "fatal" : "failed");
+    const JobStatus expected = i == 5 || i == 7 ? JobStatus::kDead
+                               : i == 11        ? JobStatus::kCancelled
+                                                : JobStatus::kQueued;
+    EXPECT_EQ(results[i].status, expected) << results[i].error;
+    EXPECT_EQ(job.status, expected);
+    if (expected == JobStatus::kQueued) {
+      EXPECT_EQ(job.run_after_ms, now + i * kSecond);
+      EXPECT_EQ(job.attempts, 1);
+      EXPECT_EQ(job.lease_token, std::nullopt);
+    }
+  }
+  EXPECT_EQ(store().running("entity", ""), 0);
+  EXPECT_EQ(store().running("entity", "inst-1"), 0);
+  EXPECT_EQ(store().list_dead_letters({}).items.size(), 2u);
+}
+
 TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
   const JobId id = add(spec());
   Claimed c = claim_job(id);
