@@ -2396,6 +2396,7 @@ class MysqlStore final : public JobStore {
     std::map<JobId, JobState> states = lock_states(tx, ids);
     results.assign(items.size(), FinishResult{});
     Writes w;
+    std::vector<std::pair<const Finish*, const JobState*>> retries;
     for (size_t k = 0; k < items.size(); ++k) {
       const Finish& f = *items[k];
       auto it = states.find(f.id);
@@ -2407,6 +2408,11 @@ class MysqlStore final : public JobStore {
       }
       switch (f.kind) {
         case Finish::Kind::kFail:
+          if (!f.failure.fatal && s->attempts < s->max_attempts && !s->cancel_requested) {
+            retries.emplace_back(&f, s);  // fail_locked's requeue, for all of them at once below
+            results[k].status = JobStatus::kQueued;
+            break;
+          }
           results[k].status = fail_locked(tx, w, *s, f.failure, now);
           break;
         case Finish::Kind::kDefer:
@@ -2417,7 +2423,34 @@ class MysqlStore final : public JobStore {
           break;
       }
     }
+    if (!retries.empty()) requeue_failed(w, retries, now);
     w.commit(tx);
+  }
+
+  // fail_locked() for failures that requeue (not FATAL, attempts left, no cancel request): the
+  // attempt rows by one INSERT, the jobs by one UPDATE.
+  static void requeue_failed(Writes& w,
+                             const std::vector<std::pair<const Finish*, const JobState*>>& retries,
+                             int64_t now) {
+    std::vector<JobId> ids;
+    std::vector<std::pair<JobId, std::string>> errors, run_afters;
+    for (const auto& [f, s] : retries) {
+      ids.push_back(s->id);
+      errors.emplace_back(s->id, quote(clip(f->failure.error)));
+      run_afters.emplace_back(
+          s->id, std::to_string(now + std::max<int64_t>(f->failure.retry_delay_ms, 0)));
+      w.running(s->kind, s->key, -1);
+    }
+    const std::string list = id_list(ids);
+    w.push_back(Sql("INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
+                    "finished_ms, outcome, error) SELECT id, attempt_no, lease_owner, "
+                    "lease_token, started_ms, ")
+                << now << ", 'failed', " << per_id("id", errors) << " FROM jobs WHERE id IN ("
+                << list << ") ORDER BY id");
+    w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
+                << per_id("id", run_afters) << ", last_error = " << per_id("id", errors)
+                << ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = "
+                << now << " WHERE id IN (" << list << ")");
   }
 
   static std::string letter_filter(const DeadLetterQuery& q) {
