@@ -1,6 +1,7 @@
 #include "core/jobs/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "core/common/logging.h"
@@ -159,27 +160,44 @@ void Scheduler::worker_loop() {
   }
 }
 
+int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, int64_t interval_ms) {
+  const int64_t most = std::max<int64_t>(interval_ms / 2, 10);
+  if (!next_due_ms) return most;
+  return std::clamp<int64_t>(*next_due_ms - now_ms, 10, most);
+}
+
 void Scheduler::heartbeat_loop() {
+  const int64_t interval = options_.heartbeat_interval_ms;
+  int64_t wait_ms = heartbeat_wait_ms(0, std::nullopt, interval);
   std::unique_lock lock(mutex_);
   while (!stopped_) {
-    sleep_unless_stopped(lock, std::max<int64_t>(options_.heartbeat_interval_ms / 2, 10));
+    sleep_unless_stopped(lock, wait_ms);
     if (stopped_) break;
     std::vector<std::shared_ptr<JobContext>> running = running_;
     lock.unlock();
     int64_t now = clock_.now_ms();
+    std::optional<int64_t> next_due;
     for (const auto& context : running) {
-      if (now - context->last_beat_ms_ < options_.heartbeat_interval_ms) continue;
-      try {
-        HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
-                                             options_.lease_ms, std::nullopt);
-        context->last_beat_ms_ = now;
-        if (r.cancel_requested) context->cancelled_ = true;
-      } catch (const LeaseLost&) {
-        context->lease_lost_ = true;
-      } catch (const std::exception& e) {
-        log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
+      if (context->lease_lost_) continue;  // nothing left to renew
+      int64_t due = context->last_beat_ms_ + interval;
+      if (now >= due) {
+        try {
+          HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
+                                               options_.lease_ms, std::nullopt);
+          context->last_beat_ms_ = now;
+          due = now + interval;
+          if (r.cancel_requested) context->cancelled_ = true;
+        } catch (const LeaseLost&) {
+          context->lease_lost_ = true;
+          continue;
+        } catch (const std::exception& e) {
+          log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
+          due = now + interval / 2;  // a failing store is retried at half-interval pace
+        }
       }
+      next_due = std::min(next_due.value_or(std::numeric_limits<int64_t>::max()), due);
     }
+    wait_ms = heartbeat_wait_ms(now, next_due, interval);
     lock.lock();
   }
 }

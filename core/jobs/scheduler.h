@@ -134,6 +134,11 @@ struct SchedulerOptions {
   std::function<double()> unit_random = default_unit_random;
 };
 
+// How long the heartbeat loop sleeps after a round at `now_ms`: until the earliest beat falls due
+// (`next_due_ms`, none while nothing runs), but at least 10 ms and at most half an interval, so a
+// job that starts meanwhile (first beat one interval after its start) is not beaten late either.
+int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, int64_t interval_ms);
+
 // Time jobs of one kind spent waiting to start (claim time - max(created, run_after)) and in
 // their handler, summed over the handler runs of this process.
 struct KindLatency {

@@ -186,6 +186,20 @@ TEST_F(SchedulerTest, WorkerPoolRunsEveryJobExactlyOnce) {
   EXPECT_EQ(scheduler.stats().in_flight, 0);
 }
 
+// The heartbeat loop wakes when the earliest beat is due: a heartbeat interval close to the lease
+// (25 s of 30 s) is kept, where fixed half-interval naps could beat up to 37.5 s late.
+TEST(HeartbeatWait, SleepsUntilTheEarliestBeatIsDueWithinBounds) {
+  EXPECT_EQ(heartbeat_wait_ms(1'000, std::nullopt, 10'000), 5'000);  // nothing runs
+  EXPECT_EQ(heartbeat_wait_ms(1'000, 3'000, 10'000), 2'000);
+  EXPECT_EQ(heartbeat_wait_ms(1'000, 11'000, 10'000), 5'000);  // a job may start meanwhile
+  EXPECT_EQ(heartbeat_wait_ms(1'000, 1'000, 10'000), 10);      // due now: the floor
+  EXPECT_EQ(heartbeat_wait_ms(1'000, 900, 10'000), 10);        // overdue (a slow store)
+  EXPECT_EQ(heartbeat_wait_ms(0, std::nullopt, 4), 10);        // a tiny interval
+  // A job whose beat was at 0 with interval 25 000: a round at 12 500 sleeps until 25 000.
+  EXPECT_EQ(heartbeat_wait_ms(12'500, 25'000, 25'000), 12'500);
+  EXPECT_EQ(heartbeat_wait_ms(20'000, 25'000, 25'000), 5'000);
+}
+
 // The sweep runs every sweep_interval_ms (here an hour), not whenever a job ends. A lease that
 // expired after the start-up sweep is still held while 200 jobs run; a sweep on any of their ends
 // would have requeued it.
