@@ -1397,13 +1397,23 @@ struct CompleteOp {
 
 // Completes the ops' jobs in one transaction with set-based statements. An op whose lease does
 // not hold gets LeaseLost (and changes nothing); the others succeed.
+// complete_jobs' checks and writes, on rows the caller has locked (`states`). The jobs it
+// completes are marked succeeded in `states`, for what the same transaction does next.
+void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
+                     std::map<JobId, JobState>& states);
+
 void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
   std::vector<JobId> ids;
-  for (CompleteOp* op : ops) {
-    op->error = nullptr;  // the body may run again after a deadlock
-    ids.push_back(op->id);
-  }
+  for (CompleteOp* op : ops) ids.push_back(op->id);
   std::map<JobId, JobState> states = lock_states(tx, ids);
+  Writes w;
+  complete_locked(w, ops, states);
+  w.commit(tx);
+}
+
+void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
+                     std::map<JobId, JobState>& states) {
+  for (CompleteOp* op : ops) op->error = nullptr;  // the body may run again after a deadlock
   std::vector<std::pair<const CompleteOp*, const JobState*>> valid;
   std::set<JobId> taken;
   for (CompleteOp* op : ops) {
@@ -1423,11 +1433,7 @@ void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
       valid.emplace_back(op, &it->second);
     }
   }
-  if (valid.empty()) {
-    tx.commit();
-    return;
-  }
-  Writes w;
+  if (valid.empty()) return;
   std::vector<JobId> done;
   std::vector<std::pair<JobId, std::string>> results, nows;
   std::map<JobId, std::pair<int, int64_t>> parents;  // children that finished, latest clock
@@ -1460,7 +1466,7 @@ void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
   for (const auto& [parent, counted] : parents) {
     w.push_back(uncount_children(parent, counted.first, counted.second));
   }
-  w.commit(tx);
+  for (JobId id : done) states[id].status = JobStatus::kSucceeded;
 }
 
 // --- producing -----------------------------------------------------------------------------
@@ -1769,21 +1775,51 @@ class MysqlStore final : public JobStore {
     std::vector<CompleteOp> ops;
     std::vector<size_t> op_item;
     ops.reserve(items.size());
+    // Each job's first item, when it completes (ops), fails, defers or releases (ends), is
+    // batched: those are distinct jobs. The rest -- waiting for children, a job's later items --
+    // go one by one afterwards, in order, as they would one call after the other.
     std::vector<Finish> others;
     std::vector<size_t> other_item;
+    std::vector<bool> batched;  // per item of `others`: an end of end_jobs
+    std::set<JobId> seen;
     for (size_t i = 0; i < items.size(); ++i) {
       const Finish& f = items[i];
-      if (f.kind == Finish::Kind::kComplete) {
+      const bool first = seen.insert(f.id).second;
+      if (first && f.kind == Finish::Kind::kComplete) {
         ops.push_back({f.id, f.token, f.result_json, now_ms, nullptr, false});
         op_item.push_back(i);
       } else {
         others.push_back(f);
         other_item.push_back(i);
+        batched.push_back(first && f.kind != Finish::Kind::kWaitForChildren);
       }
     }
-    if (!ops.empty()) {
-      std::vector<CompleteOp*> batch;
-      for (CompleteOp& op : ops) batch.push_back(&op);
+    std::vector<const Finish*> ends;
+    std::vector<size_t> end_item;
+    std::vector<size_t> rest_item;
+    for (size_t k = 0; k < others.size(); ++k) {
+      if (batched[k]) {
+        ends.push_back(&others[k]);
+        end_item.push_back(other_item[k]);
+      } else {
+        rest_item.push_back(other_item[k]);
+      }
+    }
+    std::vector<CompleteOp*> batch;
+    for (CompleteOp& op : ops) batch.push_back(&op);
+    std::vector<FinishResult> end_results;
+    bool completed = ops.empty();
+    bool ended = ends.empty();
+    // Both kinds in one transaction when there are both; should it fail, each batch is tried on
+    // its own, and then each item.
+    if (!completed && !ended) {
+      try {
+        transact("finish", [&](Tx& tx) { finish_together(tx, batch, ends, end_results, now_ms); });
+        completed = ended = true;
+      } catch (const std::exception&) {
+      }
+    }
+    if (!completed) {
       try {
         transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
       } catch (...) {
@@ -1795,54 +1831,35 @@ class MysqlStore final : public JobStore {
           }
         }
       }
-      for (size_t k = 0; k < ops.size(); ++k) {
-        FinishResult& r = results[op_item[k]];
-        if (!ops[k].error) {
-          r.status = JobStatus::kSucceeded;
-          continue;
-        }
-        try {
-          std::rethrow_exception(ops[k].error);
-        } catch (const LeaseLost& e) {
-          r.lease_lost = true;
-          r.error = e.what();
-        } catch (const std::exception& e) {
-          r.error = e.what();
-        }
+    }
+    for (size_t k = 0; k < ops.size(); ++k) {
+      FinishResult& r = results[op_item[k]];
+      if (!ops[k].error) {
+        r.status = JobStatus::kSucceeded;
+        continue;
+      }
+      try {
+        std::rethrow_exception(ops[k].error);
+      } catch (const LeaseLost& e) {
+        r.lease_lost = true;
+        r.error = e.what();
+      } catch (const std::exception& e) {
+        r.error = e.what();
       }
     }
-    // Failures, deferrals and releases of distinct jobs share one transaction; should it fail,
-    // they are tried again one by one below, with the endings left (waiting for children, a job
-    // named twice).
-    {
-      std::vector<const Finish*> ends;
-      std::vector<size_t> end_item;
+    if (!ended) {
+      try {
+        transact("finish", [&](Tx& tx) { end_jobs(tx, ends, end_results, now_ms); });
+        ended = true;
+      } catch (const std::exception&) {  // each again on its own below, with its own error
+      }
+    }
+    if (!ends.empty() && ended) {
+      for (size_t k = 0; k < ends.size(); ++k) results[end_item[k]] = end_results[k];
       std::vector<Finish> rest;
-      std::vector<size_t> rest_item;
-      std::set<JobId> named;
-      for (size_t k = 0; k < others.size(); ++k) {
-        if (others[k].kind != Finish::Kind::kWaitForChildren && named.insert(others[k].id).second) {
-          ends.push_back(&others[k]);
-          end_item.push_back(other_item[k]);
-        } else {
-          rest_item.push_back(other_item[k]);
-        }
-      }
-      if (!ends.empty()) {
-        std::vector<FinishResult> end_results;
-        bool applied = false;
-        try {
-          transact("finish", [&](Tx& tx) { end_jobs(tx, ends, end_results, now_ms); });
-          applied = true;
-        } catch (const std::exception&) {  // each again on its own below, with its own error
-        }
-        if (applied) {
-          for (size_t k = 0; k < ends.size(); ++k) results[end_item[k]] = end_results[k];
-          for (size_t index : rest_item) rest.push_back(items[index]);
-          others = std::move(rest);
-          other_item = std::move(rest_item);
-        }
-      }
+      for (size_t index : rest_item) rest.push_back(items[index]);
+      others = std::move(rest);
+      other_item = std::move(rest_item);
     }
     // The other endings take one transaction each; run side by side on the pool's connections
     // so that InnoDB commits them together (its own group commit) instead of one fsync apiece.
@@ -1850,9 +1867,10 @@ class MysqlStore final : public JobStore {
       const size_t lanes = std::min(others.size(), pool_size_);
       std::vector<std::vector<Finish>> lane_items(lanes);
       std::vector<std::vector<size_t>> lane_index(lanes);
-      for (size_t k = 0; k < others.size(); ++k) {
-        lane_items[k % lanes].push_back(std::move(others[k]));
-        lane_index[k % lanes].push_back(other_item[k]);
+      for (size_t k = 0; k < others.size(); ++k) {  // a job's items share a lane, in order
+        const size_t lane = static_cast<size_t>(others[k].id) % lanes;
+        lane_items[lane].push_back(std::move(others[k]));
+        lane_index[lane].push_back(other_item[k]);
       }
       std::vector<std::vector<FinishResult>> lane_results(lanes);
       auto run_lane = [&](size_t lane) {
@@ -2394,8 +2412,31 @@ class MysqlStore final : public JobStore {
     std::vector<JobId> ids;
     for (const Finish* f : items) ids.push_back(f->id);
     std::map<JobId, JobState> states = lock_states(tx, ids);
-    results.assign(items.size(), FinishResult{});
     Writes w;
+    end_locked(tx, w, items, results, states, now);
+    w.commit(tx);
+  }
+
+  // A finish() call's completions and its batched endings (end_jobs) in one transaction: one
+  // lock of all their rows in id order, one commit. A job completed here is no longer running
+  // for an ending of it that follows (it is refused, as it would be one call after the other).
+  static void finish_together(Tx& tx, const std::vector<CompleteOp*>& ops,
+                              const std::vector<const Finish*>& ends,
+                              std::vector<FinishResult>& end_results, int64_t now) {
+    std::vector<JobId> ids;
+    for (const CompleteOp* op : ops) ids.push_back(op->id);
+    for (const Finish* f : ends) ids.push_back(f->id);
+    std::map<JobId, JobState> states = lock_states(tx, ids);
+    Writes w;
+    complete_locked(w, ops, states);
+    end_locked(tx, w, ends, end_results, states, now);
+    w.commit(tx);
+  }
+
+  static void end_locked(Tx& tx, Writes& w, const std::vector<const Finish*>& items,
+                         std::vector<FinishResult>& results,
+                         const std::map<JobId, JobState>& states, int64_t now) {
+    results.assign(items.size(), FinishResult{});
     std::vector<std::pair<const Finish*, const JobState*>> retries;
     for (size_t k = 0; k < items.size(); ++k) {
       const Finish& f = *items[k];
@@ -2424,7 +2465,6 @@ class MysqlStore final : public JobStore {
       }
     }
     if (!retries.empty()) requeue_failed(w, retries, now);
-    w.commit(tx);
   }
 
   // fail_locked() for failures that requeue (not FATAL, attempts left, no cancel request): the

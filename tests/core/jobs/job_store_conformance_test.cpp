@@ -1178,6 +1178,40 @@ TEST_P(JobStoreConformance, FinishWritesEachFailureItsOwnErrorAndRetryTime) {
   EXPECT_EQ(store().list_dead_letters({}).items.size(), 2u);
 }
 
+// A job named twice in one finish() call: its items apply in order, as one call after the
+// other would, whichever kinds they are (a later item finds the job no longer running).
+TEST_P(JobStoreConformance, FinishAppliesAJobsItemsInOrder) {
+  const JobId a = add(spec());
+  const JobId b = add(spec());
+  const JobId c = add(spec());
+  std::map<JobId, std::string> token;
+  for (JobId id : {a, b, c}) token[id] = claim_job(id).lease_token;
+  auto item = [&](Finish::Kind kind, JobId id) {
+    Finish f;
+    f.kind = kind;
+    f.id = id;
+    f.token = token[id];
+    f.failure = {"boom", false, 0};
+    return f;
+  };
+  const std::vector<Finish> items = {
+      item(Finish::Kind::kRelease, b), item(Finish::Kind::kComplete, a),
+      item(Finish::Kind::kComplete, b), item(Finish::Kind::kFail, a), item(Finish::Kind::kFail, c)};
+  std::vector<FinishResult> results = store().finish(items, kT0 + kSecond);
+  ASSERT_EQ(results.size(), items.size());
+  EXPECT_EQ(results[0].status, JobStatus::kQueued) << results[0].error;
+  EXPECT_EQ(results[1].status, JobStatus::kSucceeded) << results[1].error;
+  EXPECT_TRUE(results[2].lease_lost) << "b was released before";
+  EXPECT_TRUE(results[3].lease_lost) << "a was completed before";
+  EXPECT_EQ(results[4].status, JobStatus::kQueued) << results[4].error;
+  EXPECT_EQ(status_of(a), JobStatus::kSucceeded);
+  EXPECT_EQ(status_of(b), JobStatus::kQueued);
+  EXPECT_EQ(get_job(b).attempts, 0) << "a release is not an attempt";
+  EXPECT_EQ(status_of(c), JobStatus::kQueued);
+  EXPECT_EQ(get_job(c).last_error, "boom");
+  EXPECT_EQ(store().running("entity", ""), 0);
+}
+
 TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
   const JobId id = add(spec());
   Claimed c = claim_job(id);
