@@ -77,6 +77,15 @@ struct Failure {
   int64_t retry_delay_ms = 0;  // run_after = now + delay when attempts remain
 };
 
+// Where a failed attempt leaves its job (SPEC D4, D9): dead when it was FATAL or the last attempt
+// (even if a cancel was requested), else cancelled when a cancel was requested, else queued again
+// at now + retry_delay_ms. Both stores decide by this, one job at a time or in batches.
+inline JobStatus after_failure(const Failure& failure, int attempts, int max_attempts,
+                               bool cancel_requested) {
+  if (failure.fatal || attempts >= max_attempts) return JobStatus::kDead;
+  return cancel_requested ? JobStatus::kCancelled : JobStatus::kQueued;
+}
+
 struct SweepResult {
   int requeued = 0;       // leases expired, attempts remained: queued again (attempt counted)
   int dead = 0;           // leases expired, no attempts left: dead with a clear error

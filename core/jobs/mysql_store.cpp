@@ -878,16 +878,23 @@ class Writes {
 
 Result read_after(Tx& tx, Writes& w, const std::string& statement) { return w.read(tx, statement); }
 
-// Every exit from running writes the attempt's row, from the job row before this exit's own
-// UPDATE of it (schema 0002: the claim opens no row).
+// The attempt rows of jobs leaving running, from their job rows: it goes before the exit's own
+// UPDATE of them (schema 0002: the claim opens no row). `finished`, `outcome` and `error` are
+// SQL expressions (literals, or per-id CASEs for a batch); `where` picks the jobs.
+std::string attempt_rows(const std::string& finished, const std::string& outcome,
+                         const std::string& error, const std::string& where) {
+  return "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
+         "finished_ms, outcome, error) SELECT id, attempt_no, lease_owner, lease_token, "
+         "started_ms, " +
+         finished + ", " + outcome + ", " + error + " FROM jobs WHERE " + where + " ORDER BY id";
+}
+
+// Every exit from running writes the attempt's row.
 void end_attempt(Writes& w, const JobState& s, std::string_view outcome,
                  const std::optional<std::string>& error, int64_t now) {
   w.running(s.kind, s.key, -1);
-  w.push_back(Sql("INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
-                  "finished_ms, outcome, error) SELECT id, attempt_no, lease_owner, lease_token, "
-                  "started_ms, ")
-              << now << ", " << quote(outcome) << ", " << quote(clip(error))
-              << " FROM jobs WHERE id = " << s.id);
+  w.push_back(attempt_rows(std::to_string(now), quote(outcome), quote(clip(error)),
+                           "id = " + std::to_string(s.id)));
 }
 
 // Fan-in: `n` children of `parent` became terminal. A waiting parent whose count reaches 0 is
@@ -1395,22 +1402,8 @@ struct CompleteOp {
   bool merges_with(const CompleteOp&) const { return true; }
 };
 
-// Completes the ops' jobs in one transaction with set-based statements. An op whose lease does
-// not hold gets LeaseLost (and changes nothing); the others succeed.
 // complete_jobs' checks and writes, on rows the caller has locked (`states`). The jobs it
 // completes are marked succeeded in `states`, for what the same transaction does next.
-void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
-                     std::map<JobId, JobState>& states);
-
-void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
-  std::vector<JobId> ids;
-  for (CompleteOp* op : ops) ids.push_back(op->id);
-  std::map<JobId, JobState> states = lock_states(tx, ids);
-  Writes w;
-  complete_locked(w, ops, states);
-  w.commit(tx);
-}
-
 void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
                      std::map<JobId, JobState>& states) {
   for (CompleteOp* op : ops) op->error = nullptr;  // the body may run again after a deadlock
@@ -1454,10 +1447,7 @@ void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
   }
   std::string list = id_list(done);
   // The attempts' rows, from the job rows before the UPDATE below (see end_attempt).
-  w.push_back(
-      "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, finished_ms, "
-      "outcome) SELECT id, attempt_no, lease_owner, lease_token, started_ms, " +
-      per_id("id", nows) + ", 'succeeded' FROM jobs WHERE id IN (" + list + ") ORDER BY id");
+  w.push_back(attempt_rows(per_id("id", nows), "'succeeded'", "NULL", "id IN (" + list + ")"));
   w.push_back("UPDATE jobs SET status = 'succeeded', result = " + per_id("id", results) +
               ", finished_ms = " + per_id("id", nows) + ", updated_ms = " + per_id("id", nows) +
               ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
@@ -1467,6 +1457,17 @@ void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
     w.push_back(uncount_children(parent, counted.first, counted.second));
   }
   for (JobId id : done) states[id].status = JobStatus::kSucceeded;
+}
+
+// Completes the ops' jobs in one transaction with set-based statements. An op whose lease does
+// not hold gets LeaseLost (and changes nothing); the others succeed.
+void complete_jobs(Tx& tx, const std::vector<CompleteOp*>& ops) {
+  std::vector<JobId> ids;
+  for (CompleteOp* op : ops) ids.push_back(op->id);
+  std::map<JobId, JobState> states = lock_states(tx, ids);
+  Writes w;
+  complete_locked(w, ops, states);
+  w.commit(tx);
 }
 
 // --- producing -----------------------------------------------------------------------------
@@ -1780,7 +1781,10 @@ class MysqlStore final : public JobStore {
     // go one by one afterwards, in order, as they would one call after the other.
     std::vector<Finish> others;
     std::vector<size_t> other_item;
-    std::vector<bool> batched;  // per item of `others`: an end of end_jobs
+    others.reserve(items.size());  // `ends` points into it
+    std::vector<const Finish*> ends;
+    std::vector<size_t> end_item;
+    std::vector<size_t> rest_item;
     std::set<JobId> seen;
     for (size_t i = 0; i < items.size(); ++i) {
       const Finish& f = items[i];
@@ -1788,21 +1792,15 @@ class MysqlStore final : public JobStore {
       if (first && f.kind == Finish::Kind::kComplete) {
         ops.push_back({f.id, f.token, f.result_json, now_ms, nullptr, false});
         op_item.push_back(i);
-      } else {
-        others.push_back(f);
-        other_item.push_back(i);
-        batched.push_back(first && f.kind != Finish::Kind::kWaitForChildren);
+        continue;
       }
-    }
-    std::vector<const Finish*> ends;
-    std::vector<size_t> end_item;
-    std::vector<size_t> rest_item;
-    for (size_t k = 0; k < others.size(); ++k) {
-      if (batched[k]) {
-        ends.push_back(&others[k]);
-        end_item.push_back(other_item[k]);
+      others.push_back(f);
+      other_item.push_back(i);
+      if (first && f.kind != Finish::Kind::kWaitForChildren) {
+        ends.push_back(&others.back());
+        end_item.push_back(i);
       } else {
-        rest_item.push_back(other_item[k]);
+        rest_item.push_back(i);
       }
     }
     std::vector<CompleteOp*> batch;
@@ -1901,18 +1899,15 @@ class MysqlStore final : public JobStore {
   static JobStatus fail_locked(Tx& tx, Writes& w, const JobState& s, const Failure& failure,
                                int64_t now) {
     end_attempt(w, s, failure.fatal ? "fatal" : "failed", failure.error, now);
-    // The cancellation rule turns only what would requeue into kCancelled: a FATAL or last
-    // failure still dies (and opens a dead letter), as complete() still succeeds.
-    if (failure.fatal || s.attempts >= s.max_attempts) {
+    const JobStatus next = after_failure(failure, s.attempts, s.max_attempts, s.cancel_requested);
+    if (next == JobStatus::kDead) {
       mark_dead(w, s, failure.error, now);
-      return JobStatus::kDead;
-    }
-    if (s.cancel_requested) {
+    } else if (next == JobStatus::kCancelled) {
       mark_cancelled(tx, w, s, 0, failure.error, now);
-      return JobStatus::kCancelled;
+    } else {
+      requeue(w, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
     }
-    requeue(w, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
-    return JobStatus::kQueued;
+    return next;
   }
 
   void defer(JobId id, const std::string& token, int64_t run_after_ms, const std::string& reason,
@@ -2449,7 +2444,8 @@ class MysqlStore final : public JobStore {
       }
       switch (f.kind) {
         case Finish::Kind::kFail:
-          if (!f.failure.fatal && s->attempts < s->max_attempts && !s->cancel_requested) {
+          if (after_failure(f.failure, s->attempts, s->max_attempts, s->cancel_requested) ==
+              JobStatus::kQueued) {
             retries.emplace_back(&f, s);  // fail_locked's requeue, for all of them at once below
             results[k].status = JobStatus::kQueued;
             break;
@@ -2482,11 +2478,8 @@ class MysqlStore final : public JobStore {
       w.running(s->kind, s->key, -1);
     }
     const std::string list = id_list(ids);
-    w.push_back(Sql("INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
-                    "finished_ms, outcome, error) SELECT id, attempt_no, lease_owner, "
-                    "lease_token, started_ms, ")
-                << now << ", 'failed', " << per_id("id", errors) << " FROM jobs WHERE id IN ("
-                << list << ") ORDER BY id");
+    w.push_back(attempt_rows(std::to_string(now), "'failed'", per_id("id", errors),
+                             "id IN (" + list + ")"));
     w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
                 << per_id("id", run_afters) << ", last_error = " << per_id("id", errors)
                 << ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = "

@@ -681,11 +681,11 @@ class TokenSource {
 // token is the chunk's random prefix followed by the job id: unique, and what the chunk's later
 // statements select by. No RETURNING: SQLite buffers RETURNING rows in an ephemeral table per
 // execution, which measured as much as the UPDATE itself.
-std::string id_list(int first, size_t n) {
+std::string id_list(int first, size_t n, int stride = 1) {
   std::string sql = "(";
   for (size_t i = 0; i < n; ++i) {
     if (i > 0) sql += ", ";
-    sql += "?" + std::to_string(first + static_cast<int>(i));
+    sql += "?" + std::to_string(first + stride * static_cast<int>(i));
   }
   return sql + ")";
 }
@@ -826,17 +826,15 @@ JobStatus fail_job(Connection& c, JobId id, const std::string& token, const Fail
                    int64_t now) {
   JobState s = load_running(c, id, token);
   end_attempt(c, s, failure.fatal ? "fatal" : "failed", failure.error, now);
-  if (failure.fatal || s.attempts >= s.max_attempts) {
+  const JobStatus next = after_failure(failure, s.attempts, s.max_attempts, s.cancel_requested);
+  if (next == JobStatus::kDead) {
     mark_dead(c, s, failure.error, now);
-    return JobStatus::kDead;
-  }
-  // A cancel request turns what would be a retry into the cancellation.
-  if (s.cancel_requested) {
+  } else if (next == JobStatus::kCancelled) {  // what would have been a retry
     mark_cancelled(c, s, 0, failure.error, now);
-    return JobStatus::kCancelled;
+  } else {
+    requeue(c, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
   }
-  requeue(c, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
-  return JobStatus::kQueued;
+  return next;
 }
 
 // defer and release: back to queued without counting the attempt -- unless the job was asked to
@@ -928,16 +926,23 @@ const Widths kEndSucceededAttempts([](size_t n) {
   return kAttemptRowHead + "?1, 'succeeded', NULL FROM jobs WHERE id IN " + id_list(2, n) +
          kAttemptRowTail;
 });
-const Widths kCompleteChunk([](size_t n) {
-  std::string sql = "UPDATE jobs SET status = 'succeeded', result = CASE id";
+
+// "CASE id WHEN ?a THEN ?b ... END" over `n` rows of `stride` parameters from ?2, row i's id at
+// ?(2 + stride * i) and its value `offset` after it.
+std::string case_of_id(size_t n, int stride, int offset) {
+  std::string sql = "CASE id";
   for (size_t i = 0; i < n; ++i) {
-    sql += " WHEN ?" + std::to_string(2 + 2 * i) + " THEN ?" + std::to_string(3 + 2 * i);
+    const int id = 2 + stride * static_cast<int>(i);
+    sql += " WHEN ?" + std::to_string(id) + " THEN ?" + std::to_string(id + offset);
   }
-  sql +=
-      " END, finished_ms = ?1, updated_ms = ?1, lease_owner = NULL, lease_token = NULL, "
-      "lease_expires_ms = 0, counted_in_parent = 0 WHERE id IN (";
-  for (size_t i = 0; i < n; ++i) sql += (i ? ", ?" : "?") + std::to_string(2 + 2 * i);
-  return sql + ")";
+  return sql + " END";
+}
+
+const Widths kCompleteChunk([](size_t n) {
+  return "UPDATE jobs SET status = 'succeeded', result = " + case_of_id(n, 2, 1) +
+         ", finished_ms = ?1, updated_ms = ?1, lease_owner = NULL, lease_token = NULL, "
+         "lease_expires_ms = 0, counted_in_parent = 0 WHERE id IN " +
+         id_list(2, n, 2);
 });
 
 // The states of a chunk's jobs (distinct), read by one SELECT, and the items whose lease holds;
@@ -980,70 +985,48 @@ void complete_chunk(Connection& c, const std::vector<Finish>& items,
                     std::map<std::pair<std::string, std::string>, int>& down,
                     std::vector<FinishResult>& results) {
   const CheckedChunk checked = check_chunk(c, items, chunk, results);
-  std::vector<const JobState*> valid;
-  std::vector<size_t> applied;
-  for (const auto& [index, state] : checked.valid) {
-    valid.push_back(state);
-    applied.push_back(index);
-  }
+  const auto& valid = checked.valid;  // (item index, state)
   if (valid.empty()) return;
   {
     Query q = c.query(kEndSucceededAttempts(valid.size()));
     q.bind(1, now);
     for (size_t i = 0; i < Widths::width(valid.size()); ++i)
-      q.bind(2 + static_cast<int>(i), i < valid.size() ? valid[i]->id : 0);
+      q.bind(2 + static_cast<int>(i), i < valid.size() ? valid[i].second->id : 0);
     q.run();
   }
   {
-    Query q = c.query(kCompleteChunk(applied.size()));
+    Query q = c.query(kCompleteChunk(valid.size()));
     q.bind(1, now);
-    for (size_t i = 0; i < Widths::width(applied.size()); ++i) {
+    for (size_t i = 0; i < Widths::width(valid.size()); ++i) {
       const int slot = 2 + 2 * static_cast<int>(i);
-      if (i < applied.size()) {
-        q.bind(slot, items[applied[i]].id);
-        q.bind_static(slot + 1, items[applied[i]].result_json);
+      if (i < valid.size()) {
+        q.bind(slot, valid[i].second->id);
+        q.bind_static(slot + 1, items[valid[i].first].result_json);
       } else {
         q.bind(slot, 0);
       }
     }
     q.run();
   }
-  for (size_t i = 0; i < valid.size(); ++i) {
-    const JobState& s = *valid[i];
-    ++down[{s.kind, s.key}];
-    if (s.dead_letter_id) c.query(kResolveLetter).args(*s.dead_letter_id, now).run();
-    uncount_from_parent(c, s, now);
-    results[applied[i]].status = JobStatus::kSucceeded;
+  for (const auto& [index, state] : valid) {
+    ++down[{state->kind, state->key}];
+    if (state->dead_letter_id) c.query(kResolveLetter).args(*state->dead_letter_id, now).run();
+    uncount_from_parent(c, *state, now);
+    results[index].status = JobStatus::kSucceeded;
   }
-}
-
-// "CASE id WHEN ?a THEN ?b ... END" over `n` rows of `stride` parameters from ?2, row i's id at
-// ?(2 + stride * i) and its value `offset` after it.
-std::string case_of_id(size_t n, int stride, int offset) {
-  std::string sql = "CASE id";
-  for (size_t i = 0; i < n; ++i) {
-    const int id = 2 + stride * static_cast<int>(i);
-    sql += " WHEN ?" + std::to_string(id) + " THEN ?" + std::to_string(id + offset);
-  }
-  return sql + " END";
-}
-std::string ids_of_rows(size_t n, int stride) {
-  std::string sql = "(";
-  for (size_t i = 0; i < n; ++i) sql += (i ? ", ?" : "?") + std::to_string(2 + stride * i);
-  return sql + ")";
 }
 
 // Retries (a failure that requeues), by rows of (id, run_after, error) from ?2; ?1 = now.
 const Widths kEndFailedAttempts([](size_t n) {
   return kAttemptRowHead + "?1, 'failed', " + case_of_id(n, 3, 2) + " FROM jobs WHERE id IN " +
-         ids_of_rows(n, 3) + kAttemptRowTail;
+         id_list(2, n, 3) + kAttemptRowTail;
 });
 const Widths kRetryChunk([](size_t n) {
   return "UPDATE jobs SET status = 'queued', run_after_ms = " + case_of_id(n, 3, 1) +
          ", last_error = " + case_of_id(n, 3, 2) +
          ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = ?1 "
          "WHERE id IN " +
-         ids_of_rows(n, 3);
+         id_list(2, n, 3);
 });
 
 // fail_job() for a chunk of items (distinct jobs). The failures that requeue -- the common case:
@@ -1055,8 +1038,8 @@ void fail_chunk(Connection& c, const std::vector<Finish>& items, const std::vect
   std::vector<size_t> retries;
   const CheckedChunk checked = check_chunk(c, items, chunk, results);
   for (const auto& [index, state] : checked.valid) {
-    if (items[index].failure.fatal || state->attempts >= state->max_attempts ||
-        state->cancel_requested) {
+    if (after_failure(items[index].failure, state->attempts, state->max_attempts,
+                      state->cancel_requested) != JobStatus::kQueued) {
       one_by_one.push_back(index);
     } else {
       retries.push_back(index);
