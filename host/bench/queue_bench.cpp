@@ -13,7 +13,9 @@
 //                 prints p50/p99/max of (handler start - enqueue call).
 // --processes P (W1): after the enqueue, P worker processes (this program with --worker-of) share
 // the processing on one store, as P daemons on one MySQL server would; the figures cover them
-// all (handler calls and CPU summed, first claim = the earliest of theirs).
+// all (handler calls and CPU summed, first claim = the earliest of theirs). The workers count
+// their handler calls in one shared counter (a memfd they inherit), so that the run ends as a
+// single process's does: the store is polled only once every handler has returned.
 // --keys K spreads W1's jobs over K concurrency keys; --per-key-cap/--global-cap set exact caps
 // on the bench kind (to measure what caps cost).
 // Every acknowledgement is durable (SQLite synchronous=FULL, InnoDB flush_log_at_trx_commit=1).
@@ -25,7 +27,9 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -33,6 +37,7 @@
 #include "core/jobs/mysql_db.h"
 #include "core/jobs/scheduler.h"
 #include "host/bench/bench.h"
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +63,43 @@ struct QueueOptions {
   int global_cap = 0;
   int processes = 1;
   std::string worker_of;  // internal: run as one of --processes' workers for this kind
+  int calls_fd = -1;      // internal: the workers' shared handler-call counter
+};
+
+// A handler-call counter shared by the parent and its worker processes: one lock-free atomic in
+// a memfd, which the workers inherit across exec and map again.
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+class SharedCounter {
+ public:
+  static SharedCounter create() {
+    int fd = ::memfd_create("backhaul-bench-calls", 0);  // no CLOEXEC: the workers inherit it
+    if (fd < 0 || ::ftruncate(fd, sizeof(std::atomic<int64_t>)) != 0) {
+      throw std::runtime_error("memfd for the workers' call counter failed");
+    }
+    SharedCounter c(fd);
+    new (c.value_) std::atomic<int64_t>(0);
+    return c;
+  }
+  explicit SharedCounter(int fd) : fd_(fd) {
+    void* p =
+        ::mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap of the workers' call counter failed");
+    value_ = static_cast<std::atomic<int64_t>*>(p);
+  }
+  SharedCounter(SharedCounter&& other) noexcept
+      : fd_(std::exchange(other.fd_, -1)), value_(std::exchange(other.value_, nullptr)) {}
+  SharedCounter(const SharedCounter&) = delete;
+  SharedCounter& operator=(const SharedCounter&) = delete;
+  ~SharedCounter() {
+    if (value_) ::munmap(value_, sizeof(std::atomic<int64_t>));
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  std::atomic<int64_t>& value() { return *value_; }
+
+ private:
+  int fd_ = -1;
+  std::atomic<int64_t>* value_ = nullptr;
 };
 
 // The peers' payload: compact JSON of exactly 200 bytes.
@@ -228,6 +270,8 @@ void run_worker(const QueueOptions& o) {
   std::signal(SIGTERM, [](int) { g_worker_stop = true; });
   OpenStore opened = open_store_existing(o);
   SystemClock clock;
+  std::optional<SharedCounter> shared;
+  if (o.calls_fd >= 0) shared.emplace(o.calls_fd);
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> first_ns{0};
   jobs::Scheduler scheduler(*opened.store, clock, throughput_options(o));
@@ -238,6 +282,7 @@ void run_worker(const QueueOptions& o) {
                                                  Steady::now().time_since_epoch())
                                                  .count());
     }
+    if (shared) shared->value().fetch_add(1, std::memory_order_relaxed);
     return jobs::Outcome::complete();
   });
   scheduler.start();
@@ -258,9 +303,11 @@ struct Worker {
   int out = -1;  // read end of its stdout
 };
 
-Worker spawn_worker(const QueueOptions& o, const OpenStore& opened, const std::string& kind) {
+Worker spawn_worker(const QueueOptions& o, const OpenStore& opened, const std::string& kind,
+                    const SharedCounter& calls) {
   std::vector<std::string> args = {"backhaul-bench", "queue",
                                    "--worker-of",    kind,
+                                   "--calls-fd",     std::to_string(calls.fd()),
                                    "--store",        o.store,
                                    "--concurrency",  std::to_string(o.concurrency),
                                    "--claim-batch",  std::to_string(o.claim_batch),
@@ -357,8 +404,12 @@ void run(const QueueOptions& o) {
   auto t_enq = Steady::now();
 
   std::vector<Worker> workers;
+  std::optional<SharedCounter> worker_calls;
   if (o.processes > 1) {
-    for (int p = 0; p < o.processes; ++p) workers.push_back(spawn_worker(o, opened, kind));
+    worker_calls.emplace(SharedCounter::create());
+    for (int p = 0; p < o.processes; ++p) {
+      workers.push_back(spawn_worker(o, opened, kind, *worker_calls));
+    }
   } else {
     scheduler.start();
   }
@@ -368,10 +419,14 @@ void run(const QueueOptions& o) {
   int64_t done = 0, dead = 0;
   // As the peers' harness does: once the handler has returned for every job, poll the store's
   // own state every 20 ms; tEnd is the first poll that shows the final state (the check too).
-  // Waiting for the handlers is an in-process counter, so it costs the workers nothing.
+  // Waiting for the handlers is a counter in memory (shared with the worker processes, if any),
+  // so it costs the store nothing.
   const int64_t expected_calls = w2 ? n + n / 5 + 2 * (n / 100) : n;
-  while (workers.empty() && handler_calls.load() < expected_calls &&
-         seconds(t0, Steady::now()) < 600) {
+  auto calls_so_far = [&] {
+    return worker_calls ? worker_calls->value().load(std::memory_order_relaxed)
+                        : handler_calls.load();
+  };
+  while (calls_so_far() < expected_calls && seconds(t0, Steady::now()) < 600) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (;;) {
@@ -468,6 +523,8 @@ void add_queue_bench(CLI::App& app) {
   cmd->add_option("--processes", o->processes, "worker processes sharing the store (W1)")
       ->capture_default_str();
   cmd->add_option("--worker-of", o->worker_of, "internal: worker process for this job kind")
+      ->group("");
+  cmd->add_option("--calls-fd", o->calls_fd, "internal: the workers' shared call counter")
       ->group("");
   cmd->callback([o] { run(*o); });
 }

@@ -466,6 +466,68 @@ TEST(MysqlStore, SaturatedKeyDoesNotStarveOthers) {
   EXPECT_EQ(store->max_running_seen("entity", ""), 2);
 }
 
+// Ten queued jobs of kind "k", and a session of its own that holds some of their rows (FOR
+// UPDATE, by primary key only) until release().
+class HeldRows {
+ public:
+  explicit HeldRows(const TestDatabase& db) : store_(db.open()), holder_(db.app_session()) {
+    std::vector<JobSpec> specs(10, spec("k"));
+    for (const EnqueueResult& e : store_->enqueue_batch(specs, 1000)) ids_.push_back(e.id);
+  }
+  JobStore& store() { return *store_; }
+  const std::vector<JobId>& ids() const { return ids_; }
+  void hold(const std::vector<size_t>& which) {
+    std::string list;
+    for (size_t i : which) list += (list.empty() ? "" : ", ") + std::to_string(ids_[i]);
+    holder_->one("START TRANSACTION");
+    holder_->one("SELECT id FROM jobs FORCE INDEX (PRIMARY) WHERE id IN (" + list + ") FOR UPDATE");
+  }
+  void release() { holder_->one("ROLLBACK"); }
+  std::vector<JobId> claim(size_t limit) {
+    ClaimRequest r;
+    r.owner = "w";
+    r.limit = limit;
+    r.now_ms = 2000;
+    std::vector<JobId> taken;
+    for (const Claimed& c : store_->claim(r)) {
+      EXPECT_EQ(c.job.payload, "{}");
+      taken.push_back(c.job.id);
+    }
+    return taken;
+  }
+
+ private:
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<mysql::Connection> holder_;
+  std::vector<JobId> ids_;
+};
+
+// A claim reads its candidates without locks and then locks them by id; rows that another
+// session holds are read as queued and skipped by the lock. The claim must still take the free
+// jobs behind them, in claim order, and leave the held ones queued.
+TEST(MysqlStore, AClaimTakesTheFreeJobsBehindRowsAnotherSessionHolds) {
+  TestDatabase db;
+  HeldRows jobs(db);
+  const std::vector<JobId>& ids = jobs.ids();
+  jobs.hold({0, 2, 3});
+  EXPECT_EQ(jobs.claim(4), (std::vector<JobId>{ids[1], ids[4], ids[5], ids[6]}));
+  // All the free ones: fewer than asked, none of the held ones.
+  EXPECT_EQ(jobs.claim(10), (std::vector<JobId>{ids[7], ids[8], ids[9]}));
+  jobs.release();
+  EXPECT_EQ(jobs.claim(10), (std::vector<JobId>{ids[0], ids[2], ids[3]}));
+  EXPECT_EQ(jobs.store().max_running_seen("k", ""), 10);
+}
+
+// Deeper than the claim's plain reads go (one job per read here): the locking scan at the end
+// still finds the first free job.
+TEST(MysqlStore, AOneJobClaimBehindManyHeldRowsStillFindsAFreeOne) {
+  TestDatabase db;
+  HeldRows jobs(db);
+  jobs.hold({0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{jobs.ids()[6]}));
+  jobs.release();
+}
+
 // --- failure handling ------------------------------------------------------------------------
 
 // A transaction that InnoDB picks as a deadlock victim (1213) is re-run by the store, which then
