@@ -654,9 +654,23 @@ std::string status_sql(JobStatus status) { return quote(to_string(status)); }
 
 // --- rows ----------------------------------------------------------------------------------
 
+// lease_token is '' while a job is not running (schema 0003: a fixed-size column).
+std::optional<std::string> token_from(const Cell& cell) {
+  if (!cell || cell->empty()) return std::nullopt;
+  return cell;
+}
+
+// lease_owners.name is VARBINARY(255): longer owner names are cut (at a UTF-8 boundary).
+constexpr size_t kOwnerBytes = 255;
+
+// The name of a running job's owner (schema 0003), in a statement that reads `jobs` unaliased.
+constexpr const char* kOwnerName =
+    "(SELECT name FROM lease_owners WHERE lease_owners.id = jobs.owner_id)";
+
 constexpr const char* kJobColumns =
     "id, kind, concurrency_key, dedupe_key, payload, status, priority, attempts, max_attempts, "
-    "run_after_ms, lease_owner, lease_token, lease_expires_ms, checkpoint, result, last_error, "
+    "run_after_ms, (SELECT name FROM lease_owners WHERE lease_owners.id = jobs.owner_id), "  // kOwnerName
+    "lease_token, lease_expires_ms, checkpoint, result, last_error, "
     "parent_id, pending_children, wait_deadline_ms, timeout_ms, cancel_requested, created_ms, "
     "started_ms, finished_ms, updated_ms";
 
@@ -673,7 +687,7 @@ Job read_job(const Row& r) {
   job.max_attempts = to_int(r[8]);
   job.run_after_ms = to_i64(r[9]);
   job.lease_owner = r[10];
-  job.lease_token = r[11];
+  job.lease_token = token_from(r[11]);
   job.lease_expires_ms = to_i64(r[12]);
   job.checkpoint = r[13];
   job.result = r[14];
@@ -734,7 +748,7 @@ JobState read_state(const Row& r) {
   s.status = status_from(r[1]);
   s.kind = to_str(r[2]);
   s.key = to_str(r[3]);
-  s.token = r[4];
+  s.token = token_from(r[4]);
   s.dedupe_key = r[5];
   s.attempts = to_int(r[6]);
   s.max_attempts = to_int(r[7]);
@@ -884,9 +898,9 @@ Result read_after(Tx& tx, Writes& w, const std::string& statement) { return w.re
 std::string attempt_rows(const std::string& finished, const std::string& outcome,
                          const std::string& error, const std::string& where) {
   return "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
-         "finished_ms, outcome, error) SELECT id, attempt_no, lease_owner, lease_token, "
-         "started_ms, " +
-         finished + ", " + outcome + ", " + error + " FROM jobs WHERE " + where + " ORDER BY id";
+         "finished_ms, outcome, error) SELECT id, attempt_no, COALESCE(" +
+         std::string(kOwnerName) + ", ''), lease_token, started_ms, " + finished + ", " + outcome +
+         ", " + error + " FROM jobs WHERE " + where + " ORDER BY id";
 }
 
 // Every exit from running writes the attempt's row.
@@ -921,7 +935,7 @@ void requeue(Writes& w, const JobState& s, int64_t run_after, int refund,
   w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
               << run_after << ", attempts = GREATEST(attempts - " << refund
               << ", 0), last_error = COALESCE(" << quote(clip(error))
-              << ", last_error), lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+              << ", last_error), owner_id = 0, lease_token = '', lease_expires_ms = 0, "
                  "updated_ms = "
               << now << " WHERE id = " << s.id);
 }
@@ -940,7 +954,7 @@ void mark_dead(Writes& w, const JobState& s, const std::string& error, int64_t n
                   "j.last_error = ")
               << e << ", j.dead_letter_id = d.id, j.finished_ms = " << now
               << ", j.updated_ms = " << now
-              << ", j.lease_owner = NULL, j.lease_token = NULL, j.lease_expires_ms = 0, "
+              << ", j.owner_id = 0, j.lease_token = '', j.lease_expires_ms = 0, "
                  "j.active_dedupe_key = NULL, j.counted_in_parent = 0 WHERE j.id = "
               << s.id);
   uncount_from_parent(w, s, now);
@@ -955,7 +969,7 @@ void mark_cancelled(Tx& tx, Writes& w, const JobState& s, int refund,
   w.push_back(Sql("UPDATE jobs SET status = 'cancelled', attempts = GREATEST(attempts - ")
               << refund << ", 0), last_error = COALESCE(" << quote(clip(error))
               << ", last_error), finished_ms = " << now << ", updated_ms = " << now
-              << ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+              << ", owner_id = 0, lease_token = '', lease_expires_ms = 0, "
                  "wait_deadline_ms = 0, active_dedupe_key = NULL, counted_in_parent = 0 "
                  "WHERE id = "
               << s.id);
@@ -1136,6 +1150,7 @@ class GroupCommit {
 // the same kinds with the same lease length; each keeps its owner, clock and limit.
 struct ClaimOp {
   const ClaimRequest& request;
+  int owner_id;  // request.owner's row in lease_owners
   std::vector<Claimed> result;
   std::exception_ptr error;
   bool done = false;
@@ -1423,13 +1438,13 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       one.lease_expires_ms = request.now_ms + request.lease_ms;
       one.job.status = JobStatus::kRunning;
       one.job.attempts += 1;
-      one.job.lease_owner = cut_utf8(request.owner, 255);  // lease_owner is VARBINARY(255)
+      one.job.lease_owner = cut_utf8(request.owner, kOwnerBytes);
       one.job.lease_token = one.lease_token;
       one.job.lease_expires_ms = one.lease_expires_ms;
       one.job.started_ms = request.now_ms;
       one.job.updated_ms = request.now_ms;
       ids.push_back(one.job.id);
-      owners.emplace_back(one.job.id, quote(*one.job.lease_owner));
+      owners.emplace_back(one.job.id, std::to_string(ops[i]->owner_id));
       expiries.emplace_back(one.job.id, std::to_string(one.lease_expires_ms));
       starts.emplace_back(one.job.id, std::to_string(request.now_ms));
       w.running(one.job.kind, one.job.concurrency_key, 1);
@@ -1446,7 +1461,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   // left-to-right and MariaDB's simultaneous assignment alike. No attempt row yet (schema 0002).
   w.push_back(
       "UPDATE jobs SET status = 'running', attempt_no = attempts + 1, "
-      "attempts = attempts + 1, lease_owner = " +
+      "attempts = attempts + 1, owner_id = " +
       per_id("id", owners) + ", lease_token = CONCAT(" + quote(prefix) +
       ", id), lease_expires_ms = " + per_id("id", expiries) +
       ", started_ms = " + per_id("id", starts) + ", updated_ms = " + per_id("id", starts) +
@@ -1514,7 +1529,7 @@ void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
   w.push_back(attempt_rows(per_id("id", nows), "'succeeded'", "NULL", "id IN (" + list + ")"));
   w.push_back("UPDATE jobs SET status = 'succeeded', result = " + per_id("id", results) +
               ", finished_ms = " + per_id("id", nows) + ", updated_ms = " + per_id("id", nows) +
-              ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
+              ", owner_id = 0, lease_token = '', lease_expires_ms = 0, "
               "active_dedupe_key = NULL, counted_in_parent = 0 WHERE id IN (" +
               list + ")");
   for (const auto& [parent, counted] : parents) {
@@ -1778,7 +1793,7 @@ class MysqlStore final : public JobStore {
   // Group-committed: concurrent claims with the same kinds and lease length share a transaction.
   std::vector<Claimed> claim(const ClaimRequest& request) override {
     if (request.limit == 0) return {};
-    ClaimOp op{request, {}, nullptr, false};
+    ClaimOp op{request, owner_id(request.owner), {}, nullptr, false};
     claims_.submit(op, [&](std::vector<ClaimOp*>& batch) {
       // A failed claim changed nothing durable that matters (at worst leases that expire): every
       // op gets the error, and the callers claim again later.
@@ -2001,7 +2016,7 @@ class MysqlStore final : public JobStore {
       sql << (wait ? "'waiting'" : "'queued'")
           << ", wait_deadline_ms = " << (wait ? deadline_ms : 0)
           << ", run_after_ms = " << (wait ? std::string("run_after_ms") : std::to_string(now_ms))
-          << ", attempts = GREATEST(attempts - 1, 0), lease_owner = NULL, lease_token = NULL, "
+          << ", attempts = GREATEST(attempts - 1, 0), owner_id = 0, lease_token = '', "
              "lease_expires_ms = 0, updated_ms = "
           << now_ms;
       if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
@@ -2019,8 +2034,9 @@ class MysqlStore final : public JobStore {
           read_after(tx, w,
                      Sql("SELECT ")
                              .raw(kStateColumns)
-                             .raw(" FROM jobs WHERE status = 'running' AND lease_owner = ")
-                         << quote(owner) << " ORDER BY id FOR UPDATE");
+                             .raw(" FROM jobs WHERE status = 'running' AND owner_id = (SELECT "
+                                  "id FROM lease_owners WHERE name = ")
+                         << quote(cut_utf8(owner, kOwnerBytes)) << ") ORDER BY id FOR UPDATE");
       for (const Row& row : owned.rows) expire_lease(tx, w, read_state(row), now_ms, result);
       w.commit(tx);
       return result;
@@ -2153,8 +2169,8 @@ class MysqlStore final : public JobStore {
       // snapshot).
       return c.one(Sql("SELECT attempt, owner, started_ms, finished_ms, outcome, error, id AS seq "
                        "FROM job_attempts WHERE job_id = ")
-                   << id
-                   << " UNION ALL SELECT attempt_no, lease_owner, started_ms, 0, 'running', NULL, "
+                   << id << " UNION ALL SELECT attempt_no, " << kOwnerName
+                   << ", started_ms, 0, 'running', NULL, "
                       "9223372036854775807 FROM jobs WHERE id = "
                    << id << " AND status = 'running' ORDER BY seq");
     });
@@ -2398,6 +2414,26 @@ class MysqlStore final : public JobStore {
   }
 
  private:
+  // The id of `owner` in lease_owners, added on first use (outside any claim transaction, so
+  // that no rollback can take back an id this cache holds). Owners are few: one per process.
+  int owner_id(const std::string& owner) {
+    const std::string name = cut_utf8(owner, kOwnerBytes);
+    {
+      std::lock_guard<std::mutex> lock(owners_mutex_);
+      auto it = owner_ids_.find(name);
+      if (it != owner_ids_.end()) return it->second;
+    }
+    int id = read("owner", [&](mysql::Connection& c) {
+      std::vector<Result> r =
+          c.run("INSERT IGNORE INTO lease_owners (name) VALUES (" + quote(name) +
+                "); SELECT id FROM lease_owners WHERE name = " + quote(name));
+      return to_int(r[1].rows.at(0)[0]);
+    });
+    std::lock_guard<std::mutex> lock(owners_mutex_);
+    owner_ids_.emplace(name, id);
+    return id;
+  }
+
   template <class Body>
   auto transact(const char* what, Body&& body) -> std::invoke_result_t<Body&, Tx&> {
     return mysql::transact(pool_, what, std::forward<Body>(body));
@@ -2546,8 +2582,8 @@ class MysqlStore final : public JobStore {
                              "id IN (" + list + ")"));
     w.push_back(Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
                 << per_id("id", run_afters) << ", last_error = " << per_id("id", errors)
-                << ", lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = "
-                << now << " WHERE id IN (" << list << ")");
+                << ", owner_id = 0, lease_token = '', lease_expires_ms = 0, updated_ms = " << now
+                << " WHERE id IN (" << list << ")");
   }
 
   static std::string letter_filter(const DeadLetterQuery& q) {
@@ -2587,7 +2623,7 @@ class MysqlStore final : public JobStore {
     w.push_back(Sql("UPDATE jobs SET status = 'queued', attempts = 0, run_after_ms = ")
                 << now << ", finished_ms = 0, cancel_requested = 0, counted_in_parent = "
                 << (counted ? 1 : 0)
-                << ", active_dedupe_key = dedupe_key, lease_owner = NULL, lease_token = NULL, "
+                << ", active_dedupe_key = dedupe_key, owner_id = 0, lease_token = '', "
                    "lease_expires_ms = 0, wait_deadline_ms = 0, updated_ms = "
                 << now << " WHERE id = " << s->id);
     w.push_back(Sql("UPDATE dead_letters SET status = 'retrying', retries = retries + 1, "
@@ -2606,6 +2642,8 @@ class MysqlStore final : public JobStore {
   // Kinds last seen with caps: the uncapped claim scan excludes them (see claim_jobs).
   std::mutex hint_mutex_;
   std::set<std::string> capped_hint_;
+  std::mutex owners_mutex_;
+  std::map<std::string, int> owner_ids_;  // lease_owners, as far as this store has used them
 };
 
 // Applies what is missing of mysql_migrations() under a server-wide named lock, so that hosts

@@ -211,6 +211,20 @@ TEST(MysqlStore, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
   }
 }
 
+// Brings a new database to the schema of an older build: its first `count` migrations, recorded
+// as the runner records them.
+void apply_first_migrations(mysql::Connection& c, size_t count) {
+  c.one(
+      "CREATE TABLE schema_migrations (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT "
+      "NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB");
+  for (size_t m = 0; m < count; ++m) {
+    const Migration& migration = mysql_migrations().at(m);
+    for (const std::string& statement : split_sql_statements(migration.sql)) c.one(statement);
+    c.one("INSERT INTO schema_migrations VALUES (" + std::to_string(migration.version) + ", '" +
+          std::string(migration.name) + "', 1)");
+  }
+}
+
 // Schema 0002 writes an attempt's row when it ends. A job running across the upgrade had its row
 // opened by a schema-0001 claim: the migration moves it into the job row, so the job still shows
 // one row per attempt, before and after its end. The migration also runs again after a crash
@@ -222,12 +236,7 @@ TEST(MysqlStore, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttempt) {
   TestDatabase db;
   {
     auto c = db.app_session();
-    c->one(
-        "CREATE TABLE schema_migrations (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT "
-        "NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB");
-    for (const std::string& statement : split_sql_statements(migrations[0].sql)) c->one(statement);
-    c->one("INSERT INTO schema_migrations VALUES (1, '" + std::string(migrations[0].name) +
-           "', 1)");
+    apply_first_migrations(*c, 1);
     // Attempt 1 failed; attempt 2 runs under token "tok".
     c->one(
         "INSERT INTO jobs (id, kind, concurrency_key, status, attempts, max_attempts, "
@@ -283,6 +292,73 @@ TEST(MysqlStore, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttempt) {
   EXPECT_EQ(history[0].attempt, 1);
   EXPECT_EQ(history[0].outcome, "succeeded");
   EXPECT_EQ(history[0].finished_ms, 4000);
+}
+
+// Schema 0003 makes the columns a claim changes fixed-size (the row is rewritten in place) and
+// moves owner names to lease_owners. Jobs from before keep what they were: a running job its owner
+// and token (its worker can still heartbeat and complete it), a finished one no lease. The
+// migration also runs again after a crash that came between its ADD COLUMN and its record.
+TEST(MysqlStore, JobsFromBeforeTheInPlaceClaimUpgradeKeepTheirLeases) {
+  const auto& migrations = mysql_migrations();
+  ASSERT_GE(migrations.size(), 3u);
+  ASSERT_EQ(migrations[2].version, 3);
+  TestDatabase db;
+  {
+    auto c = db.app_session();
+    apply_first_migrations(*c, 2);
+    c->one(
+        "INSERT INTO jobs (id, kind, status, attempts, attempt_no, max_attempts, run_after_ms, "
+        "lease_owner, lease_token, lease_expires_ms, created_ms, started_ms, updated_ms, payload) "
+        "VALUES (1, 'entity', 'running', 1, 1, 5, 1000, 'old-host', 'tok', 31000, 900, 1000, "
+        "1000, '{}'), (2, 'entity', 'queued', 0, 0, 5, 1000, NULL, NULL, 0, 900, 0, 900, '{}'), "
+        "(3, 'entity', 'succeeded', 1, 1, 5, 1000, NULL, NULL, 0, 900, 950, 990, '{}')");
+    c->one("INSERT INTO running_counts VALUES ('entity', '', 1, 1)");
+    c->one("INSERT INTO running_totals VALUES ('entity', 1, 1)");
+    c->one("ALTER TABLE jobs ADD COLUMN owner_id INT NOT NULL DEFAULT 0");  // then a crash
+  }
+  auto store = db.open(2);
+  EXPECT_EQ(store->migrate(), migrations.back().version);
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c,
+                   "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+                   "DATABASE() AND TABLE_NAME = 'jobs' AND DATA_TYPE = 'char' AND "
+                   "((COLUMN_NAME = 'status' AND CHARACTER_MAXIMUM_LENGTH = 9) OR (COLUMN_NAME = "
+                   "'lease_token' AND CHARACTER_MAXIMUM_LENGTH = 52 AND IS_NULLABLE = 'NO'))"),
+            2);
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM jobs WHERE lease_owner IS NOT NULL"), 0);
+
+  std::optional<Job> running = store->get(1);
+  ASSERT_TRUE(running);
+  EXPECT_EQ(running->status, JobStatus::kRunning);
+  EXPECT_EQ(running->lease_owner, std::optional<std::string>("old-host"));
+  EXPECT_EQ(running->lease_token, std::optional<std::string>("tok"));
+  std::optional<Job> done = store->get(3);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, JobStatus::kSucceeded);
+  EXPECT_FALSE(done->lease_owner);
+  EXPECT_FALSE(done->lease_token);
+
+  EXPECT_EQ(store->heartbeat(1, "tok", 2000, 30000, std::nullopt).lease_expires_ms, 32000);
+  EXPECT_THROW(store->complete(1, "", "{}", 2500), LeaseLost);
+  store->complete(1, "tok", "{}", 3000);
+  auto history = store->attempts(1);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].owner, "old-host");
+  EXPECT_EQ(history[0].outcome, "succeeded");
+  EXPECT_FALSE(store->get(1)->lease_token);
+
+  // The same owner name claims again: one row of lease_owners serves it.
+  ClaimRequest r;
+  r.owner = "old-host";
+  r.limit = 5;
+  r.now_ms = 4000;
+  auto claimed = store->claim(r);
+  ASSERT_EQ(claimed.size(), 1u);
+  EXPECT_EQ(claimed[0].job.id, 2);
+  EXPECT_EQ(store->get(2)->lease_owner, std::optional<std::string>("old-host"));
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM lease_owners WHERE name = 'old-host'"), 1);
+  store->complete(2, claimed[0].lease_token, "{}", 5000);
+  EXPECT_EQ(store->running("entity", ""), 0);
 }
 
 TEST(MysqlStore, TwoStoresClaimDisjointJobsUnderContention) {
