@@ -594,13 +594,14 @@ TEST(MysqlStore, AClaimTakesTheFreeJobsBehindRowsAnotherSessionHolds) {
   EXPECT_EQ(jobs.store().max_running_seen("k", ""), 10);
 }
 
-// Deeper than the claim's plain reads go (one job per read here): the locking scan at the end
-// still finds the first free job.
+// Six held rows before the first free one, and a claim of one job: the reads past them grow (one
+// candidate, then two, then four), and the lock takes only the first free one of the window.
 TEST(MysqlStore, AOneJobClaimBehindManyHeldRowsStillFindsAFreeOne) {
   TestDatabase db;
   HeldRows jobs(db);
   jobs.hold({0, 1, 2, 3, 4, 5});
   EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{jobs.ids()[6]}));
+  EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{jobs.ids()[7]}));  // ids[7] was not locked
   jobs.release();
 }
 
