@@ -667,12 +667,26 @@ constexpr size_t kOwnerBytes = 255;
 constexpr const char* kOwnerName =
     "(SELECT name FROM lease_owners WHERE lease_owners.id = jobs.owner_id)";
 
-constexpr const char* kJobColumns =
-    "id, kind, concurrency_key, dedupe_key, payload, status, priority, attempts, max_attempts, "
-    "run_after_ms, (SELECT name FROM lease_owners WHERE lease_owners.id = jobs.owner_id), "  // kOwnerName
-    "lease_token, lease_expires_ms, checkpoint, result, last_error, "
-    "parent_id, pending_children, wait_deadline_ms, timeout_ms, cancel_requested, created_ms, "
-    "started_ms, finished_ms, updated_ms";
+// A job's result. A completion writes it into the succeeded attempt's row (schema 0004), so that
+// the job row is rewritten in place (a result changes the row's length); jobs.result keeps the
+// results of jobs that completed before.
+constexpr const char* kJobResult =
+    "COALESCE(result, (SELECT a.result FROM job_attempts a WHERE a.job_id = jobs.id AND "
+    "a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 1))";
+
+// The columns read_job reads, from `jobs` unaliased. A queued job, which is what a claim reads,
+// has no owner and has never succeeded: its columns leave out those lookups.
+std::string job_columns(bool queued) {
+  return std::string(
+             "id, kind, concurrency_key, dedupe_key, payload, status, priority, attempts, "
+             "max_attempts, run_after_ms, ") +
+         (queued ? "NULL" : kOwnerName) + ", lease_token, lease_expires_ms, checkpoint, " +
+         (queued ? "NULL" : kJobResult) +
+         ", last_error, parent_id, pending_children, wait_deadline_ms, timeout_ms, "
+         "cancel_requested, created_ms, started_ms, finished_ms, updated_ms";
+}
+const std::string kJobColumns = job_columns(false);
+const std::string kQueuedJobColumns = job_columns(true);
 
 Job read_job(const Row& r) {
   Job job;
@@ -896,11 +910,12 @@ Result read_after(Tx& tx, Writes& w, const std::string& statement) { return w.re
 // UPDATE of them (schema 0002: the claim opens no row). `finished`, `outcome` and `error` are
 // SQL expressions (literals, or per-id CASEs for a batch); `where` picks the jobs.
 std::string attempt_rows(const std::string& finished, const std::string& outcome,
-                         const std::string& error, const std::string& where) {
+                         const std::string& error, const std::string& where,
+                         const std::string& result = "NULL") {
   return "INSERT INTO job_attempts (job_id, attempt, owner, lease_token, started_ms, "
-         "finished_ms, outcome, error) SELECT id, attempt_no, COALESCE(" +
+         "finished_ms, outcome, error, result) SELECT id, attempt_no, COALESCE(" +
          std::string(kOwnerName) + ", ''), lease_token, started_ms, " + finished + ", " + outcome +
-         ", " + error + " FROM jobs WHERE " + where + " ORDER BY id";
+         ", " + error + ", " + result + " FROM jobs WHERE " + where + " ORDER BY id";
 }
 
 // Every exit from running writes the attempt's row.
@@ -1202,7 +1217,7 @@ size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_
   // By primary key, whatever the statistics say: a plan over jobs_claim would lock-scan the
   // queued entries after all (the optimizer picks it for small tables).
   Result locked = tx.one(Sql("SELECT ")
-                             .raw(kJobColumns)
+                             .raw(kQueuedJobColumns)
                              .raw(" FROM jobs FORCE INDEX (PRIMARY) "
                                   "WHERE id IN (")
                          << id_list(ids) << ") AND status = 'queued' AND run_after_ms <= " << now
@@ -1516,9 +1531,10 @@ void complete_locked(Writes& w, const std::vector<CompleteOp*>& ops,
   }
   std::string list = id_list(done);
   // The attempts' rows, from the job rows before the UPDATE below (see end_attempt).
-  w.push_back(attempt_rows(per_id("id", nows), "'succeeded'", "NULL", "id IN (" + list + ")"));
-  w.push_back("UPDATE jobs SET status = 'succeeded', result = " + per_id("id", results) +
-              ", finished_ms = " + per_id("id", nows) + ", updated_ms = " + per_id("id", nows) +
+  w.push_back(attempt_rows(per_id("id", nows), "'succeeded'", "NULL", "id IN (" + list + ")",
+                           per_id("id", results)));
+  w.push_back("UPDATE jobs SET status = 'succeeded', finished_ms = " + per_id("id", nows) +
+              ", updated_ms = " + per_id("id", nows) +
               ", owner_id = 0, lease_token = '', lease_expires_ms = 0, "
               "active_dedupe_key = NULL, counted_in_parent = 0 WHERE id IN (" +
               list + ")");

@@ -294,11 +294,12 @@ TEST(MysqlStore, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttempt) {
   EXPECT_EQ(history[0].finished_ms, 4000);
 }
 
-// Schema 0003 makes the columns a claim changes fixed-size (the row is rewritten in place) and
-// moves owner names to lease_owners. Jobs from before keep what they were: a running job its owner
-// and token (its worker can still heartbeat and complete it), a finished one no lease. The
-// migration also runs again after a crash that came between its ADD COLUMN and its record.
-TEST(MysqlStore, JobsFromBeforeTheInPlaceClaimUpgradeKeepTheirLeases) {
+// Schemas 0003 and 0004 let claims and completions rewrite the job row in place: the columns they
+// change are fixed-size, owner names move to lease_owners, and a completion's result goes into
+// its attempt's row. Jobs from before keep what they were: a running job its owner and token (its
+// worker can still heartbeat and complete it), a finished one its result and no lease. 0003 also
+// runs again after a crash that came between its ADD COLUMN and its record.
+TEST(MysqlStore, JobsFromBeforeTheInPlaceUpgradesKeepTheirLeasesAndResults) {
   const auto& migrations = mysql_migrations();
   ASSERT_GE(migrations.size(), 3u);
   ASSERT_EQ(migrations[2].version, 3);
@@ -312,6 +313,7 @@ TEST(MysqlStore, JobsFromBeforeTheInPlaceClaimUpgradeKeepTheirLeases) {
         "VALUES (1, 'entity', 'running', 1, 1, 5, 1000, 'old-host', 'tok', 31000, 900, 1000, "
         "1000, '{}'), (2, 'entity', 'queued', 0, 0, 5, 1000, NULL, NULL, 0, 900, 0, 900, '{}'), "
         "(3, 'entity', 'succeeded', 1, 1, 5, 1000, NULL, NULL, 0, 900, 950, 990, '{}')");
+    c->one("UPDATE jobs SET result = '{\"old\":3}' WHERE id = 3");
     c->one("INSERT INTO running_counts VALUES ('entity', '', 1, 1)");
     c->one("INSERT INTO running_totals VALUES ('entity', 1, 1)");
     c->one("ALTER TABLE jobs ADD COLUMN owner_id INT NOT NULL DEFAULT 0");  // then a crash
@@ -337,10 +339,13 @@ TEST(MysqlStore, JobsFromBeforeTheInPlaceClaimUpgradeKeepTheirLeases) {
   EXPECT_EQ(done->status, JobStatus::kSucceeded);
   EXPECT_FALSE(done->lease_owner);
   EXPECT_FALSE(done->lease_token);
+  EXPECT_EQ(done->result, std::optional<std::string>("{\"old\":3}"));
 
   EXPECT_EQ(store->heartbeat(1, "tok", 2000, 30000, std::nullopt).lease_expires_ms, 32000);
   EXPECT_THROW(store->complete(1, "", "{}", 2500), LeaseLost);
-  store->complete(1, "tok", "{}", 3000);
+  store->complete(1, "tok", "{\"new\":1}", 3000);
+  EXPECT_EQ(store->get(1)->result, std::optional<std::string>("{\"new\":1}"));
+  EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM jobs WHERE id = 1 AND result IS NULL"), 1);
   auto history = store->attempts(1);
   ASSERT_EQ(history.size(), 1u);
   EXPECT_EQ(history[0].owner, "old-host");
