@@ -1235,10 +1235,12 @@ size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_
   return rows.size();
 }
 
-// Reads of uncapped candidates per claim, at most: the first, and more past those that other
-// claims hold, each twice as long as the one before. The last of 8 reads 128 times what the claim
-// still wants: a claim that finds no free job that far returns short, and the caller claims again.
+// Reads of uncapped candidates per claim, at most: the first (`limit` rows), and more past those
+// that other claims hold, each twice as long as the one before but at most kMaxClaimWindow rows
+// (or `limit`, if more), so that a read stays a few hundred KB. A claim that finds no free job
+// that far returns short, and the caller claims again.
 constexpr int kClaimReads = 8;
+constexpr size_t kMaxClaimWindow = 4096;
 
 // The claim transaction. Uncapped kinds: their first `limit` due jobs in claim order, read
 // plainly, then locked by primary key. Capped kinds: under the kind's job_caps lock, exact
@@ -1407,7 +1409,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   bool full = uncapped_full;
   size_t window = r.limit;
   for (int round = 1; round < kClaimReads && locked < r.limit && full; ++round) {
-    window *= 2;
+    window = std::min(window * 2, std::max<size_t>(r.limit, kMaxClaimWindow));
     const size_t want = r.limit - locked;
     more.push_back(read_candidates(tx.one(uncapped_candidates(now, kinds_filter, exclude, window) +
                                           " OFFSET " + std::to_string(seen))));
