@@ -31,10 +31,20 @@ stamp() { echo "$1 $(date -u +%FT%TZ)" >>"$out/times"; }
 if [ "$peers" != none ]; then
   [ -x "$peers/run-all.sh" ] || { echo "bench-sitting: no run-all.sh in $peers" >&2; exit 1; }
   work=$(mktemp -d -t backhaul-peers.XXXXXX)
+  chmod 755 "$work"  # the peers' servers run as their own users (postgres) and must reach it
   cp -r "$peers/." "$work/"
   stamp "peers-start"
   (cd "$work" && REPS=$reps RESULTS="$out/peers.jsonl" ./run-all.sh >"$out/peers.log" 2>&1) ||
     { echo "bench-sitting: the peers failed; see $out/peers.log" >&2; exit 1; }
+  # run-all.sh goes on past a peer that fails: every peer must have its lines, all correct.
+  for peer in pg-boss graphile-worker bullmq beanstalkd; do
+    grep -q "\"peer\":\"$peer\"" "$out/peers.jsonl" ||
+      { echo "bench-sitting: no results from $peer; see $out/peers.log" >&2; exit 1; }
+  done
+  if grep -q '"ok":false' "$out/peers.jsonl"; then
+    echo "bench-sitting: a peer's run ended in a wrong state; see $out/peers.jsonl" >&2
+    exit 1
+  fi
   cp "$work/env.json" "$out/peers-env.json" 2>/dev/null || true
   rm -rf "$work"
   stamp "peers-end"
