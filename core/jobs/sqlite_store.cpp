@@ -11,7 +11,9 @@
 // * running_counts holds the number of running jobs per (kind, key) and per kind (total row):
 //   +n in the claim, -1 in end_attempt(), which every exit from running calls exactly once.
 // * A claim opens an attempt (seq = jobs.claims, number = jobs.attempt_no), kept in the job row
-//   while it runs; end_attempt() writes its row to attempts, once (schema 0002).
+//   while it runs; end_attempt() writes its row to attempts, once (schema 0002), unless it
+//   succeeded: a successful attempt ends the job and stays in its row (lease_owner keeps the
+//   owner; only a running job reports it as its lease).
 // * A child counted in its parent's pending_children (counted_in_parent = 1) is uncounted in the
 //   transaction that makes it terminal (succeeded, dead, cancelled), once.
 // * A dead job has a pending dead letter; a retried one a retrying letter that becomes resolved
@@ -75,7 +77,8 @@ Job read_job(const Query& q) {
   job.attempts = q.i32(7);
   job.max_attempts = q.i32(8);
   job.run_after_ms = q.i64(9);
-  job.lease_owner = q.opt_text(10);
+  // A succeeded job keeps its last attempt's owner there (end_attempt); a lease it is not.
+  if (job.status == JobStatus::kRunning) job.lease_owner = q.opt_text(10);
   job.lease_token = q.opt_text(11);
   job.lease_expires_ms = q.i64(12);
   job.checkpoint = q.opt_text(13);
@@ -201,10 +204,21 @@ const std::string kRunningDown =
     "UPDATE running_counts SET running = running - 1 WHERE kind = ?1 "
     "AND ((total = 0 AND concurrency_key = ?2) OR (total = 1 AND concurrency_key = ''))";
 
-// Every exit from running: closes the open attempt row and frees the running slot.
+// A successful attempt writes no row: it stays in the job row, which keeps its owner in
+// lease_owner (attempts() reads it back). Only a row a claim opened before schema 0002 is
+// closed, if there is one: a lookup that writes nothing otherwise.
+const std::string kCloseOpenRows =
+    "UPDATE attempts SET finished_ms = ?1, outcome = 'succeeded' "
+    "WHERE outcome = 'running' AND job_id IN ";
+
+// Every exit from running: records the attempt's end and frees the running slot.
 void end_attempt(Connection& c, const JobState& s, std::string_view outcome,
                  const std::optional<std::string>& error, int64_t now) {
-  c.query(kEndAttempt).args(s.id, now, outcome, error).run();
+  if (outcome == "succeeded") {
+    c.query(kCloseOpenRows + "(?2)").args(now, s.id).run();
+  } else {
+    c.query(kEndAttempt).args(s.id, now, outcome, error).run();
+  }
   c.query(kRunningDown).args(s.kind, s.key).run();
 }
 
@@ -807,8 +821,7 @@ HeartbeatResult heartbeat_job(Connection& c, JobId id, const std::string& token,
 
 const std::string kComplete =
     "UPDATE jobs SET status = 'succeeded', result = ?2, finished_ms = ?3, updated_ms = ?3, "
-    "lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, counted_in_parent = 0 "
-    "WHERE id = ?1";
+    "lease_token = NULL, lease_expires_ms = 0, counted_in_parent = 0 WHERE id = ?1";
 const std::string kResolveLetter =
     "UPDATE dead_letters SET status = 'resolved', updated_ms = ?2 "
     "WHERE id = ?1 AND status = 'retrying'";
@@ -922,10 +935,7 @@ class Widths {
 const Widths kChunkStates([](size_t n) {
   return "SELECT " + kStateColumns + " FROM jobs WHERE id IN " + id_list(1, n);
 });
-const Widths kEndSucceededAttempts([](size_t n) {
-  return kAttemptRowHead + "?1, 'succeeded', NULL FROM jobs WHERE id IN " + id_list(2, n) +
-         kAttemptRowTail;
-});
+const Widths kCloseOpenChunkRows([](size_t n) { return kCloseOpenRows + id_list(2, n); });
 
 // "CASE id WHEN ?a THEN ?b ... END" over `n` rows of `stride` parameters from ?2, row i's id at
 // ?(2 + stride * i) and its value `offset` after it.
@@ -940,7 +950,7 @@ std::string case_of_id(size_t n, int stride, int offset) {
 
 const Widths kCompleteChunk([](size_t n) {
   return "UPDATE jobs SET status = 'succeeded', result = " + case_of_id(n, 2, 1) +
-         ", finished_ms = ?1, updated_ms = ?1, lease_owner = NULL, lease_token = NULL, "
+         ", finished_ms = ?1, updated_ms = ?1, lease_token = NULL, "
          "lease_expires_ms = 0, counted_in_parent = 0 WHERE id IN " +
          id_list(2, n, 2);
 });
@@ -988,7 +998,7 @@ void complete_chunk(Connection& c, const std::vector<Finish>& items,
   const auto& valid = checked.valid;  // (item index, state)
   if (valid.empty()) return;
   {
-    Query q = c.query(kEndSucceededAttempts(valid.size()));
+    Query q = c.query(kCloseOpenChunkRows(valid.size()));
     q.bind(1, now);
     for (size_t i = 0; i < Widths::width(valid.size()); ++i)
       q.bind(2 + static_cast<int>(i), i < valid.size() ? valid[i].second->id : 0);
@@ -1666,13 +1676,17 @@ JobPage SqliteStore::list(const JobQuery& query) {
 std::vector<Attempt> SqliteStore::attempts(JobId id) {
   return read([&](Connection& c) {
     std::vector<Attempt> out;
-    // The ended attempts, then the running one from the job row (one statement: one snapshot).
+    // The attempts with a row, then the one the job row holds: a running attempt, or a
+    // successful last one (no row since end_attempt() stopped writing them). One statement:
+    // one snapshot.
     Query q = c.query(
         "SELECT seq, attempt, owner, started_ms, finished_ms, outcome, error FROM attempts "
         "WHERE job_id = ?1 UNION ALL "
-        "SELECT claims, attempt_no, lease_owner, started_ms, 0, 'running', NULL FROM jobs "
-        "WHERE id = ?1 AND status = 'running' AND NOT EXISTS (SELECT 1 FROM attempts a "
-        "WHERE a.job_id = jobs.id AND a.seq = jobs.claims) ORDER BY 1");
+        "SELECT claims, attempt_no, lease_owner, started_ms, "
+        "CASE status WHEN 'running' THEN 0 ELSE finished_ms END, status, NULL FROM jobs "
+        "WHERE id = ?1 AND status IN ('running', 'succeeded') AND lease_owner IS NOT NULL "
+        "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.id "
+        "AND a.seq = jobs.claims) ORDER BY 1");
     q.args(id);
     while (q.step()) {
       out.push_back({id, q.i32(1), q.text(2), q.i64(3), q.i64(4), q.text(5), q.opt_text(6)});

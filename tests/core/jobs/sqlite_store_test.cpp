@@ -339,8 +339,72 @@ TEST_F(SqliteStoreTest, TwoHostsOnOneFileClaimDisjointJobs) {
   EXPECT_EQ(std::set<JobId>(claimed.begin(), claimed.end()).size(), claimed.size())
       << "a job was claimed twice";
   EXPECT_EQ((host_b->counts()[{"entity", JobStatus::kSucceeded}]), kJobs);
-  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM attempts"), std::to_string(kJobs));
+  // One attempt each, by the host that claimed it; a successful one stays in the job row.
+  for (JobId id : claimed) {
+    auto history = host_a->attempts(id);
+    ASSERT_EQ(history.size(), 1u) << "job " << id;
+    EXPECT_EQ(history[0].outcome, "succeeded");
+    EXPECT_EQ(history[0].owner.substr(0, 5), "host-");
+  }
+  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM attempts"), "0");
   EXPECT_EQ(host_a->running("entity", ""), 0);
+}
+
+// A successful attempt writes no attempt row: it stays in the job row, which keeps its owner,
+// and attempts() shows it after the rows of the attempts before it. Both ways to complete (one
+// job, and a finish() batch) do this; the job reports no lease once it succeeded.
+TEST_F(SqliteStoreTest, ASuccessfulAttemptStaysInTheJobRow) {
+  auto store = open();
+  JobSpec retried = spec();
+  retried.max_attempts = 3;
+  const JobId one = store->enqueue(retried, kT0).id;
+  const JobId batched = store->enqueue(spec(), kT0).id;
+
+  auto first = store->claim(claim_request("host-a", 1));
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(first[0].job.id, one);
+  store->fail(one, first[0].lease_token, {"boom", false, 0}, kT0 + 10);
+  auto claimed = store->claim(claim_request("host-b", 2, kT0 + 20));
+  ASSERT_EQ(claimed.size(), 2u);
+  for (const Claimed& c : claimed) {
+    if (c.job.id == one) {
+      store->complete(one, c.lease_token, "{\"n\":1}", kT0 + 30);
+    } else {
+      Finish f;
+      f.kind = Finish::Kind::kComplete;
+      f.id = c.job.id;
+      f.token = c.lease_token;
+      f.result_json = "{\"n\":2}";
+      auto results = store->finish({f}, kT0 + 40);
+      ASSERT_EQ(results.size(), 1u);
+      EXPECT_EQ(results[0].status, JobStatus::kSucceeded);
+    }
+  }
+
+  auto history = store->attempts(one);
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].outcome, "failed");
+  EXPECT_EQ(history[0].owner, "host-a");
+  EXPECT_EQ(history[0].error, std::optional<std::string>("boom"));
+  EXPECT_EQ(history[1].outcome, "succeeded");
+  EXPECT_EQ(history[1].owner, "host-b");
+  EXPECT_EQ(history[1].attempt, 2);
+  EXPECT_EQ(history[1].started_ms, kT0 + 20);
+  EXPECT_EQ(history[1].finished_ms, kT0 + 30);
+  auto other = store->attempts(batched);
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other[0].outcome, "succeeded");
+  EXPECT_EQ(other[0].owner, "host-b");
+  EXPECT_EQ(other[0].finished_ms, kT0 + 40);
+
+  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM attempts"), "1");  // the failure's
+  for (JobId id : {one, batched}) {
+    Job job = *store->get(id);
+    EXPECT_EQ(job.status, JobStatus::kSucceeded);
+    EXPECT_FALSE(job.lease_owner) << "job " << id;
+    EXPECT_FALSE(job.lease_token) << "job " << id;
+  }
+  EXPECT_EQ(store->get(batched)->result, std::optional<std::string>("{\"n\":2}"));
 }
 
 // --- group commit --------------------------------------------------------------------------
