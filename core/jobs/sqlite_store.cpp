@@ -9,11 +9,12 @@
 //
 // Invariants kept by the operations below:
 // * running_counts holds the number of running jobs per (kind, key) and per kind (total row):
-//   +n in the claim, -1 in end_attempt(), which every exit from running calls exactly once.
+//   +n in the claim, -1 in end_attempt() or end_successful_attempt(), one of which every exit
+//   from running calls exactly once.
 // * A claim opens an attempt (seq = jobs.claims, number = jobs.attempt_no), kept in the job row
-//   while it runs; end_attempt() writes its row to attempts, once (schema 0002), unless it
-//   succeeded: a successful attempt ends the job and stays in its row (lease_owner keeps the
-//   owner; only a running job reports it as its lease).
+//   while it runs; end_attempt() writes its row to attempts, once (schema 0002). A successful
+//   attempt ends the job and stays in its row instead (end_successful_attempt(): lease_owner
+//   keeps the owner; only a running job reports it as its lease).
 // * A child counted in its parent's pending_children (counted_in_parent = 1) is uncounted in the
 //   transaction that makes it terminal (succeeded, dead, cancelled), once.
 // * A dead job has a pending dead letter; a retried one a retrying letter that becomes resolved
@@ -204,21 +205,23 @@ const std::string kRunningDown =
     "UPDATE running_counts SET running = running - 1 WHERE kind = ?1 "
     "AND ((total = 0 AND concurrency_key = ?2) OR (total = 1 AND concurrency_key = ''))";
 
+// An exit from running other than success: writes the attempt's row, frees the running slot.
+void end_attempt(Connection& c, const JobState& s, std::string_view outcome,
+                 const std::optional<std::string>& error, int64_t now) {
+  c.query(kEndAttempt).args(s.id, now, outcome, error).run();
+  c.query(kRunningDown).args(s.kind, s.key).run();
+}
+
 // A successful attempt writes no row: it stays in the job row, which keeps its owner in
 // lease_owner (attempts() reads it back). Only a row a claim opened before schema 0002 is
 // closed, if there is one: a lookup that writes nothing otherwise.
 const std::string kCloseOpenRows =
     "UPDATE attempts SET finished_ms = ?1, outcome = 'succeeded' "
     "WHERE outcome = 'running' AND job_id IN ";
+const std::string kCloseOpenRow = kCloseOpenRows + "(?2)";
 
-// Every exit from running: records the attempt's end and frees the running slot.
-void end_attempt(Connection& c, const JobState& s, std::string_view outcome,
-                 const std::optional<std::string>& error, int64_t now) {
-  if (outcome == "succeeded") {
-    c.query(kCloseOpenRows + "(?2)").args(now, s.id).run();
-  } else {
-    c.query(kEndAttempt).args(s.id, now, outcome, error).run();
-  }
+void end_successful_attempt(Connection& c, const JobState& s, int64_t now) {
+  c.query(kCloseOpenRow).args(now, s.id).run();
   c.query(kRunningDown).args(s.kind, s.key).run();
 }
 
@@ -829,7 +832,7 @@ const std::string kResolveLetter =
 void complete_job(Connection& c, JobId id, const std::string& token, const std::string& result,
                   int64_t now) {
   JobState s = load_running(c, id, token);
-  end_attempt(c, s, "succeeded", std::nullopt, now);
+  end_successful_attempt(c, s, now);
   c.query(kComplete).args(id, result, now).run();
   if (s.dead_letter_id) c.query(kResolveLetter).args(*s.dead_letter_id, now).run();
   uncount_from_parent(c, s, now);
@@ -1677,8 +1680,8 @@ std::vector<Attempt> SqliteStore::attempts(JobId id) {
   return read([&](Connection& c) {
     std::vector<Attempt> out;
     // The attempts with a row, then the one the job row holds: a running attempt, or a
-    // successful last one (no row since end_attempt() stopped writing them). One statement:
-    // one snapshot.
+    // successful last one (end_successful_attempt() writes no row). One statement: one
+    // snapshot.
     Query q = c.query(
         "SELECT seq, attempt, owner, started_ms, finished_ms, outcome, error FROM attempts "
         "WHERE job_id = ?1 UNION ALL "
