@@ -78,7 +78,8 @@ Job read_job(const Query& q) {
   job.attempts = q.i32(7);
   job.max_attempts = q.i32(8);
   job.run_after_ms = q.i64(9);
-  // A succeeded job keeps its last attempt's owner there (end_attempt); a lease it is not.
+  // A succeeded job keeps its last attempt's owner there (end_successful_attempt); a lease it
+  // is not.
   if (job.status == JobStatus::kRunning) job.lease_owner = q.opt_text(10);
   job.lease_token = q.opt_text(11);
   job.lease_expires_ms = q.i64(12);
