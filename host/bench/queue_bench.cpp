@@ -18,6 +18,8 @@
 // single process's does: the store is polled only once every handler has returned.
 // --keys K spreads W1's jobs over K concurrency keys; --per-key-cap/--global-cap set exact caps
 // on the bench kind (to measure what caps cost).
+// --server-pid PID (MySQL on this machine): server_cpu_s is that process's user+system CPU over the
+// run, setup included (the run's database and migrations), as the peers' lines count theirs.
 // Every acknowledgement is durable (SQLite synchronous=FULL, InnoDB flush_log_at_trx_commit=1).
 #include <algorithm>
 #include <atomic>
@@ -25,9 +27,13 @@
 #include <condition_variable>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -62,6 +68,7 @@ struct QueueOptions {
   int per_key_cap = 0;
   int global_cap = 0;
   int processes = 1;
+  int server_pid = 0;     // the store server's process (MySQL on this machine), for server_cpu_s
   std::string worker_of;  // internal: run as one of --processes' workers for this kind
   int calls_fd = -1;      // internal: the workers' shared handler-call counter
 };
@@ -117,6 +124,31 @@ double seconds(Steady::time_point a, Steady::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// User+system CPU seconds of process `pid` so far, from /proc/PID/stat (fields 14 and 15, after
+// the command name, which may hold spaces and parentheses).
+double process_cpu_seconds(int pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  std::ifstream in(path);
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (stat.empty()) {
+    throw std::runtime_error("--server-pid " + std::to_string(pid) + ": cannot read " + path);
+  }
+  const size_t name_end = stat.rfind(')');
+  std::istringstream fields(name_end == std::string::npos ? "" : stat.substr(name_end + 1));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  // Field 3 (state) comes first after the name; utime and stime are fields 14 and 15.
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  if (!fields) {
+    throw std::runtime_error("--server-pid " + std::to_string(pid) + ": " + path +
+                             " does not read as a process's stat");
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 double cpu_seconds(const rusage& r) {
   return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
          static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
@@ -127,6 +159,7 @@ struct OpenStore {
   std::string path;        // a temp SQLite file to remove afterwards, or empty
   std::string mysql;       // MySQL: the run's own database (connection string), for workers
   std::string mysql_drop;  // MySQL: that database, to drop afterwards
+  std::string server_version = "sqlite (embedded)";
 };
 
 OpenStore open_store(const QueueOptions& o) {
@@ -149,8 +182,10 @@ OpenStore open_store(const QueueOptions& o) {
     jobs::mysql::Config server = jobs::mysql::parse_config(o.mysql);
     const std::string db = server.db + "_bench_" + std::to_string(::getpid());
     try {
-      jobs::mysql::Connection(server).one("CREATE DATABASE `" + db +
-                                          "` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci");
+      jobs::mysql::Connection admin(server);
+      admin.one("CREATE DATABASE `" + db + "` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci");
+      const jobs::mysql::Result version = admin.one("SELECT VERSION()");
+      if (!version.rows.empty() && version.rows[0][0]) out.server_version = *version.rows[0][0];
     } catch (const std::exception& e) {
       throw std::runtime_error("cannot create the run's database " + db +
                                " (the user needs "
@@ -350,6 +385,9 @@ nlohmann::json finish_worker(Worker& w) {
 
 void run(const QueueOptions& o) {
   if (!o.worker_of.empty()) return run_worker(o);
+  if (o.server_pid > 0 && (o.store != "mysql" || o.workload == "latency")) {
+    throw std::runtime_error("--server-pid is for --store mysql, workloads lifecycle and retries");
+  }
   if (o.workload == "latency") return run_latency(o);
   if (o.processes > 1 && o.workload != "lifecycle") {
     throw std::runtime_error("--processes is for the lifecycle workload");
@@ -363,6 +401,7 @@ void run(const QueueOptions& o) {
   }
   const int n = o.jobs > 0 ? o.jobs : (w2 ? 5000 : 20000);
 
+  const double server_cpu_start = o.server_pid > 0 ? process_cpu_seconds(o.server_pid) : 0.0;
   OpenStore opened = open_store(o);
   std::unique_ptr<jobs::JobStore>& store = opened.store;
   SystemClock clock;
@@ -438,6 +477,8 @@ void run(const QueueOptions& o) {
     if (seconds(t0, Steady::now()) > 600) break;
   }
   auto t_end = Steady::now();
+  nlohmann::json server_cpu_s = nullptr;
+  if (o.server_pid > 0) server_cpu_s = process_cpu_seconds(o.server_pid) - server_cpu_start;
   scheduler.drain(std::chrono::milliseconds(1000));
 
   rusage self{};
@@ -471,7 +512,7 @@ void run(const QueueOptions& o) {
       {"worker_start_to_first_claim_s", seconds(t_start, t_first)},
       {"server_rss_kb", nullptr},  // embedded (SQLite) or measured separately (MariaDB)
       {"client_rss_kb", self.ru_maxrss},
-      {"server_cpu_s", nullptr},
+      {"server_cpu_s", server_cpu_s},
       {"client_cpu_s", cpu_seconds(self) + workers_cpu_s},
       {"processes", o.processes},
       {"worker_rss_kb", workers.empty() ? nlohmann::json(nullptr) : nlohmann::json(workers_rss_kb)},
@@ -492,7 +533,7 @@ void run(const QueueOptions& o) {
       {"version", "backhaul"},
       {"rep", o.rep},
       {"config", o.store},
-      {"server_version", o.store == "sqlite" ? "sqlite (embedded)" : "mariadb"},
+      {"server_version", opened.server_version},
       {"durability", o.store == "sqlite" ? "synchronous=FULL" : "flush_log_at_trx_commit=1"}};
   std::cout << line.dump() << std::endl;
   close_store(opened, o);
@@ -522,6 +563,9 @@ void add_queue_bench(CLI::App& app) {
   cmd->add_option("--global-cap", o->global_cap, "exact cap for the kind (0 = none)");
   cmd->add_option("--processes", o->processes, "worker processes sharing the store (W1)")
       ->capture_default_str();
+  cmd->add_option("--server-pid", o->server_pid,
+                  "MySQL server's PID on this machine: its CPU over the run -> server_cpu_s")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--worker-of", o->worker_of, "internal: worker process for this job kind")
       ->group("");
   cmd->add_option("--calls-fd", o->calls_fd, "internal: the workers' shared call counter")

@@ -62,6 +62,8 @@ stop_mariadb() {
 }
 trap stop_mariadb EXIT
 mysql=$(cat "$mariadb_dir/connection.txt")
+# MySQL runs record the server's CPU over each run (server_cpu_s), as the peers' lines do.
+server_pid=(--server-pid "$(cat "$mariadb_dir/mysqld.pid")")
 
 ours=$out/ours.jsonl
 : >"$ours"
@@ -71,9 +73,9 @@ stamp "ours-start"
 for rep in $(seq 1 "$reps"); do
   run --store sqlite "${tuned[@]}" --rep "$rep"
   run --store sqlite "${tuned[@]}" --workload retries --rep "$rep"
-  run --store mysql --mysql "$mysql" "${tuned[@]}" --rep "$rep"
-  run --store mysql --mysql "$mysql" "${tuned[@]}" --processes 3 --rep "$rep"
-  run --store mysql --mysql "$mysql" "${tuned[@]}" --workload retries --rep "$rep"
+  run --store mysql --mysql "$mysql" "${server_pid[@]}" "${tuned[@]}" --rep "$rep"
+  run --store mysql --mysql "$mysql" "${server_pid[@]}" "${tuned[@]}" --processes 3 --rep "$rep"
+  run --store mysql --mysql "$mysql" "${server_pid[@]}" "${tuned[@]}" --workload retries --rep "$rep"
   run --store sqlite "${tuned[@]}" --keys 10 --rep "$rep"
   run --store sqlite "${tuned[@]}" --keys 10 --per-key-cap 1000 --rep "$rep"
   run --store sqlite --workload latency --rep "$rep"
@@ -81,8 +83,8 @@ done
 # Defaults (no tuning flags), once each, and the million-job backlog.
 run --store sqlite --rep 1
 run --store sqlite --workload retries --rep 1
-run --store mysql --mysql "$mysql" --rep 1
-run --store mysql --mysql "$mysql" --workload retries --rep 1
+run --store mysql --mysql "$mysql" "${server_pid[@]}" --rep 1
+run --store mysql --mysql "$mysql" "${server_pid[@]}" --workload retries --rep 1
 run --store sqlite "${tuned[@]}" --jobs 1000000 --rep 1
 stamp "ours-end"
 

@@ -8,6 +8,7 @@ a Markdown table: each goal, our figure (median [min-max] of the runs) and wheth
 Lines that are not JSON objects are ignored.
 """
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -58,6 +59,13 @@ def field(runs, name):
 
 def median(values):
     return statistics.median(values) if values else None
+
+
+def cpu_figure(runs):
+    server, client = median(field(runs, "server_cpu_s")), median(field(runs, "client_cpu_s"))
+    if server is None or client is None:
+        return "n/a"
+    return f"{server:.2f} + {client:.2f}"
 
 
 def verdict(ok):
@@ -146,11 +154,21 @@ def main():
             defaults.append(f"{store} {workload} {spread(field(runs, key), 0 if unit == 'jobs/s' else 3)} {unit}")
     if defaults:
         print("\nDefaults (no tuning flags): " + "; ".join(defaults) + ".")
+    cpu = []
+    for label, runs in (("W1, 1 daemon", ours_runs(ours, "mysql", "W1")),
+                        ("W1, 3 daemons", ours_runs(ours, "mysql", "W1", processes=3)),
+                        ("W2", ours_runs(ours, "mysql", "W2"))):
+        if field(runs, "server_cpu_s"):
+            cpu.append(f"{label} {cpu_figure(runs)}")
+    if cpu:
+        print(f"\nMySQL CPU per run, server + clients (user+system s, medians; the server's includes "
+              f"the run's setup), on {os.cpu_count()} CPUs: " + "; ".join(cpu) + ".")
     if peer_rows:
-        print("\n| peer | W1 e2e jobs/s | W2 s |\n|---|---|---|")
+        print("\n| peer | W1 e2e jobs/s | W2 s | W1 CPU, server + client s |\n|---|---|---|---|")
         for (peer, config), by in peer_rows.items():
             print(f"| {peer} `{config}` | {spread(field(by.get('W1', []), 'jobs_per_s'))} | "
-                  f"{spread(field(by.get('W2', []), 'seconds'), 3)} |")
+                  f"{spread(field(by.get('W2', []), 'seconds'), 3)} | "
+                  f"{cpu_figure(by.get('W1', []))} |")
     if bad:
         print(f"\n{len(bad)} of our runs were not ok (wrong final state): see the lines with \"ok\":false")
         sys.exit(1)
