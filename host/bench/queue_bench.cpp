@@ -181,11 +181,11 @@ OpenStore open_store(const QueueOptions& o) {
     // Named after the given database, so that a grant on "<db>_%" covers it.
     jobs::mysql::Config server = jobs::mysql::parse_config(o.mysql);
     const std::string db = server.db + "_bench_" + std::to_string(::getpid());
+    jobs::mysql::Connection admin(server);
+    const jobs::mysql::Result version = admin.one("SELECT VERSION()");
+    if (!version.rows.empty() && version.rows[0][0]) out.server_version = *version.rows[0][0];
     try {
-      jobs::mysql::Connection admin(server);
       admin.one("CREATE DATABASE `" + db + "` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci");
-      const jobs::mysql::Result version = admin.one("SELECT VERSION()");
-      if (!version.rows.empty() && version.rows[0][0]) out.server_version = *version.rows[0][0];
     } catch (const std::exception& e) {
       throw std::runtime_error("cannot create the run's database " + db +
                                " (the user needs "
@@ -510,7 +510,9 @@ void run(const QueueOptions& o) {
       {"process_s", process_s},
       {"process_jobs_per_s", n / process_s},
       {"worker_start_to_first_claim_s", seconds(t_start, t_first)},
-      {"server_rss_kb", nullptr},  // embedded (SQLite) or measured separately (MariaDB)
+      // None: SQLite runs in this process, and a MariaDB server outlives the run (its peak
+      // resident size is not this run's, as a peer's fresh server's is).
+      {"server_rss_kb", nullptr},
       {"client_rss_kb", self.ru_maxrss},
       {"server_cpu_s", server_cpu_s},
       {"client_cpu_s", cpu_seconds(self) + workers_cpu_s},
