@@ -94,32 +94,6 @@ int wait_for_port(const fs::path& file, const Child& child, const fs::path& log)
   throw Error("no port in " + file.string() + "; log:\n" + text.str());
 }
 
-// /proc/<pid>/status field in kB ("VmRSS", "VmHWM").
-int64_t proc_status_kb(pid_t pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
-  }
-  return 0;
-}
-
-// User + system CPU seconds of a process so far.
-double proc_cpu_s(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t end = text.rfind(')');
-  if (end == std::string::npos) return 0;
-  std::istringstream fields(text.substr(end + 2));
-  std::string f;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {
-    if (i == 14) utime = std::stod(f);
-    if (i == 15) stime = std::stod(f);
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 struct Api {
   http::PocoTransport transport;
   std::string base;

@@ -27,13 +27,10 @@
 #include <condition_variable>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -122,31 +119,6 @@ int payload_index(const std::string& p) { return std::stoi(p.substr(5)); }
 
 double seconds(Steady::time_point a, Steady::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// User+system CPU seconds of process `pid` so far, from /proc/PID/stat (fields 14 and 15, after
-// the command name, which may hold spaces and parentheses).
-double process_cpu_seconds(int pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  std::ifstream in(path);
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (stat.empty()) {
-    throw std::runtime_error("--server-pid " + std::to_string(pid) + ": cannot read " + path);
-  }
-  const size_t name_end = stat.rfind(')');
-  std::istringstream fields(name_end == std::string::npos ? "" : stat.substr(name_end + 1));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  // Field 3 (state) comes first after the name; utime and stime are fields 14 and 15.
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  if (!fields) {
-    throw std::runtime_error("--server-pid " + std::to_string(pid) + ": " + path +
-                             " does not read as a process's stat");
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 double cpu_seconds(const rusage& r) {
@@ -401,7 +373,7 @@ void run(const QueueOptions& o) {
   }
   const int n = o.jobs > 0 ? o.jobs : (w2 ? 5000 : 20000);
 
-  const double server_cpu_start = o.server_pid > 0 ? process_cpu_seconds(o.server_pid) : 0.0;
+  const double server_cpu_start = o.server_pid > 0 ? proc_cpu_s(o.server_pid) : 0.0;
   OpenStore opened = open_store(o);
   std::unique_ptr<jobs::JobStore>& store = opened.store;
   SystemClock clock;
@@ -478,7 +450,7 @@ void run(const QueueOptions& o) {
   }
   auto t_end = Steady::now();
   nlohmann::json server_cpu_s = nullptr;
-  if (o.server_pid > 0) server_cpu_s = process_cpu_seconds(o.server_pid) - server_cpu_start;
+  if (o.server_pid > 0) server_cpu_s = proc_cpu_s(o.server_pid) - server_cpu_start;
   scheduler.drain(std::chrono::milliseconds(1000));
 
   rusage self{};

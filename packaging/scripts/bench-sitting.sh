@@ -61,9 +61,9 @@ stop_mariadb() {
   if [ $started_mariadb = 1 ]; then bash "$root/packaging/scripts/mariadb.sh" stop "$mariadb_dir" >/dev/null; fi
 }
 trap stop_mariadb EXIT
-mysql=$(cat "$mariadb_dir/connection.txt")
-# MySQL runs record the server's CPU over each run (server_cpu_s), as the peers' lines do.
-server_pid=(--server-pid "$(cat "$mariadb_dir/mysqld.pid")")
+# MySQL runs also record the server's CPU over each run (server_cpu_s), as the peers' lines do.
+mysql=(--store mysql --mysql "$(cat "$mariadb_dir/connection.txt")"
+  --server-pid "$(cat "$mariadb_dir/mysqld.pid")")
 
 ours=$out/ours.jsonl
 : >"$ours"
@@ -73,9 +73,9 @@ stamp "ours-start"
 for rep in $(seq 1 "$reps"); do
   run --store sqlite "${tuned[@]}" --rep "$rep"
   run --store sqlite "${tuned[@]}" --workload retries --rep "$rep"
-  run --store mysql --mysql "$mysql" "${server_pid[@]}" "${tuned[@]}" --rep "$rep"
-  run --store mysql --mysql "$mysql" "${server_pid[@]}" "${tuned[@]}" --processes 3 --rep "$rep"
-  run --store mysql --mysql "$mysql" "${server_pid[@]}" "${tuned[@]}" --workload retries --rep "$rep"
+  run "${mysql[@]}" "${tuned[@]}" --rep "$rep"
+  run "${mysql[@]}" "${tuned[@]}" --processes 3 --rep "$rep"
+  run "${mysql[@]}" "${tuned[@]}" --workload retries --rep "$rep"
   run --store sqlite "${tuned[@]}" --keys 10 --rep "$rep"
   run --store sqlite "${tuned[@]}" --keys 10 --per-key-cap 1000 --rep "$rep"
   run --store sqlite --workload latency --rep "$rep"
@@ -83,8 +83,8 @@ done
 # Defaults (no tuning flags), once each, and the million-job backlog.
 run --store sqlite --rep 1
 run --store sqlite --workload retries --rep 1
-run --store mysql --mysql "$mysql" "${server_pid[@]}" --rep 1
-run --store mysql --mysql "$mysql" "${server_pid[@]}" --workload retries --rep 1
+run "${mysql[@]}" --rep 1
+run "${mysql[@]}" --workload retries --rep 1
 run --store sqlite "${tuned[@]}" --jobs 1000000 --rep 1
 stamp "ours-end"
 
