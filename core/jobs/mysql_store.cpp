@@ -1181,13 +1181,21 @@ struct ClaimOp {
 // machine that made the claim's SELECT the costliest statement of a W1 run (0.92 s of server
 // time per 20 000 jobs, growing from 1 to 9 ms per claim as entries piled up), where the plain
 // read and the locking read by primary key below cost 0.08 and 0.09 s. `exclude`: kinds left out.
+// `after`: only the jobs after it in claim order (reading on past a window; see claim_jobs).
 std::string uncapped_candidates(int64_t now, const std::string& kinds_filter,
-                                const std::vector<std::string>& exclude, size_t limit) {
+                                const std::vector<std::string>& exclude, size_t limit,
+                                const Candidate* after = nullptr) {
   Sql sql(
       "SELECT id, kind, concurrency_key, priority, run_after_ms FROM jobs WHERE status = "
       "'queued' AND run_after_ms <= ");
   sql << now << kinds_filter;
   if (!exclude.empty()) sql << " AND kind NOT IN (" << in_list(exclude) << ")";
+  if (after) {
+    // (priority, run_after_ms, id) > after's, spelled out so that it is a range of jobs_claim.
+    sql << " AND (priority > " << after->priority << " OR (priority = " << after->priority
+        << " AND (run_after_ms > " << after->run_after << " OR (run_after_ms = " << after->run_after
+        << " AND id > " << after->id << "))))";
+  }
   sql << " ORDER BY priority, run_after_ms, id LIMIT " << limit;
   return sql;
 }
@@ -1405,15 +1413,17 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   // locks and releases every held and delete-marked entry on its way: with three hosts on one
   // server it cost 20 ms a call.
   std::deque<std::vector<Candidate>> more;
-  size_t seen = lists[0].size();
   bool full = uncapped_full;
   size_t window = r.limit;
   for (int round = 1; round < kClaimReads && locked < r.limit && full; ++round) {
     window = std::min(window * 2, std::max<size_t>(r.limit, kMaxClaimWindow));
     const size_t want = r.limit - locked;
-    more.push_back(read_candidates(tx.one(uncapped_candidates(now, kinds_filter, exclude, window) +
-                                          " OFFSET " + std::to_string(seen))));
-    seen += more.back().size();
+    // After the last job read, not at an OFFSET: the queue's head moves while we claim (jobs
+    // enqueued ahead, others' claims committed), and an OFFSET would read some of the jobs of
+    // an earlier window again, locked by us already, and hand them out twice.
+    const Candidate& last = more.empty() ? lists[0].back() : more.back().back();
+    more.push_back(
+        read_candidates(tx.one(uncapped_candidates(now, kinds_filter, exclude, window, &last))));
     full = more.back().size() == window;
     std::vector<Candidate*> next;
     for (Candidate& c : more.back()) next.push_back(&c);

@@ -610,6 +610,62 @@ TEST(MysqlStore, AOneJobClaimBehindManyHeldRowsStillFindsAFreeOne) {
   jobs.release();
 }
 
+// A claim short of jobs because another session holds some reads on past its first window. The
+// queue's head moves meanwhile (here: jobs enqueued ahead of everything, without pause), so the
+// read on must start after the last job read, not at an OFFSET: at an OFFSET it read again jobs
+// of the first window that it had locked already, and handed them out twice in one claim.
+TEST(MysqlStore, AClaimReadingOnWhileJobsAreEnqueuedAheadHandsOutEachJobOnce) {
+  TestDatabase db;
+  auto store = db.open();
+  auto producer = db.open(2);
+  std::vector<JobSpec> specs(3000, spec("k"));
+  for (JobSpec& s : specs) s.priority = 5;
+  std::vector<JobId> ids;
+  for (const EnqueueResult& e : store->enqueue_batch(specs, 1000)) ids.push_back(e.id);
+  auto holder = db.app_session();
+  holder->one("START TRANSACTION");
+  holder->one("SELECT id FROM jobs FORCE INDEX (PRIMARY) WHERE id IN (" + std::to_string(ids[0]) +
+              ", " + std::to_string(ids[1]) + ") FOR UPDATE");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> enqueued{0};
+  std::string producer_error;
+  std::thread ahead([&] {
+    try {
+      JobSpec first = spec("k");  // priority 0: ahead of every job above
+      while (!stop) {
+        producer->enqueue_batch({first}, 1000);
+        ++enqueued;
+      }
+    } catch (const std::exception& e) {
+      producer_error = e.what();
+    }
+  });
+  std::set<JobId> handed_out;
+  int twice = 0, claims = 0;
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 8;
+  r.now_ms = 2000;
+  while (claims < 300 && twice == 0) {
+    ++claims;
+    for (const Claimed& c : store->claim(r)) {
+      if (!handed_out.insert(c.job.id).second) ++twice;
+      EXPECT_NE(c.job.id, ids[0]);
+      EXPECT_NE(c.job.id, ids[1]);
+    }
+  }
+  stop = true;
+  ahead.join();
+  holder->one("ROLLBACK");
+  EXPECT_EQ(producer_error, "");
+  EXPECT_GT(enqueued.load(), 0);
+  EXPECT_EQ(twice, 0) << "a job was handed out twice, in claim " << claims;
+  // What the claims took is exactly what the store shows running.
+  auto counts = store->counts();
+  EXPECT_EQ((counts[{"k", JobStatus::kRunning}]), static_cast<int64_t>(handed_out.size()));
+}
+
 // --- failure handling ------------------------------------------------------------------------
 
 // A transaction that InnoDB picks as a deadlock victim (1213) is re-run by the store, which then
