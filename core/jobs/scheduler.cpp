@@ -1,6 +1,7 @@
 #include "core/jobs/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <thread>
 
@@ -128,7 +129,7 @@ void Scheduler::claim_loop() {
     if (!claiming_) {
       // Drain started while we were claiming: hand these back untouched.
       lock.unlock();
-      for (auto& c : claimed) store_.release(c.job.id, c.lease_token, clock_.now_ms());
+      release_unstarted(std::move(claimed));
       lock.lock();
       break;
     }
@@ -412,6 +413,33 @@ void Scheduler::apply(std::vector<Ending>& endings) {
   }
 }
 
+void Scheduler::release_unstarted(std::vector<Claimed> jobs) {
+  if (jobs.empty()) return;
+  std::vector<Finish> items;
+  for (const Claimed& c : jobs) {
+    Finish f;
+    f.kind = Finish::Kind::kRelease;
+    f.id = c.job.id;
+    f.token = c.lease_token;
+    items.push_back(std::move(f));
+  }
+  std::vector<FinishResult> results;
+  try {
+    results = store_.finish(items, clock_.now_ms());
+  } catch (const std::exception& e) {
+    log_->warn("drain: releasing {} unstarted jobs failed (their leases will expire): {}",
+               items.size(), e.what());
+    return;
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].status) {
+      ++released_;
+    } else {
+      log_->warn("drain: release of job {} failed: {}", items[i].id, results[i].error);
+    }
+  }
+}
+
 size_t Scheduler::run_once(size_t limit) {
   std::vector<Claimed> claimed =
       store_.claim({options_.owner, limit, clock_.now_ms(), options_.lease_ms, kinds()});
@@ -429,19 +457,13 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   lock.lock();
   claiming_ = false;
   // Claimed but not started: nothing was done, give them back at once.
-  std::deque<Claimed> unstarted;
-  unstarted.swap(ready_);
+  std::vector<Claimed> unstarted(std::make_move_iterator(ready_.begin()),
+                                 std::make_move_iterator(ready_.end()));
+  ready_.clear();
   busy_ -= static_cast<int>(unstarted.size());
   lock.unlock();
   wake_.notify_all();
-  for (auto& c : unstarted) {
-    try {
-      store_.release(c.job.id, c.lease_token, clock_.now_ms());
-      ++released_;
-    } catch (const std::exception& e) {
-      log_->warn("drain: release of job {} failed: {}", c.job.id, e.what());
-    }
-  }
+  release_unstarted(std::move(unstarted));
   lock.lock();
   if (!wake_.wait_for(lock, grace, [this] { return busy_ == 0; })) {
     log_->info("drain: {} jobs still running after {} ms; asking them to stop", busy_,

@@ -203,6 +203,10 @@ class Scheduler {
   void end(Ending ending);
   // Writes endings to the store in one call (retrying a store failure), then counts and logs.
   void apply(std::vector<Ending>& endings);
+  // Hands back claimed jobs that no handler started (the attempt is not counted), in one store
+  // call. One that cannot be released (its lease was lost, the store is failing) is logged and
+  // keeps its lease until the sweep takes it back; nothing is thrown.
+  void release_unstarted(std::vector<Claimed> jobs);
   void finisher_loop();
   std::vector<std::string> kinds() const;
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).

@@ -322,6 +322,71 @@ TEST_F(SchedulerTest, DrainReleasesRunningJobsWithoutCountingTheAttempt) {
   EXPECT_FALSE(job.lease_token);
 }
 
+// Jobs claimed ahead (prefetch) that no handler started go back to the queue at drain, their
+// attempt not counted; the one a handler had started is released by its handler's heartbeat.
+// When their leases were taken meanwhile (here: recovered by their owner's restart elsewhere),
+// the release is refused, logged and skipped: drain still ends, and the jobs stay as the
+// recovery left them.
+class DrainOfPrefetchedJobs : public SchedulerTest {
+ protected:
+  std::vector<JobId> start_with_three_prefetched(Scheduler& scheduler) {
+    std::vector<JobId> ids;
+    for (int i = 0; i < 4; ++i) ids.push_back(enqueue("work"));
+    scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+      started_ = true;
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        c.heartbeat();  // throws once the host drains or the lease is gone
+      }
+    });
+    scheduler.start();
+    for (int i = 0; i < 1000 && !(started_ && scheduler.stats().in_flight == 4); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(started_);
+    EXPECT_EQ(scheduler.stats().in_flight, 4) << "one running, three waiting for a worker";
+    return ids;
+  }
+  SchedulerOptions one_worker_three_ahead() {
+    SchedulerOptions o = options();
+    o.workers = 1;
+    o.prefetch = 3;
+    o.claim_batch = 4;
+    return o;
+  }
+  std::atomic<bool> started_{false};
+};
+
+TEST_F(DrainOfPrefetchedJobs, AreReleasedWithoutAnAttempt) {
+  Scheduler scheduler(*store_, clock_, one_worker_three_ahead());
+  std::vector<JobId> ids = start_with_three_prefetched(scheduler);
+  scheduler.drain(std::chrono::milliseconds(0));
+  EXPECT_EQ(scheduler.stats().released, 4);
+  EXPECT_EQ(scheduler.stats().in_flight, 0);
+  for (JobId id : ids) {
+    Job job = *store_->get(id);
+    EXPECT_EQ(job.status, JobStatus::kQueued) << id;
+    EXPECT_EQ(job.attempts, 0) << id;
+    EXPECT_FALSE(job.lease_token) << id;
+  }
+}
+
+TEST_F(DrainOfPrefetchedJobs, WhoseLeasesWereTakenAreLeftAsTheyAre) {
+  Scheduler scheduler(*store_, clock_, one_worker_three_ahead());
+  std::vector<JobId> ids = start_with_three_prefetched(scheduler);
+  SweepResult taken = store_->recover_owner("test-host", clock_.now_ms());
+  EXPECT_EQ(taken.requeued, 4);
+  scheduler.drain(std::chrono::milliseconds(0));
+  EXPECT_EQ(scheduler.stats().released, 0);
+  EXPECT_EQ(scheduler.stats().in_flight, 0);
+  for (JobId id : ids) {
+    Job job = *store_->get(id);
+    EXPECT_EQ(job.status, JobStatus::kQueued) << id;
+    EXPECT_EQ(job.attempts, 1) << id << ": the recovery counted the attempt, once";
+    EXPECT_FALSE(job.lease_token) << id;
+  }
+}
+
 // A host restarting under a stable owner name takes back at once what its previous process left
 // running (the lease has 30 s to go), with the attempt counted; without the option it waits for
 // the lease to expire.
