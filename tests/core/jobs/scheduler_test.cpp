@@ -354,6 +354,14 @@ class DrainOfPrefetchedJobs : public SchedulerTest {
     o.claim_batch = 4;
     return o;
   }
+  void expect_queued(const std::vector<JobId>& ids, int attempts) {
+    for (JobId id : ids) {
+      Job job = *store_->get(id);
+      EXPECT_EQ(job.status, JobStatus::kQueued) << id;
+      EXPECT_EQ(job.attempts, attempts) << id;
+      EXPECT_FALSE(job.lease_token) << id;
+    }
+  }
   std::atomic<bool> started_{false};
 };
 
@@ -363,12 +371,7 @@ TEST_F(DrainOfPrefetchedJobs, AreReleasedWithoutAnAttempt) {
   scheduler.drain(std::chrono::milliseconds(0));
   EXPECT_EQ(scheduler.stats().released, 4);
   EXPECT_EQ(scheduler.stats().in_flight, 0);
-  for (JobId id : ids) {
-    Job job = *store_->get(id);
-    EXPECT_EQ(job.status, JobStatus::kQueued) << id;
-    EXPECT_EQ(job.attempts, 0) << id;
-    EXPECT_FALSE(job.lease_token) << id;
-  }
+  expect_queued(ids, 0);
 }
 
 TEST_F(DrainOfPrefetchedJobs, WhoseLeasesWereTakenAreLeftAsTheyAre) {
@@ -379,12 +382,7 @@ TEST_F(DrainOfPrefetchedJobs, WhoseLeasesWereTakenAreLeftAsTheyAre) {
   scheduler.drain(std::chrono::milliseconds(0));
   EXPECT_EQ(scheduler.stats().released, 0);
   EXPECT_EQ(scheduler.stats().in_flight, 0);
-  for (JobId id : ids) {
-    Job job = *store_->get(id);
-    EXPECT_EQ(job.status, JobStatus::kQueued) << id;
-    EXPECT_EQ(job.attempts, 1) << id << ": the recovery counted the attempt, once";
-    EXPECT_FALSE(job.lease_token) << id;
-  }
+  expect_queued(ids, 1);  // the recovery counted the attempt, once
 }
 
 // A host restarting under a stable owner name takes back at once what its previous process left
