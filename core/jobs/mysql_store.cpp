@@ -13,7 +13,9 @@
 //   (FOR UPDATE, in kind order, so claimers never deadlock on them). While it is held no other
 //   claim of the kind can commit, so COUNTing the kind's running rows is exact (under SKIP LOCKED
 //   alone it would not be: a concurrent claim's rows are invisible until it commits). Leaving
-//   running takes no cap lock. Kinds without caps take no lock at all.
+//   running takes no cap lock. Kinds without caps take no cap lock; every claim holds the row of
+//   claim_gate in share mode, which set_caps takes exclusively, so that a cap set while a claim
+//   of an uncapped kind is in flight waits for it (schema 0005).
 // * running_counts / running_totals keep the running jobs per (kind, key) and per kind and their
 //   high-water marks (max_running_seen): +n in the claim, -1 in every exit from running
 //   (end_attempt). Their statements come last in every transaction, in one sorted order.
@@ -1283,10 +1285,12 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   // are in that read, and it runs again without them below: a stale hint costs a round trip,
   // never a cap overrun.
   std::vector<Result> first =
-      tx.run({"SELECT kind, per_key_cap, global_cap FROM job_caps WHERE (per_key_cap > 0 OR "
+      tx.run({"SELECT id FROM claim_gate WHERE id = 1 LOCK IN SHARE MODE",
+              "SELECT kind, per_key_cap, global_cap FROM job_caps WHERE (per_key_cap > 0 OR "
               "global_cap > 0)" +
                   kinds_filter + " ORDER BY kind FOR UPDATE",
               uncapped_candidates(now, kinds_filter, hint, r.limit)});
+  first.erase(first.begin());  // the gate (see set_caps)
   std::map<std::string, KindCaps> capped;
   for (const Row& row : first[0].rows) {
     KindCaps& c = capped[to_str(row[0])];
@@ -2112,8 +2116,18 @@ class MysqlStore final : public JobStore {
                                << ") AND status IN ('succeeded', 'cancelled', 'dead') AND "
                                   "finished_ms > 0 AND finished_ms < "
                                << finished_before_ms << " FOR UPDATE");
-        std::vector<JobId> doomed;
-        for (const Row& row : locked.rows) doomed.push_back(to_i64(row[0]));
+        std::set<JobId> doomed_set;
+        for (const Row& row : locked.rows) doomed_set.insert(to_i64(row[0]));
+        if (!doomed_set.empty()) {
+          // A dead job's letter, re-read now that its row is locked: one that was retried and
+          // died again since the read above has a pending letter and stays. (The letter becomes
+          // pending only together with a change of the job row, which our lock now excludes.)
+          std::vector<JobId> all(doomed_set.begin(), doomed_set.end());
+          Result open_letters = tx.one("SELECT job_id FROM dead_letters WHERE job_id IN (" +
+                                       id_list(all) + ") AND status IN ('pending', 'retrying')");
+          for (const Row& row : open_letters.rows) doomed_set.erase(to_i64(row[0]));
+        }
+        std::vector<JobId> doomed(doomed_set.begin(), doomed_set.end());
         if (!doomed.empty()) {
           std::string list = id_list(doomed);
           tx.commit({"DELETE FROM job_attempts WHERE job_id IN (" + list + ")",
@@ -2222,8 +2236,14 @@ class MysqlStore final : public JobStore {
     });
   }
 
+  // Waits for the claims in flight (each holds claim_gate in share mode): one of a kind that had
+  // no cap locked no job_caps row, and its jobs would not be in the running count of a claim
+  // under the new cap. Claims that come later wait for this one and see the cap.
   void set_caps(const std::string& kind, Caps caps) override {
     transact("set_caps", [&](Tx& tx) {
+      if (tx.one("SELECT id FROM claim_gate WHERE id = 1 FOR UPDATE").rows.empty()) {
+        throw StorageError("mysql: the row of claim_gate is missing (schema 0005)");
+      }
       tx.commit({Sql("INSERT INTO job_caps (kind, per_key_cap, global_cap) VALUES (").str(kind)
                  << ", " << std::max(caps.per_key, 0) << ", " << std::max(caps.global, 0)
                  << ") ON DUPLICATE KEY UPDATE per_key_cap = VALUES(per_key_cap), "
@@ -2622,7 +2642,17 @@ class MysqlStore final : public JobStore {
         letter.status != DeadLetterStatus::kIgnored) {
       throw InvalidTransition(name + " is " + std::string(to_string(letter.status)));
     }
-    w.flush(tx);
+    // The writes of the letter before (a bulk retry) go now: its job's dedupe key, free at its
+    // plain read, may have been taken since by a job whose INSERT had not committed then. The
+    // whole transaction then runs again, and that read finds the other job.
+    try {
+      w.flush(tx);
+    } catch (const mysql::Error& e) {
+      if (e.duplicate_key()) {
+        throw mysql::RetryTransaction(std::string("dedupe race: ") + e.what());
+      }
+      throw;
+    }
     std::optional<JobState> s = lock_state(tx, letter.job_id);
     if (!s) throw JobNotFound(name + ": job " + std::to_string(letter.job_id) + " was pruned");
     if (s->status != JobStatus::kDead) {

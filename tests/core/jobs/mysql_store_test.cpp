@@ -1027,5 +1027,226 @@ TEST(MysqlStore, ConcurrentSweepsRecoverEachLeaseOnce) {
   EXPECT_EQ((a->dead_letter_stats()[{"entity", DeadLetterStatus::kPending}]), 300);
 }
 
+// --- interleavings with another session ---------------------------------------------------------
+
+// A claim of at most `limit` jobs (of `kinds`, or any) by `owner` at `now`, with the default lease.
+ClaimRequest claim_of(const std::string& owner, size_t limit, int64_t now,
+                      std::vector<std::string> kinds = {}) {
+  ClaimRequest r;
+  r.owner = owner;
+  r.limit = limit;
+  r.now_ms = now;
+  r.kinds = std::move(kinds);
+  return r;
+}
+
+// Waits until a session of `db` other than `except_id` is executing a statement LIKE `pattern`
+// (a row lock wait shows in PROCESSLIST). False after 20 s, or once `done` is set (the operation
+// returned without waiting).
+bool waits_in(const TestDatabase& db, const std::string& pattern, int64_t except_id,
+              const std::atomic<bool>& done) {
+  auto root = db.root_session();
+  const std::string sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '" +
+                          db.name() + "' AND ID <> " + std::to_string(except_id) +
+                          " AND INFO LIKE " + mysql::quote(pattern);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (scalar(*root, sql) == 0) {
+    if (done || std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// Kills a job of kind `kind` at once (FATAL): it is dead with a pending letter, which is returned.
+int64_t kill_one(JobStore& store, const JobSpec& s, int64_t now) {
+  EnqueueResult e = store.enqueue(s, now);
+  ClaimRequest r = claim_of("w", 1, now, {s.kind});
+  std::vector<Claimed> got = store.claim(r);
+  if (got.size() != 1 || got[0].job.id != e.id) throw std::runtime_error("kill_one: no claim");
+  Failure f;
+  f.error = "boom";
+  f.fatal = true;
+  if (store.fail(e.id, got[0].lease_token, f, now) != JobStatus::kDead) {
+    throw std::runtime_error("kill_one: not dead");
+  }
+  for (const DeadLetter& l : store.list_dead_letters({}).items) {
+    if (l.job_id == e.id) return l.id;
+  }
+  throw std::runtime_error("kill_one: no letter");
+}
+
+// A bulk retry checks each letter's dedupe key with a plain read, and sends that letter's UPDATE
+// (which makes the key active again) with the next letter's reads. A job with the same key that
+// another session inserted but had not committed at the check makes that UPDATE wait and then
+// fail with a duplicate key (1062) once it commits. The store must re-run the transaction (the
+// letter then stays pending, as its duplicate is active) -- not fail the whole bulk retry.
+TEST(MysqlStore, ABulkRetryRacingAnEnqueueOfTheSameDedupeKeyIsRetriedNotFailed) {
+  TestDatabase db;
+  auto store = db.open(4);
+  const int64_t plain = kill_one(*store, spec("k"), 1000);  // older letter: retried second
+  JobSpec deduped = spec("k");
+  deduped.dedupe_key = "d";
+  const int64_t keyed = kill_one(*store, deduped, 1000);  // newest letter: retried first
+  ASSERT_GT(keyed, plain);
+
+  auto other = db.app_session();
+  const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
+  other->one("START TRANSACTION");
+  other->one(
+      "INSERT INTO jobs (kind, concurrency_key, dedupe_key, active_dedupe_key, status, "
+      "max_attempts, run_after_ms, created_ms, updated_ms, payload) VALUES ('k', '', 'd', 'd', "
+      "'queued', 5, 1000, 1000, 1000, '{}')");
+  std::atomic<bool> done{false};
+  int retried = -1;
+  std::string error;
+  std::thread bulk([&] {
+    try {
+      retried = store->retry_dead_letters({}, 10, 2000);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    done = true;
+  });
+  // The keyed job's UPDATE waits for `other`'s uncommitted row with the same key.
+  const bool waited =
+      waits_in(db, "UPDATE jobs SET status = 'queued', attempts = 0%", other_id, done);
+  other->one("COMMIT");
+  bulk.join();
+  ASSERT_TRUE(waited) << "the bulk retry never waited for the other session's row: " << error;
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(retried, 1);
+  EXPECT_EQ(store->get_dead_letter(keyed)->status, DeadLetterStatus::kPending);
+  EXPECT_EQ(store->get_dead_letter(plain)->status, DeadLetterStatus::kRetrying);
+}
+
+// prune() reads its candidates plainly (a dead job only when its letter is resolved or ignored)
+// and then locks them; a dead job whose ignored letter was retried, and which died again before
+// the lock (its letter pending again), must not be deleted. Here prune waits for a row another
+// session holds while the job is retried and dies again.
+TEST(MysqlStore, PruneKeepsADeadJobWhoseLetterBecamePendingWhileItLocked) {
+  TestDatabase db;
+  auto store = db.open(4);
+  auto operator_store = db.open(4);
+  // First in prune's order (lower id, same finished_ms): the row the other session holds.
+  EnqueueResult held = store->enqueue(spec("done"), 1000);
+  {
+    ClaimRequest r = claim_of("w", 1, 1000, {"done"});
+    std::vector<Claimed> got = store->claim(r);
+    ASSERT_EQ(got.size(), 1u);
+    store->complete(held.id, got[0].lease_token, "{}", 1000);
+  }
+  JobSpec s = spec("k");
+  s.max_attempts = 1;
+  const int64_t letter = kill_one(*store, s, 1000);
+  const JobId job = store->get_dead_letter(letter)->job_id;
+  store->ignore_dead_letter(letter, 1000);
+
+  auto other = db.app_session();
+  const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
+  other->one("START TRANSACTION");
+  other->one("SELECT id FROM jobs WHERE id = " + std::to_string(held.id) + " FOR UPDATE");
+  std::atomic<bool> done{false};
+  int64_t pruned = -1;
+  std::string error;
+  std::thread pruner([&] {
+    try {
+      pruned = store->prune(10'000);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    done = true;
+  });
+  const bool waited = waits_in(db, "SELECT id FROM jobs WHERE id IN (%FOR UPDATE", other_id, done);
+  if (waited) {
+    // The operator retries the letter; the job runs and dies again: its letter is pending.
+    operator_store->retry_dead_letter(letter, 2000);
+    ClaimRequest r = claim_of("w2", 1, 2000, {"k"});
+    std::vector<Claimed> got = operator_store->claim(r);
+    EXPECT_EQ(got.size(), 1u);
+    Failure f;
+    f.error = "boom again";
+    f.fatal = true;
+    if (!got.empty()) operator_store->fail(job, got[0].lease_token, f, 3000);
+  }
+  other->one("ROLLBACK");
+  pruner.join();
+  ASSERT_TRUE(waited) << "prune never waited for the held row: " << error;
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(store->get_dead_letter(letter)->status, DeadLetterStatus::kPending);
+  std::optional<Job> after = store->get(job);
+  ASSERT_TRUE(after.has_value()) << "prune deleted a dead job whose letter is pending";
+  EXPECT_EQ(after->status, JobStatus::kDead);
+  EXPECT_EQ(pruned, 1);  // the held, succeeded job only
+}
+
+// A claim of a kind without caps locks no job_caps row. When the kind is capped while such a
+// claim is in flight (its jobs locked, not committed: here its COMMIT waits for a running_counts
+// row another session holds), a claim on another host would count the kind's running jobs
+// without it and take the whole cap on top of them. set_caps must wait for the claim in flight
+// (schema 0005's claim_gate); the claim after it then finds the only slot taken.
+TEST(MysqlStore, ACapSetWhileAnUncappedClaimIsInFlightHolds) {
+  TestDatabase db;
+  auto a = db.open(4);
+  auto b = db.open(4);
+  a->enqueue(spec("x", "k1"), 1000);
+  auto other = db.app_session();
+  const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
+  other->one(
+      "INSERT INTO running_counts (kind, concurrency_key, running, max_running) VALUES ('x', "
+      "'k1', 0, 0), ('x', 'k2', 0, 0)");
+  other->one("START TRANSACTION");
+  other->one(
+      "SELECT running FROM running_counts WHERE kind = 'x' AND concurrency_key = 'k1' FOR UPDATE");
+  std::atomic<bool> claimed{false};
+  size_t a_got = 0;
+  std::string error;
+  std::thread claimer([&] {
+    try {
+      ClaimRequest r = claim_of("a", 1, 2000);
+      a_got = a->claim(r).size();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    claimed = true;
+  });
+  const bool claim_waited = waits_in(db, "INSERT INTO running_counts%", other_id, claimed);
+  std::atomic<bool> capped{false};
+  std::thread capper([&] {
+    try {
+      b->set_caps("x", Caps{0, 1});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    capped = true;
+  });
+  // set_caps waits for the claim in flight (it holds the gate in share mode). Without that wait,
+  // the cap is in force at once, and a claim now would run while the first has not committed.
+  const bool cap_waited =
+      claim_waited && waits_in(db, "SELECT id FROM claim_gate%FOR UPDATE", other_id, capped);
+  if (!cap_waited) capper.join();
+  JobSpec ahead = spec("x", "k2");
+  ahead.priority = -1;
+  size_t b_got = 0;
+  auto claim_b = [&] {
+    b->enqueue(ahead, 2000);
+    ClaimRequest r = claim_of("b", 1, 2000);
+    b_got = b->claim(r).size();
+  };
+  if (!cap_waited && claim_waited) claim_b();  // the race, as it was
+  other->one("ROLLBACK");
+  claimer.join();
+  if (cap_waited) {
+    capper.join();
+    claim_b();
+  }
+  ASSERT_TRUE(claim_waited) << "the first claim never waited for the held counter: " << error;
+  EXPECT_TRUE(cap_waited) << "set_caps did not wait for the claim in flight";
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(a_got, 1u);
+  EXPECT_EQ(b_got, 0u) << "claimed while the kind's only slot was taken";
+  EXPECT_LE(a->running("x", ""), 1);
+  EXPECT_LE(a->max_running_seen("x", ""), 1);
+}
+
 }  // namespace
 }  // namespace backhaul::jobs
