@@ -55,11 +55,28 @@ std::optional<DeadLetterStatus> parse_dead_letter_status(std::string_view text) 
 }
 
 // One transaction per item; backends override this to share one.
+std::optional<std::string> finish_item_problem(const Finish& item) {
+  switch (item.kind) {
+    case Finish::Kind::kComplete:
+    case Finish::Kind::kFail:
+    case Finish::Kind::kDefer:
+    case Finish::Kind::kRelease:
+    case Finish::Kind::kWaitForChildren:
+      return std::nullopt;
+  }
+  return "finish: job " + std::to_string(item.id) + ": unknown ending kind " +
+         std::to_string(static_cast<int>(item.kind));
+}
+
 std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int64_t now_ms) {
   std::vector<FinishResult> results(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const Finish& f = items[i];
     FinishResult& r = results[i];
+    if (auto problem = finish_item_problem(f)) {
+      r.error = *problem;
+      continue;
+    }
     try {
       switch (f.kind) {
         case Finish::Kind::kComplete:
@@ -87,7 +104,7 @@ std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int
     } catch (const LeaseLost& e) {
       r.lease_lost = true;
       r.error = e.what();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       r.error = e.what();
     }
   }

@@ -106,6 +106,10 @@ struct Finish {
   std::optional<std::string> checkpoint;  // kWaitForChildren
 };
 
+// Why finish() refuses `item` before applying it (its kind is none of Finish::Kind: a cast from a
+// bad number), or nothing. The stores report it in the item's result alone.
+std::optional<std::string> finish_item_problem(const Finish& item);
+
 struct FinishResult {
   // The job's status after the item: kSucceeded, kQueued, kDead, kWaiting or kCancelled. Unset
   // when the item was not applied.

@@ -1889,6 +1889,10 @@ class MysqlStore final : public JobStore {
     std::set<JobId> seen;
     for (size_t i = 0; i < items.size(); ++i) {
       const Finish& f = items[i];
+      if (auto problem = finish_item_problem(f)) {
+        results[i].error = *problem;
+        continue;
+      }
       const bool first = seen.insert(f.id).second;
       if (first && f.kind == Finish::Kind::kComplete) {
         ops.push_back({f.id, f.token, f.result_json, now_ms, nullptr, false});

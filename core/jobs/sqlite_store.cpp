@@ -908,7 +908,7 @@ JobStatus finish_job(Connection& c, const Finish& f, int64_t now) {
     case Finish::Kind::kWaitForChildren:
       return wait_job(c, f.id, f.token, f.until_ms, f.checkpoint, now);
   }
-  throw std::invalid_argument("finish: unknown kind");
+  throw std::invalid_argument(*finish_item_problem(f));
 }
 
 const std::string kRunningDownBy =
@@ -1097,7 +1097,7 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
     } catch (const LeaseLost& e) {
       results[i].lease_lost = true;
       results[i].error = e.what();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // Error, and an item of no known kind
       results[i].error = e.what();
     }
     if (c.autocommit()) throw StorageError("sqlite: the transaction ended: " + results[i].error);

@@ -1016,6 +1016,29 @@ TEST_P(JobStoreConformance, FinishReportsALostLeaseAndStillAppliesTheOthers) {
   EXPECT_TRUE(store().finish({}, kT0).empty());
 }
 
+// An item whose kind is none of Finish::Kind (a caller's bad cast) is refused alone, with an error
+// naming it; the completion beside it still applies, and the job it names stays as it was.
+TEST_P(JobStoreConformance, FinishRefusesAnItemOfNoKnownKindAlone) {
+  const JobId a = add(spec());
+  const JobId b = add(spec());
+  Claimed ca = claim_job(a), cb = claim_job(b);
+  std::vector<Finish> items(2);
+  items[0] = completion(a, ca.lease_token);
+  items[1] = completion(b, cb.lease_token);
+  items[1].kind = static_cast<Finish::Kind>(99);
+  std::vector<FinishResult> results;
+  ASSERT_NO_THROW(results = store().finish(items, kT0 + kSecond));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].status, JobStatus::kSucceeded);
+  EXPECT_FALSE(results[1].status.has_value());
+  EXPECT_FALSE(results[1].lease_lost);
+  EXPECT_THAT(results[1].error, HasSubstr("unknown ending kind 99"));
+  EXPECT_EQ(status_of(a), JobStatus::kSucceeded);
+  EXPECT_EQ(status_of(b), JobStatus::kRunning);
+  EXPECT_EQ(get_job(b).lease_token, cb.lease_token);
+  EXPECT_EQ(store().running("entity", ""), 1);
+}
+
 // A large batch (stores write completions many at a time): each job gets its own result and
 // attempt outcome, a bad token or a second ending of the same job in the batch is refused alone,
 // and the running counter drops by exactly the jobs that ended.
