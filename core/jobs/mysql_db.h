@@ -36,7 +36,8 @@ typedef struct st_mysql_stmt MYSQL_STMT;
 namespace backhaul::jobs::mysql {
 
 // "host=127.0.0.1;port=3306;db=backhaul;user=u;password=p;character-set=utf8mb4" (Poco's keys).
-// Also accepted: socket=PATH (Unix socket), connect-timeout=S, read-timeout=S. Poco-only keys
+// Also accepted: socket=PATH (Unix socket), connect-timeout=S, read-timeout=S,
+// lock-wait-timeout=S (how long a statement waits for a row lock; 0 = the server's). Poco-only keys
 // (auto-reconnect, secure-auth, reset, fail-readonly) are accepted and ignored: this layer
 // reconnects by itself. Any other key is a ConfigError (Poco would silently ignore a typo).
 // db may be empty (no default database); the store requires one.
@@ -52,6 +53,8 @@ struct Config {
   // Longer than innodb_lock_wait_timeout (default 50 s): a statement waiting for a lock is not a
   // dead server.
   unsigned read_timeout_s = 120;
+  // The sessions' innodb_lock_wait_timeout, in seconds; 0 = the server's (50 s by default).
+  unsigned lock_wait_timeout_s = 0;
 };
 Config parse_config(const std::string& connection_string);
 // The connection string with its db= replaced (or added).
@@ -253,10 +256,20 @@ class Tx {
   bool commit_unknown_ = false;
 };
 
+// Thrown by transact() when the connection was lost while the COMMIT was in flight: the
+// transaction may have applied. Never re-run by transact().
+class CommitUnknown : public StorageError {
+ public:
+  using StorageError::StorageError;
+};
+
 // Retry rules shared by the store's operations.
 struct RetryLimits {
-  int lock_conflicts = 25;  // deadlocks / lock wait timeouts / RetryTransaction
-  int connection = 5;       // lost or refused connections (server restart, "gone away")
+  int lock_conflicts = 25;  // deadlocks / RetryTransaction: found at once, cheap to re-run
+  // Lock wait timeouts: each run waited innodb_lock_wait_timeout (50 s by default) for a row
+  // held all that time; re-run once, not 25 times (about 20 minutes of waiting).
+  int lock_waits = 2;
+  int connection = 5;  // lost or refused connections (server restart, "gone away")
 };
 
 // Sleeps before retry number `attempt` (1-based): exponential from `base` with full jitter.
@@ -265,13 +278,14 @@ void backoff(int attempt, std::chrono::milliseconds base, std::chrono::milliseco
 // Runs `body(Tx&)` in a transaction on a pooled connection and commits it (unless the body
 // committed itself). Deadlocks, lock wait timeouts and RetryTransaction re-run the body;
 // a connection lost before the commit was sent re-runs it on a new connection. A connection lost
-// during the commit is reported (StorageError), never re-run: the change may have been applied.
+// during the commit is reported (CommitUnknown), never re-run: the change may have been applied.
 // Exceptions of the body (LeaseLost, InvalidTransition, ...) roll back and propagate.
 template <class Body>
 auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {})
     -> std::invoke_result_t<Body&, Tx&> {
   using R = std::invoke_result_t<Body&, Tx&>;
   int conflicts = 0;
+  int waits = 0;
   int lost = 0;
   while (true) {
     try {
@@ -289,13 +303,18 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         }
       } catch (const Error& e) {
         if (tx.commit_unknown()) {
-          throw StorageError(std::string("mysql: ") + what +
-                             ": connection lost during commit, outcome unknown: " + e.what());
+          throw CommitUnknown(std::string("mysql: ") + what +
+                              ": connection lost during commit, outcome unknown: " + e.what());
         }
         throw;
       }
     } catch (const Error& e) {
-      if (e.lock_conflict() && ++conflicts < limits.lock_conflicts) {
+      const bool timed_out = e.code() == 1205;
+      if (timed_out && ++waits < limits.lock_waits) {
+        backoff(waits, std::chrono::milliseconds(2), std::chrono::milliseconds(200));
+        continue;
+      }
+      if (!timed_out && e.lock_conflict() && ++conflicts < limits.lock_conflicts) {
         backoff(conflicts, std::chrono::milliseconds(2), std::chrono::milliseconds(200));
         continue;
       }

@@ -126,6 +126,8 @@ Config parse_config(const std::string& connection_string) {
       config.connect_timeout_s = parse_unsigned(key, value);
     } else if (key == "read-timeout") {
       config.read_timeout_s = parse_unsigned(key, value);
+    } else if (key == "lock-wait-timeout") {
+      config.lock_wait_timeout_s = parse_unsigned(key, value);
     } else if (key == "character-set") {
       // The store needs utf8mb4 (4-byte UTF-8) and always uses it.
       if (value != "utf8mb4") {
@@ -298,9 +300,14 @@ Connection::Connection(const Config& config) {
   // stale (the snapshot is older than the lock) and allows lost updates. Strict mode: a value
   // that does not fit is an error, never silently truncated. No NO_BACKSLASH_ESCAPES (quote()).
   try {
-    run("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+    std::string setup =
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
-        "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', SESSION autocommit = 1");
+        "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', SESSION autocommit = 1";
+    if (config.lock_wait_timeout_s > 0) {
+      setup += ", SESSION innodb_lock_wait_timeout = " + std::to_string(config.lock_wait_timeout_s);
+    }
+    run(setup);
   } catch (...) {
     mysql_close(handle_);
     handle_ = nullptr;
@@ -1851,13 +1858,23 @@ class MysqlStore final : public JobStore {
     completions_.submit(op, [&](std::vector<CompleteOp*>& batch) {
       try {
         transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
+        return;
+      } catch (const mysql::CommitUnknown&) {
+        // Committed after all: the outcomes the body recorded in the ops stand.
+        if (committed_after_all(batch, {}, {})) return;
+        if (batch.size() == 1) {
+          batch.front()->error = std::current_exception();
+          return;
+        }
       } catch (...) {
         if (batch.size() == 1) {
           batch.front()->error = std::current_exception();
           return;
         }
+      }
+      {
         // The failure may be one op's doing (say, a result too large): each alone, so that only
-        // that one fails. One whose batch did commit after all finds its job done: LeaseLost.
+        // that one fails.
         for (CompleteOp* o : batch) {
           try {
             transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
@@ -1919,12 +1936,26 @@ class MysqlStore final : public JobStore {
       try {
         transact("finish", [&](Tx& tx) { finish_together(tx, batch, ends, end_results, now_ms); });
         completed = ended = true;
+      } catch (const mysql::CommitUnknown&) {
+        // Committed after all: the outcomes the body recorded stand (re-run, the items would
+        // find their jobs ended and report their leases lost).
+        completed = ended = committed_after_all(batch, ends, end_results);
       } catch (const std::exception&) {
       }
     }
     if (!completed) {
       try {
         transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
+      } catch (const mysql::CommitUnknown&) {
+        if (!committed_after_all(batch, {}, {})) {
+          for (CompleteOp* o : batch) {
+            try {
+              transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
+            } catch (...) {
+              o->error = std::current_exception();
+            }
+          }
+        }
       } catch (...) {
         for (CompleteOp* o : batch) {
           try {
@@ -1954,6 +1985,8 @@ class MysqlStore final : public JobStore {
       try {
         transact("finish", [&](Tx& tx) { end_jobs(tx, ends, end_results, now_ms); });
         ended = true;
+      } catch (const mysql::CommitUnknown&) {
+        ended = committed_after_all({}, ends, end_results);
       } catch (const std::exception&) {  // each again on its own below, with its own error
       }
     }
@@ -2474,6 +2507,35 @@ class MysqlStore final : public JobStore {
     std::lock_guard<std::mutex> lock(owners_mutex_);
     owner_ids_.emplace(name, id);
     return id;
+  }
+
+  // After a CommitUnknown: whether the transaction that ended job `id`'s attempt under lease
+  // `token` committed. It wrote that attempt's row, which carries the token (one per claim). When
+  // the row cannot be read either, the answer is no: the caller re-runs, fenced by the token.
+  bool attempt_ended(JobId id, const std::string& token) {
+    try {
+      return !read("commit check", [&](mysql::Connection& c) {
+                return c.one(Sql("SELECT 1 FROM job_attempts WHERE job_id = ")
+                             << id << " AND lease_token = " << quote(token) << " LIMIT 1");
+              }).rows.empty();
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  // After a CommitUnknown of a transaction of completions (`ops`) and endings (`ends`, whose
+  // outcomes its body left in `end_results`): whether it committed. One item it applied tells,
+  // since all or none did; one that applied none changed nothing, and its outcomes (leases lost)
+  // hold either way.
+  bool committed_after_all(const std::vector<CompleteOp*>& ops,
+                           const std::vector<const Finish*>& ends,
+                           const std::vector<FinishResult>& end_results) {
+    for (const CompleteOp* op : ops) {
+      if (!op->error) return attempt_ended(op->id, op->token);
+    }
+    for (size_t k = 0; k < ends.size() && k < end_results.size(); ++k) {
+      if (end_results[k].status) return attempt_ended(ends[k]->id, ends[k]->token);
+    }
+    return true;
   }
 
   template <class Body>

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,10 @@
 #include "core/jobs/job_store.h"
 #include "core/jobs/migrations.h"
 #include "core/jobs/mysql_db.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #ifndef BACKHAUL_MARIADB_DIR
@@ -129,6 +134,8 @@ TEST(MysqlConfig, ParsesPocoKeysAndRejectsTypos) {
   EXPECT_EQ(c.user, "u");
   EXPECT_EQ(c.password, "p=w");
   EXPECT_TRUE(c.compress);
+  EXPECT_EQ(c.lock_wait_timeout_s, 0u);
+  EXPECT_EQ(mysql::parse_config("host=h;db=q;lock-wait-timeout=7").lock_wait_timeout_s, 7u);
   // Poco silently ignores unknown keys (env-recipe.md section 4); a typo here is an error.
   EXPECT_THROW(mysql::parse_config("host=h;prot=1;db=q"), ConfigError);
   EXPECT_THROW(mysql::parse_config("host=h;db=q;character-set=latin1"), ConfigError);
@@ -153,6 +160,11 @@ TEST(MysqlStore, SessionsRunReadCommittedWithStrictMode) {
   EXPECT_NE(mysql::to_str(r.rows[0][1]).find("STRICT_ALL_TABLES"), std::string::npos);
   EXPECT_EQ(mysql::to_str(r.rows[0][1]).find("NO_BACKSLASH_ESCAPES"), std::string::npos);
   EXPECT_EQ(mysql::to_str(r.rows[0][2]), "utf8mb4");
+  // lock-wait-timeout=S sets the session's innodb_lock_wait_timeout; without it, the server's.
+  const int64_t server_default = scalar(*c, "SELECT @@GLOBAL.innodb_lock_wait_timeout");
+  EXPECT_EQ(scalar(*c, "SELECT @@SESSION.innodb_lock_wait_timeout"), server_default);
+  mysql::Connection quick(mysql::parse_config(db.connection() + ";lock-wait-timeout=3"));
+  EXPECT_EQ(scalar(quick, "SELECT @@SESSION.innodb_lock_wait_timeout"), 3);
 }
 
 TEST(MysqlStore, ThreeHostsMigrateAtOnce) {
@@ -1246,6 +1258,252 @@ TEST(MysqlStore, ACapSetWhileAnUncappedClaimIsInFlightHolds) {
   EXPECT_EQ(b_got, 0u) << "claimed while the kind's only slot was taken";
   EXPECT_LE(a->running("x", ""), 1);
   EXPECT_LE(a->max_running_seen("x", ""), 1);
+}
+
+// --- failures: lock waits and connections lost during a commit -----------------------------
+
+// A lock wait timeout (1205) means a row stayed held for innodb_lock_wait_timeout (50 s by
+// default): re-running it like a deadlock (at once, up to 25 times) made one call wait about
+// 20 minutes -- and with group commit, every completion of the process behind it.
+TEST(MysqlStore, ARowHeldPastTheLockWaitTimeoutFailsTheCallAfterOneRetryNotTwentyFive) {
+  TestDatabase db;
+  // This store's sessions wait 1 s for a row lock (the server's other sessions are untouched).
+  auto store = open_mysql_store(db.connection() + ";lock-wait-timeout=1", 2);
+  EnqueueResult e = store->enqueue(spec("k"), 1000);
+  std::vector<Claimed> got = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  auto other = db.app_session();
+  other->one("START TRANSACTION");
+  other->one("SELECT id FROM jobs WHERE id = " + std::to_string(e.id) + " FOR UPDATE");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(store->heartbeat(e.id, got[0].lease_token, 2000, 30'000, std::nullopt),
+               StorageError);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  other->one("ROLLBACK");
+  EXPECT_LT(waited, 5s) << "a held row made heartbeat wait "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()
+                        << " ms with a lock wait timeout of 1 s";
+  EXPECT_EQ(store->heartbeat(e.id, got[0].lease_token, 3000, 30'000, std::nullopt).lease_expires_ms,
+            33'000);
+}
+
+// A TCP relay on 127.0.0.1 between a store and the server. hold_replies() stops passing on the
+// server's bytes of the connections open now (they wait in the socket buffers); cut() closes
+// those connections. Together: the store loses its connection after the server did what it
+// sent -- a COMMIT that applied, whose reply was never read. Later connections relay as usual.
+class Relay {
+ public:
+  explicit Relay(unsigned server_port) : server_port_(server_port) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (listener_ < 0) throw std::runtime_error("relay: socket");
+    sockaddr_in address = loopback(0);
+    socklen_t length = sizeof address;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(listener_, 16) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      ::close(listener_);
+      throw std::runtime_error("relay: cannot listen on 127.0.0.1");
+    }
+    port_ = ntohs(address.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~Relay() {
+    stop_ = true;
+    acceptor_.join();
+    for (std::thread& pump : pumps_) pump.join();
+    ::close(listener_);
+  }
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  unsigned port() const { return port_; }
+  void hold_replies() { held_ = generation_.load(); }
+  void cut() { ++generation_; }
+
+ private:
+  static sockaddr_in loopback(unsigned port) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    return address;
+  }
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 10) <= 0) continue;
+      int client = ::accept(listener_, nullptr, nullptr);
+      if (client < 0) continue;
+      int server = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in address = loopback(server_port_);
+      if (server < 0 ||
+          ::connect(server, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+        ::close(client);
+        if (server >= 0) ::close(server);
+        continue;
+      }
+      const int generation = generation_.load();
+      pumps_.emplace_back([this, client, server, generation] { pump(client, server, generation); });
+    }
+  }
+  void pump(int client, int server, int generation) {
+    std::vector<char> buffer(1 << 16);
+    while (!stop_ && generation_ == generation) {
+      const bool held = held_ == generation;
+      pollfd p[2] = {{client, POLLIN, 0}, {server, static_cast<short>(held ? 0 : POLLIN), 0}};
+      int n = ::poll(p, 2, 10);
+      if (n < 0) break;
+      if (n == 0) continue;
+      if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !forward(client, server, buffer)) break;
+      if (!held && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+          !forward(server, client, buffer)) {
+        break;
+      }
+    }
+    ::shutdown(client, SHUT_RDWR);
+    ::shutdown(server, SHUT_RDWR);
+    ::close(client);
+    ::close(server);
+  }
+  static bool forward(int from, int to, std::vector<char>& buffer) {
+    ssize_t n = ::recv(from, buffer.data(), buffer.size(), 0);
+    if (n <= 0) return false;
+    for (ssize_t sent = 0; sent < n;) {
+      ssize_t k = ::send(to, buffer.data() + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      sent += k;
+    }
+    return true;
+  }
+
+  unsigned server_port_;
+  int listener_ = -1;
+  unsigned port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> generation_{0};
+  std::atomic<int> held_{-1};
+  std::thread acceptor_;
+  std::list<std::thread> pumps_;  // only the acceptor adds, until it is joined
+};
+
+// The connection string with host= and port= pointing at 127.0.0.1:`port` (a later key wins).
+std::string through(const std::string& connection, unsigned port) {
+  return connection + ";host=127.0.0.1;port=" + std::to_string(port);
+}
+
+// Holds the row of running_counts that the COMMIT trip of a job's exit updates last, until
+// the store waits for it; then lets it go with the relay holding the replies, waits until the
+// transaction is visible as committed (`committed`, a COUNT that becomes 1), and cuts the
+// relay: the store's COMMIT applied, but its connection died before it read the reply.
+// Returns false when the store never waited for the row.
+template <class Running>
+bool commit_then_lose_reply(const TestDatabase& db, Relay& relay, const std::string& kind,
+                            const std::string& key, const std::string& committed,
+                            std::atomic<bool>& done, Running&& start) {
+  auto other = db.app_session();
+  const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
+  other->one("START TRANSACTION");
+  other->one("SELECT running FROM running_counts WHERE kind = " + mysql::quote(kind) +
+             " AND concurrency_key = " + mysql::quote(key) + " FOR UPDATE");
+  start();
+  const bool waited = waits_in(db, "UPDATE running_counts%", other_id, done);
+  if (waited) relay.hold_replies();
+  other->one("ROLLBACK");
+  if (waited) {
+    auto check = db.app_session();
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (scalar(*check, committed) != 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  relay.cut();
+  return waited;
+}
+
+// finish() sends a completion and a failure in one transaction. Its COMMIT applies but the
+// connection is lost before the reply: the outcome is unknown to the store, which must not
+// report the items as not applied (lease_lost) when they were.
+TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApplied) {
+  TestDatabase db;
+  auto direct = db.open(2);
+  Relay relay(mysql::parse_config(db.connection()).port);
+  auto store = open_mysql_store(through(db.connection(), relay.port()), 2);
+  EnqueueResult a = direct->enqueue(spec("k", "key"), 1000);
+  EnqueueResult b = direct->enqueue(spec("k", "key"), 1000);
+  std::map<JobId, std::string> token;
+  for (const Claimed& c : direct->claim(claim_of("w", 2, 1000, {"k"}))) {
+    token[c.job.id] = c.lease_token;
+  }
+  ASSERT_EQ(token.size(), 2u);
+  std::vector<Finish> items(2);
+  items[0].kind = Finish::Kind::kComplete;
+  items[0].id = a.id;
+  items[0].token = token[a.id];
+  items[0].result_json = "{\"ok\":1}";
+  items[1].kind = Finish::Kind::kFail;
+  items[1].id = b.id;
+  items[1].token = token[b.id];
+  items[1].failure.error = "try again";
+  std::atomic<bool> done{false};
+  std::vector<FinishResult> results;
+  std::string error;
+  std::thread finisher;
+  const bool waited = commit_then_lose_reply(
+      db, relay, "k", "key",
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'succeeded'",
+      done, [&] {
+        finisher = std::thread([&] {
+          try {
+            results = store->finish(items, 2000);
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+          done = true;
+        });
+      });
+  finisher.join();
+  ASSERT_TRUE(waited) << "finish never waited for the held counter: " << error;
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(direct->get(a.id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(direct->get(b.id)->status, JobStatus::kQueued);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_FALSE(results[0].lease_lost) << "applied, reported lost: " << results[0].error;
+  EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded));
+  EXPECT_FALSE(results[1].lease_lost) << "applied, reported lost: " << results[1].error;
+  EXPECT_EQ(results[1].status, std::optional<JobStatus>(JobStatus::kQueued));
+}
+
+// complete() alone: its COMMIT applied and the reply was lost. The store can find out (the
+// attempt's row, written by that transaction, carries the lease token) instead of reporting an
+// error whose retry by the caller ends in LeaseLost for a job that succeeded.
+TEST(MysqlStore, ACompletionWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
+  TestDatabase db;
+  auto direct = db.open(2);
+  Relay relay(mysql::parse_config(db.connection()).port);
+  auto store = open_mysql_store(through(db.connection(), relay.port()), 2);
+  EnqueueResult a = direct->enqueue(spec("k", "key"), 1000);
+  std::vector<Claimed> got = direct->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread completer;
+  const bool waited = commit_then_lose_reply(
+      db, relay, "k", "key",
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'succeeded'",
+      done, [&] {
+        completer = std::thread([&] {
+          try {
+            store->complete(a.id, got[0].lease_token, "{\"ok\":1}", 2000);
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+          done = true;
+        });
+      });
+  completer.join();
+  ASSERT_TRUE(waited) << "complete never waited for the held counter: " << error;
+  EXPECT_EQ(direct->get(a.id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(error, "") << "the completion applied";
 }
 
 }  // namespace
