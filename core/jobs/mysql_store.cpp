@@ -1825,9 +1825,14 @@ class MysqlStore final : public JobStore {
     ClaimOp op{request, owner_id(request.owner), {}, nullptr, false};
     claims_.submit(op, [&](std::vector<ClaimOp*>& batch) {
       // A failed claim changed nothing durable that matters (at worst leases that expire): every
-      // op gets the error, and the callers claim again later.
+      // op gets the error, and the callers claim again later. One whose COMMIT applied but whose
+      // reply was lost returns its jobs: else they would sit leased to nobody until the sweep
+      // took them back, counting an attempt that never ran.
       try {
         transact("claim", [&](Tx& tx) { claim_jobs(tx, batch, capped_hint_, hint_mutex_); });
+      } catch (const mysql::CommitUnknown&) {
+        if (claim_committed(batch)) return;
+        for (ClaimOp* o : batch) o->error = std::current_exception();
       } catch (...) {
         for (ClaimOp* o : batch) o->error = std::current_exception();
       }
@@ -2534,6 +2539,26 @@ class MysqlStore final : public JobStore {
     }
     for (size_t k = 0; k < ends.size() && k < end_results.size(); ++k) {
       if (end_results[k].status) return attempt_ended(ends[k]->id, ends[k]->token);
+    }
+    return true;
+  }
+
+  // After a CommitUnknown of a claim: whether it committed. Its jobs carry its lease tokens (one
+  // per claim), so one of them tells; a claim that took nothing changed nothing. When the row
+  // cannot be read either, the answer is no (the leases expire).
+  bool claim_committed(const std::vector<ClaimOp*>& ops) {
+    for (const ClaimOp* op : ops) {
+      if (op->result.empty()) continue;
+      const Claimed& c = op->result.front();
+      try {
+        return !read("commit check", [&](mysql::Connection& conn) {
+                  return conn.one(Sql("SELECT 1 FROM jobs WHERE id = ")
+                                  << c.job.id << " AND status = 'running' AND lease_token = "
+                                  << quote(c.lease_token));
+                }).rows.empty();
+      } catch (const std::exception&) {
+        return false;
+      }
     }
     return true;
   }

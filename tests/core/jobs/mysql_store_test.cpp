@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -1041,6 +1042,19 @@ TEST(MysqlStore, ConcurrentSweepsRecoverEachLeaseOnce) {
 
 // --- interleavings with another session ---------------------------------------------------------
 
+// Runs `op` on a new thread: the message of an exception it throws goes to `error`, and `done` is
+// set once it has returned.
+std::thread running(std::function<void()> op, std::string& error, std::atomic<bool>& done) {
+  return std::thread([op = std::move(op), &error, &done] {
+    try {
+      op();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    done = true;
+  });
+}
+
 // A claim of at most `limit` jobs (of `kinds`, or any) by `owner` at `now`, with the default lease.
 ClaimRequest claim_of(const std::string& owner, size_t limit, int64_t now,
                       std::vector<std::string> kinds = {}) {
@@ -1111,14 +1125,8 @@ TEST(MysqlStore, ABulkRetryRacingAnEnqueueOfTheSameDedupeKeyIsRetriedNotFailed) 
   std::atomic<bool> done{false};
   int retried = -1;
   std::string error;
-  std::thread bulk([&] {
-    try {
-      retried = store->retry_dead_letters({}, 10, 2000);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    done = true;
-  });
+  std::thread bulk =
+      running([&] { retried = store->retry_dead_letters({}, 10, 2000); }, error, done);
   // The keyed job's UPDATE waits for `other`'s uncommitted row with the same key.
   const bool waited =
       waits_in(db, "UPDATE jobs SET status = 'queued', attempts = 0%", other_id, done);
@@ -1160,14 +1168,7 @@ TEST(MysqlStore, PruneKeepsADeadJobWhoseLetterBecamePendingWhileItLocked) {
   std::atomic<bool> done{false};
   int64_t pruned = -1;
   std::string error;
-  std::thread pruner([&] {
-    try {
-      pruned = store->prune(10'000);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    done = true;
-  });
+  std::thread pruner = running([&] { pruned = store->prune(10'000); }, error, done);
   const bool waited = waits_in(db, "SELECT id FROM jobs WHERE id IN (%FOR UPDATE", other_id, done);
   if (waited) {
     // The operator retries the letter; the job runs and dies again: its letter is pending.
@@ -1212,25 +1213,11 @@ TEST(MysqlStore, ACapSetWhileAnUncappedClaimIsInFlightHolds) {
   std::atomic<bool> claimed{false};
   size_t a_got = 0;
   std::string error;
-  std::thread claimer([&] {
-    try {
-      ClaimRequest r = claim_of("a", 1, 2000);
-      a_got = a->claim(r).size();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    claimed = true;
-  });
+  std::thread claimer =
+      running([&] { a_got = a->claim(claim_of("a", 1, 2000)).size(); }, error, claimed);
   const bool claim_waited = waits_in(db, "INSERT INTO running_counts%", other_id, claimed);
   std::atomic<bool> capped{false};
-  std::thread capper([&] {
-    try {
-      b->set_caps("x", Caps{0, 1});
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    capped = true;
-  });
+  std::thread capper = running([&] { b->set_caps("x", Caps{0, 1}); }, error, capped);
   // set_caps waits for the claim in flight (it holds the gate in share mode). Without that wait,
   // the cap is in force at once, and a claim now would run while the first has not committed.
   const bool cap_waited =
@@ -1391,6 +1378,15 @@ std::string through(const std::string& connection, unsigned port) {
   return connection + ";host=127.0.0.1;port=" + std::to_string(port);
 }
 
+// A database with two stores on it: `store`, whose connections pass through `relay`, and
+// `direct`, whose do not.
+struct ThroughRelay {
+  TestDatabase db;
+  std::unique_ptr<JobStore> direct = db.open(2);
+  Relay relay{mysql::parse_config(db.connection()).port};
+  std::unique_ptr<JobStore> store = open_mysql_store(through(db.connection(), relay.port()), 2);
+};
+
 // Holds the row of running_counts that the COMMIT trip of a job's exit updates last, until
 // the store waits for it; then lets it go with the relay holding the replies, waits until the
 // transaction is visible as committed (`committed`, a COUNT that becomes 1), and cuts the
@@ -1406,7 +1402,7 @@ bool commit_then_lose_reply(const TestDatabase& db, Relay& relay, const std::str
   other->one("SELECT running FROM running_counts WHERE kind = " + mysql::quote(kind) +
              " AND concurrency_key = " + mysql::quote(key) + " FOR UPDATE");
   start();
-  const bool waited = waits_in(db, "UPDATE running_counts%", other_id, done);
+  const bool waited = waits_in(db, "%running_counts%", other_id, done);
   if (waited) relay.hold_replies();
   other->one("ROLLBACK");
   if (waited) {
@@ -1424,14 +1420,11 @@ bool commit_then_lose_reply(const TestDatabase& db, Relay& relay, const std::str
 // connection is lost before the reply: the outcome is unknown to the store, which must not
 // report the items as not applied (lease_lost) when they were.
 TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApplied) {
-  TestDatabase db;
-  auto direct = db.open(2);
-  Relay relay(mysql::parse_config(db.connection()).port);
-  auto store = open_mysql_store(through(db.connection(), relay.port()), 2);
-  EnqueueResult a = direct->enqueue(spec("k", "key"), 1000);
-  EnqueueResult b = direct->enqueue(spec("k", "key"), 1000);
+  ThroughRelay t;
+  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+  EnqueueResult b = t.direct->enqueue(spec("k", "key"), 1000);
   std::map<JobId, std::string> token;
-  for (const Claimed& c : direct->claim(claim_of("w", 2, 1000, {"k"}))) {
+  for (const Claimed& c : t.direct->claim(claim_of("w", 2, 1000, {"k"}))) {
     token[c.job.id] = c.lease_token;
   }
   ASSERT_EQ(token.size(), 2u);
@@ -1449,23 +1442,15 @@ TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApp
   std::string error;
   std::thread finisher;
   const bool waited = commit_then_lose_reply(
-      db, relay, "k", "key",
+      t.db, t.relay, "k", "key",
       "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'succeeded'",
-      done, [&] {
-        finisher = std::thread([&] {
-          try {
-            results = store->finish(items, 2000);
-          } catch (const std::exception& e) {
-            error = e.what();
-          }
-          done = true;
-        });
-      });
+      done,
+      [&] { finisher = running([&] { results = t.store->finish(items, 2000); }, error, done); });
   finisher.join();
   ASSERT_TRUE(waited) << "finish never waited for the held counter: " << error;
   EXPECT_EQ(error, "");
-  EXPECT_EQ(direct->get(a.id)->status, JobStatus::kSucceeded);
-  EXPECT_EQ(direct->get(b.id)->status, JobStatus::kQueued);
+  EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(t.direct->get(b.id)->status, JobStatus::kQueued);
   ASSERT_EQ(results.size(), 2u);
   EXPECT_FALSE(results[0].lease_lost) << "applied, reported lost: " << results[0].error;
   EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded));
@@ -1473,36 +1458,59 @@ TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApp
   EXPECT_EQ(results[1].status, std::optional<JobStatus>(JobStatus::kQueued));
 }
 
+// A claim whose COMMIT applied but whose reply was lost returns its jobs: reported as failed,
+// they would stay leased to nobody until the sweep took them back, counting an attempt that
+// never ran (a job with one attempt would be dead without having run).
+TEST(MysqlStore, AClaimWhoseCommitAppliedButWhoseReplyWasLostReturnsItsJobs) {
+  ThroughRelay t;
+  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+  t.db.app_session()->one(
+      "INSERT INTO running_counts (kind, concurrency_key, running, max_running) VALUES ('k', "
+      "'key', 0, 0)");  // the row the claim's COMMIT trip updates, for the holder to lock
+  std::atomic<bool> done{false};
+  std::vector<Claimed> got;
+  std::string error;
+  std::thread claimer;
+  const bool waited = commit_then_lose_reply(
+      t.db, t.relay, "k", "key",
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'running'",
+      done, [&] {
+        claimer =
+            running([&] { got = t.store->claim(claim_of("w", 1, 2000, {"k"})); }, error, done);
+      });
+  claimer.join();
+  ASSERT_TRUE(waited) << "the claim never waited for the held counter: " << error;
+  EXPECT_EQ(error, "") << "the claim applied";
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].job.id, a.id);
+  Job job = *t.direct->get(a.id);
+  EXPECT_EQ(job.status, JobStatus::kRunning);
+  EXPECT_EQ(job.lease_token, got[0].lease_token) << "the lease returned is the one in force";
+  t.store->complete(a.id, got[0].lease_token, "{}", 3000);
+  EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
+}
+
 // complete() alone: its COMMIT applied and the reply was lost. The store can find out (the
 // attempt's row, written by that transaction, carries the lease token) instead of reporting an
 // error whose retry by the caller ends in LeaseLost for a job that succeeded.
 TEST(MysqlStore, ACompletionWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
-  TestDatabase db;
-  auto direct = db.open(2);
-  Relay relay(mysql::parse_config(db.connection()).port);
-  auto store = open_mysql_store(through(db.connection(), relay.port()), 2);
-  EnqueueResult a = direct->enqueue(spec("k", "key"), 1000);
-  std::vector<Claimed> got = direct->claim(claim_of("w", 1, 1000, {"k"}));
+  ThroughRelay t;
+  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+  std::vector<Claimed> got = t.direct->claim(claim_of("w", 1, 1000, {"k"}));
   ASSERT_EQ(got.size(), 1u);
   std::atomic<bool> done{false};
   std::string error;
   std::thread completer;
   const bool waited = commit_then_lose_reply(
-      db, relay, "k", "key",
+      t.db, t.relay, "k", "key",
       "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'succeeded'",
       done, [&] {
-        completer = std::thread([&] {
-          try {
-            store->complete(a.id, got[0].lease_token, "{\"ok\":1}", 2000);
-          } catch (const std::exception& e) {
-            error = e.what();
-          }
-          done = true;
-        });
+        completer = running(
+            [&] { t.store->complete(a.id, got[0].lease_token, "{\"ok\":1}", 2000); }, error, done);
       });
   completer.join();
   ASSERT_TRUE(waited) << "complete never waited for the held counter: " << error;
-  EXPECT_EQ(direct->get(a.id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
   EXPECT_EQ(error, "") << "the completion applied";
 }
 
