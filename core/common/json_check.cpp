@@ -11,6 +11,17 @@ class Checker {
   explicit Checker(std::string_view text)
       : p_(reinterpret_cast<const unsigned char*>(text.data())), end_(p_ + text.size()) {}
 
+  bool utf8() {  // the whole text: well-formed UTF-8, nothing else asked
+    while (p_ != end_) {
+      if (*p_ < 0x80) {
+        ++p_;
+      } else if (!multibyte()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // value (',' value | '}' | ']')* with the open containers on an explicit stack, so nesting
   // depth costs memory, never the call stack.
   bool document() {
@@ -213,5 +224,7 @@ class Checker {
 }  // namespace
 
 bool is_json(std::string_view text) { return Checker(text).document(); }
+
+bool is_utf8(std::string_view text) { return Checker(text).utf8(); }
 
 }  // namespace backhaul

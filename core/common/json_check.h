@@ -14,4 +14,7 @@ namespace backhaul {
 
 bool is_json(std::string_view text);
 
+// True when `text` is well-formed UTF-8 (RFC 3629), as every JSON string must be.
+bool is_utf8(std::string_view text);
+
 }  // namespace backhaul

@@ -52,10 +52,21 @@ HostBinding::HostBinding(const HostServices& services, const std::string& plugin
   host_.get_extension = &HostBinding::get_extension;
 }
 
+HostBinding::~HostBinding() {
+  for (const void* response : responses_) {
+    delete static_cast<OwnedResponse*>(const_cast<void*>(response));
+  }
+}
+
 void HostBinding::log(const backhaul_host_t* host, int32_t level,
                       backhaul_string_t message) noexcept {
   try {
-    const auto& logger = self(host).log_;
+    const HostBinding* me = self(host);
+    if (!me) {
+      logging::get("plugins")->warn("a plugin called host->log with a NULL host; ignored");
+      return;
+    }
+    const auto& logger = me->log_;
     spdlog::level::level_enum l = spdlog::level::info;
     switch (level) {
       case BACKHAUL_LOG_DEBUG:
@@ -94,7 +105,17 @@ backhaul_status_t HostBinding::http(const backhaul_host_t* host,
     write_error(error, "http: request is null or its struct_size is too small");
     return BACKHAUL_INVALID_ARGUMENT;
   }
-  const HostBinding& me = self(host);
+  const HostBinding* binding = self(host);
+  if (!binding) {
+    write_error(error, "http: host is null (pass the host given to init)");
+    return BACKHAUL_INVALID_ARGUMENT;
+  }
+  if (request->header_count > 0 && !request->headers) {
+    write_error(error, "http: headers is null but header_count is " +
+                           std::to_string(request->header_count));
+    return BACKHAUL_INVALID_ARGUMENT;
+  }
+  const HostBinding& me = *binding;
   http::Request r;
   try {
     r.method = std::string(view(request->method));
@@ -129,6 +150,10 @@ backhaul_status_t HostBinding::http(const backhaul_host_t* host,
     owned->c.header_count = owned->headers.size();
     owned->c.body = {resp.body.data(), resp.body.size()};
     owned->c.final_url = {resp.url.data(), resp.url.size()};
+    {
+      std::lock_guard lock(me.responses_mutex_);
+      me.responses_.insert(owned.get());
+    }
     *response = &owned.release()->c;
     return BACKHAUL_OK;
   } catch (const http::RequestError& e) {
@@ -144,13 +169,32 @@ backhaul_status_t HostBinding::http(const backhaul_host_t* host,
   }
 }
 
-void HostBinding::http_release(const backhaul_host_t*,
+void HostBinding::http_release(const backhaul_host_t* host,
                                backhaul_http_response_t* response) noexcept {
+  if (!response) return;
+  const HostBinding* me = self(host);
+  bool known = false;
+  if (me) {
+    std::lock_guard lock(me->responses_mutex_);
+    known = me->responses_.erase(reinterpret_cast<OwnedResponse*>(response)) == 1;
+  }
+  if (!known) {
+    try {
+      logging::get("plugins")->error(
+          "a plugin released an HTTP response {}; not freed",
+          me ? "the host does not hold (released twice, or not from this host)"
+             : "with a NULL host");
+    } catch (...) {
+    }
+    return;
+  }
   delete reinterpret_cast<OwnedResponse*>(response);
 }
 
 int64_t HostBinding::now_ms(const backhaul_host_t* host) noexcept {
-  return self(host).services_.clock.now_ms();
+  if (const HostBinding* me = self(host)) return me->services_.clock.now_ms();
+  // No binding to ask: the real time is still the best answer a plugin can get.
+  return SystemClock::instance().now_ms();
 }
 
 const void* HostBinding::get_extension(const backhaul_host_t*, const char*) noexcept {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 
 #include <spdlog/logger.h>
 
@@ -19,6 +21,8 @@ class HostBinding {
   HostBinding(const HostServices& services, const std::string& plugin_id);
   HostBinding(const HostBinding&) = delete;
   HostBinding& operator=(const HostBinding&) = delete;
+  // Frees the HTTP responses the plugin never released.
+  ~HostBinding();
 
   // Valid as long as this object lives. [thread-safe]
   const backhaul_host_t* c_host() const noexcept { return &host_; }
@@ -32,14 +36,20 @@ class HostBinding {
                            backhaul_http_response_t* response) noexcept;
   static int64_t now_ms(const backhaul_host_t* host) noexcept;
   static const void* get_extension(const backhaul_host_t* host, const char* id) noexcept;
-  static const HostBinding& self(const backhaul_host_t* host) {
-    return *static_cast<const HostBinding*>(host->host_data);
+  // The binding behind `host`, or nullptr when the plugin passed no host (a contract breach
+  // the host survives). A pointer that is not a host struct cannot be told apart.
+  static const HostBinding* self(const backhaul_host_t* host) noexcept {
+    return host ? static_cast<const HostBinding*>(host->host_data) : nullptr;
   }
 
   backhaul_host_t host_{};
   HostServices services_;
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<spdlog::logger> http_log_;
+  // Responses handed out and not yet released: http_release() frees only these, so a response
+  // released twice (or a pointer the host never handed out) is refused, not freed again.
+  mutable std::mutex responses_mutex_;
+  mutable std::unordered_set<const void*> responses_;
 };
 
 }  // namespace backhaul::plugins

@@ -24,9 +24,8 @@ class LoadedLibrary {
         host_(std::move(host)) {}
   LoadedLibrary(const LoadedLibrary&) = delete;
   LoadedLibrary& operator=(const LoadedLibrary&) = delete;
-  ~LoadedLibrary() {
-    if (initialized_) entry_->deinit();
-  }
+  // deinit() must not throw; one that does is logged (an exception cannot leave a destructor).
+  ~LoadedLibrary();
 
   const backhaul_entry_t& entry() const noexcept { return *entry_; }
   const PluginInfo& info() const noexcept { return info_; }

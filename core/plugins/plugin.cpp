@@ -1,7 +1,10 @@
 #include "core/plugins/plugin.h"
 
+#include <exception>
 #include <utility>
 
+#include "core/common/json_check.h"
+#include "core/common/logging.h"
 #include "core/plugins/loaded_library.h"
 
 namespace backhaul::plugins {
@@ -57,7 +60,78 @@ backhaul_unit_t c_unit(const Unit& unit) {
   throw ConnectorFailure(status, message, error.retry_after_ms > 0 ? error.retry_after_ms : 0);
 }
 
+// What the exception in flight says, for a message (inside a catch only).
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// Runs one plugin call that returns a status. An exception must never cross the C ABI; one that
+// does is the plugin's bug and becomes a FATAL failure naming the call, never the caller's
+// exception (which might be anything, not even a std::exception).
+template <class Fn>
+backhaul_status_t guarded(const PluginInfo& info, const char* call, Fn&& fn) {
+  try {
+    return fn();
+  } catch (...) {
+    throw ConnectorFailure(BACKHAUL_FATAL,
+                           "plugin '" + info.id + "' let a C++ exception cross the ABI in " + call +
+                               ": " + current_exception_text(),
+                           0);
+  }
+}
+
+// The same for calls that return nothing and run where nothing may throw (destructors).
+template <class Fn>
+void guarded_noexcept(const PluginInfo& info, const char* call, Fn&& fn) noexcept {
+  try {
+    fn();
+  } catch (...) {
+    try {
+      logging::get("plugins")->error("plugin '{}' let a C++ exception cross the ABI in {}: {}",
+                                     info.id, call, current_exception_text());
+    } catch (...) {
+    }
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> page_problems(const backhaul_page_t& page) {
+  std::vector<std::string> problems;
+  if (page.struct_size < sizeof(backhaul_page_t)) {
+    problems.push_back("page struct_size is " + std::to_string(page.struct_size) +
+                       ", expected at least " + std::to_string(sizeof(backhaul_page_t)));
+  }
+  auto text = [](backhaul_string_t s) { return std::string_view(s.data, s.size); };
+  if (page.next_cursor.data && !is_utf8(text(page.next_cursor))) {
+    problems.push_back("next_cursor is not valid UTF-8");
+  }
+  if (page.event_count > 0 && !page.events) {
+    problems.push_back("event_count is " + std::to_string(page.event_count) +
+                       " but events is NULL");
+    return problems;
+  }
+  for (size_t i = 0; i < page.event_count; ++i) {
+    const backhaul_event_t& e = page.events[i];
+    const std::string where = "event " + std::to_string(i) + ": ";
+    for (auto [field, value] :
+         {std::pair{"delivery_id", e.delivery_id}, std::pair{"event_type", e.event_type}}) {
+      if (!value.data) {
+        problems.push_back(where + field + " is NULL");
+      } else if (!is_utf8(text(value))) {
+        problems.push_back(where + field + " is not valid UTF-8");
+      }
+    }
+    if (!e.payload_json.data) problems.push_back(where + "payload_json is NULL");
+  }
+  return problems;
+}
 
 // --- Page ---------------------------------------------------------------------------------------
 
@@ -81,7 +155,10 @@ Page& Page::operator=(Page&& other) noexcept {
 }
 
 Page::~Page() {
-  if (page_) library_->entry().release_page(instance_.get(), page_);
+  if (page_) {
+    guarded_noexcept(library_->info(), "release_page",
+                     [&] { library_->entry().release_page(instance_.get(), page_); });
+  }
 }
 
 EventView Page::event(size_t i) const noexcept {
@@ -119,22 +196,37 @@ Page Connector::fetch_page(const FetchParams& params) const {
   request.cursor = c_optional(params.cursor);
   backhaul_page_t* page = nullptr;
   backhaul_error_t error{};
-  backhaul_status_t status = library_->entry().fetch_page(instance_.get(), &request, &page, &error);
+  const PluginInfo& info = library_->info();
+  backhaul_status_t status = guarded(info, "fetch_page", [&] {
+    return library_->entry().fetch_page(instance_.get(), &request, &page, &error);
+  });
   if (status != BACKHAUL_OK) {
-    if (page) library_->entry().release_page(instance_.get(), page);  // a contract breach
-    throw_failure(library_->info(), "fetch_page", status, error);
+    if (page) {  // a contract breach
+      guarded_noexcept(info, "release_page",
+                       [&] { library_->entry().release_page(instance_.get(), page); });
+    }
+    throw_failure(info, "fetch_page", status, error);
   }
   if (!page) {
-    throw ConnectorFailure(BACKHAUL_FATAL,
-                           "plugin '" + library_->info().id + "' returned OK without a page", 0);
+    throw ConnectorFailure(BACKHAUL_FATAL, "plugin '" + info.id + "' returned OK without a page",
+                           0);
   }
-  return Page(library_, instance_, page);
+  // Owned from here: released whatever happens next.
+  Page owned(library_, instance_, page);
+  if (std::vector<std::string> problems = page_problems(*page); !problems.empty()) {
+    throw ConnectorFailure(
+        BACKHAUL_FATAL, "plugin '" + info.id + "' returned a malformed page: " + problems.front(),
+        0);
+  }
+  return owned;
 }
 
 void Connector::validate_scopes(const Unit& unit) const {
   backhaul_unit_t c = c_unit(unit);
   backhaul_error_t error{};
-  backhaul_status_t status = library_->entry().validate_scopes(instance_.get(), &c, &error);
+  backhaul_status_t status = guarded(library_->info(), "validate_scopes", [&] {
+    return library_->entry().validate_scopes(instance_.get(), &c, &error);
+  });
   if (status != BACKHAUL_OK) throw_failure(library_->info(), "validate_scopes", status, error);
 }
 
@@ -147,14 +239,18 @@ const PluginInfo& Plugin::info() const noexcept { return library_->info(); }
 
 void Plugin::validate_config(std::string_view config_json) const {
   backhaul_error_t error{};
-  backhaul_status_t status = library_->entry().validate_config(c_string(config_json), &error);
+  backhaul_status_t status = guarded(library_->info(), "validate_config", [&] {
+    return library_->entry().validate_config(c_string(config_json), &error);
+  });
   if (status != BACKHAUL_OK) throw_failure(library_->info(), "validate_config", status, error);
 }
 
 Connector Plugin::create(std::string_view config_json) const {
   backhaul_instance_t* instance = nullptr;
   backhaul_error_t error{};
-  backhaul_status_t status = library_->entry().create(c_string(config_json), &instance, &error);
+  backhaul_status_t status = guarded(library_->info(), "create", [&] {
+    return library_->entry().create(c_string(config_json), &instance, &error);
+  });
   if (status != BACKHAUL_OK) throw_failure(library_->info(), "create", status, error);
   if (!instance) {
     throw ConnectorFailure(
@@ -162,8 +258,9 @@ Connector Plugin::create(std::string_view config_json) const {
   }
   // The deleter holds the library too, so the instance is destroyed before the code unmaps.
   std::shared_ptr<const LoadedLibrary> library = library_;
-  std::shared_ptr<backhaul_instance_t> owned(
-      instance, [library](backhaul_instance_t* p) { library->entry().destroy(p); });
+  std::shared_ptr<backhaul_instance_t> owned(instance, [library](backhaul_instance_t* p) {
+    guarded_noexcept(library->info(), "destroy", [&] { library->entry().destroy(p); });
+  });
   return Connector(library_, std::move(owned));
 }
 

@@ -16,6 +16,12 @@
 
 namespace backhaul::plugins {
 
+// What breaks the ABI's rules in a page a plugin returned with BACKHAUL_OK: a struct too small for
+// this host, events missing for a count, NULL strings, a delivery id, event type or next cursor
+// that is not UTF-8 (the host sends them as JSON). Empty when nothing does. The daemon refuses
+// such a page (a FATAL failure of the job); `backhaul plugin validate` reports every problem.
+std::vector<std::string> page_problems(const backhaul_page_t& page);
+
 class LoadedLibrary;  // the mapped library and its checked entry (loaded_library.h)
 struct HostServices;  // plugin_loader.h
 

@@ -12,6 +12,7 @@
 #include <boost/dll/shared_library.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/common/json_check.h"
 #include "core/common/logging.h"
 #include "core/plugins/loaded_library.h"
 
@@ -106,6 +107,7 @@ std::vector<std::string> string_list(const fs::path& path, const char* const* it
   for (size_t i = 0; i < count; ++i) {
     if (!items[i] || !*items[i]) refuse(path, std::string(what) + " has an empty entry");
     out.emplace_back(items[i]);
+    if (!is_utf8(out.back())) refuse(path, std::string(what) + " has an entry that is not UTF-8");
   }
   return out;
 }
@@ -118,7 +120,11 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
   PluginInfo info;
   auto text = [&](const char* s, const char* field) {
     if (!s) refuse(path, std::string("descriptor.") + field + " is null");
-    return std::string(s);
+    // Every descriptor string ends up in JSON (the admin API, `plugin info --json`), which
+    // cannot hold anything else.
+    std::string out(s);
+    if (!is_utf8(out)) refuse(path, std::string("descriptor.") + field + " is not valid UTF-8");
+    return out;
   };
   info.id = text(d.id, "id");
   if (!is_valid_id(info.id)) {
@@ -129,7 +135,7 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
     refuse(path, "plugin '" + info.id + "' version '" + info.version + "' is not semantic");
   }
   info.display_name = text(d.display_name, "display_name");
-  info.description = d.description ? d.description : "";
+  info.description = d.description ? text(d.description, "description") : "";
   info.entity_types = string_list(path, d.entity_types, d.entity_type_count, "entity types");
   if (info.entity_types.empty()) refuse(path, "plugin '" + info.id + "' has no entity types");
   std::set<std::string> unique(info.entity_types.begin(), info.entity_types.end());
@@ -167,6 +173,19 @@ LiveLibraries& live_libraries() {
 
 }  // namespace
 
+LoadedLibrary::~LoadedLibrary() {
+  if (!initialized_) return;
+  try {
+    entry_->deinit();
+  } catch (...) {
+    try {
+      logging::get("plugins")->error("plugin '{}' let a C++ exception cross the ABI in deinit",
+                                     info_.id);
+    } catch (...) {
+    }
+  }
+}
+
 Plugin load_plugin(const fs::path& path, const HostServices& services, bool compute_sha256) {
   std::error_code ec;
   if (!fs::exists(path, ec)) refuse(path, "file does not exist");
@@ -199,7 +218,17 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, bool comp
   auto loaded =
       std::make_shared<LoadedLibrary>(std::move(library), &entry, std::move(info), std::move(host));
   backhaul_error_t error{};
-  if (!entry.init(c_host, &error)) {
+  int32_t initialized = 0;
+  try {
+    initialized = entry.init(c_host, &error);
+  } catch (const std::exception& e) {
+    refuse(path, "plugin '" + loaded->info().id +
+                     "' init let a C++ exception cross the ABI: " + e.what());
+  } catch (...) {
+    refuse(path, "plugin '" + loaded->info().id +
+                     "' init let a C++ exception cross the ABI (not a std::exception)");
+  }
+  if (!initialized) {
     error.message[sizeof(error.message) - 1] = '\0';
     refuse(path, "plugin '" + loaded->info().id + "' init failed: " + error.message);
   }

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/plugins/plugin.h"
 #include "core/validate/isolation.h"
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -107,28 +108,18 @@ PageFacts facts_of(const backhaul_page_t& page) {
   PageFacts f;
   f.struct_size = page.struct_size;
   f.raw_count = page.raw_count;
-  if (page.struct_size < sizeof(backhaul_page_t)) {
-    f.problems.push_back("page struct_size is " + std::to_string(page.struct_size) +
-                         ", expected at least " + std::to_string(sizeof(backhaul_page_t)));
-  }
   f.next_cursor = copy_string(page.next_cursor);
-  if (page.event_count > 0 && !page.events) {
-    f.problems.push_back("event_count is " + std::to_string(page.event_count) +
-                         " but events is NULL");
-    return f;
-  }
-  if (page.event_count > kMaxEventsPerPage) {
+  if (page.events && page.event_count > kMaxEventsPerPage) {
     f.problems.push_back("event_count " + std::to_string(page.event_count) + " is implausible");
     return f;
   }
+  // The daemon's own checks (it refuses such a page), so that validate fails what it would.
+  f.problems = plugins::page_problems(page);
+  if (!page.events) return f;
   f.events.reserve(page.event_count);
   for (size_t i = 0; i < page.event_count; ++i) {
     const backhaul_event_t& e = page.events[i];
     EventFacts ef;
-    const std::string where = "event " + std::to_string(i) + ": ";
-    if (!e.delivery_id.data) f.problems.push_back(where + "delivery_id is NULL");
-    if (!e.event_type.data) f.problems.push_back(where + "event_type is NULL");
-    if (!e.payload_json.data) f.problems.push_back(where + "payload_json is NULL");
     ef.delivery_id = copy_string(e.delivery_id).value_or("");
     ef.event_type = copy_string(e.event_type).value_or("");
     inspect_payload(e.payload_json.data ? std::string_view(e.payload_json.data, e.payload_json.size)

@@ -102,5 +102,54 @@ TEST(HostServicesTest, ClockIsTheInjectedOne) {
       43'000);
 }
 
+// --- a plugin that calls the host services wrongly (test_plugins/misbehaving.cpp) --------------
+
+std::filesystem::path misbehaving_plugin() {
+  return std::filesystem::path(TEST_PLUGIN_DIR) / "misbehaving.so";
+}
+
+// The payload of the one event the misbehaving plugin returns in `mode`: what the host told it.
+nlohmann::json host_answer(http::Transport& transport, const std::string& mode) {
+  FakeClock clock(42'000);
+  Connector connector =
+      load_plugin(misbehaving_plugin(), {transport, clock}).create(R"({"mode": ")" + mode + "\"}");
+  Page page = connector.fetch_page(first_page());
+  return nlohmann::json::parse(page.event(0).payload_json);
+}
+
+TEST(HostServicesTest, LogWithANullHostIsIgnored) {
+  http::ReplayTransport transport;
+  EXPECT_EQ(host_answer(transport, "log_null_host")["logged"], true);
+}
+
+TEST(HostServicesTest, NowWithANullHostDoesNotCrash) {
+  http::ReplayTransport transport;
+  EXPECT_TRUE(host_answer(transport, "now_null_host")["now_ms"].is_number_integer());
+}
+
+TEST(HostServicesTest, HttpWithANullHostIsAnInvalidArgument) {
+  http::ReplayTransport transport;
+  nlohmann::json answer = host_answer(transport, "http_null_host");
+  EXPECT_EQ(answer["status"], BACKHAUL_INVALID_ARGUMENT) << answer;
+  EXPECT_NE(answer["message"].get<std::string>().find("host"), std::string::npos) << answer;
+  EXPECT_TRUE(transport.requests().empty());
+}
+
+TEST(HostServicesTest, HttpWithNullHeadersAndAHeaderCountIsAnInvalidArgument) {
+  http::ReplayTransport transport;
+  transport.add(exchange("https://api.example.test/misbehaving", 200, {}, "{}"));
+  nlohmann::json answer = host_answer(transport, "http_null_headers");
+  EXPECT_EQ(answer["status"], BACKHAUL_INVALID_ARGUMENT) << answer;
+  EXPECT_NE(answer["message"].get<std::string>().find("headers"), std::string::npos) << answer;
+  EXPECT_TRUE(transport.requests().empty());
+}
+
+TEST(HostServicesTest, ReleasingAnHttpResponseTwiceIsIgnoredNotADoubleFree) {
+  http::ReplayTransport transport;
+  transport.add(exchange("https://api.example.test/misbehaving", 200, {}, "{}"));
+  nlohmann::json answer = host_answer(transport, "http_double_release");
+  EXPECT_EQ(answer["status"], BACKHAUL_OK) << answer;
+}
+
 }  // namespace
 }  // namespace backhaul::plugins

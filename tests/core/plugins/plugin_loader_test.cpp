@@ -343,5 +343,71 @@ TEST_F(PluginLoaderTest, ConcurrentFetchesOnOneInstanceAreSafe) {
   EXPECT_EQ(events.load(), 8 * 200 * 2);
 }
 
+// --- plugins that break the contract (test_plugins/misbehaving.cpp) -----------------------------
+
+// fetch_page's page, or the failure it was refused with ("" when it was accepted).
+std::string refusal(const Connector& connector) {
+  try {
+    Page page = connector.fetch_page(params());
+    return {};
+  } catch (const ConnectorFailure& e) {
+    EXPECT_EQ(e.status(), BACKHAUL_FATAL) << e.what();
+    return e.what();
+  }
+}
+
+// Pages that break the ABI are refused as FATAL, naming the problem: events NULL for a count
+// (reading event 0, as the pipeline does, would dereference NULL in the daemon), and a delivery
+// id or next cursor that is not UTF-8 (the gateway request and the checkpoint are JSON: such a
+// page could never be sent nor resumed from).
+TEST_F(PluginLoaderTest, FetchPageRefusesAPageThatBreaksTheAbi) {
+  for (auto [mode, reason] : {std::pair{"null_events", "events is NULL"},
+                              std::pair{"utf8_delivery_id", "delivery_id is not valid UTF-8"},
+                              std::pair{"utf8_cursor", "next_cursor is not valid UTF-8"}}) {
+    const std::string config = std::string(R"({"mode": ")") + mode + R"("})";
+    Connector connector = load_plugin(plugin_path("misbehaving"), services_).create(config);
+    std::string why = refusal(connector);
+    EXPECT_NE(why.find(reason), std::string::npos) << mode << ": accepted or wrong reason: " << why;
+  }
+}
+
+TEST_F(PluginLoaderTest, AnExceptionThrownByReleasePageDoesNotTerminateTheHost) {
+  Connector connector =
+      load_plugin(plugin_path("misbehaving"), services_).create(R"({"mode": "throw_in_release"})");
+  {
+    Page page = connector.fetch_page(params());
+    EXPECT_EQ(page.size(), 1u);
+  }  // ~Page calls release_page, which throws: std::terminate unless the host catches it
+  SUCCEED();
+}
+
+TEST_F(PluginLoaderTest, AnExceptionThrownByDestroyDoesNotTerminateTheHost) {
+  {
+    Connector connector = load_plugin(plugin_path("misbehaving"), services_)
+                              .create(R"({"mode": "throw_in_destroy"})");
+    EXPECT_EQ(connector.fetch_page(params()).size(), 1u);
+  }  // the instance's deleter calls destroy, which throws
+  SUCCEED();
+}
+
+TEST_F(PluginLoaderTest, RegistryReportsAPluginWhoseInitThrowsANonStdException) {
+  // load_file promises never to throw for a bad plugin; `throw 42` from init() went through it
+  // (and through the daemon's catch of std::exception: std::terminate at startup).
+  PluginRegistry registry(services_);
+  std::optional<LoadProblem> problem;
+  EXPECT_NO_THROW(problem = registry.load_file(plugin_path("init_throws")));
+  ASSERT_TRUE(problem);
+  EXPECT_NE(problem->reason.find("init"), std::string::npos) << problem->reason;
+  EXPECT_NE(problem->reason.find("exception"), std::string::npos) << problem->reason;
+  EXPECT_TRUE(registry.plugins().empty());
+}
+
+TEST_F(PluginLoaderTest, RefusesADescriptorStringThatIsNotUtf8) {
+  // Accepted, it made GET /v1/plugins answer 500 for every plugin and `backhaul plugin info
+  // --json` die of an uncaught nlohmann::json::type_error (JSON strings must be UTF-8).
+  std::string error = load_error(plugin_path("bad_utf8_name"));
+  EXPECT_NE(error.find("display_name is not valid UTF-8"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace backhaul::plugins
