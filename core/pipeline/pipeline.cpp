@@ -113,8 +113,15 @@ UnitCounts counts_from(const std::optional<std::string>& text, bool* ok = nullpt
     if (ok) *ok = false;
     return c;
   }
-  if (auto it = j.find("cursor"); it != j.end() && it->is_string())
+  if (auto it = j.find("cursor"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      // A cursor of another type (an operator's {"cursor": 5}) cannot be resumed from: starting
+      // at the first page while keeping the counts would count the pages sent again twice.
+      if (ok) *ok = false;
+      return c;
+    }
     c.cursor = it->get<std::string>();
+  }
   c.pages = int_or(j, "pages");
   c.produced = int_or(j, "eventsProduced");
   c.dispatched = int_or(j, "eventsDispatched");
@@ -168,7 +175,54 @@ std::string run_status(const jobs::Job& job) {
   return "unknown";
 }
 
+// Throws InvalidRequest naming the first field of a checkpoint the entity worker (`entity`) or the
+// orchestrator cannot resume from.
+void check_checkpoint_json(const json& cp, bool entity) {
+  auto integer = [&](const char* key, int64_t min) {
+    auto it = cp.find(key);
+    if (it == cp.end()) return;
+    if (!it->is_number_integer() ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
+        it->get<int64_t>() < min) {
+      throw InvalidRequest(std::string("checkpoint.") + key,
+                           std::string("checkpoint.") + key + ": must be an integer >= " +
+                               std::to_string(min) + " (got " + it->dump() + ")");
+    }
+  };
+  if (entity) {
+    if (auto it = cp.find("cursor"); it != cp.end() && !it->is_null() && !it->is_string()) {
+      throw InvalidRequest("checkpoint.cursor",
+                           "checkpoint.cursor: must be a string (the connector's cursor) or null "
+                           "(the first page) (got " +
+                               it->dump() + ")");
+    }
+    for (const char* key : {"pages", "eventsProduced", "eventsDispatched", "rateLimitWaits"})
+      integer(key, 0);
+    return;
+  }
+  integer("since", INT64_MIN);
+  integer("deadline", INT64_MIN);
+  auto units = cp.find("units");
+  if (units == cp.end()) return;  // no units: the run fans out again, adopting its units
+  const std::string what =
+      "checkpoint.units: must be an array of objects with a positive integer jobId (got ";
+  if (!units->is_array()) throw InvalidRequest("checkpoint.units", what + units->dump() + ")");
+  for (const json& u : *units) {
+    auto id = u.is_object() ? u.find("jobId") : u.end();
+    if (!u.is_object() || id == u.end() || !id->is_number_integer() || id->get<int64_t>() <= 0)
+      throw InvalidRequest("checkpoint.units", what + u.dump() + ")");
+  }
+}
+
 }  // namespace
+
+void check_checkpoint(const std::string& kind, const std::string& checkpoint_json) {
+  if (kind != kEntityKind && kind != kRunKind) return;
+  json cp = json::parse(checkpoint_json, nullptr, false);
+  if (cp.is_discarded() || !cp.is_object())
+    throw InvalidRequest("checkpoint", "checkpoint: must be a JSON object");
+  check_checkpoint_json(cp, kind == kEntityKind);
+}
 
 struct Pipeline::Impl {
   Impl(jobs::JobStore& s, const Clock& c, const gateway::GatewayClient& g, ConnectorLookup l,
@@ -522,8 +576,10 @@ struct Pipeline::Impl {
     UnitCounts counts = counts_from(job.checkpoint, &checkpoint_ok);
     if (!checkpoint_ok) {
       // Deliveries are idempotent (deterministic ids), so starting over loses nothing.
-      log->error("job {}: checkpoint is not a JSON object; starting the unit from its first page",
-                 job.id);
+      log->error(
+          "job {}: checkpoint is not a JSON object with a string cursor; starting the unit from "
+          "its first page",
+          job.id);
       counts = {};
     }
 
@@ -586,6 +642,14 @@ struct Pipeline::Impl {
       counts.dispatched += static_cast<int64_t>(p.size());
 
       std::optional<std::string_view> next = p.next_cursor();
+      if (next && params.cursor && *next == *params.cursor) {
+        // Following it would fetch this page again, forever. The page itself was delivered.
+        throw JobFailure("plugin '" + connector->info().id +
+                             "' returned the cursor it was given as the next page's: the unit "
+                             "would never end (cursor \"" +
+                             std::string(next->substr(0, 200)) + "\")",
+                         true);
+      }
       if (!next) {
         json result = counts_json(counts);
         result.erase("cursor");

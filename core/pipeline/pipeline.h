@@ -148,6 +148,12 @@ struct RateLimitSettings {
   jobs::Caps run_caps;
 };
 
+// Checks a checkpoint an operator wants to store for a job of `kind` (PUT
+// /v1/jobs/{id}/checkpoint): one the run or entity handler could not resume from (a cursor that is
+// not a string, counts that are not counts, units that are not a list of jobs) throws
+// InvalidRequest naming the field ("checkpoint.cursor"). Other kinds are not checked.
+void check_checkpoint(const std::string& kind, const std::string& checkpoint_json);
+
 // The connectors the pipeline may use, by provider id ("github", "vercel"). Lookups are
 // [thread-safe]; the connectors must outlive the Pipeline.
 using ConnectorLookup = std::function<const plugins::Connector*(const std::string& provider)>;

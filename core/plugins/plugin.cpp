@@ -1,6 +1,8 @@
 #include "core/plugins/plugin.h"
 
 #include <exception>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "core/common/json_check.h"
@@ -109,7 +111,9 @@ std::vector<std::string> page_problems(const backhaul_page_t& page) {
                        ", expected at least " + std::to_string(sizeof(backhaul_page_t)));
   }
   auto text = [](backhaul_string_t s) { return std::string_view(s.data, s.size); };
-  if (page.next_cursor.data && !is_utf8(text(page.next_cursor))) {
+  if (!page.next_cursor.data && page.next_cursor.size > 0) {
+    problems.push_back("next_cursor has a size but no data");
+  } else if (page.next_cursor.data && !is_utf8(text(page.next_cursor))) {
     problems.push_back("next_cursor is not valid UTF-8");
   }
   if (page.event_count > 0 && !page.events) {
@@ -124,6 +128,8 @@ std::vector<std::string> page_problems(const backhaul_page_t& page) {
          {std::pair{"delivery_id", e.delivery_id}, std::pair{"event_type", e.event_type}}) {
       if (!value.data) {
         problems.push_back(where + field + " is NULL");
+      } else if (value.size == 0) {
+        problems.push_back(where + field + " is empty");
       } else if (!is_utf8(text(value))) {
         problems.push_back(where + field + " is not valid UTF-8");
       }
@@ -213,7 +219,24 @@ Page Connector::fetch_page(const FetchParams& params) const {
   }
   // Owned from here: released whatever happens next.
   Page owned(library_, instance_, page);
-  if (std::vector<std::string> problems = page_problems(*page); !problems.empty()) {
+  std::vector<std::string> problems = page_problems(*page);
+  if (problems.empty()) {
+    // Two different events under one delivery id: the gateway would keep one and drop the other
+    // as a duplicate (the same event twice is harmless).
+    std::unordered_map<std::string_view, std::string_view> payload_of;
+    for (size_t i = 0; i < page->event_count && problems.empty(); ++i) {
+      const backhaul_event_t& e = page->events[i];
+      const std::string_view id(e.delivery_id.data, e.delivery_id.size);
+      const std::string_view payload(e.payload_json.data, e.payload_json.size);
+      auto [it, inserted] = payload_of.emplace(id, payload);
+      if (!inserted && it->second != payload) {
+        problems.push_back("event " + std::to_string(i) + ": delivery id \"" +
+                           std::string(id.substr(0, 200)) +
+                           "\" is also an earlier, different event's");
+      }
+    }
+  }
+  if (!problems.empty()) {
     throw ConnectorFailure(
         BACKHAUL_FATAL, "plugin '" + info.id + "' returned a malformed page: " + problems.front(),
         0);

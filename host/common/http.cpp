@@ -77,7 +77,9 @@ const std::string* Response::find_header(std::string_view name) const {
 Response json_response(int status, const nlohmann::json& body) {
   Response response;
   response.status = status;
-  response.body = body.dump();
+  // Text from outside (a stored error cut mid-character, a %FF in the path) may not be UTF-8: it
+  // is shown with the bad bytes replaced rather than failing the whole answer.
+  response.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return response;
 }
 

@@ -1,5 +1,6 @@
 // /v1/jobs: list, get (with attempt history), cancel, and the checkpoint of a job that is not
 // running (read, replace, reset).
+#include "core/pipeline/pipeline.h"
 #include "host/daemon/api_support.h"
 
 namespace backhaul::daemon {
@@ -71,7 +72,14 @@ Response checkpoint(Call& call, jobs::JobId id) {
     if (body.is_discarded() || !body.is_object()) {
       throw validation_error("body", "must be a JSON object (the new checkpoint)");
     }
-    require_job(call, id);
+    const jobs::Job job = require_job(call, id);
+    try {
+      // A checkpoint its handler could not resume from is refused here, naming the field, rather
+      // than stored and then ignored (the unit silently starting over) at the next attempt.
+      pipeline::check_checkpoint(job.kind, body.dump());
+    } catch (const pipeline::InvalidRequest& e) {
+      throw ApiError(400, "VALIDATION_ERROR", e.what(), {{"field", e.field()}});
+    }
     call.deps.store.set_checkpoint(id, body.dump(), call.now_ms());
     call.summary = "replace checkpoint of job " + std::to_string(id);
     return call.ok(200, {{"jobId", id}, {"checkpoint", body}});

@@ -50,7 +50,13 @@ pipeline::RunRequest run_request(const json& body) {
   if (!body["depth"].is_number_integer()) {
     throw validation_error("depth", "must be 7, 30 or 90 (got " + body["depth"].dump() + ")");
   }
-  r.depth_days = body["depth"].get<int>();
+  const json& depth = body["depth"];
+  if (depth.is_number_unsigned() ? depth.get<uint64_t>() > 90
+                                 : depth.get<int64_t>() < 0 || depth.get<int64_t>() > 90) {
+    // Not narrowed to int first: 2^32 + 7 is not 7.
+    throw validation_error("depth", "must be 7, 30 or 90 (got " + depth.dump() + ")");
+  }
+  r.depth_days = depth.get<int>();
   if (body.contains("entityTypes") && !body["entityTypes"].is_null()) {
     const json& types = body["entityTypes"];
     if (!types.is_array()) throw validation_error("entityTypes", "must be an array of strings");

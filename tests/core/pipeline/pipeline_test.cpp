@@ -579,7 +579,12 @@ TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts
   o.faults.burst_429_every = 7;
   o.faults.burst_len = 2;
   o.faults.retry_after_s = 3;
-  start(o);
+  // Each delivery is tried up to 5 times in place, so that one failing for good (10^-5) -- and a
+  // unit dying after 4 such attempts -- does not happen by chance: with the default 2 retries a
+  // unit died in about one run in a few dozen, and the run failed.
+  PipelineOptions options = fast();
+  options.transient_retries = 4;
+  start(o, options);
   RunStart run = start_run("gh-inst-1", "github");
   drive();
   json result = run_result(run.run_id);
@@ -686,6 +691,47 @@ TEST_F(PipelineTest, AUnitWithACorruptCheckpointStartsOverAndCompletes) {
   sandbox::Report report = sandbox_->report("inst-1");
   EXPECT_EQ(report.gateway.duplicates, 100) << "page 1 was sent again";
   EXPECT_EQ(report.gateway_by_provider["github"].unique, 300);
+}
+
+// Bad input: a checkpoint whose cursor is not a string (an operator's `{"cursor": 5}`) is as
+// corrupt as one that is not JSON: the unit starts over with its counts from zero, instead of
+// starting over silently while keeping the counts of the pages it sends again.
+TEST_F(PipelineTest, AUnitWhoseCheckpointCursorIsNotAStringStartsOverWithCountsFromZero) {
+  start(data(1, 0, 300));
+  RunStart run = start_run("gh-inst-1", "github", {"release"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  jobs::JobId unit = units_of(run.run_id).at(0).id;
+  store_->set_checkpoint(
+      unit, std::string(R"({"cursor":5,"pages":1,"eventsProduced":100,"eventsDispatched":100})"),
+      test_clock().now_ms());
+  drive();
+  EXPECT_EQ(store_->get(unit)->status, JobStatus::kSucceeded);
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  EXPECT_EQ(result["pages"], 3) << "every page was fetched again";
+  EXPECT_EQ(result["eventsDispatched"], 300) << "counted from the new start";
+  EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].unique, 300);
+}
+
+// Bad input from a plugin: a page whose next cursor is the very cursor it was fetched with would
+// be fetched again forever (each pass checkpointing, never ending). The unit fails at once
+// (FATAL) with an error naming the problem.
+TEST_F(PipelineTest, ACursorThatDoesNotAdvanceFailsTheUnitInsteadOfLoopingForever) {
+  start(data(1, 0, 10));
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the run fans out
+  jobs::JobId unit = units_of(run.run_id).at(0).id;
+  plugin_transport().reset([](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/issues") == std::string::npos) return std::nullopt;
+    http::Response page = status_response(200, "[]");
+    page.headers.emplace_back("link", "<" + r.url + ">; rel=\"next\"");
+    return page;
+  });
+  drive(20);
+  std::optional<jobs::Job> job = store_->get(unit);
+  EXPECT_EQ(job->status, JobStatus::kDead);
+  EXPECT_THAT(job->last_error.value_or(""), HasSubstr("cursor"));
+  EXPECT_LE(requests_to("/issues"), 3) << "the repeated cursor was not followed again";
 }
 
 // Bad input: a unit whose payload is not JSON fails at once (FATAL), named in the error.

@@ -124,6 +124,29 @@ TEST_F(PluginLoaderTest, LoadsPluginBuiltAgainstFrozenOlderMinorHeaders) {
   EXPECT_FALSE(page.next_cursor());
 }
 
+// A page that breaks the ABI's contract is the plugin's bug: fetch_page refuses it as FATAL,
+// naming the plugin and the problem, rather than handing the host an event count without events
+// (a null dereference when read), an event without a delivery id, or two different events under
+// one delivery id (the gateway keeps the first and drops the second as a duplicate).
+TEST_F(PluginLoaderTest, APageThatBreaksTheContractIsRefusedAsFatal) {
+  Plugin plugin = load_plugin(plugin_path("c_current"), services_);
+  Connector connector = plugin.create("{}");
+  for (const auto& [cursor, problem] :
+       std::vector<std::pair<std::string, std::string>>{{"null-events", "events is NULL"},
+                                                        {"no-delivery-id", "delivery_id is NULL"},
+                                                        {"twin-ids", "c-repo-9"}}) {
+    try {
+      Page page = connector.fetch_page(params(cursor));
+      ADD_FAILURE() << cursor << ": accepted a page of " << page.size() << " events";
+    } catch (const ConnectorFailure& e) {
+      EXPECT_EQ(e.status(), BACKHAUL_FATAL) << cursor;
+      EXPECT_NE(std::string(e.what()).find("ccurrent"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(problem), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(connector.fetch_page(params()).size(), 1u) << "a good page still passes";
+}
+
 TEST_F(PluginLoaderTest, LoadsCPluginAgainstCurrentHeaders) {
   Plugin plugin = load_plugin(plugin_path("c_current"), services_);
   EXPECT_EQ(plugin.info().abi_version.minor, BACKHAUL_ABI_VERSION_MINOR);

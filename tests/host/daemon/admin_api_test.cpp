@@ -1,5 +1,8 @@
 // The admin API over real HTTP on 127.0.0.1 against a daemon running in-process with a temp
 // SQLite store (SPEC F2-F4). Store state is set up through the JobStore API.
+#include <chrono>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "tests/host/daemon/daemon_fixture.h"
@@ -214,6 +217,85 @@ TEST_F(DaemonTest, MutationsAreAuditedWithoutTheToken) {
   EXPECT_EQ(lines[1]["summary"], "UNAUTHORIZED");
   EXPECT_EQ(lines[2]["summary"], "cancel job " + std::to_string(id) + ": cancelled");
   for (const json& line : lines) EXPECT_EQ(line.dump().find(kToken), std::string::npos);
+}
+
+// Stored text is not always UTF-8: an error message cut at a byte limit in the middle of a
+// character (the gateway's answer is kept to 300 bytes, a plugin's message to its buffer) or a
+// path segment like %FF. Such a job, dead letter or answer is still shown (the bad bytes
+// replaced), never turned into an error of the request that reads it, and a mutation that
+// echoes it is answered and audited like any other.
+TEST_F(DaemonTest, TextThatIsNotUtf8IsShownNotTurnedIntoAnError) {
+  start();
+  const std::string error = "dispatch d-1: gateway answered 400: caf\xC3";
+  const int64_t letter = make_dead_letter("kind.a", "inst-1", error);
+  const HttpResult list = call("GET", "/v1/dead-letters");
+  ASSERT_EQ(list.status, 200) << list.body;
+  ASSERT_EQ(list.json()["items"].size(), 1u);
+  EXPECT_EQ(list.json()["items"][0]["error"].get<std::string>().rfind("dispatch d-1: ", 0), 0u);
+  const HttpResult one = call("GET", "/v1/dead-letters/" + std::to_string(letter));
+  EXPECT_EQ(one.status, 200) << one.body;
+  const int64_t job = one.json().value("jobId", int64_t{0});
+  EXPECT_EQ(call("GET", "/v1/jobs/" + std::to_string(job)).status, 200);
+  EXPECT_EQ(call("GET", "/v1/jobs").status, 200);
+
+  const HttpResult cancel = call("POST", "/v1/installations/%FF/cancel");
+  EXPECT_EQ(cancel.status, 200) << cancel.body;
+  EXPECT_FALSE(cancel.header("x-operation-id").empty());
+  const std::vector<json> lines = audit_lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["status"], 200);
+}
+
+// A depth that does not fit an int is refused, not wrapped: 2^32 + 7 is not 7.
+TEST_F(DaemonTest, ARunDepthOutsideTheIntRangeIsRefusedNotWrapped) {
+  start();
+  for (const char* depth : {"4294967303", "-4294967266", "18446744073709551615"}) {
+    const HttpResult r = call(
+        "POST", "/v1/runs",
+        std::string(R"({"installationId":"gh-inst-1","provider":"github","depth":)") + depth + "}");
+    expect_envelope(r, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(r.json()["error"]["details"]["field"], "depth") << r.body;
+  }
+  EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
+}
+
+// The checkpoint of a pipeline job is what its handler resumes from: one it cannot use (a cursor
+// that is not a string, counts that are not counts, a run's units that are not a list of jobs)
+// is refused naming the field, instead of being stored and silently ignored at the next attempt.
+TEST_F(DaemonTest, APipelineJobsCheckpointIsCheckedBeforeItIsStored) {
+  start();
+  jobs::JobSpec spec;
+  spec.kind = "backfill.entity";
+  spec.payload = R"({"unit":"x"})";
+  spec.concurrency_key = "inst-1";
+  spec.run_after_ms = now() + 86'400'000;  // the fake clock never gets there: never claimed
+  const jobs::JobId unit = store().enqueue(spec, now()).id;
+  spec.kind = "backfill.run";
+  const jobs::JobId run = store().enqueue(spec, now()).id;
+  const std::string unit_path = "/v1/jobs/" + std::to_string(unit) + "/checkpoint";
+  const std::string run_path = "/v1/jobs/" + std::to_string(run) + "/checkpoint";
+
+  for (const char* bad : {R"({"cursor":5})", R"({"cursor":{"page":2}})", R"({"pages":"3"})",
+                          R"({"cursor":"c","eventsDispatched":-1})"}) {
+    const HttpResult r = call("PUT", unit_path, bad);
+    expect_envelope(r, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(r.json()["error"]["message"].get<std::string>().rfind("checkpoint.", 0), 0u)
+        << bad << ": " << r.body;
+  }
+  EXPECT_FALSE(store().get(unit)->checkpoint.has_value()) << "nothing was stored";
+  EXPECT_EQ(
+      call("PUT", unit_path, R"({"cursor":"https://api.github.com/x?page=2","pages":1})").status,
+      200);
+  EXPECT_EQ(call("PUT", unit_path, R"({"cursor":null})").status, 200);
+
+  for (const char* bad : {R"({"units":5})", R"({"units":[{"jobId":"7"}]})", R"({"units":[3]})"}) {
+    const HttpResult r = call("PUT", run_path, bad);
+    expect_envelope(r, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(r.json()["error"]["message"].get<std::string>().rfind("checkpoint.units", 0), 0u)
+        << bad << ": " << r.body;
+  }
+  EXPECT_FALSE(store().get(run)->checkpoint.has_value()) << "nothing was stored";
+  EXPECT_EQ(call("PUT", run_path, R"({"units":[{"jobId":1}],"since":0})").status, 200);
 }
 
 TEST_F(DaemonTest, PluginsAreListedAndConfigsValidated) {

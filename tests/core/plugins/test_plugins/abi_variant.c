@@ -101,13 +101,21 @@ static backhaul_status_t plugin_validate_scopes(backhaul_instance_t* instance,
 }
 
 /* One page with one event whose delivery id is "c-<resource id>"; the host's clock value is put
- * in the payload to prove the host services work from C. */
+ * in the payload to prove the host services work from C. The cursor picks a contract breach for
+ * the host's checks: "null-events" (a count without an event array), "no-delivery-id", and
+ * "twin-ids" (two different events under one delivery id). */
 typedef struct c_page {
   backhaul_page_t page;
-  backhaul_event_t event;
+  backhaul_event_t event[2];
   char delivery_id[128];
   char payload[128];
 } c_page_t;
+
+static int cursor_is(const backhaul_fetch_request_t* request, const char* text) {
+  size_t n = strlen(text);
+  return request->cursor.data && request->cursor.size == n &&
+         memcmp(request->cursor.data, text, n) == 0;
+}
 
 static backhaul_status_t plugin_fetch_page(backhaul_instance_t* instance,
                                            const backhaul_fetch_request_t* request,
@@ -124,16 +132,28 @@ static backhaul_status_t plugin_fetch_page(backhaul_instance_t* instance,
   long long now = g_host ? (long long)g_host->now_ms(g_host) : -1;
   /* snprintf is C99. */
   int len = snprintf(p->payload, sizeof(p->payload), "{\"now_ms\":%lld}", now);
-  p->event.delivery_id.data = p->delivery_id;
-  p->event.delivery_id.size = strlen(p->delivery_id);
-  p->event.event_type.data = "item";
-  p->event.event_type.size = 4;
-  p->event.payload_json.data = p->payload;
-  p->event.payload_json.size = (size_t)len;
+  p->event[0].delivery_id.data = p->delivery_id;
+  p->event[0].delivery_id.size = strlen(p->delivery_id);
+  p->event[0].event_type.data = "item";
+  p->event[0].event_type.size = 4;
+  p->event[0].payload_json.data = p->payload;
+  p->event[0].payload_json.size = (size_t)len;
   p->page.struct_size = sizeof(backhaul_page_t);
-  p->page.events = &p->event;
+  p->page.events = p->event;
   p->page.event_count = 1;
   p->page.raw_count = 1;
+  if (cursor_is(request, "null-events")) p->page.events = NULL;
+  if (cursor_is(request, "no-delivery-id")) {
+    p->event[0].delivery_id.data = NULL;
+    p->event[0].delivery_id.size = 0;
+  }
+  if (cursor_is(request, "twin-ids")) {
+    p->event[1] = p->event[0];
+    p->event[1].payload_json.data = "{\"other\":true}";
+    p->event[1].payload_json.size = 14;
+    p->page.event_count = 2;
+    p->page.raw_count = 2;
+  }
   *out = &p->page;
   return BACKHAUL_OK;
 }
