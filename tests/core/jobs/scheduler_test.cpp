@@ -334,10 +334,11 @@ class DrainOfPrefetchedJobs : public SchedulerTest {
     for (int i = 0; i < 4; ++i) ids.push_back(enqueue("work"));
     scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
       started_ = true;
-      for (;;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        c.heartbeat();  // throws once the host drains or the lease is gone
-      }
+      // Holds its worker without touching the store until the drain (so that no slot frees up
+      // and the claim loop takes nothing more, whatever happens to the leases meanwhile).
+      while (!c.stopping()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      c.heartbeat();  // throws: the host drains, or the lease is gone
+      return Outcome::complete();
     });
     scheduler.start();
     for (int i = 0; i < 1000 && !(started_ && scheduler.stats().in_flight == 4); ++i) {
