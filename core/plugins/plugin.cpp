@@ -1,5 +1,6 @@
 #include "core/plugins/plugin.h"
 
+#include <algorithm>
 #include <exception>
 #include <string_view>
 #include <unordered_map>
@@ -59,7 +60,11 @@ backhaul_unit_t c_unit(const Unit& unit) {
               " from " + std::string(call) + ": " + message;
     status = BACKHAUL_FATAL;
   }
-  throw ConnectorFailure(status, message, error.retry_after_ms > 0 ? error.retry_after_ms : 0);
+  // A wait longer than a day is taken as a day: a bigger one (INT64_MAX, say) would overflow the
+  // time the job is deferred to.
+  constexpr int64_t kMaxRetryAfterMs = 24LL * 60 * 60 * 1000;
+  throw ConnectorFailure(status, message,
+                         std::clamp<int64_t>(error.retry_after_ms, 0, kMaxRetryAfterMs));
 }
 
 // What the exception in flight says, for a message (inside a catch only).

@@ -33,7 +33,7 @@ enum {
  * its stack); nothing in it is ever freed across the boundary.
  *   message         NUL-terminated, truncated to fit; never contains the access token.
  *   retry_after_ms  for BACKHAUL_RATE_LIMITED (and optionally BACKHAUL_RETRYABLE): how long to
- *                   wait before calling again; 0 when unknown. */
+ *                   wait before calling again; 0 when unknown. The host waits at most a day. */
 typedef struct backhaul_error {
   char message[BACKHAUL_ERROR_MESSAGE_CAPACITY];
   int64_t retry_after_ms;

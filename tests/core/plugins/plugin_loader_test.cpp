@@ -394,6 +394,20 @@ TEST_F(PluginLoaderTest, FetchPageRefusesAPageThatBreaksTheAbi) {
   }
 }
 
+// A plugin asking to wait longer than a day (here INT64_MAX ms) waits a day: more would overflow
+// the time its job is deferred to.
+TEST_F(PluginLoaderTest, ARetryAfterBeyondADayIsCutToADay) {
+  Connector connector = load_plugin(plugin_path("misbehaving"), services_)
+                            .create(R"({"mode": "rate_limited_forever"})");
+  try {
+    Page page = connector.fetch_page(params());
+    ADD_FAILURE() << "a page of " << page.size() << " events instead of RATE_LIMITED";
+  } catch (const ConnectorFailure& e) {
+    EXPECT_EQ(e.status(), BACKHAUL_RATE_LIMITED) << e.what();
+    EXPECT_EQ(e.retry_after_ms(), 24LL * 60 * 60 * 1000);
+  }
+}
+
 TEST_F(PluginLoaderTest, AnExceptionThrownByReleasePageDoesNotTerminateTheHost) {
   Connector connector =
       load_plugin(plugin_path("misbehaving"), services_).create(R"({"mode": "throw_in_release"})");

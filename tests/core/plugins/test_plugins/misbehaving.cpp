@@ -13,10 +13,12 @@
 //   "http_null_host"     fetch_page calls host->http with a NULL host
 //   "http_null_headers"  fetch_page calls host->http with headers NULL and header_count 3
 //   "http_double_release" fetch_page GETs MISBEHAVING_URL and releases the response twice
+//   "rate_limited_forever" fetch_page returns RATE_LIMITED with retry_after_ms = INT64_MAX
 // What fetch_page learnt from the host (status, message, clock) goes into the event's payload.
 //
 //   MISBEHAVING_INIT_THROWS  init() throws an int (not a std::exception)
 //   MISBEHAVING_BAD_UTF8_NAME the display name is not valid UTF-8
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -67,10 +69,10 @@ struct OwnPage {
 backhaul_string_t str(const std::string& s) { return {s.data(), s.size()}; }
 backhaul_string_t lit(const char* s) { return {s, std::strlen(s)}; }
 
-const char* const kModes[] = {"null_events",        "utf8_delivery_id", "utf8_cursor",
-                              "throw_in_release",   "throw_in_destroy", "log_null_host",
-                              "now_null_host",      "http_null_host",   "http_null_headers",
-                              "http_double_release"};
+const char* const kModes[] = {"null_events",         "utf8_delivery_id",    "utf8_cursor",
+                              "throw_in_release",    "throw_in_destroy",    "log_null_host",
+                              "now_null_host",       "http_null_host",      "http_null_headers",
+                              "http_double_release", "rate_limited_forever"};
 
 int32_t init(const backhaul_host_t* host, backhaul_error_t*) {
 #ifdef MISBEHAVING_INIT_THROWS
@@ -150,8 +152,13 @@ std::string use_host(const std::string& mode) {
 }
 
 backhaul_status_t fetch_page(backhaul_instance_t* instance, const backhaul_fetch_request_t*,
-                             backhaul_page_t** out, backhaul_error_t*) {
+                             backhaul_page_t** out, backhaul_error_t* error) {
   const std::string& mode = reinterpret_cast<Instance*>(instance)->mode;
+  if (mode == "rate_limited_forever") {
+    std::snprintf(error->message, sizeof error->message, "wait for ever");
+    error->retry_after_ms = INT64_MAX;
+    return BACKHAUL_RATE_LIMITED;
+  }
   auto* p = new OwnPage;
   p->page.struct_size = sizeof(backhaul_page_t);
   p->delivery_id = mode == "utf8_delivery_id" ? "misbehaving-\xff\xfe-1" : "misbehaving-1";
