@@ -182,6 +182,8 @@ class Scheduler {
   size_t run_once(size_t limit);
 
   SchedulerStats stats() const;
+  // The job kinds with a handler: the only ones this scheduler claims. [any-thread]
+  std::vector<std::string> kinds() const;
 
  private:
   void claim_loop();
@@ -208,7 +210,6 @@ class Scheduler {
   // keeps its lease until the sweep takes it back; nothing is thrown.
   void release_unstarted(std::vector<Claimed> jobs);
   void finisher_loop();
-  std::vector<std::string> kinds() const;
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
   void sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms);

@@ -37,6 +37,9 @@ struct AdminApiDeps {
   AuditLog& audit;
   std::function<jobs::SchedulerStats()> scheduler_stats;  // empty: no scheduler in this process
   pipeline::Pipeline* pipeline = nullptr;  // null: run and rate-limit routes answer 503
+  // The job kinds this process runs (its scheduler's); empty: /health/ready does not report
+  // queued jobs of other kinds.
+  std::function<std::vector<std::string>()> handled_kinds;
 };
 
 class AdminApi {

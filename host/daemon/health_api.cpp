@@ -1,4 +1,5 @@
 // /health/live, /health/ready and /metrics (SPEC F4). No auth: they carry no tenant data.
+#include <set>
 #include <sstream>
 
 #include "host/daemon/api_support.h"
@@ -38,9 +39,21 @@ Response ready(Call& call) {
   json components = json::object();
   std::vector<std::string> failing;
   int64_t queued = 0;
+  // Queued jobs of kinds no handler here runs: nothing will ever claim them on this host (a typo,
+  // a tool writing the store, a newer version's kind). Reported, not failing readiness: hosts
+  // running other kinds may share the store.
+  json unhandled = json::object();
+  std::set<std::string> handled;
+  if (call.deps.handled_kinds) {
+    for (std::string& kind : call.deps.handled_kinds()) handled.insert(std::move(kind));
+  }
   try {
     for (const auto& [key, count] : call.deps.store.counts()) {
-      if (key.second == jobs::JobStatus::kQueued) queued += count;
+      if (key.second != jobs::JobStatus::kQueued) continue;
+      queued += count;
+      if (call.deps.handled_kinds && count > 0 && !handled.count(key.first)) {
+        unhandled[key.first] = count;
+      }
     }
     components["store"] = {{"status", "healthy"}, {"backend", call.deps.store.backend()}};
   } catch (const std::exception& e) {
@@ -58,6 +71,12 @@ Response ready(Call& call) {
                              {"queued", queued},
                              {"threshold", call.options.backlog_threshold}};
     if (over) failing.push_back("backlog");
+  }
+  if (call.deps.handled_kinds && !failing.empty() && failing.front() == "store") {
+    components["kinds"] = {{"status", "unknown"}};
+  } else if (call.deps.handled_kinds) {
+    components["kinds"] = {{"status", unhandled.empty() ? "healthy" : "degraded"},
+                           {"unhandled", std::move(unhandled)}};
   }
   json body = {{"status", failing.empty() ? "healthy" : "unhealthy"},
                {"components", std::move(components)}};

@@ -338,6 +338,22 @@ TEST_F(DaemonTest, HealthLiveAndReadyNeedNoToken) {
   EXPECT_EQ(ready.json()["components"]["plugins"]["loaded"], 2);
 }
 
+// A queued job of a kind no handler here runs would wait forever with nothing saying why: ready
+// names its kind and count (without failing: other hosts may run other kinds).
+TEST_F(DaemonTest, ReadyNamesQueuedJobsOfKindsThisDaemonDoesNotRun) {
+  start();
+  json kinds = call_without_token("GET", "/health/ready").json()["components"]["kinds"];
+  EXPECT_EQ(kinds["status"], "healthy") << kinds;
+  EXPECT_EQ(kinds["unhandled"], json::object());
+  enqueue("backfill.nope");
+  enqueue("backfill.nope");
+  const HttpResult ready = call_without_token("GET", "/health/ready");
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  kinds = ready.json()["components"]["kinds"];
+  EXPECT_EQ(kinds["status"], "degraded") << kinds;
+  EXPECT_EQ(kinds["unhandled"], (json{{"backfill.nope", 2}})) << kinds;
+}
+
 TEST_F(DaemonTest, ReadyFailsNamingPluginsWhenNoneLoaded) {
   start([this](json& c) { c["plugins"]["directories"] = {(dir_ / "empty").string()}; });
   const HttpResult ready = call_without_token("GET", "/health/ready");
