@@ -54,7 +54,6 @@ std::optional<DeadLetterStatus> parse_dead_letter_status(std::string_view text) 
   return std::nullopt;
 }
 
-// One transaction per item; backends override this to share one.
 std::optional<std::string> finish_item_problem(const Finish& item) {
   switch (item.kind) {
     case Finish::Kind::kComplete:
@@ -68,6 +67,7 @@ std::optional<std::string> finish_item_problem(const Finish& item) {
          std::to_string(static_cast<int>(item.kind));
 }
 
+// One transaction per item; backends override this to share one.
 std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int64_t now_ms) {
   std::vector<FinishResult> results(items.size());
   for (size_t i = 0; i < items.size(); ++i) {

@@ -1860,36 +1860,35 @@ class MysqlStore final : public JobStore {
   void complete(JobId id, const std::string& token, const std::string& result_json,
                 int64_t now_ms) override {
     CompleteOp op{id, token, result_json, now_ms, nullptr, false};
-    completions_.submit(op, [&](std::vector<CompleteOp*>& batch) {
-      try {
-        transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
-        return;
-      } catch (const mysql::CommitUnknown&) {
-        // Committed after all: the outcomes the body recorded in the ops stand.
-        if (committed_after_all(batch, {}, {})) return;
-        if (batch.size() == 1) {
-          batch.front()->error = std::current_exception();
-          return;
-        }
-      } catch (...) {
-        if (batch.size() == 1) {
-          batch.front()->error = std::current_exception();
-          return;
-        }
-      }
-      {
-        // The failure may be one op's doing (say, a result too large): each alone, so that only
-        // that one fails.
-        for (CompleteOp* o : batch) {
-          try {
-            transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
-          } catch (...) {
-            o->error = std::current_exception();
-          }
-        }
-      }
-    });
+    completions_.submit(op, [&](std::vector<CompleteOp*>& batch) { complete_batch(batch); });
     if (op.error) std::rethrow_exception(op.error);
+  }
+
+  // Completes `batch` in one transaction. Should that fail, each op alone: the failure may be one
+  // op's doing (say, a result too large), and only that one fails. A transaction whose COMMIT
+  // applied but whose reply was lost is not run again: the outcomes its body recorded stand.
+  void complete_batch(const std::vector<CompleteOp*>& batch) {
+    std::exception_ptr error;
+    try {
+      transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
+      return;
+    } catch (const mysql::CommitUnknown&) {
+      if (committed_after_all(batch, {}, {})) return;
+      error = std::current_exception();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (batch.size() == 1) {
+      batch.front()->error = error;
+      return;
+    }
+    for (CompleteOp* o : batch) {
+      try {
+        transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
+      } catch (...) {
+        o->error = std::current_exception();
+      }
+    }
   }
 
   // Completions share one set-based transaction (as concurrent complete() calls do); the other
@@ -1948,29 +1947,7 @@ class MysqlStore final : public JobStore {
       } catch (const std::exception&) {
       }
     }
-    if (!completed) {
-      try {
-        transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
-      } catch (const mysql::CommitUnknown&) {
-        if (!committed_after_all(batch, {}, {})) {
-          for (CompleteOp* o : batch) {
-            try {
-              transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
-            } catch (...) {
-              o->error = std::current_exception();
-            }
-          }
-        }
-      } catch (...) {
-        for (CompleteOp* o : batch) {
-          try {
-            transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
-          } catch (...) {
-            o->error = std::current_exception();
-          }
-        }
-      }
-    }
+    if (!completed) complete_batch(batch);
     for (size_t k = 0; k < ops.size(); ++k) {
       FinishResult& r = results[op_item[k]];
       if (!ops[k].error) {
@@ -2158,18 +2135,20 @@ class MysqlStore final : public JobStore {
                                << ") AND status IN ('succeeded', 'cancelled', 'dead') AND "
                                   "finished_ms > 0 AND finished_ms < "
                                << finished_before_ms << " FOR UPDATE");
-        std::set<JobId> doomed_set;
-        for (const Row& row : locked.rows) doomed_set.insert(to_i64(row[0]));
-        if (!doomed_set.empty()) {
+        std::vector<JobId> doomed;
+        for (const Row& row : locked.rows) doomed.push_back(to_i64(row[0]));
+        if (!doomed.empty()) {
           // A dead job's letter, re-read now that its row is locked: one that was retried and
           // died again since the read above has a pending letter and stays. (The letter becomes
           // pending only together with a change of the job row, which our lock now excludes.)
-          std::vector<JobId> all(doomed_set.begin(), doomed_set.end());
-          Result open_letters = tx.one("SELECT job_id FROM dead_letters WHERE job_id IN (" +
-                                       id_list(all) + ") AND status IN ('pending', 'retrying')");
-          for (const Row& row : open_letters.rows) doomed_set.erase(to_i64(row[0]));
+          std::set<JobId> open;
+          for (const Row& row : tx.one("SELECT job_id FROM dead_letters WHERE job_id IN (" +
+                                       id_list(doomed) + ") AND status IN ('pending', 'retrying')")
+                                    .rows) {
+            open.insert(to_i64(row[0]));
+          }
+          std::erase_if(doomed, [&](JobId id) { return open.count(id) > 0; });
         }
-        std::vector<JobId> doomed(doomed_set.begin(), doomed_set.end());
         if (!doomed.empty()) {
           std::string list = id_list(doomed);
           tx.commit({"DELETE FROM job_attempts WHERE job_id IN (" + list + ")",
