@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -592,6 +593,9 @@ struct Pipeline::Impl {
     params.entity_type = entity;
     params.since_unix_ms = int_or(unit, "since");
     params.cursor = counts.cursor;
+    // Every cursor this attempt fetched: one coming back would repeat pages without end.
+    std::unordered_set<std::string> fetched_cursors;
+    if (params.cursor) fetched_cursors.insert(*params.cursor);
     // A unit that had a checkpoint but no cursor already finished its last page: it never stops
     // there (the last page completes the job), so a cursor-less checkpoint means "first page".
 
@@ -642,11 +646,12 @@ struct Pipeline::Impl {
       counts.dispatched += static_cast<int64_t>(p.size());
 
       std::optional<std::string_view> next = p.next_cursor();
-      if (next && params.cursor && *next == *params.cursor) {
-        // Following it would fetch this page again, forever. The page itself was delivered.
+      if (next && !fetched_cursors.emplace(*next).second) {
+        // Following it would fetch these pages again, forever (a cursor that does not advance,
+        // or a cycle). The page itself was delivered.
         throw JobFailure("plugin '" + connector->info().id +
-                             "' returned the cursor it was given as the next page's: the unit "
-                             "would never end (cursor \"" +
+                             "' returned as the next page's a cursor this unit already fetched: "
+                             "the unit would never end (cursor \"" +
                              std::string(next->substr(0, 200)) + "\")",
                          true);
       }

@@ -217,6 +217,8 @@ class PipelineTest : public ::testing::Test {
     return n;
   }
 
+  jobs::Job unit_linking(std::function<std::string(const std::string&)> next_url);
+
   fs::path db_;
   std::unique_ptr<jobs::JobStore> store_;
   std::unique_ptr<sandbox::Sandbox> sandbox_;
@@ -713,25 +715,46 @@ TEST_F(PipelineTest, AUnitWhoseCheckpointCursorIsNotAStringStartsOverWithCountsF
   EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].unique, 300);
 }
 
+// Runs one GitHub issue unit whose pages are empty and link to `next_url(url)`; returns the unit
+// after 20 scheduler steps.
+jobs::Job PipelineTest::unit_linking(std::function<std::string(const std::string&)> next_url) {
+  start(data(1, 0, 10));
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  EXPECT_EQ(scheduler_->run_once(1), 1u);  // the run fans out
+  jobs::JobId unit = units_of(run.run_id).at(0).id;
+  plugin_transport().reset(
+      [next_url](const http::Request& r, size_t) -> std::optional<http::Response> {
+        if (r.url.find("/issues") == std::string::npos) return std::nullopt;
+        http::Response page = status_response(200, "[]");
+        page.headers.emplace_back("link", "<" + next_url(r.url) + ">; rel=\"next\"");
+        return page;
+      });
+  drive(20);
+  return store_->get(unit).value();
+}
+
 // Bad input from a plugin: a page whose next cursor is the very cursor it was fetched with would
 // be fetched again forever (each pass checkpointing, never ending). The unit fails at once
 // (FATAL) with an error naming the problem.
 TEST_F(PipelineTest, ACursorThatDoesNotAdvanceFailsTheUnitInsteadOfLoopingForever) {
-  start(data(1, 0, 10));
-  RunStart run = start_run("gh-inst-1", "github", {"issue"});
-  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the run fans out
-  jobs::JobId unit = units_of(run.run_id).at(0).id;
-  plugin_transport().reset([](const http::Request& r, size_t) -> std::optional<http::Response> {
-    if (r.url.find("/issues") == std::string::npos) return std::nullopt;
-    http::Response page = status_response(200, "[]");
-    page.headers.emplace_back("link", "<" + r.url + ">; rel=\"next\"");
-    return page;
+  jobs::Job job = unit_linking([](const std::string& url) { return url; });
+  EXPECT_EQ(job.status, JobStatus::kDead);
+  EXPECT_THAT(job.last_error.value_or(""), HasSubstr("already fetched"));
+  EXPECT_EQ(requests_to("/issues"), 2) << "the repeated cursor was not followed again";
+}
+
+// The same for a cycle: pages A -> B -> A. Only a cursor that comes back is refused; every page
+// before it was fetched once.
+TEST_F(PipelineTest, ACursorCycleFailsTheUnitInsteadOfLoopingForever) {
+  // The first page links to "&cycle=1", which links to "&cycle=2", which links back to 1.
+  jobs::Job job = unit_linking([](const std::string& url) {
+    const size_t at = url.find("&cycle=");
+    const bool one = at != std::string::npos && url.substr(at) == "&cycle=1";
+    return url.substr(0, at) + (one ? "&cycle=2" : "&cycle=1");
   });
-  drive(20);
-  std::optional<jobs::Job> job = store_->get(unit);
-  EXPECT_EQ(job->status, JobStatus::kDead);
-  EXPECT_THAT(job->last_error.value_or(""), HasSubstr("cursor"));
-  EXPECT_LE(requests_to("/issues"), 3) << "the repeated cursor was not followed again";
+  EXPECT_EQ(job.status, JobStatus::kDead);
+  EXPECT_THAT(job.last_error.value_or(""), HasSubstr("already fetched"));
+  EXPECT_EQ(requests_to("/issues"), 3) << "first page, cycle=1, cycle=2; cycle=1 not again";
 }
 
 // Bad input: a unit whose payload is not JSON fails at once (FATAL), named in the error.
