@@ -23,7 +23,15 @@ class PluginLoadError : public Error {
 
 class StorageError : public Error {
  public:
-  using Error::Error;
+  explicit StorageError(const std::string& message, bool transient = false)
+      : Error(message), transient_(transient) {}
+  // The store failed for a reason of its own that may pass (its server unreachable, the
+  // connection lost, lock conflicts that outlasted their retries), not because of the request:
+  // the same call made again later may succeed.
+  bool transient() const noexcept { return transient_; }
+
+ private:
+  bool transient_;
 };
 
 }  // namespace backhaul

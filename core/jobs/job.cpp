@@ -104,6 +104,9 @@ std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int
     } catch (const LeaseLost& e) {
       r.lease_lost = true;
       r.error = e.what();
+    } catch (const StorageError& e) {
+      r.error = e.what();
+      r.retryable = e.transient();
     } catch (const std::exception& e) {
       r.error = e.what();
     }

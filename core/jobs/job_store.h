@@ -116,6 +116,10 @@ struct FinishResult {
   std::optional<JobStatus> status;
   bool lease_lost = false;  // not applied: the lease no longer matched (see LeaseLost)
   std::string error;        // not applied: why
+  // Not applied because the store failed (StorageError::transient: the server unreachable, the
+  // connection lost): the same item sent again may apply. Leases fence a repeat of one that
+  // applied after all (a COMMIT whose reply was lost): it gets lease_lost.
+  bool retryable = false;
 };
 
 enum class CancelOutcome {
@@ -224,7 +228,8 @@ class JobStore {
   // as the backend can (SQLite: one). Each item stands alone: one whose lease was lost, or that
   // fails for any reason, is reported in its result and changes nothing, and the others still
   // apply. Returns once every applied item is durable; results are in input order. Throws only
-  // when the store itself fails (then no item may be assumed applied).
+  // when the store itself fails (then no item may be assumed applied); an item that failed
+  // because the store did (its server unreachable) comes back `retryable`.
   virtual std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms);
   // Fan-in: the parent stops running and waits for its children (attempt not counted). It
   // becomes queued again when pending_children reaches 0, or at deadline_ms.

@@ -64,7 +64,7 @@ std::string with_database(const std::string& connection_string, const std::strin
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(message), code_(code), lost_(lost) {}
+      : StorageError(message, lost || code == 1213 || code == 1205), code_(code), lost_(lost) {}
   unsigned code() const noexcept { return code_; }
   bool connection_lost() const noexcept { return lost_; }
   // Deadlock (1213) or lock wait timeout (1205): the transaction is rolled back and can be re-run.
@@ -260,7 +260,7 @@ class Tx {
 // transaction may have applied. Never re-run by transact().
 class CommitUnknown : public StorageError {
  public:
-  using StorageError::StorageError;
+  explicit CommitUnknown(const std::string& message) : StorageError(message, true) {}
 };
 
 // Retry rules shared by the store's operations.
@@ -322,13 +322,13 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         backoff(lost, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
         continue;
       }
-      throw StorageError(std::string("mysql: ") + what + ": " + e.what());
+      throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient());
     } catch (const RetryTransaction& e) {
       if (++conflicts < limits.lock_conflicts) {
         backoff(conflicts, std::chrono::milliseconds(2), std::chrono::milliseconds(200));
         continue;
       }
-      throw StorageError(std::string("mysql: ") + what + ": " + e.what());
+      throw StorageError(std::string("mysql: ") + what + ": " + e.what(), true);
     }
   }
 }

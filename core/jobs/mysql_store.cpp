@@ -1822,16 +1822,20 @@ class MysqlStore final : public JobStore {
   // Group-committed: concurrent claims with the same kinds and lease length share a transaction.
   std::vector<Claimed> claim(const ClaimRequest& request) override {
     if (request.limit == 0) return {};
+    release_unsettled_claims(request.now_ms);
     ClaimOp op{request, owner_id(request.owner), {}, nullptr, false};
     claims_.submit(op, [&](std::vector<ClaimOp*>& batch) {
       // A failed claim changed nothing durable that matters (at worst leases that expire): every
       // op gets the error, and the callers claim again later. One whose COMMIT applied but whose
       // reply was lost returns its jobs: else they would sit leased to nobody until the sweep
-      // took them back, counting an attempt that never ran.
+      // took them back, counting an attempt that never ran. When that cannot be told (the server
+      // is gone), its jobs are released by a later claim.
       try {
         transact("claim", [&](Tx& tx) { claim_jobs(tx, batch, capped_hint_, hint_mutex_); });
       } catch (const mysql::CommitUnknown&) {
-        if (claim_committed(batch)) return;
+        const std::optional<bool> committed = claim_committed(batch);
+        if (committed == true) return;
+        if (!committed) remember_unsettled(batch);
         for (ClaimOp* o : batch) o->error = std::current_exception();
       } catch (...) {
         for (ClaimOp* o : batch) o->error = std::current_exception();
@@ -1839,6 +1843,40 @@ class MysqlStore final : public JobStore {
     });
     if (op.error) std::rethrow_exception(op.error);
     return std::move(op.result);
+  }
+
+  // The jobs of claims whose outcome is unknown, to hand back: released under their tokens (no
+  // attempt counted) if the claim applied; LeaseLost, and forgotten, if it did not.
+  void remember_unsettled(const std::vector<ClaimOp*>& ops) {
+    std::lock_guard lock(unsettled_mutex_);
+    for (const ClaimOp* op : ops) {
+      for (const Claimed& c : op->result) {
+        Finish f;
+        f.kind = Finish::Kind::kRelease;
+        f.id = c.job.id;
+        f.token = c.lease_token;
+        unsettled_claims_.push_back(std::move(f));
+      }
+    }
+  }
+  void release_unsettled_claims(int64_t now_ms) {
+    std::vector<Finish> items;
+    {
+      std::lock_guard lock(unsettled_mutex_);
+      items.swap(unsettled_claims_);
+    }
+    if (items.empty()) return;
+    std::vector<Finish> again;
+    try {
+      std::vector<FinishResult> results = finish(items, now_ms);
+      for (size_t i = 0; i < items.size() && i < results.size(); ++i) {
+        if (results[i].retryable) again.push_back(std::move(items[i]));
+      }
+    } catch (const std::exception&) {
+      again = std::move(items);
+    }
+    std::lock_guard lock(unsettled_mutex_);
+    for (Finish& f : again) unsettled_claims_.push_back(std::move(f));
   }
 
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
@@ -1959,6 +1997,9 @@ class MysqlStore final : public JobStore {
       } catch (const LeaseLost& e) {
         r.lease_lost = true;
         r.error = e.what();
+      } catch (const StorageError& e) {
+        r.error = e.what();
+        r.retryable = e.transient();
       } catch (const std::exception& e) {
         r.error = e.what();
       }
@@ -2523,9 +2564,9 @@ class MysqlStore final : public JobStore {
   }
 
   // After a CommitUnknown of a claim: whether it committed. Its jobs carry its lease tokens (one
-  // per claim), so one of them tells; a claim that took nothing changed nothing. When the row
-  // cannot be read either, the answer is no (the leases expire).
-  bool claim_committed(const std::vector<ClaimOp*>& ops) {
+  // per claim), so one of them tells; a claim that took nothing changed nothing. Unset when the
+  // row cannot be read either.
+  std::optional<bool> claim_committed(const std::vector<ClaimOp*>& ops) {
     for (const ClaimOp* op : ops) {
       if (op->result.empty()) continue;
       const Claimed& c = op->result.front();
@@ -2536,7 +2577,7 @@ class MysqlStore final : public JobStore {
                                   << quote(c.lease_token));
                 }).rows.empty();
       } catch (const std::exception&) {
-        return false;
+        return std::nullopt;
       }
     }
     return true;
@@ -2560,7 +2601,7 @@ class MysqlStore final : public JobStore {
           mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
           continue;
         }
-        throw StorageError(std::string("mysql: ") + what + ": " + e.what());
+        throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient());
       }
     }
   }
@@ -2762,6 +2803,8 @@ class MysqlStore final : public JobStore {
   std::set<std::string> capped_hint_;
   std::mutex owners_mutex_;
   std::map<std::string, int> owner_ids_;  // lease_owners, as far as this store has used them
+  std::mutex unsettled_mutex_;
+  std::vector<Finish> unsettled_claims_;  // see remember_unsettled
 };
 
 // Applies what is missing of mysql_migrations() under a server-wide named lock, so that hosts

@@ -273,7 +273,10 @@ void Scheduler::execute(Claimed claimed) {
     l.wait_ms_sum += std::max<int64_t>(0, started_ms - std::max(job.created_ms, job.run_after_ms));
     l.run_ms_sum += std::max<int64_t>(0, clock_.now_ms() - started_ms);
   }
-  if (ending) end(std::move(*ending));
+  if (ending) {
+    ending->lease_until_ms = context->last_beat_ms_ + options_.lease_ms;
+    end(std::move(*ending));
+  }
 }
 
 Scheduler::Ending Scheduler::finish(JobContext& c, const Outcome& outcome) {
@@ -322,7 +325,7 @@ void Scheduler::end(Ending ending) {
   lock.unlock();
   std::vector<Ending> one;
   one.push_back(std::move(ending));
-  apply(one);
+  apply(one, false);
 }
 
 void Scheduler::finisher_loop() {
@@ -333,32 +336,62 @@ void Scheduler::finisher_loop() {
     if (endings_.empty()) return;  // stopped and flushed
     batch.swap(endings_);
     lock.unlock();
-    apply(batch);
+    apply(batch, true);
     batch.clear();
     lock.lock();
   }
 }
 
-void Scheduler::apply(std::vector<Ending>& endings) {
-  std::vector<Finish> items;
-  items.reserve(endings.size());
-  for (const Ending& e : endings) items.push_back(e.finish);
-  std::vector<FinishResult> results;
+std::vector<FinishResult> Scheduler::record(const std::vector<Ending>& endings,
+                                            bool until_leases_end) {
+  std::vector<FinishResult> results(endings.size());
+  std::vector<size_t> pending(endings.size());  // not yet applied for a reason that may pass
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   for (int attempt = 1;; ++attempt) {
+    std::vector<Finish> items;
+    int64_t leases_end_ms = std::numeric_limits<int64_t>::max();
+    for (size_t i : pending) {
+      items.push_back(endings[i].finish);
+      leases_end_ms = std::min(leases_end_ms, endings[i].lease_until_ms);
+    }
+    std::string failure;
     try {
-      results = store_.finish(items, clock_.now_ms());
-      break;
-    } catch (const std::exception& e) {
-      if (attempt >= 5) {
-        // Their leases expire and the sweep takes them back (the attempt counts).
-        log_->error("recording {} job endings failed {} times, giving up: {}", items.size(),
-                    attempt, e.what());
-        return;
+      std::vector<FinishResult> got = store_.finish(items, clock_.now_ms());
+      std::vector<size_t> again;
+      for (size_t k = 0; k < pending.size() && k < got.size(); ++k) {
+        if (got[k].retryable) {
+          again.push_back(pending[k]);
+          if (failure.empty()) failure = got[k].error;
+        }
+        results[pending[k]] = std::move(got[k]);
       }
-      log_->warn("recording {} job endings failed, retrying: {}", items.size(), e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(50LL << attempt));
+      if (again.empty()) return results;
+      pending = std::move(again);
+    } catch (const std::exception& e) {
+      failure = e.what();
+      for (size_t i : pending) results[i] = {std::nullopt, false, failure, true};
+    }
+    std::unique_lock lock(mutex_);
+    const bool keep_on = until_leases_end && !stopped_ && clock_.now_ms() < leases_end_ms;
+    if (attempt >= 5 && !keep_on) {
+      // Their leases expire and the sweep takes them back (the attempt counts).
+      log_->error("recording {} job endings failed {} times, giving up: {}", pending.size(),
+                  attempt, failure);
+      return results;  // the pending ones are still retryable
+    }
+    log_->warn("recording {} job endings failed, retrying: {}", pending.size(), failure);
+    const int64_t pause_ms = std::min<int64_t>(50LL << std::min(attempt, 5), 1'000);
+    if (keep_on) {
+      sleep_unless_stopped(lock, pause_ms);  // a drain cuts it short
+    } else {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
   }
+}
+
+void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
+  std::vector<FinishResult> results = record(endings, until_leases_end);
   // A job failed or released back to the queue may run again at once (a retry without backoff):
   // claim now rather than at the next idle poll.
   bool requeued = false;
@@ -377,6 +410,7 @@ void Scheduler::apply(std::vector<Ending>& endings) {
     const Ending& e = endings[i];
     const FinishResult& r = results[i];
     if (!r.status) {
+      if (r.retryable) continue;  // given up: record() logged them once
       if (r.lease_lost) {
         log_->warn("job {}: ending not recorded, the lease was lost: {}", e.finish.id, r.error);
       } else {

@@ -196,6 +196,7 @@ class Scheduler {
     std::string kind;
     int attempts = 0;
     int max_attempts = 0;
+    int64_t lease_until_ms = 0;  // when the lease runs out unless renewed (last beat + lease)
   };
   void execute(Claimed claimed);
   Ending finish(JobContext& context, const Outcome& outcome);
@@ -203,8 +204,14 @@ class Scheduler {
   // Hands the ending to the finisher thread (the worker is free at once), or, without threads
   // (run_once), applies it now.
   void end(Ending ending);
-  // Writes endings to the store in one call (retrying a store failure), then counts and logs.
-  void apply(std::vector<Ending>& endings);
+  // Writes endings to the store in one call, then counts and logs.
+  void apply(std::vector<Ending>& endings, bool until_leases_end);
+  // The store's results for `endings`. A failing store (the call throws, or items come back
+  // FinishResult::retryable) is tried again with what is left: with `until_leases_end`, for as
+  // long as the endings' leases last (an outage shorter than the lease costs no attempt and runs
+  // no job twice) until the scheduler stops; otherwise, and once it has stopped, 5 times. Items
+  // given up on are left retryable.
+  std::vector<FinishResult> record(const std::vector<Ending>& endings, bool until_leases_end);
   // Hands back claimed jobs that no handler started (the attempt is not counted), in one store
   // call. One that cannot be released (its lease was lost, the store is failing) is logged and
   // keeps its lease until the sweep takes it back; nothing is thrown.

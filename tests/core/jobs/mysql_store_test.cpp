@@ -29,8 +29,10 @@
 #include "core/jobs/job_store.h"
 #include "core/jobs/migrations.h"
 #include "core/jobs/mysql_db.h"
+#include "core/jobs/scheduler.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -1306,6 +1308,13 @@ class Relay {
   unsigned port() const { return port_; }
   void hold_replies() { held_ = generation_.load(); }
   void cut() { ++generation_; }
+  // The server "stops": open connections are cut and new ones closed at once, until up().
+  void down() {
+    refusing_ = true;
+    cut();
+  }
+  void up() { refusing_ = false; }
+  int refused() const { return refused_; }
 
  private:
   static sockaddr_in loopback(unsigned port) {
@@ -1321,6 +1330,11 @@ class Relay {
       if (::poll(&p, 1, 10) <= 0) continue;
       int client = ::accept(listener_, nullptr, nullptr);
       if (client < 0) continue;
+      if (refusing_) {
+        ++refused_;
+        ::close(client);
+        continue;
+      }
       int server = ::socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in address = loopback(server_port_);
       if (server < 0 ||
@@ -1329,6 +1343,9 @@ class Relay {
         if (server >= 0) ::close(server);
         continue;
       }
+      const int on = 1;  // as the client and the server do: no Nagle delay on small packets
+      ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+      ::setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
       const int generation = generation_.load();
       pumps_.emplace_back([this, client, server, generation] { pump(client, server, generation); });
     }
@@ -1369,6 +1386,8 @@ class Relay {
   std::atomic<bool> stop_{false};
   std::atomic<int> generation_{0};
   std::atomic<int> held_{-1};
+  std::atomic<bool> refusing_{false};
+  std::atomic<int> refused_{0};
   std::thread acceptor_;
   std::list<std::thread> pumps_;  // only the acceptor adds, until it is joined
 };
@@ -1512,6 +1531,56 @@ TEST(MysqlStore, ACompletionWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
   ASSERT_TRUE(waited) << "complete never waited for the held counter: " << error;
   EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
   EXPECT_EQ(error, "") << "the completion applied";
+}
+
+// Bad input (issue 4): the store goes away mid-run. For 3 s the server cannot be reached -- every
+// connection is cut, new ones are closed at once -- while a scheduler runs jobs on it. Claims and
+// endings fail and are retried; once the server is back, every job has succeeded, each handler ran
+// once and no attempt was counted for the outage (the jobs' clock stands still: no lease ran out).
+TEST(MysqlStore, ASchedulerRunsEveryJobOnceAcrossAServerOutageShorterThanTheLease) {
+  ThroughRelay t;
+  constexpr int kJobs = 300;
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < kJobs; ++i) specs.push_back(spec("outage", "key"));
+  t.direct->enqueue_batch(specs, 1000);
+  FakeClock clock;
+  SchedulerOptions options;
+  options.owner = "outage-host";
+  options.workers = 4;
+  options.claim_batch = 4;
+  options.idle_poll_ms = 20;
+  Scheduler scheduler(*t.store, clock, options);
+  std::mutex mutex;
+  std::map<JobId, int> calls;
+  scheduler.register_handler("outage", [&](JobContext& c) {
+    std::this_thread::sleep_for(10ms);  // the outage finds jobs running, their endings to come
+    std::lock_guard lock(mutex);
+    ++calls[c.job().id];
+    return Outcome::complete();
+  });
+  scheduler.start();
+  auto succeeded = [&] {
+    return scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'");
+  };
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (succeeded() < kJobs / 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  t.relay.down();
+  std::this_thread::sleep_for(3s);
+  const int64_t during = succeeded();
+  t.relay.up();
+  while (succeeded() < kJobs && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  scheduler.drain(1s);
+  EXPECT_GT(t.relay.refused(), 0) << "the store never tried to reach the server while it was down";
+  EXPECT_LT(during, kJobs) << "the outage came after the last job";
+  EXPECT_EQ(succeeded(), kJobs);
+  EXPECT_EQ(scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs WHERE attempts <> 1"), 0)
+      << "an attempt was counted for the outage";
+  EXPECT_EQ(calls.size(), static_cast<size_t>(kJobs));
+  for (const auto& [id, n] : calls) EXPECT_EQ(n, 1) << "job " << id << " ran " << n << " times";
 }
 
 }  // namespace

@@ -3,11 +3,13 @@
 #include "core/jobs/scheduler.h"
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "tests/core/jobs/forwarding_store.h"
 #include <unistd.h>
 
 namespace backhaul::jobs {
@@ -184,6 +186,83 @@ TEST_F(SchedulerTest, WorkerPoolRunsEveryJobExactlyOnce) {
   EXPECT_EQ((store_->counts()[{"work", JobStatus::kSucceeded}]), 300);
   EXPECT_EQ(calls.load(), 300);
   EXPECT_EQ(scheduler.stats().in_flight, 0);
+}
+
+// A store that cannot record endings for a while, like one whose server is unreachable: its
+// first `failures` finish() calls throw a transient StorageError or, with `per_item`, return
+// every item retryable.
+class UnreachableForAWhile : public ForwardingStore {
+ public:
+  UnreachableForAWhile(JobStore& inner, int failures, bool per_item)
+      : ForwardingStore(inner), failures_(failures), per_item_(per_item) {}
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    if (failures_ > 0) {
+      --failures_;
+      ++failed_;
+      if (per_item_) return {items.size(), FinishResult{std::nullopt, false, "unreachable", true}};
+      throw StorageError("server unreachable", true);
+    }
+    return inner().finish(items, now_ms);
+  }
+  int failed() const { return failed_; }
+
+ private:
+  std::atomic<int> failures_;
+  std::atomic<int> failed_{0};
+  bool per_item_;
+};
+
+// Waits (real time, up to 20 s) until `done` holds.
+template <class Done>
+void wait_for(Done&& done) {
+  for (int i = 0; i < 400 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// An ending the store cannot record is tried again for as long as the job's lease lasts (the
+// clock stands still here), beyond the 5 tries of a stopping scheduler: an outage of the store
+// shorter than the lease runs no job twice and counts no attempt for it.
+TEST_F(SchedulerTest, AnEndingIsRecordedOnceTheStoreIsBackWhileItsLeaseLasts) {
+  for (bool per_item : {false, true}) {
+    SCOPED_TRACE(per_item ? "items come back retryable" : "finish() throws");
+    UnreachableForAWhile store(*store_, 5, per_item);
+    const JobId id = enqueue("work", 1);
+    std::atomic<int> runs{0};
+    Scheduler scheduler(store, clock_, options());
+    scheduler.register_handler("work", [&](JobContext&) {
+      ++runs;
+      return Outcome::complete();
+    });
+    scheduler.start();
+    wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
+    scheduler.drain(std::chrono::milliseconds(1'000));
+    EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+    EXPECT_EQ(store_->get(id)->attempts, 1);
+    EXPECT_EQ(runs.load(), 1);
+    EXPECT_EQ(store.failed(), 5);
+    EXPECT_EQ(scheduler.stats().succeeded, 1);
+  }
+}
+
+// Once the lease has run out, the sweep may have taken the job back already: the scheduler stops
+// trying after 5 tries and leaves the job to it.
+TEST_F(SchedulerTest, AnEndingIsGivenUpAfterFiveTriesOnceItsLeaseRanOut) {
+  UnreachableForAWhile store(*store_, 1'000, false);
+  const JobId id = enqueue("work", 3);
+  SchedulerOptions o = options();
+  o.lease_ms = 1'000;
+  Scheduler scheduler(store, clock_, o);
+  scheduler.register_handler("work", [&](JobContext&) {
+    clock_.advance_ms(2'000);  // the handler outlived its lease
+    return Outcome::complete();
+  });
+  scheduler.start();
+  wait_for([&] { return store.failed() >= 5; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'500));  // time for a 6th try
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_EQ(store.failed(), 5);
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kRunning) << "left to the sweep";
+  EXPECT_EQ(scheduler.stats().succeeded, 0);
 }
 
 // The heartbeat loop wakes when the earliest beat is due: a heartbeat interval close to the lease
