@@ -1409,12 +1409,13 @@ struct ThroughRelay {
 // Holds the row of running_counts that the COMMIT trip of a job's exit updates last, until
 // the store waits for it; then lets it go with the relay holding the replies, waits until the
 // transaction is visible as committed (`committed`, a COUNT that becomes 1), and cuts the
-// relay: the store's COMMIT applied, but its connection died before it read the reply.
+// relay: the store's COMMIT applied, but its connection died before it read the reply. With
+// `stay_down`, the relay refuses connections from then on, until up().
 // Returns false when the store never waited for the row.
 template <class Running>
 bool commit_then_lose_reply(const TestDatabase& db, Relay& relay, const std::string& kind,
                             const std::string& key, const std::string& committed,
-                            std::atomic<bool>& done, Running&& start) {
+                            std::atomic<bool>& done, Running&& start, bool stay_down = false) {
   auto other = db.app_session();
   const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
   other->one("START TRANSACTION");
@@ -1431,7 +1432,11 @@ bool commit_then_lose_reply(const TestDatabase& db, Relay& relay, const std::str
       std::this_thread::sleep_for(5ms);
     }
   }
-  relay.cut();
+  if (stay_down) {
+    relay.down();
+  } else {
+    relay.cut();
+  }
   return waited;
 }
 
@@ -1480,25 +1485,35 @@ TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApp
 // A claim whose COMMIT applied but whose reply was lost returns its jobs: reported as failed,
 // they would stay leased to nobody until the sweep took them back, counting an attempt that
 // never ran (a job with one attempt would be dead without having run).
-TEST(MysqlStore, AClaimWhoseCommitAppliedButWhoseReplyWasLostReturnsItsJobs) {
-  ThroughRelay t;
-  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+// A claim at 2000 of the one job of kind "k" whose COMMIT applies and whose reply is lost (see
+// commit_then_lose_reply); returns what the claim returned and its error ("" if none).
+std::vector<Claimed> claim_losing_reply(ThroughRelay& t, JobId job, std::string& error,
+                                        bool stay_down = false) {
   t.db.app_session()->one(
       "INSERT INTO running_counts (kind, concurrency_key, running, max_running) VALUES ('k', "
       "'key', 0, 0)");  // the row the claim's COMMIT trip updates, for the holder to lock
   std::atomic<bool> done{false};
   std::vector<Claimed> got;
-  std::string error;
   std::thread claimer;
   const bool waited = commit_then_lose_reply(
       t.db, t.relay, "k", "key",
-      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'running'",
-      done, [&] {
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(job) + " AND status = 'running'",
+      done,
+      [&] {
         claimer =
             running([&] { got = t.store->claim(claim_of("w", 1, 2000, {"k"})); }, error, done);
-      });
+      },
+      stay_down);
   claimer.join();
-  ASSERT_TRUE(waited) << "the claim never waited for the held counter: " << error;
+  EXPECT_TRUE(waited) << "the claim never waited for the held counter: " << error;
+  return got;
+}
+
+TEST(MysqlStore, AClaimWhoseCommitAppliedButWhoseReplyWasLostReturnsItsJobs) {
+  ThroughRelay t;
+  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+  std::string error;
+  std::vector<Claimed> got = claim_losing_reply(t, a.id, error);
   EXPECT_EQ(error, "") << "the claim applied";
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].job.id, a.id);
@@ -1506,6 +1521,28 @@ TEST(MysqlStore, AClaimWhoseCommitAppliedButWhoseReplyWasLostReturnsItsJobs) {
   EXPECT_EQ(job.status, JobStatus::kRunning);
   EXPECT_EQ(job.lease_token, got[0].lease_token) << "the lease returned is the one in force";
   t.store->complete(a.id, got[0].lease_token, "{}", 3000);
+  EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
+}
+
+// The same, with the server unreachable from then on: the claim cannot tell whether it applied
+// and fails. Its job, leased under a token nobody holds, is released (no attempt counted) by the
+// store's next claim once the server is back, which takes it again; before, it waited for its
+// lease to expire and the sweep counted an attempt that never ran.
+TEST(MysqlStore, AClaimWhoseOutcomeCouldNotBeReadHasItsJobsReleasedByTheNextClaim) {
+  ThroughRelay t;
+  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+  std::string error;
+  EXPECT_TRUE(claim_losing_reply(t, a.id, error, true).empty());
+  EXPECT_NE(error.find("outcome unknown"), std::string::npos) << error;
+  const std::string lost_token = t.direct->get(a.id)->lease_token.value_or("");
+  ASSERT_EQ(t.direct->get(a.id)->status, JobStatus::kRunning) << "the claim applied";
+  t.relay.up();
+  std::vector<Claimed> again = t.store->claim(claim_of("w", 1, 3000, {"k"}));
+  ASSERT_EQ(again.size(), 1u) << "the job is still leased under the lost token";
+  EXPECT_EQ(again[0].job.id, a.id);
+  EXPECT_EQ(again[0].job.attempts, 1) << "the lost claim counted no attempt";
+  EXPECT_NE(again[0].lease_token, lost_token);
+  t.store->complete(a.id, again[0].lease_token, "{}", 4000);
   EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
 }
 
