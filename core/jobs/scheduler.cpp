@@ -342,11 +342,11 @@ void Scheduler::finisher_loop() {
   }
 }
 
-std::vector<FinishResult> Scheduler::record(const std::vector<Ending>& endings,
-                                            bool until_leases_end) {
+std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool until_leases_end) {
   std::vector<FinishResult> results(endings.size());
   std::vector<size_t> pending(endings.size());  // not yet applied for a reason that may pass
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  int tries_left = 5;  // counted only once the leases no longer hold the retries up
   for (int attempt = 1;; ++attempt) {
     std::vector<Finish> items;
     int64_t leases_end_ms = std::numeric_limits<int64_t>::max();
@@ -373,7 +373,7 @@ std::vector<FinishResult> Scheduler::record(const std::vector<Ending>& endings,
     }
     std::unique_lock lock(mutex_);
     const bool keep_on = until_leases_end && !stopped_ && clock_.now_ms() < leases_end_ms;
-    if (attempt >= 5 && !keep_on) {
+    if (!keep_on && --tries_left == 0) {
       // Their leases expire and the sweep takes them back (the attempt counts).
       log_->error("recording {} job endings failed {} times, giving up: {}", pending.size(),
                   attempt, failure);
@@ -383,6 +383,14 @@ std::vector<FinishResult> Scheduler::record(const std::vector<Ending>& endings,
     const int64_t pause_ms = std::min<int64_t>(50LL << std::min(attempt, 5), 1'000);
     if (keep_on) {
       sleep_unless_stopped(lock, pause_ms);  // a drain cuts it short
+      // Endings handed over meanwhile go along with the retry: one that the store keeps refusing
+      // must not hold back the others, whose leases would run out while they wait.
+      for (Ending& e : endings_) {
+        pending.push_back(endings.size());
+        endings.push_back(std::move(e));
+      }
+      endings_.clear();
+      results.resize(endings.size());
     } else {
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));

@@ -209,9 +209,10 @@ class Scheduler {
   // The store's results for `endings`. A failing store (the call throws, or items come back
   // FinishResult::retryable) is tried again with what is left: with `until_leases_end`, for as
   // long as the endings' leases last (an outage shorter than the lease costs no attempt and runs
-  // no job twice) until the scheduler stops; otherwise, and once it has stopped, 5 times. Items
-  // given up on are left retryable.
-  std::vector<FinishResult> record(const std::vector<Ending>& endings, bool until_leases_end);
+  // no job twice) until the scheduler stops; otherwise, and once it has stopped, 5 times more.
+  // While it retries, endings handed over to the finisher join `endings` (and the results), so
+  // that one the store keeps refusing holds back no other. Items given up on are left retryable.
+  std::vector<FinishResult> record(std::vector<Ending>& endings, bool until_leases_end);
   // Hands back claimed jobs that no handler started (the attempt is not counted), in one store
   // call. One that cannot be released (its lease was lost, the store is failing) is logged and
   // keeps its lease until the sweep takes it back; nothing is thrown.

@@ -265,6 +265,88 @@ TEST_F(SchedulerTest, AnEndingIsGivenUpAfterFiveTriesOnceItsLeaseRanOut) {
   EXPECT_EQ(scheduler.stats().succeeded, 0);
 }
 
+// A store that refuses one job's ending (retryable, as a lock wait timeout on that one row would
+// be) while it records every other job's. Found by a review: the finisher retried that one for as
+// long as its lease lasted, and every ending handed over meanwhile waited behind it, even those
+// the store would record, until their own leases ran out and the sweep took their jobs back (run
+// twice). They now go along with the retry.
+class RefusesOneJob : public ForwardingStore {
+ public:
+  explicit RefusesOneJob(JobStore& inner) : ForwardingStore(inner) {}
+  std::atomic<JobId> refused{-1};
+  std::atomic<int> refusals{0};
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    std::vector<FinishResult> out(items.size());
+    std::vector<Finish> pass;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].id == refused.load()) {
+        ++refusals;
+        out[i] = FinishResult{std::nullopt, false, "lock wait timeout", true};
+      } else {
+        pass.push_back(items[i]);
+        where.push_back(i);
+      }
+    }
+    if (!pass.empty()) {
+      std::vector<FinishResult> got = inner().finish(pass, now_ms);
+      for (size_t k = 0; k < got.size(); ++k) out[where[k]] = std::move(got[k]);
+    }
+    return out;
+  }
+};
+
+TEST_F(SchedulerTest, OneEndingTheStoreKeepsRefusingHoldsBackNoOther) {
+  RefusesOneJob store(*store_);
+  const JobId slow = enqueue("slow", 3);
+  std::atomic<bool> slow_started{false}, release_slow{false};
+  std::atomic<int> slow_runs{0};
+  Scheduler scheduler(store, clock_, options());  // lease 30 s, heartbeat every 10 s
+  scheduler.register_handler("slow", [&](JobContext&) {
+    ++slow_runs;
+    slow_started = true;
+    while (!release_slow) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return Outcome::complete();
+  });
+  scheduler.register_handler("poison", [&](JobContext&) { return Outcome::complete(); });
+  scheduler.start();
+  wait_for([&] { return slow_started.load(); });
+  clock_.advance_ms(9'000);  // no heartbeat due yet: slow's lease ends at 30 s
+  const JobId poison = enqueue("poison", 3);
+  store.refused = poison;  // its lease ends at 39 s
+  wait_for([&] { return store.refusals.load() >= 1; });
+  release_slow = true;  // the store would record this one at once
+  for (int i = 0; i < 60 && store_->get(slow)->status != JobStatus::kSucceeded; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(store_->get(slow)->status, JobStatus::kSucceeded)
+      << "slow's ending, which the store accepts, waits behind the refused one";
+  // What follows: slow's lease runs out while the finisher still retries poison (39 s), the sweep
+  // takes slow back, and it runs a second time.
+  clock_.advance_ms(22'000);  // 31 s
+  store_->sweep(clock_.now_ms());
+  wait_for(
+      [&] { return slow_runs.load() >= 2 || store_->get(slow)->status == JobStatus::kSucceeded; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(slow_runs.load(), 1) << "slow ran twice";
+  EXPECT_EQ(store_->get(slow)->attempts, 1);
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// An ending retried through an outage while its lease lasted still gets 5 tries once the
+// scheduler stops (found by a review: it got one, since the tries before the stop were counted).
+TEST_F(SchedulerTest, ADrainDuringAnOutageStillTriesTheEndingFiveTimes) {
+  UnreachableForAWhile store(*store_, 7, false);
+  const JobId id = enqueue("work", 3);
+  Scheduler scheduler(store, clock_, options());  // lease 30 s, the clock stands still
+  scheduler.register_handler("work", [&](JobContext&) { return Outcome::complete(); });
+  scheduler.start();
+  wait_for([&] { return store.failed() >= 6; });  // tried through the lease beyond 5 times
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_EQ(store.failed(), 7);
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded)
+      << "given up on the first try after the stop; the store took the second";
+}
+
 // The heartbeat loop wakes when the earliest beat is due: a heartbeat interval close to the lease
 // (25 s of 30 s) is kept, where fixed half-interval naps could beat up to 37.5 s late.
 TEST(HeartbeatWait, SleepsUntilTheEarliestBeatIsDueWithinBounds) {
