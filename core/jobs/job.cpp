@@ -54,6 +54,24 @@ std::optional<DeadLetterStatus> parse_dead_letter_status(std::string_view text) 
   return std::nullopt;
 }
 
+FinishResult finish_failure(const std::exception_ptr& error) {
+  FinishResult r;
+  try {
+    std::rethrow_exception(error);
+  } catch (const LeaseLost& e) {
+    r.lease_lost = true;
+    r.error = e.what();
+  } catch (const StorageError& e) {
+    r.error = e.what();
+    r.retryable = e.transient();
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  } catch (...) {
+    r.error = "unknown error";
+  }
+  return r;
+}
+
 std::optional<std::string> finish_item_problem(const Finish& item) {
   switch (item.kind) {
     case Finish::Kind::kComplete:
@@ -101,14 +119,8 @@ std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int
         std::optional<Job> job = get(f.id);
         if (job) r.status = job->status;
       }
-    } catch (const LeaseLost& e) {
-      r.lease_lost = true;
-      r.error = e.what();
-    } catch (const StorageError& e) {
-      r.error = e.what();
-      r.retryable = e.transient();
-    } catch (const std::exception& e) {
-      r.error = e.what();
+    } catch (...) {
+      r = finish_failure(std::current_exception());
     }
   }
   return results;

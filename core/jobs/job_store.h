@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -121,6 +122,10 @@ struct FinishResult {
   // applied after all (a COMMIT whose reply was lost): it gets lease_lost.
   bool retryable = false;
 };
+
+// The result of an item that was not applied because `error` (an exception) was thrown for it:
+// lease_lost for LeaseLost, retryable for a transient StorageError.
+FinishResult finish_failure(const std::exception_ptr& error);
 
 enum class CancelOutcome {
   kCancelled = 1,    // was queued or waiting: now cancelled (with its active children)

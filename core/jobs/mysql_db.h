@@ -64,11 +64,12 @@ std::string with_database(const std::string& connection_string, const std::strin
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(message, lost || code == 1213 || code == 1205), code_(code), lost_(lost) {}
+      : StorageError(message, lost || is_lock_conflict(code)), code_(code), lost_(lost) {}
   unsigned code() const noexcept { return code_; }
   bool connection_lost() const noexcept { return lost_; }
   // Deadlock (1213) or lock wait timeout (1205): the transaction is rolled back and can be re-run.
-  bool lock_conflict() const noexcept { return code_ == 1213 || code_ == 1205; }
+  bool lock_conflict() const noexcept { return is_lock_conflict(code_); }
+  static bool is_lock_conflict(unsigned code) noexcept { return code == 1213 || code == 1205; }
   bool duplicate_key() const noexcept { return code_ == 1062; }
 
  private:

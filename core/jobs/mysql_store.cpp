@@ -1988,20 +1988,10 @@ class MysqlStore final : public JobStore {
     if (!completed) complete_batch(batch);
     for (size_t k = 0; k < ops.size(); ++k) {
       FinishResult& r = results[op_item[k]];
-      if (!ops[k].error) {
+      if (ops[k].error) {
+        r = finish_failure(ops[k].error);
+      } else {
         r.status = JobStatus::kSucceeded;
-        continue;
-      }
-      try {
-        std::rethrow_exception(ops[k].error);
-      } catch (const LeaseLost& e) {
-        r.lease_lost = true;
-        r.error = e.what();
-      } catch (const StorageError& e) {
-        r.error = e.what();
-        r.retryable = e.transient();
-      } catch (const std::exception& e) {
-        r.error = e.what();
       }
     }
     if (!ended) {
