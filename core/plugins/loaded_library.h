@@ -7,6 +7,7 @@
 
 #include "backhaul/backhaul.h"
 
+#include "core/common/unique_fd.h"
 #include "core/plugins/host_services.h"
 #include "core/plugins/plugin.h"
 
@@ -16,9 +17,10 @@ namespace backhaul::plugins {
 // holds a shared_ptr to it): then deinit() runs and the library is unmapped, in that order.
 class LoadedLibrary {
  public:
-  LoadedLibrary(boost::dll::shared_library library, const backhaul_entry_t* entry, PluginInfo info,
-                std::unique_ptr<HostBinding> host)
-      : library_(std::move(library)),
+  LoadedLibrary(UniqueFd copy, boost::dll::shared_library library, const backhaul_entry_t* entry,
+                PluginInfo info, std::unique_ptr<HostBinding> host)
+      : copy_(std::move(copy)),
+        library_(std::move(library)),
         entry_(entry),
         info_(std::move(info)),
         host_(std::move(host)) {}
@@ -33,8 +35,11 @@ class LoadedLibrary {
   void mark_initialized() noexcept { initialized_ = true; }
 
  private:
-  // Declared first so it is destroyed last: the code must stay mapped while deinit runs and until
-  // the host binding (which the plugin may still reference) is gone.
+  // The sealed copy of the file that library_ is mapped from, open for as long as it is mapped:
+  // its descriptor number names the library (/proc/PID/fd/N) for dlopen and for debuggers.
+  UniqueFd copy_;
+  // Destroyed after everything below: the code must stay mapped while deinit runs and until the
+  // host binding (which the plugin may still reference) is gone.
   boost::dll::shared_library library_;
   const backhaul_entry_t* entry_;
   PluginInfo info_;

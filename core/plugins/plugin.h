@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,7 +36,7 @@ struct PluginInfo {
   std::string config_schema_json;
   backhaul_version_t abi_version{};
   std::filesystem::path path;
-  std::string sha256;  // of the file as loaded; empty unless asked for (load_plugin)
+  std::string sha256;  // of the file as loaded (lower-case hex)
 };
 
 // A plugin call returned something other than BACKHAUL_OK.
@@ -132,7 +133,8 @@ class Plugin {
 
  private:
   friend class PluginRegistry;
-  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&, bool);
+  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&,
+                            const std::set<std::string>&);
   explicit Plugin(std::shared_ptr<const LoadedLibrary> library) noexcept;
   std::shared_ptr<const LoadedLibrary> library_;
 };

@@ -1,11 +1,11 @@
 #include "core/plugins/plugin_loader.h"
 
 #include <algorithm>
-#include <fstream>
-#include <map>
-#include <mutex>
+#include <cerrno>
+#include <cstring>
 #include <regex>
 #include <set>
+#include <vector>
 
 #include <Poco/DigestStream.h>
 #include <Poco/SHA2Engine.h>
@@ -14,7 +14,12 @@
 
 #include "core/common/json_check.h"
 #include "core/common/logging.h"
+#include "core/common/unique_fd.h"
 #include "core/plugins/loaded_library.h"
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace backhaul::plugins {
 namespace {
@@ -29,25 +34,80 @@ std::string version_string(backhaul_version_t v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor);
 }
 
-std::string sha256_of(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) refuse(path, "cannot be read");
+// A plugin file's bytes, copied into a sealed in-memory file. The library is mapped from the copy,
+// so what the allow-list checked is what runs, and nothing written to the file later reaches the
+// process (an in-place overwrite of a mapped file, as `cp new.so old.so` does, kills the process
+// with SIGBUS at its next read of a code page).
+struct SealedCopy {
+  UniqueFd fd;
+  std::string sha256;  // of the bytes copied
+  bool elf = false;    // they start with the ELF magic
+};
+
+SealedCopy seal_copy(const fs::path& path) {
+  UniqueFd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
+  // The mapping shows this name in /proc/PID/maps (as /memfd:NAME); at most 249 bytes.
+  std::string name = "backhaul-plugin:" + path.string();
+  if (name.size() > 249) name = "backhaul-plugin:" + path.filename().string().substr(0, 200);
+  SealedCopy copy;
+  copy.fd.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!copy.fd)
+    refuse(path, std::string("cannot be copied: memfd_create: ") + std::strerror(errno));
   Poco::SHA2Engine engine(Poco::SHA2Engine::SHA_256);
-  char buffer[64 * 1024];
-  while (in) {
-    in.read(buffer, sizeof buffer);
-    engine.update(buffer, static_cast<unsigned>(in.gcount()));
+  std::vector<char> buffer(256 * 1024);
+  size_t total = 0;
+  for (;;) {
+    ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
+    if (n == 0) break;
+    if (total == 0) {
+      copy.elf =
+          n >= 4 && buffer[0] == 0x7f && buffer[1] == 'E' && buffer[2] == 'L' && buffer[3] == 'F';
+    }
+    total += static_cast<size_t>(n);
+    engine.update(buffer.data(), static_cast<unsigned>(n));
+    for (ssize_t written = 0; written < n;) {
+      ssize_t w = ::write(copy.fd.get(), buffer.data() + written, static_cast<size_t>(n - written));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) refuse(path, std::string("cannot be copied: ") + std::strerror(errno));
+      written += w;
+    }
   }
-  return Poco::DigestEngine::digestToHex(engine.digest());
+  if (::fcntl(copy.fd.get(), F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    refuse(path, std::string("cannot be sealed: ") + std::strerror(errno));
+  }
+  copy.sha256 = Poco::DigestEngine::digestToHex(engine.digest());
+  return copy;
 }
 
-// The ELF magic, so a stray file gets "not an ELF shared object" instead of a dlerror riddle.
-bool looks_like_elf(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, sizeof magic);
-  return in.gcount() == 4 && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
-         magic[3] == 'F';
+// The name dlopen() maps a copy by: /proc/PID/fd/N, which other processes (a debugger, ASan's
+// symbolizer) can open too while the descriptor stays open. dlopen() returns an object already
+// loaded under the same name without opening the file, and a library that outlived its dlclose()
+// (glibc keeps some) may hold a name whose descriptor number is free again, so the descriptor
+// moves to another number until its name is not taken.
+std::string name_for_dlopen(const fs::path& path, UniqueFd& fd) {
+  for (;;) {
+    std::string name = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd.get());
+    void* loaded = ::dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!loaded) return name;
+    ::dlclose(loaded);
+    UniqueFd other(::fcntl(fd.get(), F_DUPFD_CLOEXEC, fd.get() + 1));
+    if (!other) refuse(path, std::string("cannot be loaded: fcntl: ") + std::strerror(errno));
+    fd = std::move(other);
+  }
+}
+
+// dlerror() names the library by the name it was opened by; the operator knows the file.
+std::string with_path(std::string message, const std::string& name, const fs::path& path) {
+  const std::string file = path.string();
+  for (size_t at = message.find(name); at != std::string::npos;
+       at = message.find(name, at + file.size())) {
+    message.replace(at, name.size(), file);
+  }
+  return message;
 }
 
 // Checks the entry's fixed prefix (size, version, magic) and its function table. Reads nothing
@@ -159,18 +219,6 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
   return info;
 }
 
-// Libraries alive in this process, by entry address. dlopen of a file that is already mapped
-// returns the same mapping, and a second init() would replace the first host binding, so a
-// second load of the same library returns the Plugin that already exists.
-struct LiveLibraries {
-  std::mutex mutex;
-  std::map<const backhaul_entry_t*, std::weak_ptr<const LoadedLibrary>> by_entry;
-};
-LiveLibraries& live_libraries() {
-  static LiveLibraries live;
-  return live;
-}
-
 }  // namespace
 
 LoadedLibrary::~LoadedLibrary() {
@@ -186,37 +234,37 @@ LoadedLibrary::~LoadedLibrary() {
   }
 }
 
-Plugin load_plugin(const fs::path& path, const HostServices& services, bool compute_sha256) {
+Plugin load_plugin(const fs::path& path, const HostServices& services,
+                   const std::set<std::string>& allowed_sha256) {
   std::error_code ec;
   if (!fs::exists(path, ec)) refuse(path, "file does not exist");
   if (!fs::is_regular_file(path, ec)) refuse(path, "is not a regular file");
-  std::string sha256 = compute_sha256 ? sha256_of(path) : std::string();
-  if (!looks_like_elf(path)) refuse(path, "is not an ELF shared object");
+  SealedCopy copy = seal_copy(path);
+  if (!allowed_sha256.empty() && !allowed_sha256.count(copy.sha256)) {
+    refuse(path, "sha256 " + copy.sha256 + " is not in the plugin allow-list");
+  }
+  if (!copy.elf) refuse(path, "is not an ELF shared object");
 
+  const std::string name = name_for_dlopen(path, copy.fd);
   boost::dll::shared_library library;
   try {
     // RTLD_LOCAL: plugins never see each other's symbols. RTLD_NOW: missing symbols fail here.
-    library.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    library.load(name, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    refuse(path, std::string("cannot be loaded: ") + e.what());
+    refuse(path, "cannot be loaded: " + with_path(e.what(), name, path));
   }
   if (!library.has(BACKHAUL_ENTRY_SYMBOL)) {
     refuse(path, "does not export the entry symbol " BACKHAUL_ENTRY_SYMBOL);
   }
   const auto& entry = library.get<const backhaul_entry_t>(BACKHAUL_ENTRY_SYMBOL);
-  LiveLibraries& live = live_libraries();
-  std::lock_guard lock(live.mutex);
-  if (auto it = live.by_entry.find(&entry); it != live.by_entry.end()) {
-    if (auto existing = it->second.lock()) return Plugin(std::move(existing));
-  }
   check_entry(path, entry);
   PluginInfo info = read_descriptor(path, entry);
-  info.sha256 = std::move(sha256);
+  info.sha256 = std::move(copy.sha256);
 
   auto host = std::make_unique<HostBinding>(services, info.id);
   const backhaul_host_t* c_host = host->c_host();
-  auto loaded =
-      std::make_shared<LoadedLibrary>(std::move(library), &entry, std::move(info), std::move(host));
+  auto loaded = std::make_shared<LoadedLibrary>(std::move(copy.fd), std::move(library), &entry,
+                                                std::move(info), std::move(host));
   backhaul_error_t error{};
   int32_t initialized = 0;
   try {
@@ -233,7 +281,6 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, bool comp
     refuse(path, "plugin '" + loaded->info().id + "' init failed: " + error.message);
   }
   loaded->mark_initialized();
-  live.by_entry[&entry] = loaded;
   logging::get("plugins")->info("loaded plugin {} {} (abi {}) from {}", loaded->info().id,
                                 loaded->info().version, version_string(entry.abi_version),
                                 path.string());
@@ -263,15 +310,7 @@ std::vector<LoadProblem> PluginRegistry::load_directory(const fs::path& dir) {
 std::optional<LoadProblem> PluginRegistry::load_file(const fs::path& path) {
   auto log = logging::get("plugins");
   try {
-    if (!allowed_sha256_.empty()) {
-      std::error_code ec;
-      if (!fs::is_regular_file(path, ec)) refuse(path, "file does not exist");
-      std::string hash = sha256_of(path);
-      if (!allowed_sha256_.count(hash)) {
-        refuse(path, "sha256 " + hash + " is not in the plugin allow-list");
-      }
-    }
-    Plugin plugin = load_plugin(path, services_, !allowed_sha256_.empty());
+    Plugin plugin = load_plugin(path, services_, allowed_sha256_);
     const std::string& id = plugin.info().id;
     if (auto it = by_id_.find(id); it != by_id_.end()) {
       refuse(path, "duplicate plugin id '" + id + "' (already loaded from " +

@@ -26,11 +26,15 @@ struct HostServices {
 // magic block, the ABI version (same major, minor <= ours), the entry's size, then the descriptor
 // (id pattern, semantic version, entity types non-empty and unique, defaults a subset, schema is
 // a JSON object). Then calls init(). Throws PluginLoadError whose message names the file and the
-// reason. `compute_sha256` fills PluginInfo::sha256 (it reads the whole file, so it is off on the
-// hot path). Loading a library that is already loaded in this process returns the existing
-// Plugin, bound to the host services it was first loaded with. [main-thread]
+// reason.
+//
+// The library is mapped from a sealed in-memory copy of the file, made and hashed (SHA-256, in
+// PluginInfo::sha256) in one read: a non-empty `allowed_sha256` refuses a copy whose hash it does
+// not list, and what it checked is what runs; a later write to the file (`cp` over it) does not
+// reach the process. The copy lives as long as the library is loaded. Each call loads its own
+// instance, bound to its own host services. [main-thread]
 Plugin load_plugin(const std::filesystem::path& path, const HostServices& services,
-                   bool compute_sha256 = false);
+                   const std::set<std::string>& allowed_sha256 = {});
 
 struct LoadProblem {
   std::filesystem::path path;

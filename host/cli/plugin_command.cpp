@@ -20,8 +20,7 @@ struct InfoOptions {
 void run_info(const InfoOptions& o) {
   // Loading runs no network code, so a transport that answers nothing is enough.
   http::ReplayTransport offline;
-  plugins::Plugin plugin =
-      plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), {offline}, true);
+  plugins::Plugin plugin = plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), {offline});
   const plugins::PluginInfo& info = plugin.info();
   std::string abi =
       std::to_string(info.abi_version.major) + "." + std::to_string(info.abi_version.minor);

@@ -1,13 +1,17 @@
 #include "core/plugins/plugin_loader.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
+#include <Poco/DigestEngine.h>
+#include <Poco/SHA2Engine.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/http/replay_transport.h"
+#include <sys/stat.h>
 
 namespace backhaul::plugins {
 namespace {
@@ -63,14 +67,33 @@ FetchParams params(std::optional<std::string> cursor = std::nullopt) {
   return p;
 }
 
-bool is_mapped(const fs::path& path) {
+// The lines of /proc/self/maps that contain `text`.
+int maps_lines_with(const std::string& text) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
-  std::string name = fs::canonical(path).string();
-  while (std::getline(maps, line)) {
-    if (line.find(name) != std::string::npos) return true;
-  }
-  return false;
+  int n = 0;
+  while (std::getline(maps, line)) n += line.find(text) != std::string::npos;
+  return n;
+}
+
+// Whether the sealed copy the loader made of `path` is mapped (it is named after the path).
+bool is_mapped(const fs::path& path) {
+  return maps_lines_with("/memfd:backhaul-plugin:" + path.string() + " ") > 0;
+}
+
+std::string sha256_of_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  Poco::SHA2Engine engine(Poco::SHA2Engine::SHA_256);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  engine.update(bytes);
+  return Poco::DigestEngine::digestToHex(engine.digest());
+}
+
+// Writes `from`'s bytes into `to` as `cp from to` does: the same inode, truncated and rewritten.
+void overwrite_in_place(const fs::path& to, const fs::path& from) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream out(to, std::ios::binary | std::ios::trunc);
+  out << in.rdbuf();
 }
 
 TEST_F(PluginLoaderTest, LoadsCppPluginAndReadsItsDescriptor) {
@@ -83,7 +106,7 @@ TEST_F(PluginLoaderTest, LoadsCppPluginAndReadsItsDescriptor) {
   EXPECT_EQ(info.default_entity_types, (std::vector<std::string>{"item"}));
   EXPECT_EQ(info.abi_version.major, BACKHAUL_ABI_VERSION_MAJOR);
   EXPECT_EQ(info.abi_version.minor, BACKHAUL_ABI_VERSION_MINOR);
-  EXPECT_TRUE(info.sha256.empty());  // only computed on request
+  EXPECT_EQ(info.sha256, sha256_of_file(plugin_path("fake")));
   EXPECT_TRUE(nlohmann::json::parse(info.config_schema_json).is_object());
 }
 
@@ -248,10 +271,55 @@ TEST_F(PluginLoaderTest, AllowListRefusesUnlistedHashes) {
   ASSERT_TRUE(problem);
   EXPECT_NE(problem->reason.find("is not in the plugin allow-list"), std::string::npos);
 
-  std::string hash = load_plugin(plugin_path("fake"), services_, true).info().sha256;
-  EXPECT_EQ(hash.size(), 64u);
+  std::string hash = sha256_of_file(plugin_path("fake"));
   registry.set_allowed_sha256({hash});
   EXPECT_FALSE(registry.load_file(plugin_path("fake")));
+  EXPECT_EQ(registry.find("fake")->info().sha256, hash);
+}
+
+TEST_F(PluginLoaderTest, TheLibraryIsMappedFromASealedCopyNotFromTheFile) {
+  TempDir dir;
+  fs::path path = dir.add("fake");
+  Plugin plugin = load_plugin(path, services_);
+  EXPECT_TRUE(is_mapped(path));
+  // Only the copy: no mapping names the file itself.
+  EXPECT_EQ(maps_lines_with(path.string()),
+            maps_lines_with("/memfd:backhaul-plugin:" + path.string()));
+}
+
+// `cp new.so plugin.so` truncates and rewrites the file a running host has mapped. A library mapped
+// from the file dies of SIGBUS at its next read of a code page; one mapped from the copy goes on.
+TEST_F(PluginLoaderTest, AnInPlaceOverwriteOfTheFileDoesNotReachALoadedPlugin) {
+  TempDir dir;
+  fs::path path = dir.add("fake");
+  const auto inode = [](const fs::path& p) {
+    struct stat st {};
+    EXPECT_EQ(::stat(p.c_str(), &st), 0);
+    return st.st_ino;
+  };
+  const auto before = inode(path);
+  EXPECT_EXIT(
+      {
+        Plugin plugin = load_plugin(path, services_);
+        Connector connector = plugin.create(R"({"pages": 2})");
+        overwrite_in_place(path, plugin_path("c_current"));
+        Page page = connector.fetch_page(params());
+        std::_Exit(page.event(0).delivery_id == "fake-inst-1-repo-9-item-1" ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  // The child really overwrote the same file, and a new load gets the new bytes.
+  EXPECT_EQ(inode(path), before);
+  EXPECT_EQ(sha256_of_file(path), sha256_of_file(plugin_path("c_current")));
+  EXPECT_EQ(load_plugin(path, services_).info().id, "ccurrent");
+}
+
+// A library that outlives its dlclose() (-z nodelete) keeps the name it was opened by,
+// /proc/PID/fd/N, after N is closed; the next load's copy may get descriptor N again.
+TEST_F(PluginLoaderTest, ALibraryLeftMappedAfterItsUnloadDoesNotStandInForTheNextOne) {
+  load_plugin(plugin_path("nodelete"), services_);
+  ASSERT_TRUE(is_mapped(plugin_path("nodelete")));  // still there, by design of the test plugin
+  EXPECT_EQ(load_plugin(plugin_path("c_current"), services_).info().id, "ccurrent");
+  EXPECT_EQ(load_plugin(plugin_path("fake"), services_).info().id, "fake");
 }
 
 TEST_F(PluginLoaderTest, LibraryStaysMappedWhileAPageLives) {
@@ -270,12 +338,15 @@ TEST_F(PluginLoaderTest, LibraryStaysMappedWhileAPageLives) {
   EXPECT_FALSE(is_mapped(path));
 }
 
-TEST_F(PluginLoaderTest, LoadingTheSameLibraryTwiceSharesOneInitializedInstance) {
+TEST_F(PluginLoaderTest, EachLoadOfTheSameFileIsItsOwnInstanceWithItsOwnHost) {
+  FakeClock other_clock{42};
   Plugin first = load_plugin(plugin_path("fake"), services_);
-  Plugin second = load_plugin(plugin_path("fake"), services_);
-  EXPECT_EQ(&first.info(), &second.info());
-  Connector connector = second.create("{}");
-  EXPECT_EQ(connector.fetch_page(params()).size(), 2u);
+  Plugin second = load_plugin(plugin_path("fake"), {transport_, other_clock});
+  EXPECT_NE(&first.info(), &second.info());
+  Page from_first = first.create("{}").fetch_page(params());
+  Page from_second = second.create("{}").fetch_page(params());
+  EXPECT_EQ(nlohmann::json::parse(from_first.event(0).payload_json)["now_ms"], clock_.now_ms());
+  EXPECT_EQ(nlohmann::json::parse(from_second.event(0).payload_json)["now_ms"], 42);
 }
 
 struct FailureCase {
