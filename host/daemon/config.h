@@ -98,6 +98,9 @@ struct DaemonConfig {
 
   struct Shutdown {
     int64_t grace_ms = 30'000;
+    // After the grace, how long the jobs asked to stop may take before backhauld exits without
+    // them (status 1): a call into a plugin that does not return would hold the stop forever.
+    int64_t abandon_ms = 30'000;
   } shutdown;
 
   struct Logging {

@@ -177,6 +177,10 @@ void Daemon::stop() {
   d.log->info("stopped");
 }
 
+int64_t Daemon::in_flight() const {
+  return impl_->scheduler ? impl_->scheduler->stats().in_flight : 0;
+}
+
 uint16_t Daemon::port() const { return impl_->server ? impl_->server->port() : 0; }
 
 const DaemonConfig& Daemon::config() const noexcept { return impl_->config; }

@@ -31,6 +31,9 @@ class Daemon {
   // attempt). Idempotent. [main-thread]
   void stop();
 
+  // Jobs the scheduler has claimed and not finished (in a handler, or about to be); 0 before
+  // start(). [thread-safe]
+  int64_t in_flight() const;
   // The admin API's bound port; 0 before start(). [thread-safe]
   uint16_t port() const;
   const DaemonConfig& config() const noexcept;

@@ -1,6 +1,11 @@
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <Poco/Exception.h>
@@ -12,6 +17,40 @@
 #include "host/daemon/main.h"
 
 namespace backhaul::daemon {
+namespace {
+
+// Runs daemon.stop(). A handler learns of the stop at its next page boundary; one stuck in a call
+// into a plugin never gets there, and stop() would wait for it forever. So once the grace and
+// then shutdown.abandon_ms have passed, this logs what is left and ends the process with status
+// 1, as a crash would: the jobs still running keep their leases until those expire, and the sweep
+// of any host takes them back (attempt counted). Every ending already handed to the store is
+// written by then, or its lease fences it the same way.
+void stop_or_abandon(Daemon& daemon, spdlog::logger& log) {
+  const auto limit = std::chrono::milliseconds(daemon.config().shutdown.grace_ms +
+                                               daemon.config().shutdown.abandon_ms);
+  std::mutex mutex;
+  std::condition_variable stopped_cv;
+  bool stopped = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(mutex);
+    if (stopped_cv.wait_for(lock, limit, [&] { return stopped; })) return;
+    log.error(
+        "stop: {} jobs still running {} ms after the signal (a call into a plugin that does not "
+        "return?); exiting without them: their leases expire and the sweep takes them back",
+        daemon.in_flight(), limit.count());
+    log.flush();
+    std::_Exit(1);
+  });
+  daemon.stop();
+  {
+    std::lock_guard lock(mutex);
+    stopped = true;
+  }
+  stopped_cv.notify_all();
+  watchdog.join();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"backhauld: the Backhaul host daemon (admin API, job scheduler, connector plugins)"};
@@ -54,7 +93,7 @@ int main(int argc, char** argv) {
     if (!port_file.empty()) host::write_port_file(port_file, daemon.port());
     const int signal_number = host::wait_for_termination(signals);
     log->info("signal {}: stopping", signal_number);
-    daemon.stop();
+    stop_or_abandon(daemon, *log);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -64,6 +64,7 @@ TEST(ConfigTest, MinimalConfigGetsDefaultsAndSecretsFromTheEnvironment) {
   EXPECT_EQ(c.pipeline.run_caps.per_installation, 1);
   EXPECT_EQ(c.pipeline.run_caps.global, 10);
   EXPECT_EQ(c.shutdown.grace_ms, 30'000);
+  EXPECT_EQ(c.shutdown.abandon_ms, 30'000);
   EXPECT_EQ(c.logging.format, "text");
   EXPECT_FALSE(c.gateway.api_key.has_value());
 }
@@ -86,7 +87,7 @@ TEST(ConfigTest, FullConfigLoads) {
                         {"dispatch_concurrency", 2},
                         {"gateway_circuit", {{"failure_threshold", 3}, {"open_ms", 1000}}}};
   config["health"] = {{"backlog_threshold", 5}};
-  config["shutdown"] = {{"grace_ms", 100}};
+  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 250}};
   config["logging"] = {{"level", "debug"}, {"format", "json"}};
   const DaemonConfig c = parse_config(config.dump(), "/srv/backhaul", kEnv);
   EXPECT_EQ(c.store.backend, "mysql");
@@ -112,6 +113,8 @@ TEST(ConfigTest, FullConfigLoads) {
   EXPECT_DOUBLE_EQ(c.pipeline.rate_limit_floor, 0.2);
   EXPECT_EQ(c.pipeline.gateway_circuit.failure_threshold, 3);
   EXPECT_EQ(c.health.backlog_threshold, 5);
+  EXPECT_EQ(c.shutdown.grace_ms, 100);
+  EXPECT_EQ(c.shutdown.abandon_ms, 250);
   EXPECT_EQ(c.logging.format, "json");
 }
 
@@ -143,6 +146,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: scheduler.workers: must be an integer"},
         BadField{"NegativePrefetch", [](json& c) { c["scheduler"]["prefetch"] = -1; },
                  "config: scheduler.prefetch: must be an integer between 0 and 65536 (got -1)"},
+        BadField{"NegativeAbandonMs", [](json& c) { c["shutdown"]["abandon_ms"] = -5; },
+                 "config: shutdown.abandon_ms: must be an integer between 0 and 3600000 (got -5)"},
         BadField{"ZeroClaimBatch", [](json& c) { c["scheduler"]["claim_batch"] = 0; },
                  "config: scheduler.claim_batch: must be an integer between 1 and 4096 (got 0)"},
         BadField{"LogFormat", [](json& c) { c["logging"]["format"] = "xml"; },

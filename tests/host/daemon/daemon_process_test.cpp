@@ -1,5 +1,7 @@
 // backhauld as a real process: a bad config exits 2 naming the field, SIGTERM drains and exits 0.
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -140,6 +142,42 @@ TEST_F(DaemonProcessTest, SigtermMidRunReleasesUnitsAndARestartFinishesTheRun) {
   EXPECT_EQ(github["missing"], 0) << gateway_report.dump(2);
   EXPECT_EQ(github["unexpected"], 0) << gateway_report.dump(2);
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+// A provider that takes 20 s per answer keeps every handler inside a plugin call, where no drain
+// reaches it. SIGTERM still ends the daemon after shutdown.grace_ms + abandon_ms, with status 1,
+// the job left running under its lease for a sweep to take back.
+TEST_F(DaemonProcessTest, AHandlerStuckInAPluginCallHoldsTheStopNoLongerThanGraceAndAbandon) {
+  ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20", "--slow-ms", "20000"}), 0)
+      << sandbox_->stderr_text();
+  json config = daemon_config();
+  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 400}};
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  ASSERT_NE(start_run("gh-inst-1", "github"), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (metric("backhaul_scheduler_in_flight") < 1 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(metric("backhaul_scheduler_in_flight"), 1) << daemon_->stderr_text();
+
+  const auto signalled = std::chrono::steady_clock::now();
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(60));
+  const auto took = std::chrono::steady_clock::now() - signalled;
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 1) << daemon_->stderr_text();
+  // Well before the provider answers (20 s); the bound is the point, not a speed goal.
+  EXPECT_LT(took, std::chrono::seconds(10));
+  EXPECT_NE(daemon_->stderr_text().find("exiting without them"), std::string::npos)
+      << daemon_->stderr_text();
+
+  auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
+  int64_t running = 0;
+  for (const auto& [key, count] : store->counts()) {
+    if (key.second == jobs::JobStatus::kRunning) running += count;
+  }
+  EXPECT_GE(running, 1) << "the abandoned job keeps its lease until it expires";
 }
 
 }  // namespace
