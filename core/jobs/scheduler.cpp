@@ -115,28 +115,31 @@ void Scheduler::claim_loop() {
     lock.unlock();
     std::vector<Claimed> claimed;
     bool store_failed = false;
+    const int64_t claimed_at = clock_.now_ms();
     try {
       ClaimRequest request{options_.owner,
                            std::min<size_t>(static_cast<size_t>(free), options_.claim_batch),
-                           clock_.now_ms(), options_.lease_ms, claim_kinds};
+                           claimed_at, options_.lease_ms, claim_kinds};
       claimed = store_.claim(request);
       backoff_ms = options_.idle_poll_ms;
     } catch (const std::exception& e) {
       store_failed = true;
       log_->error("claim failed, retrying in {} ms: {}", backoff_ms, e.what());
     }
+    const size_t n = claimed.size();
+    std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), claimed_at);
     lock.lock();
     if (!claiming_) {
       // Drain started while we were claiming: hand these back untouched.
       lock.unlock();
-      release_unstarted(std::move(claimed));
+      release_unstarted(leased);
       lock.lock();
       break;
     }
-    claimed_ += static_cast<int64_t>(claimed.size());
-    busy_ += static_cast<int>(claimed.size());
-    for (auto& c : claimed) ready_.push_back(std::move(c));
-    if (!claimed.empty()) work_ready_.notify_all();
+    claimed_ += static_cast<int64_t>(n);
+    busy_ += static_cast<int>(n);
+    for (auto& c : leased) ready_.push_back(std::move(c));
+    if (n > 0) work_ready_.notify_all();
     if (store_failed) {
       pause(lock, backoff_ms);
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 10'000);
@@ -151,10 +154,10 @@ void Scheduler::worker_loop() {
   while (true) {
     work_ready_.wait(lock, [this] { return stopped_ || !ready_.empty(); });
     if (ready_.empty()) return;  // stopped
-    Claimed claimed = std::move(ready_.front());
+    std::shared_ptr<JobContext> context = std::move(ready_.front());
     ready_.pop_front();
     lock.unlock();
-    execute(std::move(claimed));
+    execute(std::move(context));
     lock.lock();
     --busy_;
     wake_.notify_all();
@@ -174,7 +177,7 @@ void Scheduler::heartbeat_loop() {
   while (!stopped_) {
     sleep_unless_stopped(lock, wait_ms);
     if (stopped_) break;
-    std::vector<std::shared_ptr<JobContext>> running = running_;
+    std::vector<std::shared_ptr<JobContext>> running = leased_;
     lock.unlock();
     int64_t now = clock_.now_ms();
     std::optional<int64_t> next_due;
@@ -224,23 +227,42 @@ void Scheduler::sweep_loop() {
   }
 }
 
-void Scheduler::execute(Claimed claimed) {
+std::vector<std::shared_ptr<JobContext>> Scheduler::lease(std::vector<Claimed> claimed,
+                                                          int64_t now_ms) {
+  std::vector<std::shared_ptr<JobContext>> contexts;
+  for (Claimed& c : claimed) {
+    contexts.emplace_back(
+        new JobContext(store_, clock_, std::move(c), options_.lease_ms, stopping_));
+    contexts.back()->last_beat_ms_ = now_ms;
+  }
+  std::lock_guard lock(mutex_);
+  leased_.insert(leased_.end(), contexts.begin(), contexts.end());
+  return contexts;
+}
+
+void Scheduler::unlease_locked(const std::shared_ptr<JobContext>& context) {
+  // Order does not matter: the last one takes the place of the one that goes.
+  if (auto it = std::find(leased_.begin(), leased_.end(), context); it != leased_.end()) {
+    *it = std::move(leased_.back());
+    leased_.pop_back();
+  }
+}
+
+void Scheduler::execute(std::shared_ptr<JobContext> context) {
   Handler handler;
   {
     std::lock_guard lock(mutex_);
-    auto it = handlers_.find(claimed.job.kind);
+    auto it = handlers_.find(context->job_.kind);
     if (it != handlers_.end()) handler = it->second;
   }
-  auto context = std::shared_ptr<JobContext>(
-      new JobContext(store_, clock_, std::move(claimed), options_.lease_ms, stopping_));
   const int64_t started_ms = clock_.now_ms();
-  context->last_beat_ms_ = started_ms;
-  {
-    std::lock_guard lock(mutex_);
-    running_.push_back(context);
-  }
   std::optional<Ending> ending;
   try {
+    // What the heartbeats learnt while the job waited for a worker.
+    if (context->lease_lost_) {
+      throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost before the start");
+    }
+    if (context->cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "cancelled");
     if (!handler) throw JobFailure("no handler for job kind '" + context->job_.kind + "'", true);
     if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
     ending = finish(*context, handler(*context));
@@ -267,7 +289,7 @@ void Scheduler::execute(Claimed claimed) {
   {
     const Job& job = context->job_;
     std::lock_guard lock(mutex_);
-    running_.erase(std::find(running_.begin(), running_.end(), context));
+    unlease_locked(context);
     KindLatency& l = latency_[job.kind];
     ++l.runs;
     l.wait_ms_sum += std::max<int64_t>(0, started_ms - std::max(job.created_ms, job.run_after_ms));
@@ -455,14 +477,18 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
   }
 }
 
-void Scheduler::release_unstarted(std::vector<Claimed> jobs) {
+void Scheduler::release_unstarted(const std::vector<std::shared_ptr<JobContext>>& jobs) {
   if (jobs.empty()) return;
   std::vector<Finish> items;
-  for (const Claimed& c : jobs) {
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& c : jobs) unlease_locked(c);
+  }
+  for (const auto& c : jobs) {
     Finish f;
     f.kind = Finish::Kind::kRelease;
-    f.id = c.job.id;
-    f.token = c.lease_token;
+    f.id = c->job_.id;
+    f.token = c->token_;
     items.push_back(std::move(f));
   }
   std::vector<FinishResult> results;
@@ -483,12 +509,13 @@ void Scheduler::release_unstarted(std::vector<Claimed> jobs) {
 }
 
 size_t Scheduler::run_once(size_t limit) {
+  const int64_t now = clock_.now_ms();
   std::vector<Claimed> claimed =
-      store_.claim({options_.owner, limit, clock_.now_ms(), options_.lease_ms, kinds()});
+      store_.claim({options_.owner, limit, now, options_.lease_ms, kinds()});
   claimed_ += static_cast<int64_t>(claimed.size());
-  size_t n = claimed.size();
-  for (auto& c : claimed) execute(std::move(c));
-  return n;
+  std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), now);
+  for (auto& c : leased) execute(std::move(c));
+  return leased.size();
 }
 
 void Scheduler::drain(std::chrono::milliseconds grace) {
@@ -499,13 +526,13 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   lock.lock();
   claiming_ = false;
   // Claimed but not started: nothing was done, give them back at once.
-  std::vector<Claimed> unstarted(std::make_move_iterator(ready_.begin()),
-                                 std::make_move_iterator(ready_.end()));
+  std::vector<std::shared_ptr<JobContext>> unstarted(std::make_move_iterator(ready_.begin()),
+                                                     std::make_move_iterator(ready_.end()));
   ready_.clear();
   busy_ -= static_cast<int>(unstarted.size());
   lock.unlock();
   wake_.notify_all();
-  release_unstarted(std::move(unstarted));
+  release_unstarted(unstarted);
   lock.lock();
   if (!wake_.wait_for(lock, grace, [this] { return busy_ == 0; })) {
     log_->info("drain: {} jobs still running after {} ms; asking them to stop", busy_,

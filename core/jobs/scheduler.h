@@ -119,8 +119,8 @@ struct SchedulerOptions {
   std::string owner = "backhaul";  // lease owner; make it unique per host/process
   int workers = 8;
   size_t claim_batch = 16;  // at most this many per claim call
-  // Jobs claimed ahead of a free worker (their leases run while they wait). 0 suits long jobs;
-  // short ones gain from a claim batch that outruns the workers.
+  // Jobs claimed ahead of a free worker (heartbeated while they wait, like running ones). 0 suits
+  // long jobs; short ones gain from a claim batch that outruns the workers.
   int prefetch = 0;
   int64_t lease_ms = 30'000;
   int64_t heartbeat_interval_ms = 10'000;
@@ -198,7 +198,10 @@ class Scheduler {
     int max_attempts = 0;
     int64_t lease_until_ms = 0;  // when the lease runs out unless renewed (last beat + lease)
   };
-  void execute(Claimed claimed);
+  // A context for each claimed job, registered for heartbeats from now on (the lease runs from the
+  // claim, whether or not a worker is free).
+  std::vector<std::shared_ptr<JobContext>> lease(std::vector<Claimed> claimed, int64_t now_ms);
+  void execute(std::shared_ptr<JobContext> context);
   Ending finish(JobContext& context, const Outcome& outcome);
   Ending fail(JobContext& context, const std::string& error, bool fatal, int64_t retry_after_ms);
   // Hands the ending to the finisher thread (the worker is free at once), or, without threads
@@ -214,9 +217,11 @@ class Scheduler {
   // that one the store keeps refusing holds back no other. Items given up on are left retryable.
   std::vector<FinishResult> record(std::vector<Ending>& endings, bool until_leases_end);
   // Hands back claimed jobs that no handler started (the attempt is not counted), in one store
-  // call. One that cannot be released (its lease was lost, the store is failing) is logged and
-  // keeps its lease until the sweep takes it back; nothing is thrown.
-  void release_unstarted(std::vector<Claimed> jobs);
+  // call, and stops their heartbeats. One that cannot be released (its lease was lost, the store
+  // is failing) is logged and keeps its lease until the sweep takes it back; nothing is thrown.
+  void release_unstarted(const std::vector<std::shared_ptr<JobContext>>& jobs);
+  // Stops heartbeating `context` (its job ended or went back). Under mutex_.
+  void unlease_locked(const std::shared_ptr<JobContext>& context);
   void finisher_loop();
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
@@ -232,11 +237,11 @@ class Scheduler {
   std::condition_variable wake_;        // the claim loop and drain(): every job's end fires it
   std::condition_variable stop_;        // heartbeat and sweep loops: only drain() fires it
   std::condition_variable work_ready_;  // workers
-  std::deque<Claimed> ready_;
-  std::vector<Ending> endings_;  // handed over by workers, not yet written
+  std::deque<std::shared_ptr<JobContext>> ready_;  // claimed, waiting for a worker
+  std::vector<Ending> endings_;                    // handed over by workers, not yet written
   std::condition_variable endings_ready_;
-  bool finisher_running_ = false;                     // endings go to the finisher thread
-  std::vector<std::shared_ptr<JobContext>> running_;  // in execute(), for heartbeats
+  bool finisher_running_ = false;                    // endings go to the finisher thread
+  std::vector<std::shared_ptr<JobContext>> leased_;  // in ready_ or execute(): heartbeated
   std::map<std::string, KindLatency> latency_;
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;

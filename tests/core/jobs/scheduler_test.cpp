@@ -5,6 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -545,6 +548,115 @@ TEST_F(DrainOfPrefetchedJobs, WhoseLeasesWereTakenAreLeftAsTheyAre) {
   EXPECT_EQ(scheduler.stats().released, 0);
   EXPECT_EQ(scheduler.stats().in_flight, 0);
   expect_queued(ids, 1);  // the recovery counted the attempt, once
+}
+
+// Jobs claimed ahead of a free worker, while the only worker is held by a long job.
+class PrefetchedJobs : public SchedulerTest {
+ protected:
+  SchedulerOptions one_worker_three_ahead() {
+    SchedulerOptions o = options();
+    o.workers = 1;
+    o.prefetch = 3;
+    o.claim_batch = 4;
+    o.lease_ms = 1'000;
+    o.heartbeat_interval_ms = 200;
+    o.sweep_interval_ms = 3'600'000;  // the tests sweep
+    return o;
+  }
+  // Enqueues four jobs and starts `scheduler`; its handler counts calls per job and holds the
+  // first job's worker until release_. Returns once all four are in hand, three waiting.
+  std::vector<JobId> start_holding_the_first(Scheduler& scheduler) {
+    for (int i = 0; i < 4; ++i) ids_.push_back(enqueue("work"));
+    scheduler.register_handler("work", [this](JobContext& c) {
+      {
+        std::lock_guard lock(mutex_);
+        ++calls_[c.job().id];
+      }
+      while (c.job().id == ids_[0] && !release_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      return Outcome::complete();
+    });
+    scheduler.start();
+    EXPECT_TRUE(wait_for([&] { return scheduler.stats().in_flight == 4; }));
+    return ids_;
+  }
+  static bool wait_for(const std::function<bool()>& done) {
+    for (int i = 0; i < 10'000 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return done();
+  }
+  // Lets the held job end and waits until every job succeeded.
+  void finish_all(Scheduler& scheduler) {
+    release_ = true;
+    EXPECT_TRUE(wait_for([&] {
+      for (JobId id : ids_) {
+        if (store_->get(id)->status != JobStatus::kSucceeded) return false;
+      }
+      return true;
+    }));
+    scheduler.drain(std::chrono::milliseconds(1'000));
+  }
+  int calls(JobId id) {
+    std::lock_guard lock(mutex_);
+    return calls_[id];
+  }
+
+  std::vector<JobId> ids_;
+  std::atomic<bool> release_{false};
+  std::mutex mutex_;
+  std::map<JobId, int> calls_;
+};
+
+// The held job keeps the worker for three lease periods: the three waiting behind it are
+// heartbeated like it, so no sweep takes them back (which would count an attempt and run them
+// twice).
+TEST_F(PrefetchedJobs, KeepTheirLeasesWhileTheyWaitForAWorker) {
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(*store_, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  for (int step = 0; step < 15; ++step) {  // 3 s: three leases
+    clock_.advance_ms(o.heartbeat_interval_ms);
+    // The running job's beat shows that the heartbeat loop has had its round at this time.
+    ASSERT_TRUE(wait_for([&] {
+      return store_->get(ids[0])->lease_expires_ms == clock_.now_ms() + o.lease_ms;
+    })) << "step "
+        << step;
+  }
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_GT(store_->get(ids[i])->lease_expires_ms, clock_.now_ms()) << "job " << ids[i];
+  }
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 0);
+  finish_all(scheduler);
+  for (JobId id : ids) {
+    EXPECT_EQ(store_->get(id)->attempts, 1) << id;
+    EXPECT_EQ(calls(id), 1) << id;
+  }
+}
+
+// A job whose lease was taken while it waited (here: recovered by its owner's restart elsewhere)
+// is not started under the stale lease: its handler would run beside the one that now holds it.
+// The heartbeat that finds the lease gone drops it; the job runs once, when claimed again.
+TEST_F(PrefetchedJobs, ThoseWhoseLeasesWereTakenWhileWaitingAreNotStarted) {
+  struct CountingBeats : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      ++beats;
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    std::atomic<int> beats{0};
+  } store(*store_);
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(store, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  EXPECT_EQ(store_->recover_owner("test-host", clock_.now_ms()).requeued, 4);
+  clock_.advance_ms(o.heartbeat_interval_ms);
+  ASSERT_TRUE(wait_for([&] { return store.beats >= 4; })) << "every job in hand is heartbeated";
+  finish_all(scheduler);
+  EXPECT_EQ(calls(ids[0]), 2) << "the running one: before the recovery, and again after it";
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(calls(ids[i]), 1) << "job " << ids[i];
 }
 
 // A host restarting under a stable owner name takes back at once what its previous process left
