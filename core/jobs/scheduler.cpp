@@ -143,7 +143,7 @@ void Scheduler::claim_loop() {
     if (store_failed) {
       pause(lock, backoff_ms);
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 10'000);
-    } else if (claimed.empty() && !poked_) {
+    } else if (n == 0 && !poked_) {
       pause(lock, options_.idle_poll_ms);
     }
   }
@@ -258,8 +258,10 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
   const int64_t started_ms = clock_.now_ms();
   std::optional<Ending> ending;
   try {
-    // What the heartbeats learnt while the job waited for a worker.
-    if (context->lease_lost_) {
+    // What the heartbeats learnt while the job waited for a worker, or, when they failed (the
+    // store unreachable), what the clock says: a lease not renewed in time may be another's now.
+    if (context->lease_lost_ || started_ms >= context->last_beat_ms_ + options_.lease_ms) {
+      context->lease_lost_ = true;
       throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost before the start");
     }
     if (context->cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "cancelled");

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +24,7 @@ std::vector<std::string> page_problems(const backhaul_page_t& page);
 
 class LoadedLibrary;  // the mapped library and its checked entry (loaded_library.h)
 struct HostServices;  // plugin_loader.h
+struct LoadOptions;   // plugin_loader.h
 
 struct PluginInfo {
   std::string id;
@@ -133,8 +133,7 @@ class Plugin {
 
  private:
   friend class PluginRegistry;
-  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&,
-                            const std::set<std::string>&);
+  friend Plugin load_plugin(const std::filesystem::path&, const HostServices&, const LoadOptions&);
   explicit Plugin(std::shared_ptr<const LoadedLibrary> library) noexcept;
   std::shared_ptr<const LoadedLibrary> library_;
 };

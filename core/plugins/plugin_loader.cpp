@@ -19,6 +19,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace backhaul::plugins {
@@ -88,9 +89,23 @@ SealedCopy seal_copy(const fs::path& path) {
 // loaded under the same name without opening the file, and a library that outlived its dlclose()
 // (glibc keeps some) may hold a name whose descriptor number is free again, so the descriptor
 // moves to another number until its name is not taken.
+//
+// The process's number is read from /proc/self, not getpid(): they differ when the /proc mounted
+// here belongs to another PID namespace (`unshare --pid` without a new /proc), where /proc/PID
+// is some other process. The name must lead to the copy itself (same inode), or nothing loads.
 std::string name_for_dlopen(const fs::path& path, UniqueFd& fd) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self", ec);
+  if (ec) refuse(path, "cannot be loaded: /proc/self cannot be read: " + ec.message());
   for (;;) {
-    std::string name = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd.get());
+    std::string name = "/proc/" + self.string() + "/fd/" + std::to_string(fd.get());
+    struct stat named {
+    }, copy{};
+    if (::stat(name.c_str(), &named) != 0 || ::fstat(fd.get(), &copy) != 0 ||
+        named.st_dev != copy.st_dev || named.st_ino != copy.st_ino) {
+      refuse(path, "cannot be loaded: " + name +
+                       " does not lead to its in-memory copy (is /proc this process's?)");
+    }
     void* loaded = ::dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
     if (!loaded) return name;
     ::dlclose(loaded);
@@ -234,13 +249,12 @@ LoadedLibrary::~LoadedLibrary() {
   }
 }
 
-Plugin load_plugin(const fs::path& path, const HostServices& services,
-                   const std::set<std::string>& allowed_sha256) {
+Plugin load_plugin(const fs::path& path, const HostServices& services, const LoadOptions& options) {
   std::error_code ec;
   if (!fs::exists(path, ec)) refuse(path, "file does not exist");
   if (!fs::is_regular_file(path, ec)) refuse(path, "is not a regular file");
   SealedCopy copy = seal_copy(path);
-  if (!allowed_sha256.empty() && !allowed_sha256.count(copy.sha256)) {
+  if (!options.allowed_sha256.empty() && !options.allowed_sha256.count(copy.sha256)) {
     refuse(path, "sha256 " + copy.sha256 + " is not in the plugin allow-list");
   }
   if (!copy.elf) refuse(path, "is not an ELF shared object");
@@ -260,6 +274,7 @@ Plugin load_plugin(const fs::path& path, const HostServices& services,
   check_entry(path, entry);
   PluginInfo info = read_descriptor(path, entry);
   info.sha256 = std::move(copy.sha256);
+  if (options.before_init) options.before_init(info);
 
   auto host = std::make_unique<HostBinding>(services, info.id);
   const backhaul_host_t* c_host = host->c_host();
@@ -310,12 +325,17 @@ std::vector<LoadProblem> PluginRegistry::load_directory(const fs::path& dir) {
 std::optional<LoadProblem> PluginRegistry::load_file(const fs::path& path) {
   auto log = logging::get("plugins");
   try {
-    Plugin plugin = load_plugin(path, services_, allowed_sha256_);
-    const std::string& id = plugin.info().id;
-    if (auto it = by_id_.find(id); it != by_id_.end()) {
-      refuse(path, "duplicate plugin id '" + id + "' (already loaded from " +
-                       it->second.info().path.string() + ")");
-    }
+    LoadOptions options;
+    options.allowed_sha256 = allowed_sha256_;
+    // Before init(): a second instance of a plugin is never started.
+    options.before_init = [&](const PluginInfo& info) {
+      if (auto it = by_id_.find(info.id); it != by_id_.end()) {
+        refuse(path, "duplicate plugin id '" + info.id + "' (already loaded from " +
+                         it->second.info().path.string() + ")");
+      }
+    };
+    Plugin plugin = load_plugin(path, services_, options);
+    const std::string id = plugin.info().id;
     by_id_.emplace(id, std::move(plugin));
     return std::nullopt;
   } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,16 +26,22 @@ struct HostServices {
 // Loads one library and checks, before running any of its code: the backhaul_entry symbol, the
 // magic block, the ABI version (same major, minor <= ours), the entry's size, then the descriptor
 // (id pattern, semantic version, entity types non-empty and unique, defaults a subset, schema is
-// a JSON object). Then calls init(). Throws PluginLoadError whose message names the file and the
-// reason.
+// a JSON object), then `options.before_init`. Then calls init(). Throws PluginLoadError whose
+// message names the file and the reason.
 //
 // The library is mapped from a sealed in-memory copy of the file, made and hashed (SHA-256, in
-// PluginInfo::sha256) in one read: a non-empty `allowed_sha256` refuses a copy whose hash it does
-// not list, and what it checked is what runs; a later write to the file (`cp` over it) does not
-// reach the process. The copy lives as long as the library is loaded. Each call loads its own
-// instance, bound to its own host services. [main-thread]
+// PluginInfo::sha256) in one read: a non-empty `options.allowed_sha256` refuses a copy whose hash
+// it does not list, and what it checked is what runs; a later write to the file (`cp` over it)
+// does not reach the process. The copy lives as long as the library is loaded. Each call loads its
+// own instance, bound to its own host services. [main-thread]
+struct LoadOptions {
+  std::set<std::string> allowed_sha256;  // lower-case hex; empty: every hash loads
+  // Sees the checked descriptor before any plugin function runs; throws PluginLoadError to refuse
+  // (PluginRegistry: a duplicate id).
+  std::function<void(const PluginInfo&)> before_init;
+};
 Plugin load_plugin(const std::filesystem::path& path, const HostServices& services,
-                   const std::set<std::string>& allowed_sha256 = {});
+                   const LoadOptions& options = {});
 
 struct LoadProblem {
   std::filesystem::path path;

@@ -20,11 +20,12 @@ namespace backhaul::daemon {
 namespace {
 
 // Runs daemon.stop(). A handler learns of the stop at its next page boundary; one stuck in a call
-// into a plugin never gets there, and stop() would wait for it forever. So once the grace and
-// then shutdown.abandon_ms have passed, this logs what is left and ends the process with status
-// 1, as a crash would: the jobs still running keep their leases until those expire, and the sweep
-// of any host takes them back (attempt counted). Every ending already handed to the store is
-// written by then, or its lease fences it the same way.
+// into a plugin never gets there, and stop() would wait for it forever. So if jobs are still in a
+// handler once the grace and then shutdown.abandon_ms have passed, this logs them and ends the
+// process with status 1, as a crash would: those jobs keep their leases until they expire, and the
+// sweep of any host takes them back (attempt counted); an ending the finisher had not written yet
+// (a store failing at that moment) is lost the same way. Once no job is in a handler, stop() is
+// only writing and releasing, and is left to finish.
 void stop_or_abandon(Daemon& daemon, spdlog::logger& log) {
   const auto limit = std::chrono::milliseconds(daemon.config().shutdown.grace_ms +
                                                daemon.config().shutdown.abandon_ms);
@@ -34,20 +35,30 @@ void stop_or_abandon(Daemon& daemon, spdlog::logger& log) {
   std::thread watchdog([&] {
     std::unique_lock lock(mutex);
     if (stopped_cv.wait_for(lock, limit, [&] { return stopped; })) return;
+    const int64_t running = daemon.in_flight();
+    if (running == 0) return;
     log.error(
-        "stop: {} jobs still running {} ms after the signal (a call into a plugin that does not "
-        "return?); exiting without them: their leases expire and the sweep takes them back",
-        daemon.in_flight(), limit.count());
+        "stop: {} jobs still in a handler {} ms after the signal (a call into a plugin that does "
+        "not return?); exiting without them: their leases expire and the sweep takes them back",
+        running, limit.count());
     log.flush();
     std::_Exit(1);
   });
-  daemon.stop();
-  {
-    std::lock_guard lock(mutex);
-    stopped = true;
+  auto done = [&] {
+    {
+      std::lock_guard lock(mutex);
+      stopped = true;
+    }
+    stopped_cv.notify_all();
+    watchdog.join();
+  };
+  try {
+    daemon.stop();
+  } catch (...) {
+    done();
+    throw;
   }
-  stopped_cv.notify_all();
-  watchdog.join();
+  done();
 }
 
 }  // namespace

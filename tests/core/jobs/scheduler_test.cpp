@@ -659,6 +659,40 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesWereTakenWhileWaitingAreNotStarted) {
   for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(calls(ids[i]), 1) << "job " << ids[i];
 }
 
+// Jobs whose leases ran out while they waited, their heartbeats failing on a store that was down
+// (so none of them saw LeaseLost), are not started either: by the scheduler's own clock the
+// leases are over, and here the sweep took the jobs back and another host holds them (found by
+// review).
+TEST_F(PrefetchedJobs, ThoseWhoseLeasesRanOutWhileTheStoreWasDownAreNotStarted) {
+  struct BeatsFailWhileDown : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (down) {
+        ++failed_beats;
+        throw StorageError("store unreachable", true);
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    std::atomic<bool> down{false};
+    std::atomic<int> failed_beats{0};
+  } store(*store_);
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(store, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  store.down = true;
+  clock_.advance_ms(o.lease_ms + 500);
+  ASSERT_TRUE(wait_for([&] { return store.failed_beats >= 4; }));
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 4);
+  ASSERT_EQ(store_->claim({"other-host", 10, clock_.now_ms(), 60'000, {"work"}}).size(), 4u);
+  release_ = true;  // the worker is free: the waiting jobs are next
+  ASSERT_TRUE(wait_for([&] { return scheduler.stats().in_flight == 0; }));
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_EQ(calls(ids[i]), 0) << "job " << ids[i] << " started while other-host holds it";
+  }
+}
+
 // A host restarting under a stable owner name takes back at once what its previous process left
 // running (the lease has 30 s to go), with the attempt counted; without the option it waits for
 // the lease to expire.
@@ -690,6 +724,34 @@ TEST_F(SchedulerTest, RestartingUnderTheSameOwnerRecoversItsJobsAtOnce) {
   EXPECT_EQ(job.attempts, 2) << "the crashed attempt counted";
   EXPECT_EQ(calls.load(), 1);
   EXPECT_EQ(store_->attempts(id).front().outcome, "lease_expired");
+}
+
+// A claim that took jobs and left workers free is followed at once by another, not by an idle
+// poll (found by review: a moved-from vector made every claim look empty). With claim_batch 1,
+// four long jobs and a one-minute idle poll, the four start within seconds only if so.
+TEST_F(SchedulerTest, AClaimThatLeavesWorkersFreeIsFollowedAtOnceByAnother) {
+  SchedulerOptions o = options();
+  o.workers = 4;
+  o.claim_batch = 1;
+  o.idle_poll_ms = 60'000;
+  o.sweep_interval_ms = 3'600'000;
+  for (int i = 0; i < 4; ++i) enqueue("work");
+  std::atomic<int> started{0};
+  std::atomic<bool> release{false};
+  Scheduler scheduler(*store_, clock_, o);
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++started;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  scheduler.start();
+  for (int i = 0; i < 10'000 && started < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const int before_release = started;
+  release = true;
+  scheduler.drain(std::chrono::milliseconds(2'000));
+  EXPECT_EQ(before_release, 4) << "4 free workers, 4 due jobs, and an idle poll in between";
 }
 
 }  // namespace

@@ -264,6 +264,25 @@ TEST_F(PluginLoaderTest, RegistrySkipsBrokenAndDuplicatePluginsAndLoadsTheRest) 
   EXPECT_EQ(registry.find("fake")->info().path, dir.path() / "fake.so");
 }
 
+// A second plugin with an id already loaded is refused before any of its functions runs: its
+// init() would start a second instance only to take it down again.
+TEST_F(PluginLoaderTest, ADuplicateIdIsRefusedBeforeItsInitRuns) {
+  TempDir dir;
+  fs::copy_file(plugin_path("init_log"), dir.path() / "a.so");
+  fs::copy_file(plugin_path("init_log"), dir.path() / "b.so");
+  const fs::path log = dir.path() / "init.log";
+  ASSERT_EQ(::setenv("BACKHAUL_TEST_INIT_LOG", log.c_str(), 1), 0);
+  PluginRegistry registry(services_);
+  auto problems = registry.load_directory(dir.path());
+  ::unsetenv("BACKHAUL_TEST_INIT_LOG");
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].path.filename(), "b.so");
+  EXPECT_NE(problems[0].reason.find("duplicate plugin id 'initlog'"), std::string::npos);
+  std::ifstream in(log);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "initlog\n") << "init() ran once, for a.so";
+}
+
 TEST_F(PluginLoaderTest, AllowListRefusesUnlistedHashes) {
   PluginRegistry registry(services_);
   registry.set_allowed_sha256({std::string(64, '0')});

@@ -180,5 +180,23 @@ TEST_F(DaemonProcessTest, AHandlerStuckInAPluginCallHoldsTheStopNoLongerThanGrac
   EXPECT_GE(running, 1) << "the abandoned job keeps its lease until it expires";
 }
 
+// The stop's bound applies to jobs in a handler, not to the stop itself: an idle daemon with
+// shutdown {grace_ms 0, abandon_ms 0} stops cleanly with 0 (found by review: it exited 1 while
+// stop() was still running).
+TEST_F(DaemonProcessTest, AnIdleDaemonWithZeroGraceAndAbandonStopsWithExit0) {
+  json config = good_config();
+  config["shutdown"] = {{"grace_ms", 0}, {"abandon_ms", 0}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  ASSERT_NE(daemon_->wait_port(dir_ / "port", std::chrono::seconds(30)), 0)
+      << daemon_->stderr_text();
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "; " << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+  EXPECT_EQ(daemon_->stderr_text().find("exiting without them"), std::string::npos)
+      << daemon_->stderr_text();
+}
+
 }  // namespace
 }  // namespace backhaul::daemon::testing

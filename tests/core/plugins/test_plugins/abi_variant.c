@@ -7,6 +7,8 @@
  *   VARIANT_ABI_MINOR     overrides the declared ABI minor
  *   VARIANT_BAD_MAGIC     declares a wrong magic number
  *   VARIANT_INIT_FAILS    init() returns 0 with a message
+ *   VARIANT_INIT_LOG      init() appends the id and a newline to the file named by the
+ *                         environment variable BACKHAUL_TEST_INIT_LOG
  *   VARIANT_NO_ENTRY      exports a differently named symbol instead of backhaul_entry
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
@@ -62,6 +64,14 @@ static int32_t plugin_init(const backhaul_host_t* host, backhaul_error_t* error)
   return 0;
 #else
   (void)error;
+#ifdef VARIANT_INIT_LOG
+  const char* log = getenv("BACKHAUL_TEST_INIT_LOG");
+  FILE* f = log ? fopen(log, "a") : NULL;
+  if (f) {
+    fputs(VARIANT_ID "\n", f);
+    fclose(f);
+  }
+#endif
   g_host = host;
   return 1;
 #endif
