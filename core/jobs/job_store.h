@@ -119,7 +119,8 @@ struct FinishResult {
   std::string error;        // not applied: why
   // Not applied because the store failed (StorageError::transient: the server unreachable, the
   // connection lost): the same item sent again may apply. Leases fence a repeat of one that
-  // applied after all (a COMMIT whose reply was lost): it gets lease_lost.
+  // applied after all (a COMMIT whose reply was lost): it gets lease_lost, except a completion,
+  // which the store recognizes by its attempt and reports applied.
   bool retryable = false;
 };
 

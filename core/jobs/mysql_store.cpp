@@ -1898,7 +1898,11 @@ class MysqlStore final : public JobStore {
   void complete(JobId id, const std::string& token, const std::string& result_json,
                 int64_t now_ms) override {
     CompleteOp op{id, token, result_json, now_ms, nullptr, false};
-    completions_.submit(op, [&](std::vector<CompleteOp*>& batch) { complete_batch(batch); });
+    completions_.submit(op, [&](std::vector<CompleteOp*>& batch) {
+      std::vector<CompleteOp*> unsettled = batch;
+      settle_unsettled_completions(unsettled);
+      complete_batch(unsettled);
+    });
     if (op.error) std::rethrow_exception(op.error);
   }
 
@@ -1906,6 +1910,7 @@ class MysqlStore final : public JobStore {
   // op's doing (say, a result too large), and only that one fails. A transaction whose COMMIT
   // applied but whose reply was lost is not run again: the outcomes its body recorded stand.
   void complete_batch(const std::vector<CompleteOp*>& batch) {
+    if (batch.empty()) return;
     std::exception_ptr error;
     try {
       transact("complete", [&](Tx& tx) { complete_jobs(tx, batch); });
@@ -1969,8 +1974,9 @@ class MysqlStore final : public JobStore {
     }
     std::vector<CompleteOp*> batch;
     for (CompleteOp& op : ops) batch.push_back(&op);
+    settle_unsettled_completions(batch);
     std::vector<FinishResult> end_results;
-    bool completed = ops.empty();
+    bool completed = batch.empty();
     bool ended = ends.empty();
     // Both kinds in one transaction when there are both; should it fail, each batch is tried on
     // its own, and then each item.
@@ -2525,32 +2531,97 @@ class MysqlStore final : public JobStore {
   }
 
   // After a CommitUnknown: whether the transaction that ended job `id`'s attempt under lease
-  // `token` committed. It wrote that attempt's row, which carries the token (one per claim). When
-  // the row cannot be read either, the answer is no: the caller re-runs, fenced by the token.
-  bool attempt_ended(JobId id, const std::string& token) {
+  // `token` committed. It wrote that attempt's row, which carries the token (one per claim).
+  // Unset when the row cannot be read either.
+  std::optional<bool> attempt_ended(JobId id, const std::string& token) {
     try {
       return !read("commit check", [&](mysql::Connection& c) {
                 return c.one(Sql("SELECT 1 FROM job_attempts WHERE job_id = ")
                              << id << " AND lease_token = " << quote(token) << " LIMIT 1");
               }).rows.empty();
     } catch (const std::exception&) {
-      return false;
+      return std::nullopt;
     }
   }
   // After a CommitUnknown of a transaction of completions (`ops`) and endings (`ends`, whose
   // outcomes its body left in `end_results`): whether it committed. One item it applied tells,
   // since all or none did; one that applied none changed nothing, and its outcomes (leases lost)
   // hold either way.
+  // When that cannot be read either (the server is gone), the answer is no: the caller runs the
+  // items again, fenced by their tokens, and the completions among them are remembered (see
+  // settle_unsettled_completions).
   bool committed_after_all(const std::vector<CompleteOp*>& ops,
                            const std::vector<const Finish*>& ends,
                            const std::vector<FinishResult>& end_results) {
+    std::optional<bool> committed = true;  // nothing applied: nothing changed either way
+    bool told = false;
     for (const CompleteOp* op : ops) {
-      if (!op->error) return attempt_ended(op->id, op->token);
+      if (!op->error) {
+        committed = attempt_ended(op->id, op->token);
+        told = true;
+        break;
+      }
     }
-    for (size_t k = 0; k < ends.size() && k < end_results.size(); ++k) {
-      if (end_results[k].status) return attempt_ended(ends[k]->id, ends[k]->token);
+    for (size_t k = 0; !told && k < ends.size() && k < end_results.size(); ++k) {
+      if (end_results[k].status) {
+        committed = attempt_ended(ends[k]->id, ends[k]->token);
+        told = true;
+      }
     }
-    return true;
+    if (!committed) {
+      std::lock_guard lock(unsettled_mutex_);
+      for (const CompleteOp* op : ops) {
+        if (!op->error) unsettled_completions_.emplace(op->id, op->token);
+      }
+    }
+    return committed.value_or(false);
+  }
+
+  // Completions whose transaction may have committed without the store learning it (its reply and
+  // then the server were lost): sent again, they would find their jobs ended and report their
+  // leases lost. Each op of `batch` that is one of them is settled first by its attempt's row
+  // (written by the completion, with its token): present, the op succeeded (and is taken out of
+  // `batch`); absent, it runs as usual. An op whose row cannot be read gets the error (transient)
+  // and stays remembered.
+  void settle_unsettled_completions(std::vector<CompleteOp*>& batch) {
+    {
+      std::lock_guard lock(unsettled_mutex_);
+      if (unsettled_completions_.empty()) return;
+    }
+    std::vector<CompleteOp*> rest;
+    for (CompleteOp* op : batch) {
+      const std::pair<JobId, std::string> key(op->id, op->token);
+      bool remembered;
+      {
+        std::lock_guard lock(unsettled_mutex_);
+        remembered = unsettled_completions_.count(key) > 0;
+      }
+      if (!remembered) {
+        rest.push_back(op);
+        continue;
+      }
+      std::optional<bool> applied;
+      try {
+        applied = !read("completion check", [&](mysql::Connection& c) {
+                     return c.one(Sql("SELECT 1 FROM job_attempts WHERE job_id = ")
+                                  << op->id << " AND lease_token = " << quote(op->token)
+                                  << " AND outcome = 'succeeded' LIMIT 1");
+                   }).rows.empty();
+      } catch (...) {
+        op->error = std::current_exception();
+        continue;
+      }
+      {
+        std::lock_guard lock(unsettled_mutex_);
+        unsettled_completions_.erase(key);
+      }
+      if (*applied) {
+        op->error = nullptr;
+      } else {
+        rest.push_back(op);
+      }
+    }
+    batch = std::move(rest);
   }
 
   // After a CommitUnknown of a claim: whether it committed. Its jobs carry its lease tokens (one
@@ -2794,7 +2865,8 @@ class MysqlStore final : public JobStore {
   std::mutex owners_mutex_;
   std::map<std::string, int> owner_ids_;  // lease_owners, as far as this store has used them
   std::mutex unsettled_mutex_;
-  std::vector<Finish> unsettled_claims_;  // see remember_unsettled
+  std::vector<Finish> unsettled_claims_;                           // see remember_unsettled
+  std::set<std::pair<JobId, std::string>> unsettled_completions_;  // see committed_after_all
 };
 
 // Applies what is missing of mysql_migrations() under a server-wide named lock, so that hosts

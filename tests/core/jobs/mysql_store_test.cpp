@@ -1482,33 +1482,39 @@ TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApp
   EXPECT_EQ(results[1].status, std::optional<JobStatus>(JobStatus::kQueued));
 }
 
-// A claim whose COMMIT applied but whose reply was lost returns its jobs: reported as failed,
-// they would stay leased to nobody until the sweep took them back, counting an attempt that
-// never ran (a job with one attempt would be dead without having run).
-// A claim at 2000 of the one job of kind "k" whose COMMIT applies and whose reply is lost (see
-// commit_then_lose_reply); returns what the claim returned and its error ("" if none).
+// Runs `call` (a store call whose COMMIT trip updates the running_counts row ('k', 'key')) on a
+// thread, so that its COMMIT applies and its reply is lost (see commit_then_lose_reply);
+// `committed` is the COUNT that becomes 1 once it applied. Returns the call's error ("" if none).
+std::string call_losing_reply(ThroughRelay& t, const std::string& committed,
+                              std::function<void()> call, bool stay_down) {
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread caller;
+  const bool waited = commit_then_lose_reply(
+      t.db, t.relay, "k", "key", committed, done,
+      [&] { caller = running(std::move(call), error, done); }, stay_down);
+  caller.join();
+  EXPECT_TRUE(waited) << "the call never waited for the held counter: " << error;
+  return error;
+}
+
+// A claim at 2000 of the one job of kind "k" whose COMMIT applies and whose reply is lost;
+// returns what the claim returned and its error ("" if none).
 std::vector<Claimed> claim_losing_reply(ThroughRelay& t, JobId job, std::string& error,
                                         bool stay_down = false) {
   t.db.app_session()->one(
       "INSERT INTO running_counts (kind, concurrency_key, running, max_running) VALUES ('k', "
       "'key', 0, 0)");  // the row the claim's COMMIT trip updates, for the holder to lock
-  std::atomic<bool> done{false};
   std::vector<Claimed> got;
-  std::thread claimer;
-  const bool waited = commit_then_lose_reply(
-      t.db, t.relay, "k", "key",
-      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(job) + " AND status = 'running'",
-      done,
-      [&] {
-        claimer =
-            running([&] { got = t.store->claim(claim_of("w", 1, 2000, {"k"})); }, error, done);
-      },
-      stay_down);
-  claimer.join();
-  EXPECT_TRUE(waited) << "the claim never waited for the held counter: " << error;
+  error = call_losing_reply(
+      t, "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(job) + " AND status = 'running'",
+      [&] { got = t.store->claim(claim_of("w", 1, 2000, {"k"})); }, stay_down);
   return got;
 }
 
+// A claim whose COMMIT applied but whose reply was lost returns its jobs: reported as failed,
+// they would stay leased to nobody until the sweep took them back, counting an attempt that
+// never ran (a job with one attempt would be dead without having run).
 TEST(MysqlStore, AClaimWhoseCommitAppliedButWhoseReplyWasLostReturnsItsJobs) {
   ThroughRelay t;
   EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
@@ -1546,6 +1552,16 @@ TEST(MysqlStore, AClaimWhoseOutcomeCouldNotBeReadHasItsJobsReleasedByTheNextClai
   EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
 }
 
+// complete() at 2000 of job `job` (claimed under `token`, kind "k") whose COMMIT applies and whose
+// reply is lost; returns complete()'s error ("" if none).
+std::string complete_losing_reply(ThroughRelay& t, JobId job, const std::string& token,
+                                  bool stay_down = false) {
+  return call_losing_reply(
+      t,
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(job) + " AND status = 'succeeded'",
+      [&] { t.store->complete(job, token, "{\"ok\":1}", 2000); }, stay_down);
+}
+
 // complete() alone: its COMMIT applied and the reply was lost. The store can find out (the
 // attempt's row, written by that transaction, carries the lease token) instead of reporting an
 // error whose retry by the caller ends in LeaseLost for a job that succeeded.
@@ -1554,20 +1570,36 @@ TEST(MysqlStore, ACompletionWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
   EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
   std::vector<Claimed> got = t.direct->claim(claim_of("w", 1, 1000, {"k"}));
   ASSERT_EQ(got.size(), 1u);
-  std::atomic<bool> done{false};
-  std::string error;
-  std::thread completer;
-  const bool waited = commit_then_lose_reply(
-      t.db, t.relay, "k", "key",
-      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'succeeded'",
-      done, [&] {
-        completer = running(
-            [&] { t.store->complete(a.id, got[0].lease_token, "{\"ok\":1}", 2000); }, error, done);
-      });
-  completer.join();
-  ASSERT_TRUE(waited) << "complete never waited for the held counter: " << error;
+  const std::string error = complete_losing_reply(t, a.id, got[0].lease_token);
   EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
   EXPECT_EQ(error, "") << "the completion applied";
+}
+
+// The same, with the server gone right after the COMMIT: the store cannot read whether the
+// completion applied, and reports an error (transient). Sent again once the server is back (as
+// the scheduler's finisher does), the completion is reported applied -- it was -- instead of
+// "lease lost"; the store settles it by the attempt row that carries its token. Only once: a
+// later completion under that token is an ordinary stale one.
+TEST(MysqlStore, ACompletionWhoseOutcomeCouldNotBeReadIsReportedAppliedWhenSentAgain) {
+  ThroughRelay t;
+  EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
+  std::vector<Claimed> got = t.direct->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string error = complete_losing_reply(t, a.id, got[0].lease_token, true);
+  ASSERT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded) << "the completion applied";
+  EXPECT_NE(error, "") << "the store could not have told";
+  t.relay.up();
+  std::vector<Finish> again(1);
+  again[0].kind = Finish::Kind::kComplete;
+  again[0].id = a.id;
+  again[0].token = got[0].lease_token;
+  again[0].result_json = "{\"ok\":1}";
+  std::vector<FinishResult> results = t.store->finish(again, 3000);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, JobStatus::kSucceeded) << results[0].error;
+  EXPECT_FALSE(results[0].lease_lost);
+  EXPECT_EQ(t.direct->attempts(a.id).size(), 1u) << "applied once";
+  EXPECT_THROW(t.store->complete(a.id, got[0].lease_token, "{}", 4000), LeaseLost);
 }
 
 // Bad input (issue 4): the store goes away mid-run. For 3 s the server cannot be reached -- every
