@@ -2530,15 +2530,21 @@ class MysqlStore final : public JobStore {
     return id;
   }
 
+  // Whether job `id` has an attempt row under lease `token` (one per claim: the row of the
+  // attempt's end), with `outcome` when given. Throws StorageError when it cannot be read.
+  bool attempt_row_exists(JobId id, const std::string& token, const char* outcome = nullptr) {
+    return !read("commit check", [&](mysql::Connection& c) {
+              Sql sql("SELECT 1 FROM job_attempts WHERE job_id = ");
+              sql << id << " AND lease_token = " << quote(token);
+              if (outcome) sql << " AND outcome = " << quote(outcome);
+              return c.one(sql << " LIMIT 1");
+            }).rows.empty();
+  }
   // After a CommitUnknown: whether the transaction that ended job `id`'s attempt under lease
-  // `token` committed. It wrote that attempt's row, which carries the token (one per claim).
-  // Unset when the row cannot be read either.
+  // `token` committed (it wrote that attempt's row). Unset when the row cannot be read either.
   std::optional<bool> attempt_ended(JobId id, const std::string& token) {
     try {
-      return !read("commit check", [&](mysql::Connection& c) {
-                return c.one(Sql("SELECT 1 FROM job_attempts WHERE job_id = ")
-                             << id << " AND lease_token = " << quote(token) << " LIMIT 1");
-              }).rows.empty();
+      return attempt_row_exists(id, token);
     } catch (const std::exception&) {
       return std::nullopt;
     }
@@ -2579,43 +2585,33 @@ class MysqlStore final : public JobStore {
 
   // Completions whose transaction may have committed without the store learning it (its reply and
   // then the server were lost): sent again, they would find their jobs ended and report their
-  // leases lost. Each op of `batch` that is one of them is settled first by its attempt's row
-  // (written by the completion, with its token): present, the op succeeded (and is taken out of
-  // `batch`); absent, it runs as usual. An op whose row cannot be read gets the error (transient)
-  // and stays remembered.
+  // leases lost. Each op of `batch` that is one of them is settled first by its attempt's
+  // succeeded row (written by the completion, with its token; a sweep's row would carry the token
+  // too): present, the op succeeded (and is taken out of `batch`); absent, it runs as usual. An op
+  // whose row cannot be read gets the error (transient) and stays remembered.
   void settle_unsettled_completions(std::vector<CompleteOp*>& batch) {
+    std::vector<CompleteOp*> rest, remembered;
     {
       std::lock_guard lock(unsettled_mutex_);
       if (unsettled_completions_.empty()) return;
+      for (CompleteOp* op : batch) {
+        const bool is = unsettled_completions_.count({op->id, op->token}) > 0;
+        (is ? remembered : rest).push_back(op);
+      }
     }
-    std::vector<CompleteOp*> rest;
-    for (CompleteOp* op : batch) {
-      const std::pair<JobId, std::string> key(op->id, op->token);
-      bool remembered;
-      {
-        std::lock_guard lock(unsettled_mutex_);
-        remembered = unsettled_completions_.count(key) > 0;
-      }
-      if (!remembered) {
-        rest.push_back(op);
-        continue;
-      }
-      std::optional<bool> applied;
+    for (CompleteOp* op : remembered) {
+      bool applied;
       try {
-        applied = !read("completion check", [&](mysql::Connection& c) {
-                     return c.one(Sql("SELECT 1 FROM job_attempts WHERE job_id = ")
-                                  << op->id << " AND lease_token = " << quote(op->token)
-                                  << " AND outcome = 'succeeded' LIMIT 1");
-                   }).rows.empty();
+        applied = attempt_row_exists(op->id, op->token, "succeeded");
       } catch (...) {
         op->error = std::current_exception();
         continue;
       }
       {
         std::lock_guard lock(unsettled_mutex_);
-        unsettled_completions_.erase(key);
+        unsettled_completions_.erase({op->id, op->token});
       }
-      if (*applied) {
+      if (applied) {
         op->error = nullptr;
       } else {
         rest.push_back(op);

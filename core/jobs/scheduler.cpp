@@ -230,6 +230,7 @@ void Scheduler::sweep_loop() {
 std::vector<std::shared_ptr<JobContext>> Scheduler::lease(std::vector<Claimed> claimed,
                                                           int64_t now_ms) {
   std::vector<std::shared_ptr<JobContext>> contexts;
+  if (claimed.empty()) return contexts;  // an idle claim loop takes no lock for nothing
   for (Claimed& c : claimed) {
     contexts.emplace_back(
         new JobContext(store_, clock_, std::move(c), options_.lease_ms, stopping_));

@@ -57,17 +57,17 @@ SealedCopy seal_copy(const fs::path& path) {
     refuse(path, std::string("cannot be copied: memfd_create: ") + std::strerror(errno));
   Poco::SHA2Engine engine(Poco::SHA2Engine::SHA_256);
   std::vector<char> buffer(256 * 1024);
-  size_t total = 0;
+  bool first = true;
   for (;;) {
     ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
     if (n == 0) break;
-    if (total == 0) {
+    if (first) {
       copy.elf =
           n >= 4 && buffer[0] == 0x7f && buffer[1] == 'E' && buffer[2] == 'L' && buffer[3] == 'F';
+      first = false;
     }
-    total += static_cast<size_t>(n);
     engine.update(buffer.data(), static_cast<unsigned>(n));
     for (ssize_t written = 0; written < n;) {
       ssize_t w = ::write(copy.fd.get(), buffer.data() + written, static_cast<size_t>(n - written));
