@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <boost/dll/shared_library.hpp>
 
@@ -17,9 +18,11 @@ namespace backhaul::plugins {
 // holds a shared_ptr to it): then deinit() runs and the library is unmapped, in that order.
 class LoadedLibrary {
  public:
-  LoadedLibrary(UniqueFd copy, boost::dll::shared_library library, const backhaul_entry_t* entry,
-                PluginInfo info, std::unique_ptr<HostBinding> host)
+  LoadedLibrary(UniqueFd copy, std::vector<UniqueFd> dependency_copies,
+                boost::dll::shared_library library, const backhaul_entry_t* entry, PluginInfo info,
+                std::unique_ptr<HostBinding> host)
       : copy_(std::move(copy)),
+        dependency_copies_(std::move(dependency_copies)),
         library_(std::move(library)),
         entry_(entry),
         info_(std::move(info)),
@@ -38,6 +41,8 @@ class LoadedLibrary {
   // The sealed copy of the file that library_ is mapped from, open for as long as it is mapped:
   // its descriptor number names the library (/proc/PID/fd/N) for dlopen and for debuggers.
   UniqueFd copy_;
+  // The same for the libraries it finds through $ORIGIN (plugin_loader.cpp, OriginDependencies).
+  std::vector<UniqueFd> dependency_copies_;
   // Destroyed after everything below: the code must stay mapped while deinit runs and until the
   // host binding (which the plugin may still reference) is gone.
   boost::dll::shared_library library_;

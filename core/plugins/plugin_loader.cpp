@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <regex>
 #include <set>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "core/common/unique_fd.h"
 #include "core/plugins/loaded_library.h"
 #include <dlfcn.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -115,6 +118,74 @@ std::string name_for_dlopen(const fs::path& path, UniqueFd& fd) {
   }
 }
 
+// Reads `size` bytes at `offset` of the copy; false if the file is shorter.
+bool read_at(int fd, uint64_t offset, void* out, size_t size) {
+  auto* at = static_cast<char*>(out);
+  while (size > 0) {
+    ssize_t n = ::pread(fd, at, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    at += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// What the dynamic section of an ELF64 object asks of the loader: its DT_NEEDED names and its
+// library search path (DT_RUNPATH, or DT_RPATH when it has no RUNPATH). Empty for anything this
+// parser does not understand: dlopen() then judges the file and reports what is wrong with it.
+struct DynamicNeeds {
+  std::vector<std::string> needed;
+  std::string search_path;
+};
+
+DynamicNeeds read_dynamic_needs(int fd) {
+  DynamicNeeds needs;
+  Elf64_Ehdr eh{};
+  if (!read_at(fd, 0, &eh, sizeof eh) || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_phentsize != sizeof(Elf64_Phdr) ||
+      eh.e_phnum == 0 || eh.e_phnum > 1024) {
+    return needs;
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  if (!read_at(fd, eh.e_phoff, ph.data(), ph.size() * sizeof(Elf64_Phdr))) return needs;
+  const Elf64_Phdr* dynamic = nullptr;
+  for (const auto& p : ph) {
+    if (p.p_type == PT_DYNAMIC) dynamic = &p;
+  }
+  if (!dynamic || dynamic->p_filesz > (1u << 20)) return needs;
+  std::vector<Elf64_Dyn> dyn(dynamic->p_filesz / sizeof(Elf64_Dyn));
+  if (!read_at(fd, dynamic->p_offset, dyn.data(), dyn.size() * sizeof(Elf64_Dyn))) return needs;
+  uint64_t strtab = 0, strsz = 0;
+  std::optional<uint64_t> runpath, rpath;
+  std::vector<uint64_t> needed;
+  for (const auto& d : dyn) {
+    if (d.d_tag == DT_NULL) break;
+    if (d.d_tag == DT_STRTAB) strtab = d.d_un.d_ptr;
+    if (d.d_tag == DT_STRSZ) strsz = d.d_un.d_val;
+    if (d.d_tag == DT_RUNPATH) runpath = d.d_un.d_val;
+    if (d.d_tag == DT_RPATH) rpath = d.d_un.d_val;
+    if (d.d_tag == DT_NEEDED) needed.push_back(d.d_un.d_val);
+  }
+  // DT_STRTAB is an address: the loadable segment that holds it gives its place in the file.
+  std::optional<uint64_t> strtab_offset;
+  for (const auto& p : ph) {
+    if (p.p_type == PT_LOAD && strtab >= p.p_vaddr && strtab - p.p_vaddr < p.p_filesz) {
+      strtab_offset = p.p_offset + (strtab - p.p_vaddr);
+    }
+  }
+  if (!strtab_offset || strsz == 0 || strsz > (16u << 20)) return needs;
+  std::string strings(strsz, '\0');
+  if (!read_at(fd, *strtab_offset, strings.data(), strsz)) return needs;
+  auto string_at = [&](uint64_t at) {
+    return at < strings.size() ? std::string(strings.c_str() + at) : std::string();
+  };
+  for (uint64_t at : needed) needs.needed.push_back(string_at(at));
+  if (runpath || rpath) needs.search_path = string_at(runpath ? *runpath : *rpath);
+  return needs;
+}
+
 // dlerror() names the library by the name it was opened by; the operator knows the file.
 std::string with_path(std::string message, const std::string& name, const fs::path& path) {
   const std::string file = path.string();
@@ -124,6 +195,101 @@ std::string with_path(std::string message, const std::string& name, const fs::pa
   }
   return message;
 }
+
+// A library mapped from its copy has no directory, so glibc expands $ORIGIN in its RUNPATH/RPATH
+// to /proc/PID/fd and finds nothing there. What it would have found there is loaded beforehand,
+// from a sealed copy of its own (hashed, checked against the allow-list, safe from overwrites, as
+// the plugin is): glibc then takes a loaded library whose SONAME is the DT_NEEDED name instead of
+// searching. The search path's directories are tried in order, as glibc would; a library found
+// in a directory without $ORIGIN is glibc's to load, and one already loaded stays as it is. The
+// libraries loaded this way get the same treatment for their own $ORIGIN. Each handle is closed
+// once the plugin is loaded (the plugin's own reference keeps the library); the copies stay open
+// with the plugin, so that their names keep leading to them.
+class OriginDependencies {
+ public:
+  OriginDependencies(const fs::path& plugin, const std::set<std::string>& allowed_sha256)
+      : plugin_(plugin), allowed_sha256_(allowed_sha256) {}
+  OriginDependencies(const OriginDependencies&) = delete;
+  OriginDependencies& operator=(const OriginDependencies&) = delete;
+  ~OriginDependencies() {
+    for (void* handle : handles_) ::dlclose(handle);
+  }
+
+  // Loads what the object at `path` (mapped from `fd`) finds through $ORIGIN.
+  void load(const fs::path& path, int fd) {
+    const DynamicNeeds needs = read_dynamic_needs(fd);
+    if (needs.search_path.find("ORIGIN") == std::string::npos) return;
+    const std::string origin = fs::absolute(path).parent_path().string();
+    std::vector<std::pair<std::string, bool>> dirs;  // directory, whether it came from $ORIGIN
+    std::string_view rest = needs.search_path;
+    while (!rest.empty()) {
+      const size_t colon = rest.find(':');
+      std::string dir(rest.substr(0, colon));
+      rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+      bool from_origin = false;
+      for (const char* token : {"${ORIGIN}", "$ORIGIN"}) {
+        for (size_t at = dir.find(token); at != std::string::npos; at = dir.find(token, at)) {
+          dir.replace(at, std::strlen(token), origin);
+          at += origin.size();
+          from_origin = true;
+        }
+      }
+      if (!dir.empty()) dirs.emplace_back(std::move(dir), from_origin);
+    }
+    for (const std::string& name : needs.needed) {
+      if (name.empty() || name.find('/') != std::string::npos) continue;
+      if (void* loaded = ::dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
+        ::dlclose(loaded);
+        continue;
+      }
+      for (const auto& [dir, from_origin] : dirs) {
+        const fs::path candidate = fs::path(dir) / name;
+        std::error_code ec;
+        if (!fs::is_regular_file(candidate, ec)) continue;
+        if (from_origin && seen_.insert(fs::absolute(candidate).lexically_normal()).second) {
+          load_copy(candidate);
+        }
+        break;
+      }
+    }
+  }
+
+  // The copies of what was loaded, to keep for as long as the plugin is loaded.
+  std::vector<UniqueFd> take_copies() { return std::move(copies_); }
+
+ private:
+  void load_copy(const fs::path& library) {
+    const std::string what = "its library " + library.string();
+    SealedCopy copy;
+    std::string name;
+    try {  // these name the library first
+      copy = seal_copy(library);
+      if (copy.elf) name = name_for_dlopen(library, copy.fd);
+    } catch (const PluginLoadError& e) {
+      refuse(plugin_, std::string("its library ") + e.what());
+    }
+    if (!allowed_sha256_.empty() && !allowed_sha256_.count(copy.sha256)) {
+      refuse(plugin_,
+             what + " has sha256 " + copy.sha256 + ", which is not in the plugin allow-list");
+    }
+    if (!copy.elf) refuse(plugin_, what + " is not an ELF shared object");
+    load(library, copy.fd.get());
+    void* handle = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char* error = ::dlerror();
+      refuse(plugin_,
+             what + " does not load: " + with_path(error ? error : "unknown error", name, library));
+    }
+    handles_.push_back(handle);
+    copies_.push_back(std::move(copy.fd));
+  }
+
+  const fs::path& plugin_;
+  const std::set<std::string>& allowed_sha256_;
+  std::set<fs::path> seen_;
+  std::vector<void*> handles_;
+  std::vector<UniqueFd> copies_;
+};
 
 // Checks the entry's fixed prefix (size, version, magic) and its function table. Reads nothing
 // beyond the size the plugin declared.
@@ -260,6 +426,8 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
   if (!copy.elf) refuse(path, "is not an ELF shared object");
 
   const std::string name = name_for_dlopen(path, copy.fd);
+  OriginDependencies dependencies(path, options.allowed_sha256);
+  dependencies.load(path, copy.fd.get());
   boost::dll::shared_library library;
   try {
     // RTLD_LOCAL: plugins never see each other's symbols. RTLD_NOW: missing symbols fail here.
@@ -278,8 +446,9 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
 
   auto host = std::make_unique<HostBinding>(services, info.id);
   const backhaul_host_t* c_host = host->c_host();
-  auto loaded = std::make_shared<LoadedLibrary>(std::move(copy.fd), std::move(library), &entry,
-                                                std::move(info), std::move(host));
+  auto loaded =
+      std::make_shared<LoadedLibrary>(std::move(copy.fd), dependencies.take_copies(),
+                                      std::move(library), &entry, std::move(info), std::move(host));
   backhaul_error_t error{};
   int32_t initialized = 0;
   try {

@@ -341,6 +341,85 @@ TEST_F(PluginLoaderTest, ALibraryLeftMappedAfterItsUnloadDoesNotStandInForTheNex
   EXPECT_EQ(load_plugin(plugin_path("fake"), services_).info().id, "fake");
 }
 
+// The test plugins that bundle libbhtestdep.so, copied with it (or with `dependency` in its
+// place) into `dir`: $ORIGIN must mean the directory the plugin is loaded from.
+void add_origin_plugins(const TempDir& dir, std::optional<std::string> dependency) {
+  const fs::path from = fs::path(TEST_PLUGIN_DIR) / "origin";
+  for (const char* plugin : {"origin_runpath.so", "origin_rpath.so"}) {
+    fs::copy_file(from / plugin, dir.path() / plugin);
+  }
+  if (!dependency) return;
+  if (dependency->empty()) {
+    fs::copy_file(from / "libbhtestdep.so", dir.path() / "libbhtestdep.so");
+  } else {
+    std::ofstream(dir.path() / "libbhtestdep.so") << *dependency;
+  }
+}
+
+// A plugin mapped from its copy has no directory of its own; the libraries it finds through
+// $ORIGIN (RUNPATH, or the older RPATH) are still the ones beside its file, mapped from sealed
+// copies as the plugin is, and they are unloaded with the last plugin that uses them.
+TEST_F(PluginLoaderTest, APluginFindsTheLibrariesBesideItThroughOrigin) {
+  TempDir dir;
+  add_origin_plugins(dir, "");
+  const fs::path dependency = dir.path() / "libbhtestdep.so";
+  ASSERT_EQ(maps_lines_with(dependency.string()), 0);
+  {
+    // init() fails unless the library's function answers: loading proves the link.
+    Plugin runpath = load_plugin(dir.path() / "origin_runpath.so", services_);
+    EXPECT_EQ(runpath.info().id, "originrunpath");
+    Plugin rpath = load_plugin(dir.path() / "origin_rpath.so", services_);
+    EXPECT_EQ(rpath.info().id, "originrpath");
+    EXPECT_TRUE(is_mapped(dependency));
+    // Only the copy: the file itself is not mapped (or a write to it could kill the process).
+    EXPECT_EQ(maps_lines_with(" " + dependency.string()), 0);
+  }
+  EXPECT_EQ(maps_lines_with(dependency.string()), 0);
+  EXPECT_EQ(load_plugin(dir.path() / "origin_rpath.so", services_).info().id, "originrpath");
+}
+
+// With an allow-list, a library the plugin brings along is code that runs too: its hash must be
+// listed as the plugin's is.
+TEST_F(PluginLoaderTest, TheAllowListCoversTheLibrariesAPluginBringsAlong) {
+  TempDir dir;
+  add_origin_plugins(dir, "");
+  const fs::path plugin = dir.path() / "origin_runpath.so";
+  const fs::path dependency = dir.path() / "libbhtestdep.so";
+  LoadOptions options;
+  options.allowed_sha256 = {sha256_of_file(plugin)};
+  try {
+    load_plugin(plugin, services_, options);
+    ADD_FAILURE() << "a library whose hash is not listed was loaded";
+  } catch (const PluginLoadError& e) {
+    EXPECT_NE(std::string(e.what()).find(plugin.string() + ": its library " + dependency.string() +
+                                         " has sha256 " + sha256_of_file(dependency) +
+                                         ", which is not in the plugin allow-list"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(maps_lines_with(dependency.string()), 0);
+  options.allowed_sha256.insert(sha256_of_file(dependency));
+  EXPECT_EQ(load_plugin(plugin, services_, options).info().id, "originrunpath");
+}
+
+TEST_F(PluginLoaderTest, APluginWhoseBundledLibraryIsMissingOrBrokenIsRefusedNamingIt) {
+  TempDir missing;
+  add_origin_plugins(missing, std::nullopt);
+  const fs::path plugin = missing.path() / "origin_runpath.so";
+  std::string error = load_error(plugin);
+  EXPECT_NE(error.find(plugin.string() + ": cannot be loaded"), std::string::npos) << error;
+  EXPECT_NE(error.find("libbhtestdep.so"), std::string::npos) << error;
+  EXPECT_EQ(error.find("/proc/"), std::string::npos) << error;
+
+  TempDir broken;
+  add_origin_plugins(broken, "not a library");
+  error = load_error(broken.path() / "origin_rpath.so");
+  EXPECT_NE(error.find("its library " + (broken.path() / "libbhtestdep.so").string() +
+                       " is not an ELF shared object"),
+            std::string::npos)
+      << error;
+}
+
 TEST_F(PluginLoaderTest, LibraryStaysMappedWhileAPageLives) {
   TempDir dir;
   fs::path path = dir.add("fake");

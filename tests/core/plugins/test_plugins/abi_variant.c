@@ -10,6 +10,8 @@
  *   VARIANT_INIT_LOG      init() appends the id and a newline to the file named by the
  *                         environment variable BACKHAUL_TEST_INIT_LOG
  *   VARIANT_NO_ENTRY      exports a differently named symbol instead of backhaul_entry
+ *   VARIANT_ORIGIN_DEP    links libbhtestdep.so (test_plugins/origin_dep.c), found beside the
+ *                         plugin through $ORIGIN; init() fails unless its function answers
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
  */
@@ -36,6 +38,10 @@
 #endif
 
 static const backhaul_host_t* g_host;
+
+#ifdef VARIANT_ORIGIN_DEP
+int backhaul_test_dep_answer(void);
+#endif
 
 static const char* const kTypes[] = {"item"};
 static const char* const kDefaults[] = {VARIANT_DEFAULT_TYPE};
@@ -64,6 +70,12 @@ static int32_t plugin_init(const backhaul_host_t* host, backhaul_error_t* error)
   return 0;
 #else
   (void)error;
+#ifdef VARIANT_ORIGIN_DEP
+  if (backhaul_test_dep_answer() != 42) {
+    set_message(error, "libbhtestdep.so gave a wrong answer");
+    return 0;
+  }
+#endif
 #ifdef VARIANT_INIT_LOG
   const char* log = getenv("BACKHAUL_TEST_INIT_LOG");
   FILE* f = log ? fopen(log, "a") : NULL;
