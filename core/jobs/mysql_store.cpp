@@ -243,9 +243,13 @@ Sql& Sql::real(double value) {
 namespace {
 
 // Errors after which the session is gone (or never was): the server went away, the network
-// failed, the connection was killed, or the server is shutting down or full.
+// failed, the connection was killed, or the server is shutting down or full. Or the server no
+// longer takes writes: a primary switched to read-only while a failover is under way, where a new
+// session (through a proxy or a moved address) may reach the new primary.
 bool is_connection_error(unsigned code) {
   switch (code) {
+    case 1290:  // ER_OPTION_PREVENTS_STATEMENT: the server runs with --read-only
+    case 1836:  // ER_READ_ONLY_MODE
     case 1040:  // ER_CON_COUNT_ERROR: too many connections
     case 1053:  // ER_SERVER_SHUTDOWN
     case 1927:  // ER_CONNECTION_KILLED

@@ -1652,5 +1652,72 @@ TEST(MysqlStore, ASchedulerRunsEveryJobOnceAcrossAServerOutageShorterThanTheLeas
   for (const auto& [id, n] : calls) EXPECT_EQ(n, 1) << "job " << id << " ran " << n << " times";
 }
 
+// --- a read-only server ---------------------------------------------------------------------
+
+// The ids of the sessions open on the test's database (the store's own, outside any test session).
+std::set<int64_t> sessions_on(const TestDatabase& db) {
+  std::set<int64_t> ids;
+  for (const mysql::Row& row :
+       db.root_session()
+           ->one("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = '" + db.name() + "'")
+           .rows) {
+    ids.insert(mysql::to_i64(row[0]));
+  }
+  return ids;
+}
+
+// A primary switched to read-only while a failover is under way refuses every write (1290). The
+// store reports that as transient, so its callers retry (the finisher while the leases last)
+// instead of dropping a completion, and it replaces the session, which behind a proxy or a moved
+// address may reach the new primary. Registered RUN_SERIAL (CMakeLists.txt): read_only is global.
+TEST(MysqlReadOnly, WritesRefusedByAReadOnlyServerAreTransientAndTheSessionIsReplaced) {
+  TestDatabase db;
+  auto store = db.open(1);
+  EnqueueResult a = store->enqueue(spec("k"), 1000);
+  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(claimed.size(), 1u);
+  const std::set<int64_t> before = sessions_on(db);
+  ASSERT_EQ(before.size(), 1u);
+
+  auto root = db.root_session();
+  struct Writable {  // whatever happens below, the server takes writes again afterwards
+    mysql::Connection& root;
+    ~Writable() {
+      try {
+        root.one("SET GLOBAL read_only = 0");
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the server stays read-only: " << e.what();
+      }
+    }
+  } writable{*root};
+  root->one("SET GLOBAL read_only = 1");
+
+  Finish done;
+  done.kind = Finish::Kind::kComplete;
+  done.id = a.id;
+  done.token = claimed[0].lease_token;
+  done.result_json = "{}";
+  std::vector<FinishResult> results = store->finish({done}, 2000);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(results[0].retryable) << results[0].error;
+  EXPECT_FALSE(results[0].lease_lost) << results[0].error;
+  EXPECT_NE(results[0].error.find("read-only"), std::string::npos) << results[0].error;
+  try {
+    store->enqueue(spec("k"), 2000);
+    ADD_FAILURE() << "a read-only server took an enqueue";
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.transient()) << e.what();
+  }
+  EXPECT_EQ(store->get(a.id)->status, JobStatus::kRunning);  // reads go on
+
+  root->one("SET GLOBAL read_only = 0");
+  results = store->finish({done}, 3000);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded)) << results[0].error;
+  const std::set<int64_t> after = sessions_on(db);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_NE(*after.begin(), *before.begin()) << "the session that met read-only was kept";
+}
+
 }  // namespace
 }  // namespace backhaul::jobs
