@@ -181,10 +181,16 @@ void Scheduler::heartbeat_loop() {
     lock.unlock();
     int64_t now = clock_.now_ms();
     std::optional<int64_t> next_due;
+    // Once the store is unavailable, the rest of the round waits for the next one: a call to a
+    // store that is down can take seconds (connect timeouts, its own retries), and a round of
+    // such calls, one per job in hand, would hold up the next round and a stop.
+    bool store_down = false;
     for (const auto& context : running) {
       if (context->lease_lost_) continue;  // nothing left to renew
       int64_t due = context->last_beat_ms_ + interval;
-      if (now >= due) {
+      if (now >= due && (store_down || loops_stopped())) {
+        due = now + interval / 2;
+      } else if (now >= due) {
         try {
           HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
                                                options_.lease_ms, std::nullopt);
@@ -194,9 +200,13 @@ void Scheduler::heartbeat_loop() {
         } catch (const LeaseLost&) {
           context->lease_lost_ = true;
           continue;
-        } catch (const std::exception& e) {
+        } catch (const StorageError& e) {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
           due = now + interval / 2;  // a failing store is retried at half-interval pace
+          store_down = e.transient();
+        } catch (const std::exception& e) {
+          log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
+          due = now + interval / 2;
         }
       }
       next_due = std::min(next_due.value_or(std::numeric_limits<int64_t>::max()), due);

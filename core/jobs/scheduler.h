@@ -226,6 +226,10 @@ class Scheduler {
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
   void sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms);
+  bool loops_stopped() const {
+    std::lock_guard lock(mutex_);
+    return stopped_;
+  }
 
   JobStore& store_;
   const Clock& clock_;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -691,6 +692,68 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesRanOutWhileTheStoreWasDownAreNotStarted) 
   for (size_t i = 1; i < ids.size(); ++i) {
     EXPECT_EQ(calls(ids[i]), 0) << "job " << ids[i] << " started while other-host holds it";
   }
+}
+
+// A heartbeat round on a store that is down makes one call, not one per job in hand: each call
+// to such a store can take seconds (connect timeouts and the store's own retries), and a round
+// of them would hold up the next round and a stop. The others are tried again with the next.
+TEST_F(PrefetchedJobs, AHeartbeatRoundOnAStoreThatIsDownTriesItOnce) {
+  struct BeatsFailWhileDown : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (down) {
+        std::unique_lock lock(mutex);
+        ++failed_at[now_ms];
+        go_on.wait(lock, [&] { return !hold; });  // a slow call: time moves on meanwhile
+        throw StorageError("store unreachable", true);
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    int failed(int64_t at) {
+      std::lock_guard lock(mutex);
+      return failed_at[at];
+    }
+    void let_go() {
+      {
+        std::lock_guard lock(mutex);
+        hold = false;
+      }
+      go_on.notify_all();
+    }
+    std::atomic<bool> down{false};
+    std::mutex mutex;
+    std::condition_variable go_on;
+    bool hold = true;
+    std::map<int64_t, int> failed_at;  // calls by the time of their round
+  } store(*store_);
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(store, clock_, o);
+  struct LetGo {  // before the scheduler's threads are joined, whatever fails below
+    BeatsFailWhileDown& store;
+    ~LetGo() { store.let_go(); }
+  } let_go{store};
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  store.down = true;
+  clock_.advance_ms(o.heartbeat_interval_ms);
+  const int64_t first = clock_.now_ms();
+  ASSERT_TRUE(wait_for([&] { return store.failed(first) >= 1; }));
+  // The round's first call hangs while the clock moves on; the next round has a later time.
+  clock_.advance_ms(o.heartbeat_interval_ms);
+  store.let_go();
+  ASSERT_TRUE(wait_for([&] { return store.failed(clock_.now_ms()) >= 1; }));
+  EXPECT_EQ(store.failed(first), 1) << "the round called the store that was down once per job";
+  // Back up: every job in hand is renewed again.
+  store.down = false;
+  clock_.advance_ms(o.heartbeat_interval_ms);
+  for (JobId id : ids) {
+    EXPECT_TRUE(wait_for([&] {
+      return store_->get(id)->lease_expires_ms == clock_.now_ms() + o.lease_ms;
+    })) << "job "
+        << id;
+  }
+  finish_all(scheduler);
+  for (JobId id : ids) EXPECT_EQ(calls(id), 1) << "job " << id;
 }
 
 // A host restarting under a stable owner name takes back at once what its previous process left
