@@ -26,6 +26,13 @@ class LoadedLibrary;  // the mapped library and its checked entry (loaded_librar
 struct HostServices;  // plugin_loader.h
 struct LoadOptions;   // plugin_loader.h
 
+// A library the plugin brings along, found through $ORIGIN in its RUNPATH/RPATH and loaded with
+// it (plugin_loader.h).
+struct BundledLibrary {
+  std::filesystem::path path;
+  std::string sha256;  // of the file as loaded (lower-case hex)
+};
+
 struct PluginInfo {
   std::string id;
   std::string version;
@@ -37,6 +44,8 @@ struct PluginInfo {
   backhaul_version_t abi_version{};
   std::filesystem::path path;
   std::string sha256;  // of the file as loaded (lower-case hex)
+  // What it brought along through $ORIGIN, or shares with a plugin that brought it before.
+  std::vector<BundledLibrary> bundled_libraries;
 };
 
 // A plugin call returned something other than BACKHAUL_OK.

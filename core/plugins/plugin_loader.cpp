@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <set>
@@ -21,6 +23,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,7 +140,7 @@ bool read_at(int fd, uint64_t offset, void* out, size_t size) {
 // parser does not understand: dlopen() then judges the file and reports what is wrong with it.
 struct DynamicNeeds {
   std::vector<std::string> needed;
-  std::string search_path;
+  std::optional<std::string> runpath, rpath;
 };
 
 DynamicNeeds read_dynamic_needs(int fd) {
@@ -182,7 +185,8 @@ DynamicNeeds read_dynamic_needs(int fd) {
     return at < strings.size() ? std::string(strings.c_str() + at) : std::string();
   };
   for (uint64_t at : needed) needs.needed.push_back(string_at(at));
-  if (runpath || rpath) needs.search_path = string_at(runpath ? *runpath : *rpath);
+  if (runpath) needs.runpath = string_at(*runpath);
+  if (rpath) needs.rpath = string_at(*rpath);
   return needs;
 }
 
@@ -196,15 +200,39 @@ std::string with_path(std::string message, const std::string& name, const fs::pa
   return message;
 }
 
+// with_path() for every name in `names` (name -> file).
+std::string with_paths(std::string message, const std::map<std::string, fs::path>& names) {
+  for (const auto& [name, path] : names) message = with_path(std::move(message), name, path);
+  return message;
+}
+
+// The sealed copies of the libraries plugins bring along, by the name they are mapped under: a
+// library two plugins share is loaded once, and its copy stays open until neither uses it.
+std::mutex bundled_mutex;
+std::map<std::string, std::weak_ptr<const BundledCopy>> bundled_copies;
+
+// The name glibc maps an already loaded library under, if `soname` is one.
+std::optional<std::string> loaded_name(const std::string& soname) {
+  void* handle = ::dlopen(soname.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!handle) return std::nullopt;
+  link_map* map = nullptr;
+  std::optional<std::string> name;
+  if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) name = map->l_name;
+  ::dlclose(handle);
+  return name.value_or("");
+}
+
 // A library mapped from its copy has no directory, so glibc expands $ORIGIN in its RUNPATH/RPATH
 // to /proc/PID/fd and finds nothing there. What it would have found there is loaded beforehand,
-// from a sealed copy of its own (hashed, checked against the allow-list, safe from overwrites, as
-// the plugin is): glibc then takes a loaded library whose SONAME is the DT_NEEDED name instead of
-// searching. The search path's directories are tried in order, as glibc would; a library found
-// in a directory without $ORIGIN is glibc's to load, and one already loaded stays as it is. The
-// libraries loaded this way get the same treatment for their own $ORIGIN. Each handle is closed
-// once the plugin is loaded (the plugin's own reference keeps the library); the copies stay open
-// with the plugin, so that their names keep leading to them.
+// each from a sealed copy of its own (hashed, checked against the allow-list, safe from
+// overwrites, as the plugin is); glibc then takes a loaded library whose SONAME is the DT_NEEDED
+// name instead of searching. The search follows glibc's: an object's RUNPATH, or else its RPATH
+// and those of the objects that led to it (each that has no RUNPATH); the first directory that
+// holds the name wins, and one without $ORIGIN is left to glibc. A library already loaded in the
+// process (by another plugin, say) is used as it is. The libraries found are all copied and
+// checked first, then loaded dependencies first, as glibc's breadth-first mapping lets them find
+// each other. Each handle is closed once the plugin is loaded: the plugin's own reference keeps
+// the library, and the plugin holds the copies, so that their names keep leading to them.
 class OriginDependencies {
  public:
   OriginDependencies(const fs::path& plugin, const std::set<std::string>& allowed_sha256)
@@ -215,13 +243,34 @@ class OriginDependencies {
     for (void* handle : handles_) ::dlclose(handle);
   }
 
-  // Loads what the object at `path` (mapped from `fd`) finds through $ORIGIN.
+  // Loads what the plugin at `path` (its copy open as `fd`) finds through $ORIGIN.
   void load(const fs::path& path, int fd) {
-    const DynamicNeeds needs = read_dynamic_needs(fd);
-    if (needs.search_path.find("ORIGIN") == std::string::npos) return;
-    const std::string origin = fs::absolute(path).parent_path().string();
-    std::vector<std::pair<std::string, bool>> dirs;  // directory, whether it came from $ORIGIN
-    std::string_view rest = needs.search_path;
+    plan(path, fd, {});
+    load_planned();
+  }
+
+  // The bundled libraries the plugin uses (loaded now or before), to hold while it is loaded.
+  std::vector<std::shared_ptr<const BundledCopy>> take_used() { return std::move(used_); }
+  // Their copies' names, to put the files' paths in place of in dlerror() messages.
+  const std::map<std::string, fs::path>& names() const { return names_; }
+
+ private:
+  struct Dir {
+    std::string path;
+    bool from_origin;
+  };
+  struct Planned {
+    std::string needed;  // the DT_NEEDED name it stands for
+    std::shared_ptr<BundledCopy> copy;
+    std::vector<std::string> needs;
+  };
+
+  // `search` with $ORIGIN (and ${ORIGIN}) made the directory of `object`.
+  static std::vector<Dir> expand(const std::optional<std::string>& search, const fs::path& object) {
+    std::vector<Dir> dirs;
+    if (!search) return dirs;
+    const std::string origin = fs::absolute(object).parent_path().string();
+    std::string_view rest = *search;
     while (!rest.empty()) {
       const size_t colon = rest.find(':');
       std::string dir(rest.substr(0, colon));
@@ -234,61 +283,141 @@ class OriginDependencies {
           from_origin = true;
         }
       }
-      if (!dir.empty()) dirs.emplace_back(std::move(dir), from_origin);
+      if (!dir.empty()) dirs.push_back({std::move(dir), from_origin});
     }
+    return dirs;
+  }
+
+  // Finds, copies and checks what `object` (open as `fd`) needs from $ORIGIN directories, and
+  // what those need in turn. `inherited`: the RPATHs of the objects that led to it.
+  void plan(const fs::path& object, int fd, const std::vector<Dir>& inherited) {
+    const DynamicNeeds needs = read_dynamic_needs(fd);
+    std::vector<Dir> search, passed_on = inherited;
+    if (needs.runpath) {
+      search = expand(needs.runpath, object);
+    } else {
+      passed_on = expand(needs.rpath, object);
+      passed_on.insert(passed_on.end(), inherited.begin(), inherited.end());
+      search = passed_on;
+    }
+    bool any_origin = false;
+    for (const Dir& dir : search) any_origin = any_origin || dir.from_origin;
     for (const std::string& name : needs.needed) {
-      if (name.empty() || name.find('/') != std::string::npos) continue;
-      if (void* loaded = ::dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
-        ::dlclose(loaded);
+      if (name.empty() || name.find('/') != std::string::npos || planned_names_.count(name)) {
         continue;
       }
-      for (const auto& [dir, from_origin] : dirs) {
-        const fs::path candidate = fs::path(dir) / name;
+      if (std::optional<std::string> loaded = loaded_name(name)) {
+        use_loaded(*loaded);
+        continue;
+      }
+      if (!any_origin) continue;
+      for (const Dir& dir : search) {
+        const fs::path candidate = fs::path(dir.path) / name;
         std::error_code ec;
         if (!fs::is_regular_file(candidate, ec)) continue;
-        if (from_origin && seen_.insert(fs::absolute(candidate).lexically_normal()).second) {
-          load_copy(candidate);
+        if (dir.from_origin) {
+          planned_names_.insert(name);
+          Planned planned{name, copy_of(candidate), {}};
+          planned.needs = read_dynamic_needs(planned.copy->fd.get()).needed;
+          const int copy_fd = planned.copy->fd.get();
+          planned_.push_back(std::move(planned));
+          plan(candidate, copy_fd, passed_on);
         }
         break;
       }
     }
   }
 
-  // The copies of what was loaded, to keep for as long as the plugin is loaded.
-  std::vector<UniqueFd> take_copies() { return std::move(copies_); }
+  // A library another plugin brought along: this one holds its copy too.
+  void use_loaded(const std::string& name) {
+    std::shared_ptr<const BundledCopy> copy;
+    {
+      std::lock_guard lock(bundled_mutex);
+      auto it = bundled_copies.find(name);
+      if (it != bundled_copies.end()) copy = it->second.lock();
+    }
+    if (!copy) return;  // a library of the system's, or one no plugin holds any more
+    if (!allowed_sha256_.empty() && !allowed_sha256_.count(copy->sha256)) {
+      refuse(plugin_, "its library " + copy->path.string() + " (loaded already) has sha256 " +
+                          copy->sha256 + ", which is not in the plugin allow-list");
+    }
+    names_.emplace(copy->name, copy->path);
+    used_.push_back(std::move(copy));
+  }
 
- private:
-  void load_copy(const fs::path& library) {
+  std::shared_ptr<BundledCopy> copy_of(const fs::path& library) {
     const std::string what = "its library " + library.string();
-    SealedCopy copy;
-    std::string name;
+    SealedCopy sealed;
     try {  // these name the library first
-      copy = seal_copy(library);
-      if (copy.elf) name = name_for_dlopen(library, copy.fd);
+      sealed = seal_copy(library);
     } catch (const PluginLoadError& e) {
       refuse(plugin_, std::string("its library ") + e.what());
     }
-    if (!allowed_sha256_.empty() && !allowed_sha256_.count(copy.sha256)) {
+    if (!allowed_sha256_.empty() && !allowed_sha256_.count(sealed.sha256)) {
       refuse(plugin_,
-             what + " has sha256 " + copy.sha256 + ", which is not in the plugin allow-list");
+             what + " has sha256 " + sealed.sha256 + ", which is not in the plugin allow-list");
     }
-    if (!copy.elf) refuse(plugin_, what + " is not an ELF shared object");
-    load(library, copy.fd.get());
-    void* handle = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!sealed.elf) refuse(plugin_, what + " is not an ELF shared object");
+    auto copy = std::make_shared<BundledCopy>();
+    copy->fd = std::move(sealed.fd);
+    copy->path = library;
+    copy->sha256 = std::move(sealed.sha256);
+    return copy;
+  }
+
+  // Loads the planned libraries, each after the planned ones it needs (a cycle is loaded as it
+  // comes, and glibc reports what it cannot resolve).
+  void load_planned() {
+    std::set<std::string> loaded;
+    std::vector<bool> done(planned_.size(), false);
+    for (size_t round = 0; round < planned_.size(); ++round) {
+      size_t next = planned_.size();
+      for (size_t i = 0; i < planned_.size() && next == planned_.size(); ++i) {
+        if (done[i]) continue;
+        bool ready = true;
+        for (const std::string& need : planned_[i].needs) {
+          ready = ready && (!planned_names_.count(need) || loaded.count(need));
+        }
+        if (ready) next = i;
+      }
+      if (next == planned_.size()) {
+        next = static_cast<size_t>(std::find(done.begin(), done.end(), false) - done.begin());
+      }
+      load_one(planned_[next]);
+      done[next] = true;
+      loaded.insert(planned_[next].needed);
+    }
+  }
+
+  void load_one(Planned& planned) {
+    BundledCopy& copy = *planned.copy;
+    try {
+      copy.name = name_for_dlopen(copy.path, copy.fd);
+    } catch (const PluginLoadError& e) {
+      refuse(plugin_, std::string("its library ") + e.what());
+    }
+    names_.emplace(copy.name, copy.path);
+    void* handle = ::dlopen(copy.name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
       const char* error = ::dlerror();
-      refuse(plugin_,
-             what + " does not load: " + with_path(error ? error : "unknown error", name, library));
+      refuse(plugin_, "its library " + copy.path.string() +
+                          " does not load: " + with_paths(error ? error : "unknown error", names_));
     }
     handles_.push_back(handle);
-    copies_.push_back(std::move(copy.fd));
+    {
+      std::lock_guard lock(bundled_mutex);
+      bundled_copies[copy.name] = planned.copy;
+    }
+    used_.push_back(planned.copy);
   }
 
   const fs::path& plugin_;
   const std::set<std::string>& allowed_sha256_;
-  std::set<fs::path> seen_;
+  std::set<std::string> planned_names_;
+  std::vector<Planned> planned_;
   std::vector<void*> handles_;
-  std::vector<UniqueFd> copies_;
+  std::vector<std::shared_ptr<const BundledCopy>> used_;
+  std::map<std::string, fs::path> names_;
 };
 
 // Checks the entry's fixed prefix (size, version, magic) and its function table. Reads nothing
@@ -425,15 +554,16 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
   }
   if (!copy.elf) refuse(path, "is not an ELF shared object");
 
-  const std::string name = name_for_dlopen(path, copy.fd);
   OriginDependencies dependencies(path, options.allowed_sha256);
   dependencies.load(path, copy.fd.get());
+  const std::string name = name_for_dlopen(path, copy.fd);
   boost::dll::shared_library library;
   try {
     // RTLD_LOCAL: plugins never see each other's symbols. RTLD_NOW: missing symbols fail here.
     library.load(name, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    refuse(path, "cannot be loaded: " + with_path(e.what(), name, path));
+    refuse(path, "cannot be loaded: " +
+                     with_paths(with_path(e.what(), name, path), dependencies.names()));
   }
   if (!library.has(BACKHAUL_ENTRY_SYMBOL)) {
     refuse(path, "does not export the entry symbol " BACKHAUL_ENTRY_SYMBOL);
@@ -442,13 +572,15 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
   check_entry(path, entry);
   PluginInfo info = read_descriptor(path, entry);
   info.sha256 = std::move(copy.sha256);
+  std::vector<std::shared_ptr<const BundledCopy>> shared = dependencies.take_used();
+  for (const auto& b : shared) info.bundled_libraries.push_back({b->path, b->sha256});
   if (options.before_init) options.before_init(info);
 
   auto host = std::make_unique<HostBinding>(services, info.id);
   const backhaul_host_t* c_host = host->c_host();
   auto loaded =
-      std::make_shared<LoadedLibrary>(std::move(copy.fd), dependencies.take_copies(),
-                                      std::move(library), &entry, std::move(info), std::move(host));
+      std::make_shared<LoadedLibrary>(std::move(copy.fd), std::move(shared), std::move(library),
+                                      &entry, std::move(info), std::move(host));
   backhaul_error_t error{};
   int32_t initialized = 0;
   try {
@@ -465,9 +597,13 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
     refuse(path, "plugin '" + loaded->info().id + "' init failed: " + error.message);
   }
   loaded->mark_initialized();
-  logging::get("plugins")->info("loaded plugin {} {} (abi {}) from {}", loaded->info().id,
-                                loaded->info().version, version_string(entry.abi_version),
-                                path.string());
+  auto log = logging::get("plugins");
+  log->info("loaded plugin {} {} (abi {}) from {}", loaded->info().id, loaded->info().version,
+            version_string(entry.abi_version), path.string());
+  for (const BundledLibrary& bundled : loaded->info().bundled_libraries) {
+    log->info("plugin {} brings along {} (sha256 {})", loaded->info().id, bundled.path.string(),
+              bundled.sha256);
+  }
   return Plugin(std::move(loaded));
 }
 

@@ -34,7 +34,12 @@ void run_info(const InfoOptions& o) {
                         {"defaultEntityTypes", info.default_entity_types},
                         {"configSchema", nlohmann::json::parse(info.config_schema_json)},
                         {"path", info.path.string()},
-                        {"sha256", info.sha256}};
+                        {"sha256", info.sha256},
+                        {"bundledLibraries", nlohmann::json::array()}};
+    for (const plugins::BundledLibrary& library : info.bundled_libraries) {
+      j["bundledLibraries"].push_back(
+          {{"path", library.path.string()}, {"sha256", library.sha256}});
+    }
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -51,8 +56,12 @@ void run_info(const InfoOptions& o) {
             << "entity types:         " << join(info.entity_types) << "\n"
             << "default entity types: " << join(info.default_entity_types) << "\n"
             << "path:                 " << info.path.string() << "\n"
-            << "sha256:               " << info.sha256 << "\n"
-            << "config schema:        " << info.config_schema_json << "\n";
+            << "sha256:               " << info.sha256 << "\n";
+  for (const plugins::BundledLibrary& library : info.bundled_libraries) {
+    std::cout << "bundled library:      " << library.path.string() << " (sha256 " << library.sha256
+              << ")\n";
+  }
+  std::cout << "config schema:        " << info.config_schema_json << "\n";
 }
 
 }  // namespace

@@ -159,4 +159,27 @@ TEST(ValidateCommandTest, UnreadableFixturesExitTwo) {
   EXPECT_EQ(run.exit_code, 2) << run.out;
 }
 
+// A connector that bundles a library (found through $ORIGIN): `plugin info` names it with its
+// hash, for an allow-list, and `plugin validate` loads it as the daemon does.
+TEST(ValidateCommandTest, APluginThatBundlesALibraryIsLoadedAndItsLibraryListed) {
+  const std::filesystem::path plugin = VALIDATE_ORIGIN_PLUGIN;
+  const std::string library = (plugin.parent_path() / "libbhtestdep.so").string();
+  CliRun info = run_cli("plugin info " + plugin.string() + " --json 2>/dev/null");
+  ASSERT_EQ(info.exit_code, 0) << info.out;
+  json described = json::parse(info.out, nullptr, false);
+  ASSERT_FALSE(described.is_discarded()) << info.out;
+  ASSERT_EQ(described["bundledLibraries"].size(), 1u) << info.out;
+  EXPECT_EQ(described["bundledLibraries"][0]["path"], library);
+  EXPECT_TRUE(std::regex_match(described["bundledLibraries"][0]["sha256"].get<std::string>(),
+                               std::regex("[0-9a-f]{64}")))
+      << info.out;
+  CliRun text = run_cli("plugin info " + plugin.string() + " 2>/dev/null");
+  EXPECT_NE(text.out.find("bundled library:      " + library + " (sha256 "), std::string::npos)
+      << text.out;
+
+  CliRun validate = run_cli("plugin validate " + plugin.string() + " 2>/dev/null");
+  EXPECT_NE(validate.out.find("PASS  static       loader_accepts"), std::string::npos)
+      << validate.out;
+}
+
 }  // namespace

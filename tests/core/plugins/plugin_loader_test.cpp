@@ -1,6 +1,7 @@
 #include "core/plugins/plugin_loader.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -11,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/http/replay_transport.h"
+#include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 
 namespace backhaul::plugins {
@@ -368,6 +371,9 @@ TEST_F(PluginLoaderTest, APluginFindsTheLibrariesBesideItThroughOrigin) {
     // init() fails unless the library's function answers: loading proves the link.
     Plugin runpath = load_plugin(dir.path() / "origin_runpath.so", services_);
     EXPECT_EQ(runpath.info().id, "originrunpath");
+    ASSERT_EQ(runpath.info().bundled_libraries.size(), 1u);
+    EXPECT_EQ(runpath.info().bundled_libraries[0].path, dependency);
+    EXPECT_EQ(runpath.info().bundled_libraries[0].sha256, sha256_of_file(dependency));
     Plugin rpath = load_plugin(dir.path() / "origin_rpath.so", services_);
     EXPECT_EQ(rpath.info().id, "originrpath");
     EXPECT_TRUE(is_mapped(dependency));
@@ -418,6 +424,87 @@ TEST_F(PluginLoaderTest, APluginWhoseBundledLibraryIsMissingOrBrokenIsRefusedNam
                        " is not an ELF shared object"),
             std::string::npos)
       << error;
+}
+
+// Copies the named files of test_plugins/origin[/sub] into `dir`.
+void copy_origin_files(const TempDir& dir, const std::string& sub,
+                       std::initializer_list<const char*> files) {
+  const fs::path from = fs::path(TEST_PLUGIN_DIR) / "origin" / sub;
+  for (const char* f : files) fs::copy_file(from / f, dir.path() / f);
+}
+
+// glibc itself links `path` when it is dlopen()ed by its path (in a child): the bundle is right.
+void expect_glibc_links(const fs::path& path) {
+  EXPECT_EXIT(
+      {
+        void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!handle) std::fprintf(stderr, "%s\n", ::dlerror());
+        std::_Exit(handle ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// A plugin with RPATH $ORIGIN whose bundled libbhtestmid.so (no search path of its own) needs
+// libbhtestdep.so beside it: glibc searches the plugin's RPATH for it (found by review).
+TEST_F(PluginLoaderTest, TheRpathOfAPluginServesTheNeedsOfItsBundledLibraries) {
+  TempDir dir;
+  copy_origin_files(dir, "", {"origin_rpath_chain.so", "libbhtestmid.so", "libbhtestdep.so"});
+  const fs::path plugin = dir.path() / "origin_rpath_chain.so";
+  expect_glibc_links(plugin);
+  Plugin loaded = load_plugin(plugin, services_);
+  EXPECT_EQ(loaded.info().id, "originrpathchain");
+  EXPECT_EQ(loaded.info().bundled_libraries.size(), 2u);
+}
+
+// A plugin with RUNPATH $ORIGIN that needs libbhtestmid.so and then libbhtestdep.so, the former
+// needing the latter: glibc maps both before it resolves their needs (found by review).
+TEST_F(PluginLoaderTest, BundledLibrariesThatNeedEachOtherLoadInAnyOrder) {
+  TempDir dir;
+  copy_origin_files(dir, "", {"origin_order.so", "libbhtestmid.so", "libbhtestdep.so"});
+  const fs::path plugin = dir.path() / "origin_order.so";
+  expect_glibc_links(plugin);
+  EXPECT_EQ(load_plugin(plugin, services_).info().id, "originorder");
+}
+
+// Two plugins share a bundled library, and the one that brought it is unloaded first: the
+// library stays mapped for the other, and the name it is mapped under still leads to its copy
+// (for debuggers and symbolizers), also after the next load takes a new descriptor (found by
+// review).
+TEST_F(PluginLoaderTest, ASharedBundledLibraryKeepsANameThatLeadsToIt) {
+  TempDir dir;
+  add_origin_plugins(dir, "");
+  const fs::path dependency = dir.path() / "libbhtestdep.so";
+  std::optional<Plugin> first = load_plugin(dir.path() / "origin_runpath.so", services_);
+  Plugin second = load_plugin(dir.path() / "origin_rpath.so", services_);
+  ASSERT_EQ(second.info().bundled_libraries.size(), 1u);
+  EXPECT_EQ(second.info().bundled_libraries[0].path, dependency);
+  first.reset();
+  ASSERT_TRUE(is_mapped(dependency));
+  Plugin other = load_plugin(plugin_path("fake"), services_);
+  void* handle = ::dlopen("libbhtestdep.so", RTLD_LAZY | RTLD_NOLOAD);
+  ASSERT_NE(handle, nullptr);
+  link_map* map = nullptr;
+  ASSERT_EQ(::dlinfo(handle, RTLD_DI_LINKMAP, &map), 0);
+  const std::string name = map->l_name;
+  ::dlclose(handle);
+  std::error_code ec;
+  const fs::path target = fs::read_symlink(name, ec);
+  ASSERT_FALSE(ec) << "libbhtestdep.so is mapped as " << name << ", which leads nowhere";
+  EXPECT_NE(target.string().find("backhaul-plugin:" + dependency.string()), std::string::npos)
+      << "libbhtestdep.so is mapped as " << name << ", which leads to " << target;
+}
+
+// A bundled library of the wrong version: the refusal names the plugin and the library's file,
+// never the /proc/... names they are mapped by (found by review).
+TEST_F(PluginLoaderTest, AVersionMismatchWithABundledLibraryNamesItsFile) {
+  TempDir dir;
+  copy_origin_files(dir, "v2", {"origin_versioned.so"});
+  fs::copy_file(fs::path(TEST_PLUGIN_DIR) / "origin" / "v1" / "libbhtestdep.so",
+                dir.path() / "libbhtestdep.so");
+  const std::string error = load_error(dir.path() / "origin_versioned.so");
+  EXPECT_NE(error.find("DEP_2"), std::string::npos) << error;
+  EXPECT_NE(error.find((dir.path() / "libbhtestdep.so").string()), std::string::npos) << error;
+  EXPECT_EQ(error.find("/proc/"), std::string::npos) << error;
 }
 
 TEST_F(PluginLoaderTest, LibraryStaysMappedWhileAPageLives) {

@@ -12,6 +12,7 @@
  *   VARIANT_NO_ENTRY      exports a differently named symbol instead of backhaul_entry
  *   VARIANT_ORIGIN_DEP    links libbhtestdep.so (test_plugins/origin_dep.c), found beside the
  *                         plugin through $ORIGIN; init() fails unless its function answers
+ *   VARIANT_ORIGIN_MID    the same with libbhtestmid.so (test_plugins/origin_mid.c)
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
  */
@@ -41,6 +42,9 @@ static const backhaul_host_t* g_host;
 
 #ifdef VARIANT_ORIGIN_DEP
 int backhaul_test_dep_answer(void);
+#endif
+#ifdef VARIANT_ORIGIN_MID
+int backhaul_test_mid_answer(void);
 #endif
 
 static const char* const kTypes[] = {"item"};
@@ -73,6 +77,12 @@ static int32_t plugin_init(const backhaul_host_t* host, backhaul_error_t* error)
 #ifdef VARIANT_ORIGIN_DEP
   if (backhaul_test_dep_answer() != 42) {
     set_message(error, "libbhtestdep.so gave a wrong answer");
+    return 0;
+  }
+#endif
+#ifdef VARIANT_ORIGIN_MID
+  if (backhaul_test_mid_answer() != 42) {
+    set_message(error, "libbhtestmid.so gave a wrong answer");
     return 0;
   }
 #endif
