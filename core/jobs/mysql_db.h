@@ -64,9 +64,17 @@ std::string with_database(const std::string& connection_string, const std::strin
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(message, lost || is_lock_conflict(code)), code_(code), lost_(lost) {}
+      : StorageError(message, lost || is_lock_conflict(code) || is_read_only(code)),
+        code_(code),
+        lost_(lost) {}
   unsigned code() const noexcept { return code_; }
   bool connection_lost() const noexcept { return lost_; }
+  // The server refused a write because it is read-only (1290 ER_OPTION_PREVENTS_STATEMENT under
+  // --read-only, 1836 ER_READ_ONLY_MODE): a primary being switched over. The statement did
+  // nothing; a new session (through a proxy or a moved address) may reach the new primary.
+  static bool is_read_only(unsigned code) noexcept { return code == 1290 || code == 1836; }
+  // Worth running again on a new session: this one died, or its server takes no writes.
+  bool needs_new_session() const noexcept { return lost_ || is_read_only(code_); }
   // Deadlock (1213) or lock wait timeout (1205): the transaction is rolled back and can be re-run.
   bool lock_conflict() const noexcept { return is_lock_conflict(code_); }
   static bool is_lock_conflict(unsigned code) noexcept { return code == 1213 || code == 1205; }
@@ -319,7 +327,7 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         backoff(conflicts, std::chrono::milliseconds(2), std::chrono::milliseconds(200));
         continue;
       }
-      if (e.connection_lost() && ++lost < limits.connection) {
+      if (e.needs_new_session() && ++lost < limits.connection) {
         backoff(lost, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
         continue;
       }

@@ -243,13 +243,9 @@ Sql& Sql::real(double value) {
 namespace {
 
 // Errors after which the session is gone (or never was): the server went away, the network
-// failed, the connection was killed, or the server is shutting down or full. Or the server no
-// longer takes writes: a primary switched to read-only while a failover is under way, where a new
-// session (through a proxy or a moved address) may reach the new primary.
+// failed, the connection was killed, or the server is shutting down or full.
 bool is_connection_error(unsigned code) {
   switch (code) {
-    case 1290:  // ER_OPTION_PREVENTS_STATEMENT: the server runs with --read-only
-    case 1836:  // ER_READ_ONLY_MODE
     case 1040:  // ER_CON_COUNT_ERROR: too many connections
     case 1053:  // ER_SERVER_SHUTDOWN
     case 1927:  // ER_CONNECTION_KILLED
@@ -329,7 +325,7 @@ unsigned long Connection::server_version() const { return mysql_get_server_versi
 void Connection::fail(const char* what) {
   unsigned code = mysql_errno(handle_);
   bool lost = is_connection_error(code);
-  if (lost) broken_ = true;
+  if (lost || Error::is_read_only(code)) broken_ = true;  // a new session, not this one
   throw Error(
       std::string(what) + ": " + mysql_error(handle_) + " (errno " + std::to_string(code) + ")",
       code, lost);
@@ -338,7 +334,7 @@ void Connection::fail(const char* what) {
 void Connection::fail(MYSQL_STMT* statement, const char* what) {
   unsigned code = mysql_stmt_errno(statement);
   bool lost = is_connection_error(code);
-  if (lost) broken_ = true;
+  if (lost || Error::is_read_only(code)) broken_ = true;  // a new session, not this one
   throw Error(std::string(what) + ": " + mysql_stmt_error(statement) + " (errno " +
                   std::to_string(code) + ")",
               code, lost);
@@ -2658,7 +2654,7 @@ class MysqlStore final : public JobStore {
         Pool::Lease c = pool_.acquire();
         return body(*c);
       } catch (const mysql::Error& e) {
-        if ((e.connection_lost() || e.lock_conflict()) && attempt < 5) {
+        if ((e.needs_new_session() || e.lock_conflict()) && attempt < 5) {
           mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
           continue;
         }
@@ -2925,7 +2921,7 @@ int MysqlStore::migrate() {
       }
       return first_or(c->one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"), 0);
     } catch (const mysql::Error& e) {
-      if ((e.connection_lost() || e.lock_conflict()) && attempt < 5) {
+      if ((e.needs_new_session() || e.lock_conflict()) && attempt < 5) {
         mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
         continue;
       }

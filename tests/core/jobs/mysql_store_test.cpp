@@ -1666,6 +1666,28 @@ std::set<int64_t> sessions_on(const TestDatabase& db) {
   return ids;
 }
 
+// The server read-only (SET GLOBAL read_only) until end() or the end of the scope, whatever
+// fails in between.
+class ReadOnlyServer {
+ public:
+  explicit ReadOnlyServer(const TestDatabase& db) : root_(db.root_session()) {
+    root_->one("SET GLOBAL read_only = 1");
+  }
+  ~ReadOnlyServer() {
+    try {
+      end();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the server stays read-only: " << e.what();
+    }
+  }
+  ReadOnlyServer(const ReadOnlyServer&) = delete;
+  ReadOnlyServer& operator=(const ReadOnlyServer&) = delete;
+  void end() { root_->one("SET GLOBAL read_only = 0"); }
+
+ private:
+  std::unique_ptr<mysql::Connection> root_;
+};
+
 // A primary switched to read-only while a failover is under way refuses every write (1290). The
 // store reports that as transient, so its callers retry (the finisher while the leases last)
 // instead of dropping a completion, and it replaces the session, which behind a proxy or a moved
@@ -1679,18 +1701,7 @@ TEST(MysqlReadOnly, WritesRefusedByAReadOnlyServerAreTransientAndTheSessionIsRep
   const std::set<int64_t> before = sessions_on(db);
   ASSERT_EQ(before.size(), 1u);
 
-  auto root = db.root_session();
-  struct Writable {  // whatever happens below, the server takes writes again afterwards
-    mysql::Connection& root;
-    ~Writable() {
-      try {
-        root.one("SET GLOBAL read_only = 0");
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "the server stays read-only: " << e.what();
-      }
-    }
-  } writable{*root};
-  root->one("SET GLOBAL read_only = 1");
+  ReadOnlyServer read_only(db);
 
   Finish done;
   done.kind = Finish::Kind::kComplete;
@@ -1710,13 +1721,40 @@ TEST(MysqlReadOnly, WritesRefusedByAReadOnlyServerAreTransientAndTheSessionIsRep
   }
   EXPECT_EQ(store->get(a.id)->status, JobStatus::kRunning);  // reads go on
 
-  root->one("SET GLOBAL read_only = 0");
+  read_only.end();
   results = store->finish({done}, 3000);
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded)) << results[0].error;
   const std::set<int64_t> after = sessions_on(db);
   ASSERT_EQ(after.size(), 1u);
   EXPECT_NE(*after.begin(), *before.begin()) << "the session that met read-only was kept";
+}
+
+// The sessions opened on the server so far (one more for asking).
+int64_t connections_so_far(const TestDatabase& db) {
+  return mysql::to_i64(
+      db.root_session()->one("SHOW GLOBAL STATUS LIKE 'Connections'").rows.at(0).at(1));
+}
+
+// A write that read-only refuses in the round trip that ends with COMMIT (purge_dead_letters
+// sends its DELETE and COMMIT together) did nothing, and the server said so: it is not a
+// connection lost during the commit (an unknown outcome, never re-run), and it is run again on
+// new sessions like any other refused write (found by review).
+TEST(MysqlReadOnly, AWriteRefusedInTheCommitTripIsRetriedNotAnUnknownOutcome) {
+  TestDatabase db;
+  auto store = db.open(1);
+  ReadOnlyServer read_only(db);
+  const int64_t before = connections_so_far(db);
+  try {
+    store->purge_dead_letters(2000);
+    ADD_FAILURE() << "a read-only server took a purge";
+  } catch (const mysql::CommitUnknown& e) {
+    ADD_FAILURE() << "reported as an unknown outcome: " << e.what();
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.transient()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+  }
+  EXPECT_GT(connections_so_far(db) - before - 1, 1) << "the purge was not run again";
 }
 
 }  // namespace
