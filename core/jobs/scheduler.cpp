@@ -173,6 +173,7 @@ int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, in
 void Scheduler::heartbeat_loop() {
   const int64_t interval = options_.heartbeat_interval_ms;
   int64_t wait_ms = heartbeat_wait_ms(0, std::nullopt, interval);
+  std::optional<JobId> stopped_at;  // the job whose failed beat ended the last round early
   std::unique_lock lock(mutex_);
   while (!stopped_) {
     sleep_unless_stopped(lock, wait_ms);
@@ -183,7 +184,14 @@ void Scheduler::heartbeat_loop() {
     std::optional<int64_t> next_due;
     // Once the store is unavailable, the rest of the round waits for the next one: a call to a
     // store that is down can take seconds (connect timeouts, its own retries), and a round of
-    // such calls, one per job in hand, would hold up the next round and a stop.
+    // such calls, one per job in hand, would hold up the next round and a stop. The job that
+    // ended a round goes last in the next, so that one whose own row keeps failing (held by
+    // another transaction) does not keep the others from being renewed.
+    if (stopped_at) {
+      std::stable_partition(running.begin(), running.end(),
+                            [&](const auto& c) { return c->job_.id != *stopped_at; });
+      stopped_at.reset();
+    }
     bool store_down = false;
     for (const auto& context : running) {
       if (context->lease_lost_) continue;  // nothing left to renew
@@ -204,6 +212,7 @@ void Scheduler::heartbeat_loop() {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
           due = now + interval / 2;  // a failing store is retried at half-interval pace
           store_down = e.transient();
+          if (store_down) stopped_at = context->job_.id;
         } catch (const std::exception& e) {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
           due = now + interval / 2;

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -140,7 +141,7 @@ bool read_at(int fd, uint64_t offset, void* out, size_t size) {
 // parser does not understand: dlopen() then judges the file and reports what is wrong with it.
 struct DynamicNeeds {
   std::vector<std::string> needed;
-  std::optional<std::string> runpath, rpath;
+  std::optional<std::string> runpath, rpath, soname;
 };
 
 DynamicNeeds read_dynamic_needs(int fd) {
@@ -161,7 +162,7 @@ DynamicNeeds read_dynamic_needs(int fd) {
   std::vector<Elf64_Dyn> dyn(dynamic->p_filesz / sizeof(Elf64_Dyn));
   if (!read_at(fd, dynamic->p_offset, dyn.data(), dyn.size() * sizeof(Elf64_Dyn))) return needs;
   uint64_t strtab = 0, strsz = 0;
-  std::optional<uint64_t> runpath, rpath;
+  std::optional<uint64_t> runpath, rpath, soname;
   std::vector<uint64_t> needed;
   for (const auto& d : dyn) {
     if (d.d_tag == DT_NULL) break;
@@ -169,6 +170,7 @@ DynamicNeeds read_dynamic_needs(int fd) {
     if (d.d_tag == DT_STRSZ) strsz = d.d_un.d_val;
     if (d.d_tag == DT_RUNPATH) runpath = d.d_un.d_val;
     if (d.d_tag == DT_RPATH) rpath = d.d_un.d_val;
+    if (d.d_tag == DT_SONAME) soname = d.d_un.d_val;
     if (d.d_tag == DT_NEEDED) needed.push_back(d.d_un.d_val);
   }
   // DT_STRTAB is an address: the loadable segment that holds it gives its place in the file.
@@ -187,6 +189,7 @@ DynamicNeeds read_dynamic_needs(int fd) {
   for (uint64_t at : needed) needs.needed.push_back(string_at(at));
   if (runpath) needs.runpath = string_at(*runpath);
   if (rpath) needs.rpath = string_at(*rpath);
+  if (soname) needs.soname = string_at(*soname);
   return needs;
 }
 
@@ -206,33 +209,38 @@ std::string with_paths(std::string message, const std::map<std::string, fs::path
   return message;
 }
 
+// Loads are one at a time from the search for a plugin's bundled libraries to the plugin's own
+// dlopen(): two plugins that share a library must not both find it missing and map two copies.
+std::mutex load_mutex;
+
 // The sealed copies of the libraries plugins bring along, by the name they are mapped under: a
 // library two plugins share is loaded once, and its copy stays open until neither uses it.
-std::mutex bundled_mutex;
+// [load_mutex]
 std::map<std::string, std::weak_ptr<const BundledCopy>> bundled_copies;
 
-// The name glibc maps an already loaded library under, if `soname` is one.
-std::optional<std::string> loaded_name(const std::string& soname) {
+// A handle on an already loaded library whose SONAME is `soname` (it stays loaded while the
+// handle is open), and the name glibc mapped it by; null if none is loaded.
+std::pair<void*, std::string> find_loaded(const std::string& soname) {
   void* handle = ::dlopen(soname.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-  if (!handle) return std::nullopt;
+  if (!handle) return {nullptr, ""};
   link_map* map = nullptr;
-  std::optional<std::string> name;
+  std::string name;
   if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) name = map->l_name;
-  ::dlclose(handle);
-  return name.value_or("");
+  return {handle, name};
 }
 
 // A library mapped from its copy has no directory, so glibc expands $ORIGIN in its RUNPATH/RPATH
 // to /proc/PID/fd and finds nothing there. What it would have found there is loaded beforehand,
 // each from a sealed copy of its own (hashed, checked against the allow-list, safe from
 // overwrites, as the plugin is); glibc then takes a loaded library whose SONAME is the DT_NEEDED
-// name instead of searching. The search follows glibc's: an object's RUNPATH, or else its RPATH
-// and those of the objects that led to it (each that has no RUNPATH); the first directory that
-// holds the name wins, and one without $ORIGIN is left to glibc. A library already loaded in the
-// process (by another plugin, say) is used as it is. The libraries found are all copied and
-// checked first, then loaded dependencies first, as glibc's breadth-first mapping lets them find
-// each other. Each handle is closed once the plugin is loaded: the plugin's own reference keeps
-// the library, and the plugin holds the copies, so that their names keep leading to them.
+// name instead of searching, so a bundled library must have that SONAME. The search follows
+// glibc's: breadth first from the plugin (an object's own needs before theirs), in an object's
+// RUNPATH, or else its RPATH and those of the objects that led to it (each that has no RUNPATH);
+// the first directory that holds the name wins, and one without $ORIGIN is left to glibc. A
+// library already loaded in the process (by another plugin, say) is used as it is. The
+// libraries found are all copied and checked first, then loaded dependencies first. The handles
+// are closed once the plugin is loaded: the plugin's own reference keeps the libraries, and it
+// holds their copies, so that their names keep leading to them. [load_mutex]
 class OriginDependencies {
  public:
   OriginDependencies(const fs::path& plugin, const std::set<std::string>& allowed_sha256)
@@ -245,7 +253,11 @@ class OriginDependencies {
 
   // Loads what the plugin at `path` (its copy open as `fd`) finds through $ORIGIN.
   void load(const fs::path& path, int fd) {
-    plan(path, fd, {});
+    std::deque<Object> queue{{path, fd, {}}};
+    while (!queue.empty()) {
+      plan(queue.front(), queue);
+      queue.pop_front();
+    }
     load_planned();
   }
 
@@ -258,6 +270,11 @@ class OriginDependencies {
   struct Dir {
     std::string path;
     bool from_origin;
+  };
+  struct Object {  // whose needs are to be found
+    fs::path path;
+    int fd;
+    std::vector<Dir> inherited;  // the RPATHs of the objects that led to it
   };
   struct Planned {
     std::string needed;  // the DT_NEEDED name it stands for
@@ -288,61 +305,67 @@ class OriginDependencies {
     return dirs;
   }
 
-  // Finds, copies and checks what `object` (open as `fd`) needs from $ORIGIN directories, and
-  // what those need in turn. `inherited`: the RPATHs of the objects that led to it.
-  void plan(const fs::path& object, int fd, const std::vector<Dir>& inherited) {
-    const DynamicNeeds needs = read_dynamic_needs(fd);
-    std::vector<Dir> search, passed_on = inherited;
+  // Finds, copies and checks what `object` needs from $ORIGIN directories; what they need in turn
+  // goes to the end of `queue`.
+  void plan(const Object& object, std::deque<Object>& queue) {
+    const DynamicNeeds needs = read_dynamic_needs(object.fd);
+    std::vector<Dir> search, passed_on = object.inherited;
     if (needs.runpath) {
-      search = expand(needs.runpath, object);
+      search = expand(needs.runpath, object.path);
     } else {
-      passed_on = expand(needs.rpath, object);
-      passed_on.insert(passed_on.end(), inherited.begin(), inherited.end());
+      passed_on = expand(needs.rpath, object.path);
+      passed_on.insert(passed_on.end(), object.inherited.begin(), object.inherited.end());
       search = passed_on;
     }
     bool any_origin = false;
     for (const Dir& dir : search) any_origin = any_origin || dir.from_origin;
     for (const std::string& name : needs.needed) {
-      if (name.empty() || name.find('/') != std::string::npos || planned_names_.count(name)) {
+      if (name.empty() || name.find('/') != std::string::npos || !seen_names_.insert(name).second) {
         continue;
       }
-      if (std::optional<std::string> loaded = loaded_name(name)) {
-        use_loaded(*loaded);
-        continue;
-      }
+      if (use_loaded(name)) continue;
       if (!any_origin) continue;
       for (const Dir& dir : search) {
         const fs::path candidate = fs::path(dir.path) / name;
         std::error_code ec;
         if (!fs::is_regular_file(candidate, ec)) continue;
         if (dir.from_origin) {
-          planned_names_.insert(name);
           Planned planned{name, copy_of(candidate), {}};
-          planned.needs = read_dynamic_needs(planned.copy->fd.get()).needed;
-          const int copy_fd = planned.copy->fd.get();
+          const DynamicNeeds own = read_dynamic_needs(planned.copy->fd.get());
+          if (own.soname != name) {
+            refuse(plugin_,
+                   "its library " + candidate.string() +
+                       (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
+                       ", and only a library whose SONAME is the name it is linked by ('" + name +
+                       "') can be used from its sealed copy");
+          }
+          planned.needs = own.needed;
+          planned_names_.insert(name);
+          queue.push_back({candidate, planned.copy->fd.get(), passed_on});
           planned_.push_back(std::move(planned));
-          plan(candidate, copy_fd, passed_on);
         }
         break;
       }
     }
   }
 
-  // A library another plugin brought along: this one holds its copy too.
-  void use_loaded(const std::string& name) {
+  // Whether a library whose SONAME is `soname` is loaded already. If it is one that another
+  // plugin brought along, this one holds its copy too (and lists it); either way it stays loaded
+  // until this plugin is.
+  bool use_loaded(const std::string& soname) {
+    auto [handle, name] = find_loaded(soname);
+    if (!handle) return false;
+    handles_.push_back(handle);
     std::shared_ptr<const BundledCopy> copy;
-    {
-      std::lock_guard lock(bundled_mutex);
-      auto it = bundled_copies.find(name);
-      if (it != bundled_copies.end()) copy = it->second.lock();
-    }
-    if (!copy) return;  // a library of the system's, or one no plugin holds any more
+    if (auto it = bundled_copies.find(name); it != bundled_copies.end()) copy = it->second.lock();
+    if (!copy) return true;  // a library of the system's, or one no plugin holds any more
     if (!allowed_sha256_.empty() && !allowed_sha256_.count(copy->sha256)) {
       refuse(plugin_, "its library " + copy->path.string() + " (loaded already) has sha256 " +
                           copy->sha256 + ", which is not in the plugin allow-list");
     }
     names_.emplace(copy->name, copy->path);
     used_.push_back(std::move(copy));
+    return true;
   }
 
   std::shared_ptr<BundledCopy> copy_of(const fs::path& library) {
@@ -404,16 +427,14 @@ class OriginDependencies {
                           " does not load: " + with_paths(error ? error : "unknown error", names_));
     }
     handles_.push_back(handle);
-    {
-      std::lock_guard lock(bundled_mutex);
-      bundled_copies[copy.name] = planned.copy;
-    }
+    bundled_copies[copy.name] = planned.copy;
     used_.push_back(planned.copy);
   }
 
   const fs::path& plugin_;
   const std::set<std::string>& allowed_sha256_;
-  std::set<std::string> planned_names_;
+  std::set<std::string> seen_names_;     // needs found (or left to glibc) already
+  std::set<std::string> planned_names_;  // those that are planned
   std::vector<Planned> planned_;
   std::vector<void*> handles_;
   std::vector<std::shared_ptr<const BundledCopy>> used_;
@@ -554,6 +575,7 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
   }
   if (!copy.elf) refuse(path, "is not an ELF shared object");
 
+  std::unique_lock lock(load_mutex);
   OriginDependencies dependencies(path, options.allowed_sha256);
   dependencies.load(path, copy.fd.get());
   const std::string name = name_for_dlopen(path, copy.fd);
@@ -565,6 +587,7 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
     refuse(path, "cannot be loaded: " +
                      with_paths(with_path(e.what(), name, path), dependencies.names()));
   }
+  lock.unlock();
   if (!library.has(BACKHAUL_ENTRY_SYMBOL)) {
     refuse(path, "does not export the entry symbol " BACKHAUL_ENTRY_SYMBOL);
   }

@@ -756,6 +756,45 @@ TEST_F(PrefetchedJobs, AHeartbeatRoundOnAStoreThatIsDownTriesItOnce) {
   for (JobId id : ids) EXPECT_EQ(calls(id), 1) << "job " << id;
 }
 
+// One job whose heartbeat keeps failing transiently (its row held by another transaction: a
+// lock wait timeout) while the store renews every other job: the others are still renewed, so
+// their leases do not run out (the sweep would take them back, an attempt counted, and run them
+// twice) (found by review).
+TEST_F(PrefetchedJobs, OneJobWhoseHeartbeatKeepsFailingDoesNotStarveTheOthers) {
+  struct RefusesOneBeat : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (id == refused.load()) {
+        ++refusals;
+        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    std::atomic<JobId> refused{-1};
+    std::atomic<int> refusals{0};
+  } store(*store_);
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(store, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  store.refused = ids[0];                  // the first job in hand
+  for (int step = 0; step < 10; ++step) {  // two leases
+    clock_.advance_ms(o.heartbeat_interval_ms);
+    // Every round renews the others before it tries the refused one again.
+    for (size_t i = 1; i < ids.size(); ++i) {
+      ASSERT_TRUE(wait_for([&] {
+        return store_->get(ids[i])->lease_expires_ms == clock_.now_ms() + o.lease_ms;
+      })) << "job "
+          << ids[i] << " was not renewed at step " << step << " while job " << ids[0]
+          << "'s beats failed";
+    }
+  }
+  EXPECT_GT(store.refusals, 0);
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 1) << "only the job whose beats failed";
+  store.refused = -1;
+  finish_all(scheduler);
+}
+
 // A host restarting under a stable owner name takes back at once what its previous process left
 // running (the lease has 30 s to go), with the attempt counted; without the option it waits for
 // the lease to expire.

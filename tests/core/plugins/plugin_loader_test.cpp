@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include <Poco/DigestEngine.h>
@@ -444,6 +446,19 @@ void expect_glibc_links(const fs::path& path) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// The name the loaded library `soname` is mapped by, and what that name leads to now (or why it
+// leads nowhere).
+std::pair<std::string, std::string> where_the_name_of(const char* soname) {
+  void* handle = ::dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle) return {"", std::string(soname) + " is not loaded"};
+  link_map* map = nullptr;
+  std::string name = ::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map ? map->l_name : "";
+  ::dlclose(handle);
+  std::error_code ec;
+  const fs::path target = fs::read_symlink(name, ec);
+  return {name, ec ? ec.message() : target.string()};
+}
+
 // A plugin with RPATH $ORIGIN whose bundled libbhtestmid.so (no search path of its own) needs
 // libbhtestdep.so beside it: glibc searches the plugin's RPATH for it (found by review).
 TEST_F(PluginLoaderTest, TheRpathOfAPluginServesTheNeedsOfItsBundledLibraries) {
@@ -481,17 +496,10 @@ TEST_F(PluginLoaderTest, ASharedBundledLibraryKeepsANameThatLeadsToIt) {
   first.reset();
   ASSERT_TRUE(is_mapped(dependency));
   Plugin other = load_plugin(plugin_path("fake"), services_);
-  void* handle = ::dlopen("libbhtestdep.so", RTLD_LAZY | RTLD_NOLOAD);
-  ASSERT_NE(handle, nullptr);
-  link_map* map = nullptr;
-  ASSERT_EQ(::dlinfo(handle, RTLD_DI_LINKMAP, &map), 0);
-  const std::string name = map->l_name;
-  ::dlclose(handle);
-  std::error_code ec;
-  const fs::path target = fs::read_symlink(name, ec);
-  ASSERT_FALSE(ec) << "libbhtestdep.so is mapped as " << name << ", which leads nowhere";
-  EXPECT_NE(target.string().find("backhaul-plugin:" + dependency.string()), std::string::npos)
-      << "libbhtestdep.so is mapped as " << name << ", which leads to " << target;
+  const std::string leads_to = where_the_name_of("libbhtestdep.so").second;
+  EXPECT_NE(leads_to.find("backhaul-plugin:" + dependency.string()), std::string::npos)
+      << "libbhtestdep.so is mapped as " << where_the_name_of("libbhtestdep.so").first
+      << ", which leads to " << leads_to;
 }
 
 // A bundled library of the wrong version: the refusal names the plugin and the library's file,
@@ -505,6 +513,110 @@ TEST_F(PluginLoaderTest, AVersionMismatchWithABundledLibraryNamesItsFile) {
   EXPECT_NE(error.find("DEP_2"), std::string::npos) << error;
   EXPECT_NE(error.find((dir.path() / "libbhtestdep.so").string()), std::string::npos) << error;
   EXPECT_EQ(error.find("/proc/"), std::string::npos) << error;
+}
+
+// A bundled library without a SONAME (a Rust cdylib, a CMake NO_SONAME target) can be found by
+// glibc in $ORIGIN, but not used from its copy: glibc takes a loaded library only by its SONAME.
+// The refusal says so, instead of "cannot open shared object file" for a file that is there
+// (found by review).
+TEST_F(PluginLoaderTest, ABundledLibraryWithoutTheSonameItIsLinkedByIsRefusedSayingSo) {
+  TempDir dir;
+  copy_origin_files(dir, "", {"origin_runpath.so"});
+  copy_origin_files(dir, "nosoname", {"libbhtestdep.so"});
+  const std::string error = load_error(dir.path() / "origin_runpath.so");
+  EXPECT_NE(
+      error.find("its library " + (dir.path() / "libbhtestdep.so").string() + " has no SONAME"),
+      std::string::npos)
+      << error;
+  EXPECT_NE(error.find("'libbhtestdep.so'"), std::string::npos) << error;
+}
+
+// glibc maps a plugin's own needs before theirs (breadth first): libbhtestdep.so, which the
+// plugin needs directly, comes from the plugin's RUNPATH, although libbhtestmid.so (needed
+// first) would find a wrong one in its own RUNPATH ($ORIGIN/sub) (found by review).
+TEST_F(PluginLoaderTest, ALibraryNeededAtTwoDepthsComesFromWhereGlibcFindsIt) {
+  TempDir dir;
+  copy_origin_files(dir, "", {"origin_order.so", "libbhtestdep.so"});
+  copy_origin_files(dir, "depths", {"libbhtestmid.so"});
+  fs::create_directories(dir.path() / "sub");
+  fs::copy_file(fs::path(TEST_PLUGIN_DIR) / "origin" / "depths" / "sub" / "libbhtestdep.so",
+                dir.path() / "sub" / "libbhtestdep.so");
+  const fs::path plugin = dir.path() / "origin_order.so";
+  expect_glibc_links(plugin);
+  // init() fails with the wrong libbhtestdep.so (it answers 41).
+  Plugin loaded = load_plugin(plugin, services_);
+  std::vector<fs::path> listed;  // in load order: dependencies first
+  for (const BundledLibrary& b : loaded.info().bundled_libraries) listed.push_back(b.path);
+  EXPECT_EQ(listed, (std::vector<fs::path>{dir.path() / "libbhtestdep.so",
+                                           dir.path() / "libbhtestmid.so"}));
+}
+
+// A library already loaded (brought by another plugin) that two objects of a plugin need is
+// listed once (found by review).
+TEST_F(PluginLoaderTest, ASharedLibraryIsListedOnce) {
+  TempDir dir;
+  add_origin_plugins(dir, "");
+  copy_origin_files(dir, "", {"origin_order.so", "libbhtestmid.so"});
+  Plugin first = load_plugin(dir.path() / "origin_runpath.so", services_);
+  Plugin order = load_plugin(dir.path() / "origin_order.so", services_);
+  std::set<fs::path> listed;
+  for (const BundledLibrary& b : order.info().bundled_libraries) listed.insert(b.path);
+  EXPECT_EQ(order.info().bundled_libraries.size(), 2u);
+  EXPECT_EQ(listed,
+            (std::set<fs::path>{dir.path() / "libbhtestmid.so", dir.path() / "libbhtestdep.so"}));
+}
+
+// Two plugins that share a bundled library, loaded at the same time: one copy is mapped, held by
+// both, so the name it is mapped by leads to it whichever plugin goes first (found by review).
+TEST_F(PluginLoaderTest, ConcurrentLoadsOfPluginsSharingALibraryKeepANameThatLeadsToIt) {
+  TempDir dir;
+  add_origin_plugins(dir, "");
+  for (int round = 0; round < 100; ++round) {
+    std::optional<Plugin> a, b;
+    std::atomic<int> ready{0};
+    auto load = [&](std::optional<Plugin>& out, const char* file) {
+      ++ready;
+      while (ready.load() < 2) {
+      }
+      out.emplace(load_plugin(dir.path() / file, services_));
+    };
+    std::thread ta([&] { load(a, "origin_runpath.so"); });
+    std::thread tb([&] { load(b, "origin_rpath.so"); });
+    ta.join();
+    tb.join();
+    (round % 2 ? a : b).reset();
+    const auto [name, leads_to] = where_the_name_of("libbhtestdep.so");
+    ASSERT_NE(leads_to.find("backhaul-plugin:"), std::string::npos)
+        << "round " << round << ": libbhtestdep.so is mapped as " << name << ", which leads to "
+        << leads_to;
+  }
+}
+
+// Refused bundles leave no copy open and no library mapped.
+TEST_F(PluginLoaderTest, RefusedBundlesLeaveNothingBehind) {
+  auto descriptors = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  TempDir versioned;
+  copy_origin_files(versioned, "v2", {"origin_versioned.so"});
+  copy_origin_files(versioned, "v1", {"libbhtestdep.so"});
+  TempDir wrong;
+  copy_origin_files(wrong, "", {"origin_runpath.so"});
+  copy_origin_files(wrong, "depths/sub", {"libbhtestdep.so"});  // answers 41: init() fails
+  const int before = descriptors();
+  const int mapped_before = maps_lines_with("backhaul-plugin:");
+  for (int i = 0; i < 3; ++i) {
+    load_error(versioned.path() / "origin_versioned.so");
+    load_error(wrong.path() / "origin_runpath.so");
+    LoadOptions options;
+    options.allowed_sha256 = {sha256_of_file(wrong.path() / "origin_runpath.so")};
+    EXPECT_THROW(load_plugin(wrong.path() / "origin_runpath.so", services_, options),
+                 PluginLoadError);
+  }
+  EXPECT_EQ(descriptors(), before);
+  EXPECT_EQ(maps_lines_with("backhaul-plugin:"), mapped_before);
 }
 
 TEST_F(PluginLoaderTest, LibraryStaysMappedWhileAPageLives) {
