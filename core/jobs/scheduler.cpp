@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "core/common/logging.h"
@@ -173,7 +174,10 @@ int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, in
 void Scheduler::heartbeat_loop() {
   const int64_t interval = options_.heartbeat_interval_ms;
   int64_t wait_ms = heartbeat_wait_ms(0, std::nullopt, interval);
-  std::optional<JobId> stopped_at;  // the job whose failed beat ended the last round early
+  // Jobs whose last beat failed transiently, by the time of that attempt: they go after the
+  // others, the one tried longest ago first, so neither one nor several failing rows keep the
+  // others (or each other) from being tried.
+  std::map<JobId, int64_t> failing;
   std::unique_lock lock(mutex_);
   while (!stopped_) {
     sleep_unless_stopped(lock, wait_ms);
@@ -187,11 +191,17 @@ void Scheduler::heartbeat_loop() {
     // such calls, one per job in hand, would hold up the next round and a stop. The job that
     // ended a round goes last in the next, so that one whose own row keeps failing (held by
     // another transaction) does not keep the others from being renewed.
-    if (stopped_at) {
-      std::stable_partition(running.begin(), running.end(),
-                            [&](const auto& c) { return c->job_.id != *stopped_at; });
-      stopped_at.reset();
-    }
+    std::erase_if(failing, [&](const auto& f) {
+      return std::none_of(running.begin(), running.end(),
+                          [&](const auto& c) { return c->job_.id == f.first; });
+    });
+    std::stable_sort(running.begin(), running.end(), [&](const auto& a, const auto& b) {
+      auto key = [&](const auto& c) {
+        auto it = failing.find(c->job_.id);
+        return it == failing.end() ? std::numeric_limits<int64_t>::min() : it->second;
+      };
+      return key(a) < key(b);
+    });
     bool store_down = false;
     for (const auto& context : running) {
       if (context->lease_lost_) continue;  // nothing left to renew
@@ -203,6 +213,7 @@ void Scheduler::heartbeat_loop() {
           HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
                                                options_.lease_ms, std::nullopt);
           context->last_beat_ms_ = now;
+          failing.erase(context->job_.id);
           due = now + interval;
           if (r.cancel_requested) context->cancelled_ = true;
         } catch (const LeaseLost&) {
@@ -212,7 +223,7 @@ void Scheduler::heartbeat_loop() {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
           due = now + interval / 2;  // a failing store is retried at half-interval pace
           store_down = e.transient();
-          if (store_down) stopped_at = context->job_.id;
+          if (store_down) failing[context->job_.id] = now;
         } catch (const std::exception& e) {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
           due = now + interval / 2;

@@ -236,9 +236,11 @@ std::pair<void*, std::string> find_loaded(const std::string& soname) {
 // name instead of searching, so a bundled library must have that SONAME. The search follows
 // glibc's: breadth first from the plugin (an object's own needs before theirs), in an object's
 // RUNPATH, or else its RPATH and those of the objects that led to it (each that has no RUNPATH);
-// the first directory that holds the name wins, and one without $ORIGIN is left to glibc. A
-// library already loaded in the process (by another plugin, say) is used as it is. The
-// libraries found are all copied and checked first, then loaded dependencies first. The handles
+// the first directory that holds the name wins. A library found in a directory without $ORIGIN
+// is loaded by its path (its needs are looked for in turn: it may inherit an RPATH with $ORIGIN);
+// one found nowhere is left to glibc's default search. A library already loaded in the process
+// (by another plugin, say) is used as it is. The libraries found are all copied and checked
+// first, then loaded dependencies first, so that glibc finds each by its SONAME. The handles
 // are closed once the plugin is loaded: the plugin's own reference keeps the libraries, and it
 // holds their copies, so that their names keep leading to them. [load_mutex]
 class OriginDependencies {
@@ -277,8 +279,10 @@ class OriginDependencies {
     std::vector<Dir> inherited;  // the RPATHs of the objects that led to it
   };
   struct Planned {
-    std::string needed;  // the DT_NEEDED name it stands for
-    std::shared_ptr<BundledCopy> copy;
+    std::string needed;                 // the DT_NEEDED name it stands for
+    std::shared_ptr<BundledCopy> copy;  // a bundled library: mapped from this sealed copy
+    fs::path path;                      // else a library of another directory, loaded by path
+    UniqueFd file;                      // (open for reading its needs)
     std::vector<std::string> needs;
   };
 
@@ -329,21 +333,33 @@ class OriginDependencies {
         const fs::path candidate = fs::path(dir.path) / name;
         std::error_code ec;
         if (!fs::is_regular_file(candidate, ec)) continue;
+        Planned planned{name, nullptr, {}, {}, {}};
+        int fd = -1;
         if (dir.from_origin) {
-          Planned planned{name, copy_of(candidate), {}};
-          const DynamicNeeds own = read_dynamic_needs(planned.copy->fd.get());
-          if (own.soname != name) {
-            refuse(plugin_,
-                   "its library " + candidate.string() +
-                       (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
-                       ", and only a library whose SONAME is the name it is linked by ('" + name +
-                       "') can be used from its sealed copy");
-          }
-          planned.needs = own.needed;
-          planned_names_.insert(name);
-          queue.push_back({candidate, planned.copy->fd.get(), passed_on});
-          planned_.push_back(std::move(planned));
+          planned.copy = copy_of(candidate);
+          fd = planned.copy->fd.get();
+        } else {
+          // Found outside $ORIGIN, by a search path the object it is loaded for may have
+          // inherited (an RPATH): loaded by its path before that object, and what it needs
+          // through $ORIGIN is looked for too, as glibc would.
+          planned.path = candidate;
+          planned.file.reset(::open(candidate.c_str(), O_RDONLY | O_CLOEXEC));
+          fd = planned.file.get();
+          if (fd < 0) break;  // glibc's to report
         }
+        const DynamicNeeds own = read_dynamic_needs(fd);
+        if (own.soname != name) {
+          if (!planned.copy) break;  // not one of ours: left to glibc
+          refuse(plugin_,
+                 "its library " + candidate.string() +
+                     (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
+                     ", and only a library whose SONAME is the name it is linked by ('" + name +
+                     "') can be used from its sealed copy");
+        }
+        planned.needs = own.needed;
+        planned_names_.insert(name);
+        queue.push_back({candidate, fd, passed_on});
+        planned_.push_back(std::move(planned));
         break;
       }
     }
@@ -413,6 +429,17 @@ class OriginDependencies {
   }
 
   void load_one(Planned& planned) {
+    if (!planned.copy) {
+      void* handle = ::dlopen(planned.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!handle) {
+        const char* error = ::dlerror();
+        refuse(plugin_, "its library " + planned.path.string() + " does not load: " +
+                            with_paths(error ? error : "unknown error", names_));
+      }
+      handles_.push_back(handle);
+      planned.file.reset();
+      return;
+    }
     BundledCopy& copy = *planned.copy;
     try {
       copy.name = name_for_dlopen(copy.path, copy.fd);

@@ -795,6 +795,48 @@ TEST_F(PrefetchedJobs, OneJobWhoseHeartbeatKeepsFailingDoesNotStarveTheOthers) {
   finish_all(scheduler);
 }
 
+// Two jobs whose beats keep failing transiently (both rows held by other transactions): the
+// failing jobs go after the others, the one tried longest ago first, so they take turns and the
+// jobs behind them are still renewed (found by review: with only the last failing job moved
+// last, the two took turns ending every round before the others).
+TEST_F(PrefetchedJobs, TwoJobsWhoseHeartbeatsKeepFailingDoNotStarveTheOthers) {
+  struct RefusesTwoBeats : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (id == refused_a.load() || id == refused_b.load()) {
+        ++refusals;
+        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    std::atomic<JobId> refused_a{-1}, refused_b{-1};
+    std::atomic<int> refusals{0};
+  } store(*store_);
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(store, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  store.refused_a = ids[0];
+  store.refused_b = ids[1];
+  struct Release {  // whatever fails below: the held job ends, so the scheduler can be joined
+    std::atomic<bool>& release;
+    ~Release() { release = true; }
+  } release{release_};
+  for (int step = 0; step < 10; ++step) {  // two leases
+    clock_.advance_ms(o.heartbeat_interval_ms);
+    const int before = store.refusals;
+    ASSERT_TRUE(wait_for([&] { return store.refusals > before; })) << "step " << step;
+  }
+  for (size_t i = 2; i < ids.size(); ++i) {
+    EXPECT_GT(store_->get(ids[i])->lease_expires_ms, clock_.now_ms())
+        << "job " << ids[i] << "'s lease ran out while the store renewed it fine";
+  }
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 2) << "only the two jobs whose beats failed";
+  store.refused_a = -1;
+  store.refused_b = -1;
+  finish_all(scheduler);
+}
+
 // A host restarting under a stable owner name takes back at once what its previous process left
 // running (the lease has 30 s to go), with the attempt counted; without the option it waits for
 // the lease to expire.

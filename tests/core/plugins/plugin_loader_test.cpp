@@ -592,6 +592,58 @@ TEST_F(PluginLoaderTest, ConcurrentLoadsOfPluginsSharingALibraryKeepANameThatLea
   }
 }
 
+// origin_rpath_abs has DT_RPATH "$ORIGIN:<absdep>:<absmid>". Its bundled libbhtestmid.so
+// (beside it, no search path of its own) needs libbhtestdep.so, which is in <absdep> only: glibc
+// finds it through the plugin's RPATH, which the plugin's dependencies inherit, so the loader
+// loads it by its path before it maps libbhtestmid.so's copy on its own (found by review).
+TEST_F(PluginLoaderTest, AnAbsoluteRpathDirectoryOfThePluginServesTheNeedsOfItsBundledLibraries) {
+  TempDir dir;
+  copy_origin_files(dir, "abs", {"origin_rpath_abs.so"});
+  copy_origin_files(dir, "", {"libbhtestmid.so"});  // needs libbhtestdep.so, only in <absdep>
+  const fs::path plugin = dir.path() / "origin_rpath_abs.so";
+  expect_glibc_links(plugin);
+  try {
+    Plugin loaded = load_plugin(plugin, services_);
+    EXPECT_EQ(loaded.info().id, "originrpathabs");
+  } catch (const PluginLoadError& e) {
+    ADD_FAILURE() << "glibc links this plugin by its path, the loader refuses it: " << e.what();
+  }
+}
+
+// The same plugin with libbhtestdep.so beside it and libbhtestmid.so only in <absmid>. glibc
+// maps libbhtestmid.so from <absmid> and finds its need, libbhtestdep.so, in the plugin's RPATH:
+// first in $ORIGIN, the bundled one. So does the loader, which looks at the needs of what it
+// finds outside $ORIGIN too: the plugin gets the library it bundles (hashed and listed), not
+// <absdep>'s (found by review).
+TEST_F(PluginLoaderTest, TheNeedsOfALibraryFoundOutsideOriginAreFoundAsGlibcFindsThem) {
+  TempDir dir;
+  copy_origin_files(dir, "abs", {"origin_rpath_abs.so"});
+  copy_origin_files(dir, "", {"libbhtestdep.so"});
+  const fs::path plugin = dir.path() / "origin_rpath_abs.so";
+  const fs::path elsewhere = fs::path(TEST_PLUGIN_DIR) / "absdep" / "libbhtestdep.so";
+  expect_glibc_links(plugin);
+  EXPECT_EXIT(  // which libbhtestdep.so glibc maps for the plugin loaded by its path
+      {
+        void* handle = ::dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
+        std::_Exit(handle && maps_lines_with(" " + elsewhere.string()) == 0 &&
+                           maps_lines_with(" " + (dir.path() / "libbhtestdep.so").string()) > 0
+                       ? 0
+                       : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::optional<Plugin> loaded;
+  try {
+    loaded.emplace(load_plugin(plugin, services_));
+  } catch (const PluginLoadError& e) {
+    FAIL() << e.what();
+  }
+  std::vector<fs::path> listed;
+  for (const BundledLibrary& b : loaded->info().bundled_libraries) listed.push_back(b.path);
+  EXPECT_EQ(listed, std::vector<fs::path>{dir.path() / "libbhtestdep.so"});
+  EXPECT_EQ(maps_lines_with(" " + elsewhere.string()), 0)
+      << "the plugin uses " << elsewhere.string() << ", not the library it bundles";
+}
+
 // Refused bundles leave no copy open and no library mapped.
 TEST_F(PluginLoaderTest, RefusedBundlesLeaveNothingBehind) {
   auto descriptors = [] {
