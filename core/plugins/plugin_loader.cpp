@@ -236,13 +236,14 @@ std::pair<void*, std::string> find_loaded(const std::string& soname) {
 // name instead of searching, so a bundled library must have that SONAME. The search follows
 // glibc's: breadth first from the plugin (an object's own needs before theirs), in an object's
 // RUNPATH, or else its RPATH and those of the objects that led to it (each that has no RUNPATH);
-// the first directory that holds the name wins. A library found in a directory without $ORIGIN
-// is loaded by its path (its needs are looked for in turn: it may inherit an RPATH with $ORIGIN);
-// one found nowhere is left to glibc's default search. A library already loaded in the process
-// (by another plugin, say) is used as it is. The libraries found are all copied and checked
-// first, then loaded dependencies first, so that glibc finds each by its SONAME. The handles
-// are closed once the plugin is loaded: the plugin's own reference keeps the libraries, and it
-// holds their copies, so that their names keep leading to them. [load_mutex]
+// the first directory that holds a file for this machine wins. A library found in a directory
+// without $ORIGIN is left to glibc (its needs are looked at: it may inherit an RPATH with
+// $ORIGIN), unless a library mapped alone needs it through an inherited RPATH: that one is loaded
+// by its path first. One found nowhere is left to glibc's default search. A library already loaded
+// in the process (by another plugin, say) is used as it is. The libraries found are all copied and
+// checked first, then loaded dependencies first, so that glibc finds each by its SONAME. The
+// handles are closed once the plugin is loaded: the plugin's own reference keeps the libraries, and
+// it holds their copies, so that their names keep leading to them. [load_mutex]
 class OriginDependencies {
  public:
   OriginDependencies(const fs::path& plugin, const std::set<std::string>& allowed_sha256)
@@ -255,7 +256,7 @@ class OriginDependencies {
 
   // Loads what the plugin at `path` (its copy open as `fd`) finds through $ORIGIN.
   void load(const fs::path& path, int fd) {
-    std::deque<Object> queue{{path, fd, {}}};
+    std::deque<Object> queue{{path, fd, {}, false}};
     while (!queue.empty()) {
       plan(queue.front(), queue);
       queue.pop_front();
@@ -272,11 +273,13 @@ class OriginDependencies {
   struct Dir {
     std::string path;
     bool from_origin;
+    bool inherited = false;  // from the RPATH of an object that led to the one searching
   };
   struct Object {  // whose needs are to be found
     fs::path path;
     int fd;
     std::vector<Dir> inherited;  // the RPATHs of the objects that led to it
+    bool alone;  // dlopen()ed by itself before the plugin: inherited directories are lost to it
   };
   struct Planned {
     std::string needed;                 // the DT_NEEDED name it stands for
@@ -318,9 +321,12 @@ class OriginDependencies {
       search = expand(needs.runpath, object.path);
     } else {
       passed_on = expand(needs.rpath, object.path);
-      passed_on.insert(passed_on.end(), object.inherited.begin(), object.inherited.end());
+      for (Dir& dir : passed_on) dir.inherited = false;
       search = passed_on;
+      search.insert(search.end(), object.inherited.begin(), object.inherited.end());
+      passed_on = search;
     }
+    for (Dir& dir : passed_on) dir.inherited = true;
     bool any_origin = false;
     for (const Dir& dir : search) any_origin = any_origin || dir.from_origin;
     for (const std::string& name : needs.needed) {
@@ -339,30 +345,57 @@ class OriginDependencies {
           planned.copy = copy_of(candidate);
           fd = planned.copy->fd.get();
         } else {
-          // Found outside $ORIGIN, by a search path the object it is loaded for may have
-          // inherited (an RPATH): loaded by its path before that object, and what it needs
-          // through $ORIGIN is looked for too, as glibc would.
           planned.path = candidate;
           planned.file.reset(::open(candidate.c_str(), O_RDONLY | O_CLOEXEC));
           fd = planned.file.get();
-          if (fd < 0) break;  // glibc's to report
+          if (fd < 0) continue;
         }
+        if (!for_this_machine(fd)) continue;  // glibc passes over it too
+        if (planned.copy) check_allowed(*planned.copy);
         const DynamicNeeds own = read_dynamic_needs(fd);
+        // One found outside $ORIGIN is glibc's to load as the plugin's dependency (in the
+        // plugin's scope, from its own search: hwcaps, LD_LIBRARY_PATH), unless what needs it is
+        // loaded alone before the plugin and found it through an inherited RPATH, which glibc
+        // would not search then: that one is loaded by its path first. Either way, what it
+        // needs through $ORIGIN is looked for too.
+        const bool load_first = planned.copy || (object.alone && dir.inherited);
         if (own.soname != name) {
-          if (!planned.copy) break;  // not one of ours: left to glibc
-          refuse(plugin_,
-                 "its library " + candidate.string() +
-                     (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
-                     ", and only a library whose SONAME is the name it is linked by ('" + name +
-                     "') can be used from its sealed copy");
+          if (planned.copy) {
+            refuse(plugin_,
+                   "its library " + candidate.string() +
+                       (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
+                       ", and only a library whose SONAME is the name it is linked by ('" + name +
+                       "') can be used from its sealed copy");
+          }
         }
         planned.needs = own.needed;
-        planned_names_.insert(name);
-        queue.push_back({candidate, fd, passed_on});
-        planned_.push_back(std::move(planned));
+        queue.push_back({candidate, fd, passed_on, load_first && own.soname == name});
+        if (load_first && own.soname == name) {
+          planned_names_.insert(name);
+          planned_.push_back(std::move(planned));
+        } else {
+          walked_.push_back(std::move(planned.file));  // open until its needs are planned
+        }
         break;
       }
     }
+  }
+
+  // Whether the ELF object open as `fd` is for this process's machine: class, byte order and
+  // machine as this process's own executable (a file that is no ELF object is not judged here).
+  static bool for_this_machine(int fd) {
+    static const std::optional<Elf64_Ehdr> self = [] {
+      UniqueFd exe(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+      Elf64_Ehdr eh{};
+      if (!exe || !read_at(exe.get(), 0, &eh, sizeof eh)) return std::optional<Elf64_Ehdr>();
+      return std::optional<Elf64_Ehdr>(eh);
+    }();
+    Elf64_Ehdr eh{};
+    if (!self || !read_at(fd, 0, &eh, sizeof eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+      return true;
+    }
+    return eh.e_ident[EI_CLASS] == self->e_ident[EI_CLASS] &&
+           eh.e_ident[EI_DATA] == self->e_ident[EI_DATA] && eh.e_machine == self->e_machine;
   }
 
   // Whether a library whose SONAME is `soname` is loaded already. If it is one that another
@@ -384,6 +417,14 @@ class OriginDependencies {
     return true;
   }
 
+  void check_allowed(const fs::path& library, const std::string& sha256) const {
+    if (!allowed_sha256_.empty() && !allowed_sha256_.count(sha256)) {
+      refuse(plugin_, "its library " + library.string() + " has sha256 " + sha256 +
+                          ", which is not in the plugin allow-list");
+    }
+  }
+  void check_allowed(const BundledCopy& copy) const { check_allowed(copy.path, copy.sha256); }
+
   std::shared_ptr<BundledCopy> copy_of(const fs::path& library) {
     const std::string what = "its library " + library.string();
     SealedCopy sealed;
@@ -392,11 +433,10 @@ class OriginDependencies {
     } catch (const PluginLoadError& e) {
       refuse(plugin_, std::string("its library ") + e.what());
     }
-    if (!allowed_sha256_.empty() && !allowed_sha256_.count(sealed.sha256)) {
-      refuse(plugin_,
-             what + " has sha256 " + sealed.sha256 + ", which is not in the plugin allow-list");
+    if (!sealed.elf) {
+      check_allowed(library, sealed.sha256);
+      refuse(plugin_, what + " is not an ELF shared object");
     }
-    if (!sealed.elf) refuse(plugin_, what + " is not an ELF shared object");
     auto copy = std::make_shared<BundledCopy>();
     copy->fd = std::move(sealed.fd);
     copy->path = library;
@@ -463,6 +503,7 @@ class OriginDependencies {
   std::set<std::string> seen_names_;     // needs found (or left to glibc) already
   std::set<std::string> planned_names_;  // those that are planned
   std::vector<Planned> planned_;
+  std::vector<UniqueFd> walked_;  // libraries whose needs are looked at, left to glibc to load
   std::vector<void*> handles_;
   std::vector<std::shared_ptr<const BundledCopy>> used_;
   std::map<std::string, fs::path> names_;

@@ -644,6 +644,105 @@ TEST_F(PluginLoaderTest, TheNeedsOfALibraryFoundOutsideOriginAreFoundAsGlibcFind
       << "the plugin uses " << elsewhere.string() << ", not the library it bundles";
 }
 
+// An underlinked library in an absolute RPATH directory (it leaves a symbol to the scope of the
+// plugin, which links the library that defines it): glibc links it as the plugin's dependency,
+// and so does the loader, which leaves what it finds outside $ORIGIN to glibc unless a library it
+// maps alone needs it (found by review: loaded by its path first, it could not resolve the
+// symbol).
+TEST_F(PluginLoaderTest, AnUnderlinkedLibraryInAnAbsoluteRpathDirectoryLoads) {
+  TempDir dir;
+  copy_origin_files(dir, "under", {"origin_rpath_under.so"});
+  copy_origin_files(dir, "", {"libbhtestdep.so"});
+  const fs::path plugin = dir.path() / "origin_rpath_under.so";
+  expect_glibc_links(plugin);
+  EXPECT_EQ(load_plugin(plugin, services_).info().id, "originrpathunder");
+}
+
+// The directories <rt>/first and <rt>/second of origin_rpath_rt's search path (after $ORIGIN),
+// empty for each test. CMake runs these tests one at a time.
+class SharedRpathDirs : public PluginLoaderTest {
+ protected:
+  SharedRpathDirs() {
+    fs::remove_all(rt_);
+    fs::create_directories(first_);
+    fs::create_directories(second_);
+  }
+  ~SharedRpathDirs() override {
+    std::error_code ignored;
+    fs::remove_all(rt_, ignored);
+  }
+  // Copies `from` to `to` with the `size` bytes at `offset` replaced by `value` (little endian).
+  static void copy_patched(const fs::path& from, const fs::path& to, size_t offset, size_t size,
+                           unsigned value) {
+    fs::copy_file(from, to);
+    std::fstream f(to, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    for (size_t i = 0; i < size; ++i) f.put(static_cast<char>((value >> (8 * i)) & 0xff));
+  }
+  // The file libbhtestmid.so is mapped from in this process ("" if none).
+  static std::string mapped_mid() {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      const size_t at = line.find(" /");
+      if (at != std::string::npos && line.find("/libbhtestmid.so") != std::string::npos &&
+          line.find("memfd") == std::string::npos) {
+        return line.substr(at + 1);
+      }
+    }
+    return "";
+  }
+  // glibc, loading `plugin` by its path in a child, maps libbhtestmid.so from `expected`.
+  static void expect_glibc_maps_mid_from(const fs::path& plugin, const fs::path& expected) {
+    EXPECT_EXIT(
+        {
+          void* handle = ::dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
+          if (!handle) std::fprintf(stderr, "%s\n", ::dlerror());
+          std::_Exit(handle && mapped_mid() == expected.string() ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "");
+  }
+
+  const fs::path rt_ = fs::path(TEST_PLUGIN_DIR) / "rt";
+  const fs::path first_ = rt_ / "first";
+  const fs::path second_ = rt_ / "second";
+  const fs::path mid_ = fs::path(TEST_PLUGIN_DIR) / "absmid" / "libbhtestmid.so";
+  const fs::path dep_ = fs::path(TEST_PLUGIN_DIR) / "absdep" / "libbhtestdep.so";
+};
+
+// An earlier directory holds a libbhtestmid.so for another machine (aarch64): glibc passes over
+// it to the next directory's, and so does the loader (found by review).
+TEST_F(SharedRpathDirs, ALibraryForAnotherMachineIsPassedOver) {
+  copy_patched(mid_, first_ / "libbhtestmid.so", 18, 2, 183 /* EM_AARCH64 */);
+  fs::copy_file(mid_, second_ / "libbhtestmid.so");
+  fs::copy_file(dep_, second_ / "libbhtestdep.so");
+  TempDir dir;
+  copy_origin_files(dir, "rt", {"origin_rpath_rt.so"});
+  const fs::path plugin = dir.path() / "origin_rpath_rt.so";
+  expect_glibc_maps_mid_from(plugin, second_ / "libbhtestmid.so");
+  Plugin loaded = load_plugin(plugin, services_);
+  EXPECT_EQ(mapped_mid(), (second_ / "libbhtestmid.so").string());
+}
+
+// An earlier directory holds a 32-bit libbhtestmid.so, and the need of the right one is bundled
+// beside the plugin: glibc passes over the 32-bit file, maps the next directory's and finds its
+// need through the plugin's RPATH, in $ORIGIN: the bundled copy. So does the loader (found by
+// review: it stopped at the 32-bit file and never looked at the needs of the one glibc maps).
+TEST_F(SharedRpathDirs, ALibraryOfTheWrongClassIsPassedOver) {
+  copy_patched(mid_, first_ / "libbhtestmid.so", 4, 1, 1 /* ELFCLASS32 */);
+  fs::copy_file(mid_, second_ / "libbhtestmid.so");
+  TempDir dir;
+  copy_origin_files(dir, "rt", {"origin_rpath_rt.so"});
+  copy_origin_files(dir, "", {"libbhtestdep.so"});
+  const fs::path plugin = dir.path() / "origin_rpath_rt.so";
+  expect_glibc_maps_mid_from(plugin, second_ / "libbhtestmid.so");
+  Plugin loaded = load_plugin(plugin, services_);
+  std::vector<fs::path> listed;
+  for (const BundledLibrary& b : loaded.info().bundled_libraries) listed.push_back(b.path);
+  EXPECT_EQ(listed, std::vector<fs::path>{dir.path() / "libbhtestdep.so"});
+  EXPECT_EQ(maps_lines_with(" " + dep_.string()), 0) << "uses " << dep_.string();
+}
+
 // Refused bundles leave no copy open and no library mapped.
 TEST_F(PluginLoaderTest, RefusedBundlesLeaveNothingBehind) {
   auto descriptors = [] {
