@@ -188,9 +188,9 @@ void Scheduler::heartbeat_loop() {
     std::optional<int64_t> next_due;
     // Once the store is unavailable, the rest of the round waits for the next one: a call to a
     // store that is down can take seconds (connect timeouts, its own retries), and a round of
-    // such calls, one per job in hand, would hold up the next round and a stop. The job that
-    // ended a round goes last in the next, so that one whose own row keeps failing (held by
-    // another transaction) does not keep the others from being renewed.
+    // such calls, one per job in hand, would hold up the next round and a stop. The `failing`
+    // jobs go last (see above), so one whose own row keeps failing (held by another transaction)
+    // does not keep the others from being renewed.
     std::erase_if(failing, [&](const auto& f) {
       return std::none_of(running.begin(), running.end(),
                           [&](const auto& c) { return c->job_.id == f.first; });
@@ -219,14 +219,12 @@ void Scheduler::heartbeat_loop() {
         } catch (const LeaseLost&) {
           context->lease_lost_ = true;
           continue;
-        } catch (const StorageError& e) {
-          log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
-          due = now + interval / 2;  // a failing store is retried at half-interval pace
-          store_down = e.transient();
-          if (store_down) failing[context->job_.id] = now;
         } catch (const std::exception& e) {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
-          due = now + interval / 2;
+          due = now + interval / 2;  // a failing store is retried at half-interval pace
+          const auto* storage = dynamic_cast<const StorageError*>(&e);
+          store_down = storage && storage->transient();
+          if (store_down) failing[context->job_.id] = now;
         }
       }
       next_due = std::min(next_due.value_or(std::numeric_limits<int64_t>::max()), due);

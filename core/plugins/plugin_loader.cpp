@@ -316,13 +316,11 @@ class OriginDependencies {
   // goes to the end of `queue`.
   void plan(const Object& object, std::deque<Object>& queue) {
     const DynamicNeeds needs = read_dynamic_needs(object.fd);
-    std::vector<Dir> search, passed_on = object.inherited;
-    if (needs.runpath) {
-      search = expand(needs.runpath, object.path);
-    } else {
-      passed_on = expand(needs.rpath, object.path);
-      for (Dir& dir : passed_on) dir.inherited = false;
-      search = passed_on;
+    // A RUNPATH serves the object alone; an RPATH is searched before the inherited ones and is
+    // passed on with them.
+    std::vector<Dir> search = expand(needs.runpath ? needs.runpath : needs.rpath, object.path);
+    std::vector<Dir> passed_on = object.inherited;
+    if (!needs.runpath) {
       search.insert(search.end(), object.inherited.begin(), object.inherited.end());
       passed_on = search;
     }
@@ -358,19 +356,18 @@ class OriginDependencies {
         // loaded alone before the plugin and found it through an inherited RPATH, which glibc
         // would not search then: that one is loaded by its path first. Either way, what it
         // needs through $ORIGIN is looked for too.
-        const bool load_first = planned.copy || (object.alone && dir.inherited);
-        if (own.soname != name) {
-          if (planned.copy) {
-            refuse(plugin_,
-                   "its library " + candidate.string() +
-                       (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
-                       ", and only a library whose SONAME is the name it is linked by ('" + name +
-                       "') can be used from its sealed copy");
-          }
+        if (planned.copy && own.soname != name) {
+          refuse(plugin_,
+                 "its library " + candidate.string() +
+                     (own.soname ? " has SONAME '" + *own.soname + "'" : " has no SONAME") +
+                     ", and only a library whose SONAME is the name it is linked by ('" + name +
+                     "') can be used from its sealed copy");
         }
+        const bool load_first =
+            planned.copy || (object.alone && dir.inherited && own.soname == name);
         planned.needs = own.needed;
-        queue.push_back({candidate, fd, passed_on, load_first && own.soname == name});
-        if (load_first && own.soname == name) {
+        queue.push_back({candidate, fd, passed_on, load_first});
+        if (load_first) {
           planned_names_.insert(name);
           planned_.push_back(std::move(planned));
         } else {

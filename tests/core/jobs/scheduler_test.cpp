@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -604,6 +605,30 @@ class PrefetchedJobs : public SchedulerTest {
     return calls_[id];
   }
 
+  // A store whose heartbeats of the `refuse`d jobs fail transiently, as on rows another
+  // transaction holds (a lock wait timeout); every other job's are renewed.
+  struct RefusesBeats : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      {
+        std::lock_guard lock(mutex);
+        if (refused.count(id)) {
+          ++refusals;
+          throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
+        }
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    void refuse(std::set<JobId> ids) {
+      std::lock_guard lock(mutex);
+      refused = std::move(ids);
+    }
+    std::mutex mutex;
+    std::set<JobId> refused;
+    std::atomic<int> refusals{0};
+  };
+
   std::vector<JobId> ids_;
   std::atomic<bool> release_{false};
   std::mutex mutex_;
@@ -761,23 +786,11 @@ TEST_F(PrefetchedJobs, AHeartbeatRoundOnAStoreThatIsDownTriesItOnce) {
 // their leases do not run out (the sweep would take them back, an attempt counted, and run them
 // twice) (found by review).
 TEST_F(PrefetchedJobs, OneJobWhoseHeartbeatKeepsFailingDoesNotStarveTheOthers) {
-  struct RefusesOneBeat : ForwardingStore {
-    using ForwardingStore::ForwardingStore;
-    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
-      if (id == refused.load()) {
-        ++refusals;
-        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
-      }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
-    }
-    std::atomic<JobId> refused{-1};
-    std::atomic<int> refusals{0};
-  } store(*store_);
+  RefusesBeats store(*store_);
   const SchedulerOptions o = one_worker_three_ahead();
   Scheduler scheduler(store, clock_, o);
   const std::vector<JobId> ids = start_holding_the_first(scheduler);
-  store.refused = ids[0];                  // the first job in hand
+  store.refuse({ids[0]});                  // the first job in hand
   for (int step = 0; step < 10; ++step) {  // two leases
     clock_.advance_ms(o.heartbeat_interval_ms);
     // Every round renews the others before it tries the refused one again.
@@ -791,7 +804,7 @@ TEST_F(PrefetchedJobs, OneJobWhoseHeartbeatKeepsFailingDoesNotStarveTheOthers) {
   }
   EXPECT_GT(store.refusals, 0);
   EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 1) << "only the job whose beats failed";
-  store.refused = -1;
+  store.refuse({});
   finish_all(scheduler);
 }
 
@@ -800,24 +813,11 @@ TEST_F(PrefetchedJobs, OneJobWhoseHeartbeatKeepsFailingDoesNotStarveTheOthers) {
 // jobs behind them are still renewed (found by review: with only the last failing job moved
 // last, the two took turns ending every round before the others).
 TEST_F(PrefetchedJobs, TwoJobsWhoseHeartbeatsKeepFailingDoNotStarveTheOthers) {
-  struct RefusesTwoBeats : ForwardingStore {
-    using ForwardingStore::ForwardingStore;
-    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
-      if (id == refused_a.load() || id == refused_b.load()) {
-        ++refusals;
-        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
-      }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
-    }
-    std::atomic<JobId> refused_a{-1}, refused_b{-1};
-    std::atomic<int> refusals{0};
-  } store(*store_);
+  RefusesBeats store(*store_);
   const SchedulerOptions o = one_worker_three_ahead();
   Scheduler scheduler(store, clock_, o);
   const std::vector<JobId> ids = start_holding_the_first(scheduler);
-  store.refused_a = ids[0];
-  store.refused_b = ids[1];
+  store.refuse({ids[0], ids[1]});
   struct Release {  // whatever fails below: the held job ends, so the scheduler can be joined
     std::atomic<bool>& release;
     ~Release() { release = true; }
@@ -832,8 +832,7 @@ TEST_F(PrefetchedJobs, TwoJobsWhoseHeartbeatsKeepFailingDoNotStarveTheOthers) {
         << "job " << ids[i] << "'s lease ran out while the store renewed it fine";
   }
   EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 2) << "only the two jobs whose beats failed";
-  store.refused_a = -1;
-  store.refused_b = -1;
+  store.refuse({});
   finish_all(scheduler);
 }
 
