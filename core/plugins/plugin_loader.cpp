@@ -405,10 +405,7 @@ class OriginDependencies {
     std::shared_ptr<const BundledCopy> copy;
     if (auto it = bundled_copies.find(name); it != bundled_copies.end()) copy = it->second.lock();
     if (!copy) return true;  // a library of the system's, or one no plugin holds any more
-    if (!allowed_sha256_.empty() && !allowed_sha256_.count(copy->sha256)) {
-      refuse(plugin_, "its library " + copy->path.string() + " (loaded already) has sha256 " +
-                          copy->sha256 + ", which is not in the plugin allow-list");
-    }
+    check_allowed(*copy);
     names_.emplace(copy->name, copy->path);
     used_.push_back(std::move(copy));
     return true;
