@@ -296,6 +296,9 @@ class JobStore {
   // so it must be a pure function of its argument.
   virtual CircuitRecord update_circuit(
       const std::string& name, const std::function<CircuitRecord(const CircuitRecord&)>& next) = 0;
+  // Reads the record (a closed one when absent) and writes nothing: for reports, which must
+  // answer while the store refuses writes.
+  virtual CircuitRecord circuit(const std::string& name) = 0;
 
   // --- dead letters ----------------------------------------------------------------------------
   virtual DeadLetterPage list_dead_letters(const DeadLetterQuery& query) = 0;

@@ -1786,6 +1786,18 @@ mysql::Config store_config(const std::string& connection_string) {
   return config;
 }
 
+// The circuit record `name` (circuit_sql, then read_circuit on its result): closed when absent.
+std::string circuit_sql(const std::string& name) {
+  return "SELECT state, failures, opened_ms, retry_at_ms, updated_ms FROM circuits WHERE name = " +
+         quote(name);
+}
+
+CircuitRecord read_circuit(const Result& r) {
+  if (r.rows.empty()) return {};
+  const Row& row = r.rows[0];
+  return {to_str(row[0]), to_int(row[1]), to_i64(row[2]), to_i64(row[3]), to_i64(row[4])};
+}
+
 class MysqlStore final : public JobStore {
  public:
   MysqlStore(const std::string& connection_string, size_t pool_size)
@@ -2385,15 +2397,8 @@ class MysqlStore final : public JobStore {
       const std::string& name,
       const std::function<CircuitRecord(const CircuitRecord&)>& next) override {
     return transact("update_circuit", [&](Tx& tx) {
-      Result r = tx.one(
-          "SELECT state, failures, opened_ms, retry_at_ms, updated_ms FROM circuits WHERE name = " +
-          quote(name) + " FOR UPDATE");
-      CircuitRecord current;
-      if (!r.rows.empty()) {
-        const Row& row = r.rows[0];
-        current = {to_str(row[0]), to_int(row[1]), to_i64(row[2]), to_i64(row[3]), to_i64(row[4])};
-      }
-      CircuitRecord updated = next(current);
+      Result r = tx.one(circuit_sql(name) + " FOR UPDATE");
+      CircuitRecord updated = next(read_circuit(r));
       Sql sql(
           "INSERT INTO circuits (name, state, failures, opened_ms, retry_at_ms, updated_ms) "
           "VALUES (");
@@ -2410,6 +2415,11 @@ class MysqlStore final : public JobStore {
       commit_retrying_duplicates(tx, sql.text());
       return updated;
     });
+  }
+
+  CircuitRecord circuit(const std::string& name) override {
+    return read_circuit(
+        read("circuit", [&](mysql::Connection& c) { return c.one(circuit_sql(name)); }));
   }
 
   DeadLetterPage list_dead_letters(const DeadLetterQuery& query) override {

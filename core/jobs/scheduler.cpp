@@ -123,9 +123,12 @@ void Scheduler::claim_loop() {
                            claimed_at, options_.lease_ms, claim_kinds};
       claimed = store_.claim(request);
       backoff_ms = options_.idle_poll_ms;
+      note_store("claim", nullptr);
     } catch (const std::exception& e) {
       store_failed = true;
       log_->error("claim failed, retrying in {} ms: {}", backoff_ms, e.what());
+      const std::string error = e.what();
+      note_store("claim", &error);
     }
     const size_t n = claimed.size();
     std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), claimed_at);
@@ -174,9 +177,9 @@ int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, in
 void Scheduler::heartbeat_loop() {
   const int64_t interval = options_.heartbeat_interval_ms;
   int64_t wait_ms = heartbeat_wait_ms(0, std::nullopt, interval);
-  // Jobs whose last beat failed transiently, by the time of that attempt: they go after the
-  // others, the one tried longest ago first, so neither one nor several failing rows keep the
-  // others (or each other) from being tried.
+  // Jobs whose last beat failed, by the time of that attempt: they go after the others, the one
+  // tried longest ago first, so neither one nor several failing rows keep the others (or each
+  // other) from being tried.
   std::map<JobId, int64_t> failing;
   std::unique_lock lock(mutex_);
   while (!stopped_) {
@@ -203,6 +206,7 @@ void Scheduler::heartbeat_loop() {
       return key(a) < key(b);
     });
     bool store_down = false;
+    bool failed = false;  // a beat of this round
     for (const auto& context : running) {
       if (context->lease_lost_) continue;  // nothing left to renew
       int64_t due = context->last_beat_ms_ + interval;
@@ -216,19 +220,27 @@ void Scheduler::heartbeat_loop() {
           failing.erase(context->job_.id);
           due = now + interval;
           if (r.cancel_requested) context->cancelled_ = true;
+          note_store("heartbeat", nullptr);
         } catch (const LeaseLost&) {
           context->lease_lost_ = true;
+          note_store("heartbeat", nullptr);  // the store answered
           continue;
         } catch (const std::exception& e) {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
+          const std::string error = e.what();
+          note_store("heartbeat", &error);
+          failed = true;
           due = now + interval / 2;  // a failing store is retried at half-interval pace
           const auto* storage = dynamic_cast<const StorageError*>(&e);
           store_down = storage && storage->transient();
-          if (store_down) failing[context->job_.id] = now;
+          failing[context->job_.id] = now;
         }
       }
       next_due = std::min(next_due.value_or(std::numeric_limits<int64_t>::max()), due);
     }
+    // No job whose beat failed is in hand any more: heartbeats are not failing, even if none was
+    // due this round.
+    if (!failed && failing.empty()) note_store("heartbeat", nullptr);
     wait_ms = heartbeat_wait_ms(now, next_due, interval);
     lock.lock();
   }
@@ -248,8 +260,11 @@ void Scheduler::sweep_loop() {
                    r.dead, r.parents_woken);
       }
       if (options_.retention_ms > 0) store_.prune(now - options_.retention_ms);
+      note_store("sweep", nullptr);
     } catch (const std::exception& e) {
       log_->error("sweep failed: {}", e.what());
+      const std::string error = e.what();
+      note_store("sweep", &error);
     }
     lock.lock();
   }
@@ -418,19 +433,25 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
         }
         results[pending[k]] = std::move(got[k]);
       }
-      if (again.empty()) return results;
+      if (again.empty()) {
+        note_store("finish", nullptr);
+        return results;
+      }
       pending = std::move(again);
     } catch (const std::exception& e) {
       failure = e.what();
       for (size_t i : pending) results[i] = {std::nullopt, false, failure, true};
     }
+    note_store("finish", &failure);
     std::unique_lock lock(mutex_);
     const bool keep_on = until_leases_end && !stopped_ && clock_.now_ms() < leases_end_ms;
     if (!keep_on && --tries_left == 0) {
       // Their leases expire and the sweep takes them back (the attempt counts).
       log_->error("recording {} job endings failed {} times, giving up: {}", pending.size(),
                   attempt, failure);
-      return results;  // the pending ones are still retryable
+      lock.unlock();
+      note_store("finish", nullptr);  // nothing left that fails: not a failing operation now
+      return results;                 // the pending ones are still retryable
     }
     log_->warn("recording {} job endings failed, retrying: {}", pending.size(), failure);
     const int64_t pause_ms = std::min<int64_t>(50LL << std::min(attempt, 5), 1'000);
@@ -583,6 +604,21 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   threads_.clear();
 }
 
+// An operation is failing while its last call failed and it is still being retried: claims and
+// sweeps always are; heartbeats while a job whose beat failed is in hand; endings until recorded
+// or given up on.
+void Scheduler::note_store(const char* operation, const std::string* error) {
+  std::lock_guard lock(mutex_);
+  if (!error) {
+    store_failures_.erase(operation);
+    return;
+  }
+  auto [it, first] = store_failures_.try_emplace(operation);
+  if (first) it->second.since_ms = clock_.now_ms();
+  ++it->second.failures;
+  it->second.error = *error;
+}
+
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.claimed = claimed_;
@@ -595,6 +631,7 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
   s.in_flight = busy_;
   s.latency = latency_;
+  s.store_failures = store_failures_;
   return s;
 }
 

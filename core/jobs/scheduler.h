@@ -147,6 +147,14 @@ struct KindLatency {
   int64_t run_ms_sum = 0;
 };
 
+// A store operation of the scheduler's whose every call since `since_ms` has failed (thrown, or
+// come back retryable), with how many did and the last error.
+struct StoreFailure {
+  int64_t since_ms = 0;
+  int64_t failures = 0;
+  std::string error;
+};
+
 struct SchedulerStats {
   int64_t claimed = 0;
   int64_t succeeded = 0;
@@ -157,6 +165,9 @@ struct SchedulerStats {
   int64_t interrupted = 0;
   int64_t in_flight = 0;
   std::map<std::string, KindLatency> latency;  // by job kind
+  // By operation ("claim", "heartbeat", "finish", "sweep"): the ones failing now. A store that
+  // still answers reads but refuses writes (a MySQL server turned read-only) shows here.
+  std::map<std::string, StoreFailure> store_failures;
 };
 
 class Scheduler {
@@ -226,6 +237,8 @@ class Scheduler {
   // Sleeps up to `ms` or until woken (stop or a freed worker slot).
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
   void sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms);
+  // Records how a store call of `operation` went: `error` null when it succeeded.
+  void note_store(const char* operation, const std::string* error);
   bool loops_stopped() const {
     std::lock_guard lock(mutex_);
     return stopped_;
@@ -247,6 +260,7 @@ class Scheduler {
   bool finisher_running_ = false;                    // endings go to the finisher thread
   std::vector<std::shared_ptr<JobContext>> leased_;  // in ready_ or execute(): heartbeated
   std::map<std::string, KindLatency> latency_;
+  std::map<std::string, StoreFailure> store_failures_;
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;
   bool poked_ = false;                 // a job became runnable since the claim loop last claimed

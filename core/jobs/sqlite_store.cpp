@@ -1286,16 +1286,18 @@ const std::string kSaveCircuit =
     "failures = excluded.failures, opened_ms = excluded.opened_ms, "
     "retry_at_ms = excluded.retry_at_ms, updated_ms = excluded.updated_ms";
 
+CircuitRecord load_circuit(Connection& c, const std::string& name) {
+  CircuitRecord current;
+  Query q = c.query(kLoadCircuit);
+  q.args(name);
+  if (q.step()) current = {q.text(0), q.i32(1), q.i64(2), q.i64(3), q.i64(4)};
+  return current;
+}
+
 CircuitRecord update_circuit_record(
     Connection& c, const std::string& name,
     const std::function<CircuitRecord(const CircuitRecord&)>& next) {
-  CircuitRecord current;
-  {
-    Query q = c.query(kLoadCircuit);
-    q.args(name);
-    if (q.step()) current = {q.text(0), q.i32(1), q.i64(2), q.i64(3), q.i64(4)};
-  }
-  CircuitRecord updated = next(current);
+  CircuitRecord updated = next(load_circuit(c, name));
   c.query(kSaveCircuit)
       .args(name, updated.state, updated.failures, updated.opened_ms, updated.retry_at_ms,
             updated.updated_ms)
@@ -1568,6 +1570,9 @@ class SqliteStore final : public SqliteJobStore {
       const std::string& name,
       const std::function<CircuitRecord(const CircuitRecord&)>& next) override {
     return write([&](Connection& c) { return update_circuit_record(c, name, next); });
+  }
+  CircuitRecord circuit(const std::string& name) override {
+    return read([&](Connection& c) { return load_circuit(c, name); });
   }
 
   DeadLetterPage list_dead_letters(const DeadLetterQuery& query) override;

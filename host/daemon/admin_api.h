@@ -25,6 +25,8 @@ namespace backhaul::daemon {
 struct AdminApiOptions {
   std::string token;                   // the bearer token of /v1
   int64_t backlog_threshold = 10'000;  // /health/ready fails above this many queued jobs
+  // /health/ready fails while a store operation of the scheduler's has failed for this long.
+  int64_t store_failure_grace_ms = 10'000;
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 * 1024;
 };

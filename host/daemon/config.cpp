@@ -188,6 +188,7 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read_circuit(pipeline, "gateway_circuit", &config.pipeline.gateway_circuit);
 
   read(section(root, "health"), "backlog_threshold", &config.health.backlog_threshold);
+  read(section(root, "health"), "store_failure_ms", &config.health.store_failure_ms);
   read(section(root, "shutdown"), "grace_ms", &config.shutdown.grace_ms);
   read(section(root, "shutdown"), "abandon_ms", &config.shutdown.abandon_ms);
   read(section(root, "logging"), "level", &config.logging.level);

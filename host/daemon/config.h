@@ -94,6 +94,7 @@ struct DaemonConfig {
 
   struct Health {
     int64_t backlog_threshold = 10'000;
+    int64_t store_failure_ms = 10'000;
   } health;
 
   struct Shutdown {

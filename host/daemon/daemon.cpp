@@ -149,6 +149,7 @@ void Daemon::start() {
   AdminApiOptions api_options;
   api_options.token = d.config.admin.token;
   api_options.backlog_threshold = d.config.health.backlog_threshold;
+  api_options.store_failure_grace_ms = d.config.health.store_failure_ms;
   api_options.max_body_bytes = static_cast<size_t>(d.config.admin.max_body_bytes);
   api_options.max_header_bytes = static_cast<size_t>(d.config.admin.max_header_bytes);
   d.api = std::make_unique<AdminApi>(

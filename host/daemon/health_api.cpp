@@ -47,6 +47,7 @@ Response ready(Call& call) {
   if (call.deps.handled_kinds) {
     for (std::string& kind : call.deps.handled_kinds()) handled.insert(std::move(kind));
   }
+  bool readable = true;
   try {
     for (const auto& [key, count] : call.deps.store.counts()) {
       if (key.second != jobs::JobStatus::kQueued) continue;
@@ -57,13 +58,37 @@ Response ready(Call& call) {
     }
     components["store"] = {{"status", "healthy"}, {"backend", call.deps.store.backend()}};
   } catch (const std::exception& e) {
+    readable = false;
     components["store"] = {{"status", "unhealthy"}, {"error", e.what()}};
     failing.push_back("store");
+  }
+  // A store that answers reads may still refuse the scheduler's writes (a MySQL server turned
+  // read-only, a full disk). Its failing operations are listed: "degraded" at first, and failing
+  // readiness once one has failed for the grace without a success.
+  if (readable && call.deps.scheduler_stats) {
+    json operations = json::object();
+    std::string error;
+    for (const auto& [operation, f] : call.deps.scheduler_stats().store_failures) {
+      const int64_t for_ms = call.now_ms() - f.since_ms;
+      operations[operation] = {
+          {"failing_for_ms", for_ms}, {"failures", f.failures}, {"error", f.error}};
+      if (error.empty() && for_ms >= call.options.store_failure_grace_ms) {
+        error = operation + " failing for " + std::to_string(for_ms / 1000) + " s: " + f.error;
+      }
+    }
+    if (!operations.empty()) {
+      components["store"]["status"] = error.empty() ? "degraded" : "unhealthy";
+      if (!error.empty()) {
+        components["store"]["error"] = error;
+        failing.push_back("store");
+      }
+      components["store"]["failing_operations"] = std::move(operations);
+    }
   }
   const size_t loaded = call.deps.plugins.plugins().size();
   components["plugins"] = {{"status", loaded > 0 ? "healthy" : "unhealthy"}, {"loaded", loaded}};
   if (loaded == 0) failing.push_back("plugins");
-  if (!failing.empty() && failing.front() == "store") {
+  if (!readable) {
     components["backlog"] = {{"status", "unknown"}};
   } else {
     const bool over = queued > call.options.backlog_threshold;
@@ -72,7 +97,7 @@ Response ready(Call& call) {
                              {"threshold", call.options.backlog_threshold}};
     if (over) failing.push_back("backlog");
   }
-  if (call.deps.handled_kinds && !failing.empty() && failing.front() == "store") {
+  if (call.deps.handled_kinds && !readable) {
     components["kinds"] = {{"status", "unknown"}};
   } else if (call.deps.handled_kinds) {
     components["kinds"] = {{"status", unhandled.empty() ? "healthy" : "degraded"},
@@ -142,6 +167,15 @@ Response handle_metrics(Call& call) {
     }
     family(out, "backhaul_scheduler_in_flight", "gauge", "Jobs claimed and not yet finished.");
     out << "backhaul_scheduler_in_flight " << stats.in_flight << '\n';
+    family(out, "backhaul_scheduler_store_failing_seconds", "gauge",
+           "How long each store operation of the scheduler has failed without a success.");
+    for (const char* operation : {"claim", "heartbeat", "finish", "sweep"}) {
+      auto it = stats.store_failures.find(operation);
+      const int64_t for_ms =
+          it == stats.store_failures.end() ? 0 : call.now_ms() - it->second.since_ms;
+      out << "backhaul_scheduler_store_failing_seconds{operation=\"" << operation << "\"} "
+          << static_cast<double>(for_ms) / 1000 << '\n';
+    }
     family(out, "backhaul_job_wait_seconds", "summary",
            "Time from due (created or run-after) to the start of a handler run, by kind.");
     for (const auto& [kind, l] : stats.latency) {
@@ -161,14 +195,13 @@ Response handle_metrics(Call& call) {
   family(out, "backhaul_plugins_loaded", "gauge", "Connector plugins loaded.");
   out << "backhaul_plugins_loaded " << loaded.size() << '\n';
 
-  // Circuit records are shared by every host; reading one is an identity update.
+  // Circuit records are shared by every host.
   family(out, "backhaul_circuit_state", "gauge",
          "Circuit breaker state: 0 closed, 1 half-open, 2 open.");
   std::vector<std::string> circuits = {"gateway"};
   for (const plugins::Plugin& plugin : loaded) circuits.push_back("provider:" + plugin.info().id);
   for (const std::string& name : circuits) {
-    const jobs::CircuitRecord record =
-        store.update_circuit(name, [](const jobs::CircuitRecord& r) { return r; });
+    const jobs::CircuitRecord record = store.circuit(name);
     out << "backhaul_circuit_state{circuit=\"" << label(name) << "\"} "
         << circuit_value(record.state) << '\n';
   }

@@ -82,6 +82,7 @@ class ForwardingStore : public JobStore {
       const std::function<CircuitRecord(const CircuitRecord&)>& next) override {
     return inner_.update_circuit(name, next);
   }
+  CircuitRecord circuit(const std::string& name) override { return inner_.circuit(name); }
   DeadLetterPage list_dead_letters(const DeadLetterQuery& query) override {
     return inner_.list_dead_letters(query);
   }

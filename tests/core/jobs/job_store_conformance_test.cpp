@@ -1943,13 +1943,27 @@ TEST_P(JobStoreConformance, AnUnknownCircuitStartsClosed) {
   EXPECT_EQ(stored.state, "closed");
 }
 
-TEST_P(JobStoreConformance, UpdateCircuitStoresAndReturnsWhatNextReturns) {
+// A circuit opened at kT0 after 5 failures, which may be probed 30 s later.
+CircuitRecord an_open_circuit() {
   CircuitRecord open;
   open.state = "open";
   open.failures = 5;
   open.opened_ms = kT0;
   open.retry_at_ms = kT0 + 30 * kSecond;
   open.updated_ms = kT0 + 1;
+  return open;
+}
+
+void expect_the_open_circuit(const CircuitRecord& seen) {
+  EXPECT_EQ(seen.state, "open");
+  EXPECT_EQ(seen.failures, 5);
+  EXPECT_EQ(seen.opened_ms, kT0);
+  EXPECT_EQ(seen.retry_at_ms, kT0 + 30 * kSecond);
+  EXPECT_EQ(seen.updated_ms, kT0 + 1);
+}
+
+TEST_P(JobStoreConformance, UpdateCircuitStoresAndReturnsWhatNextReturns) {
+  const CircuitRecord open = an_open_circuit();
   CircuitRecord returned =
       store().update_circuit("gateway", [&](const CircuitRecord&) { return open; });
   EXPECT_EQ(returned.state, "open");
@@ -1961,11 +1975,33 @@ TEST_P(JobStoreConformance, UpdateCircuitStoresAndReturnsWhatNextReturns) {
     seen = r;
     return r;
   });
-  EXPECT_EQ(seen.state, "open");
-  EXPECT_EQ(seen.failures, 5);
-  EXPECT_EQ(seen.opened_ms, kT0);
-  EXPECT_EQ(seen.retry_at_ms, kT0 + 30 * kSecond);
-  EXPECT_EQ(seen.updated_ms, kT0 + 1);
+  expect_the_open_circuit(seen);
+}
+
+// circuit() is the read for reports (/metrics): what update_circuit stored, as another host sees
+// it, and a closed record for a name never stored, which it does not create.
+TEST_P(JobStoreConformance, CircuitReadsTheStoredRecordAndWritesNothing) {
+  std::unique_ptr<JobStore> host_b = open_another_host();
+  const CircuitRecord absent = host_b->circuit("gateway");
+  EXPECT_EQ(absent.state, "closed");
+  EXPECT_EQ(absent.failures, 0);
+  EXPECT_EQ(absent.retry_at_ms, 0);
+
+  store().update_circuit("gateway", [](const CircuitRecord&) { return an_open_circuit(); });
+  expect_the_open_circuit(host_b->circuit("gateway"));
+
+  // Read only: a record read but never updated is still absent (update_circuit sees its
+  // default, not a row circuit() made), and the one read is unchanged.
+  host_b->circuit("sendgrid");
+  CircuitRecord before;
+  before.state = "unset";
+  store().update_circuit("sendgrid", [&](const CircuitRecord& r) {
+    before = r;
+    return r;
+  });
+  EXPECT_EQ(before.state, "closed");
+  EXPECT_EQ(before.updated_ms, 0);
+  EXPECT_EQ(store().circuit("gateway").updated_ms, kT0 + 1);
 }
 
 TEST_P(JobStoreConformance, CircuitsAreIndependentByName) {

@@ -1757,5 +1757,56 @@ TEST(MysqlReadOnly, AWriteRefusedInTheCommitTripIsRetriedNotAnUnknownOutcome) {
   EXPECT_GT(connections_so_far(db) - before - 1, 1) << "the purge was not run again";
 }
 
+// A scheduler over a server turned read-only: its claims of a due job fail while reads still
+// answer, and stats().store_failures (what /health/ready reads) names them, since the first
+// failure, until the server takes writes again and a claim succeeds.
+TEST(MysqlReadOnly, ASchedulerReportsItsFailingClaimsUntilTheServerTakesWritesAgain) {
+  TestDatabase db;
+  auto store = db.open(2);
+  FakeClock clock(1'000'000);
+  JobSpec later = spec("k");
+  later.run_after_ms = clock.now_ms() + 1'000;
+  const JobId id = store->enqueue(later, clock.now_ms()).id;
+  SchedulerOptions o;
+  o.owner = "w";
+  o.workers = 1;
+  o.idle_poll_ms = 20;
+  Scheduler scheduler(*store, clock, o);
+  std::atomic<int> runs{0};
+  scheduler.register_handler("k", [&](JobContext&) {
+    ++runs;
+    return Outcome::complete();
+  });
+  scheduler.start();
+  auto claims = [&]() -> std::optional<StoreFailure> {
+    const SchedulerStats stats = scheduler.stats();
+    auto it = stats.store_failures.find("claim");
+    if (it == stats.store_failures.end()) return std::nullopt;
+    return it->second;
+  };
+  auto wait_until = [](auto&& done) {
+    for (int i = 0; i < 600 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  };
+  {
+    ReadOnlyServer read_only(db);
+    clock.advance_ms(1'000);  // the job is due: a claim now writes
+    const int64_t first_failure_ms = clock.now_ms();
+    wait_until([&] { return claims() && claims()->failures >= 2; });
+    ASSERT_TRUE(claims());
+    EXPECT_GE(claims()->failures, 2);
+    EXPECT_EQ(claims()->since_ms, first_failure_ms);
+    EXPECT_NE(claims()->error.find("read-only"), std::string::npos) << claims()->error;
+    EXPECT_EQ(store->get(id)->status, JobStatus::kQueued) << "reads go on";
+    EXPECT_EQ(store->circuit("gateway").state, "closed") << "what /metrics reads";
+    EXPECT_EQ(runs.load(), 0);
+  }
+  wait_until([&] { return store->get(id)->status == JobStatus::kSucceeded; });
+  EXPECT_EQ(store->get(id)->status, JobStatus::kSucceeded);
+  EXPECT_FALSE(claims()) << claims()->error;
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
 }  // namespace
 }  // namespace backhaul::jobs

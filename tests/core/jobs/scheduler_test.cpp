@@ -352,6 +352,102 @@ TEST_F(SchedulerTest, ADrainDuringAnOutageStillTriesTheEndingFiveTimes) {
       << "given up on the first try after the stop; the store took the second";
 }
 
+// A store that refuses the writes of the operations switched on, as a MySQL server turned
+// read-only refuses them (error 1290, transient).
+class RefusesWrites : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::vector<Claimed> claim(const ClaimRequest& request) override {
+    refuse_if(claims);
+    return inner().claim(request);
+  }
+  HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                            const std::optional<std::string>& checkpoint) override {
+    refuse_if(beats);
+    return inner().heartbeat(id, token, now_ms, lease_ms, checkpoint);
+  }
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    refuse_if(endings);
+    return inner().finish(items, now_ms);
+  }
+  SweepResult sweep(int64_t now_ms) override {
+    refuse_if(sweeps);
+    return inner().sweep(now_ms);
+  }
+  std::atomic<bool> claims{false}, beats{false}, endings{false}, sweeps{false};
+
+ private:
+  static void refuse_if(const std::atomic<bool>& refused) {
+    if (refused) throw StorageError("mysql: error 1290: the server is running read-only", true);
+  }
+};
+
+// stats().store_failures names each store operation whose calls keep failing, since its first
+// failure (the clock moving on does not move it), until the operation is no longer failing: a
+// claim or sweep that succeeds, an ending recorded, no job whose beat failed left in hand. This
+// is what /health/ready reads to tell a store that answers reads but refuses writes.
+TEST_F(SchedulerTest, StoreOperationsThatKeepFailingAreReportedUntilTheyAreNotFailingAnyMore) {
+  RefusesWrites store(*store_);
+  const JobId id = enqueue("work", 1);
+  SchedulerOptions o = options();
+  o.idle_poll_ms = 20;  // claim backoff starts here
+  o.sweep_interval_ms = 20;
+  o.heartbeat_interval_ms = 200;  // rounds every 100 ms (real time) at most
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<bool> release{false};
+  scheduler.register_handler("work", [&](JobContext&) {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return Outcome::complete();
+  });
+  auto failure = [&](const std::string& operation) -> std::optional<StoreFailure> {
+    const SchedulerStats stats = scheduler.stats();
+    auto it = stats.store_failures.find(operation);
+    if (it == stats.store_failures.end()) return std::nullopt;
+    return it->second;
+  };
+  store.claims = true;
+  scheduler.start();
+  store.sweeps = true;  // after start(), whose recovery sweep must succeed
+  const int64_t first_failure_ms = clock_.now_ms();
+
+  wait_for([&] { return failure("claim") && failure("claim")->failures >= 2; });
+  ASSERT_TRUE(failure("claim"));
+  EXPECT_EQ(failure("claim")->since_ms, first_failure_ms);
+  EXPECT_NE(failure("claim")->error.find("1290"), std::string::npos) << failure("claim")->error;
+  clock_.advance_ms(1'000);
+  const int64_t failures = failure("claim")->failures;
+  wait_for([&] { return failure("claim")->failures > failures; });
+  EXPECT_EQ(failure("claim")->since_ms, first_failure_ms) << "failing since the first failure";
+  wait_for([&] { return failure("sweep").has_value(); });
+  EXPECT_TRUE(failure("sweep"));
+
+  store.beats = true;
+  store.endings = true;
+  store.claims = false;
+  store.sweeps = false;
+  wait_for([&] { return !failure("claim") && !failure("sweep"); });
+  EXPECT_FALSE(failure("claim")) << "a claim succeeded";
+  EXPECT_FALSE(failure("sweep")) << "a sweep succeeded";
+  wait_for([&] { return scheduler.stats().in_flight == 1 && store_->get(id)->attempts == 1; });
+  clock_.advance_ms(o.heartbeat_interval_ms);  // the running job's beat is due
+  wait_for([&] { return failure("heartbeat").has_value(); });
+  ASSERT_TRUE(failure("heartbeat"));
+  EXPECT_EQ(failure("heartbeat")->since_ms, clock_.now_ms());
+
+  release = true;  // its ending cannot be recorded
+  wait_for([&] { return failure("finish").has_value(); });
+  ASSERT_TRUE(failure("finish"));
+  EXPECT_NE(failure("finish")->error.find("read-only"), std::string::npos);
+  store.endings = false;
+  wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+  // The job whose beats failed is no longer in hand: heartbeats are not failing either, although
+  // the store still refuses them.
+  wait_for([&] { return scheduler.stats().store_failures.empty(); });
+  EXPECT_TRUE(scheduler.stats().store_failures.empty());
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
 // The heartbeat loop wakes when the earliest beat is due: a heartbeat interval close to the lease
 // (25 s of 30 s) is kept, where fixed half-interval naps could beat up to 37.5 s late.
 TEST(HeartbeatWait, SleepsUntilTheEarliestBeatIsDueWithinBounds) {

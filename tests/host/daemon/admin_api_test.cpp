@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include "core/pipeline/pipeline.h"
 #include "tests/host/daemon/daemon_fixture.h"
+#include "tests/host/daemon/sql_client.h"
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -372,6 +374,60 @@ TEST_F(DaemonTest, ReadyFailsNamingBacklogWhenOverThreshold) {
   EXPECT_EQ(ready.status, 503) << ready.body;
   EXPECT_EQ(ready.json()["failing"], json::array({"backlog"}));
   EXPECT_EQ(ready.json()["components"]["backlog"]["queued"], 3);
+}
+
+// A store that answers reads but refuses writes, as a MySQL server turned read-only does: here
+// another client of the SQLite file puts a trigger on it that rejects every UPDATE of a job, so
+// the scheduler's claims fail while the store's counts still answer. Ready lists the failing
+// claims at once (degraded, still 200), fails naming the store once they have failed for
+// health.store_failure_ms, and is healthy again after a claim succeeds.
+TEST_F(DaemonTest, ReadyFailsNamingTheStoreWhileTheSchedulersWritesKeepFailing) {
+  start([](json& c) { c["health"] = {{"store_failure_ms", 10'000}}; });
+  const std::string db = (dir_ / "jobs.db").string();
+  run_sql(db,
+          "CREATE TRIGGER refuse_writes BEFORE UPDATE ON jobs "
+          "BEGIN SELECT RAISE(ABORT, 'job updates refused by this test'); END");
+  const jobs::JobId id = enqueue(pipeline::kRunKind);
+
+  HttpResult ready;
+  auto store_status = [&] {
+    ready = call_without_token("GET", "/health/ready");
+    return ready.json()["components"]["store"]["status"].get<std::string>();
+  };
+  for (int i = 0; i < 200 && store_status() != "degraded"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ready.json()["components"]["store"]["status"], "degraded") << ready.body;
+  EXPECT_EQ(ready.status, 200) << "within the grace: " << ready.body;
+  json claim = ready.json()["components"]["store"]["failing_operations"]["claim"];
+  EXPECT_GE(claim["failures"].get<int64_t>(), 1) << ready.body;
+  EXPECT_NE(claim["error"].get<std::string>().find("job updates refused by this test"),
+            std::string::npos)
+      << ready.body;
+
+  clock_.advance_ms(10'000);
+  ready = call_without_token("GET", "/health/ready");
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_EQ(ready.json()["failing"], json::array({"store"})) << ready.body;
+  const json store_component = ready.json()["components"]["store"];
+  EXPECT_EQ(store_component["status"], "unhealthy");
+  EXPECT_GE(store_component["failing_operations"]["claim"]["failing_for_ms"].get<int64_t>(),
+            10'000);
+  EXPECT_EQ(store_component["error"].get<std::string>().rfind("claim failing for 10 s: ", 0), 0u)
+      << ready.body;
+  EXPECT_EQ(ready.json()["components"]["backlog"]["queued"], 1) << "reads still answer";
+  const std::string metrics = call_without_token("GET", "/metrics").body;
+  EXPECT_NE(metrics.find("backhaul_scheduler_store_failing_seconds{operation=\"claim\"} 10\n"),
+            std::string::npos)
+      << metrics;
+
+  run_sql(db, "DROP TRIGGER refuse_writes");
+  for (int i = 0; i < 1000 && store_status() != "healthy"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  EXPECT_FALSE(ready.json()["components"]["store"].contains("failing_operations")) << ready.body;
+  EXPECT_NE(store().get(id)->attempts, 0) << "the job was claimed once the store took writes";
 }
 
 TEST_F(DaemonTest, MetricsExposeQueueDepthDeadLettersAndCircuits) {

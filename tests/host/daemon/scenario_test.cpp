@@ -5,13 +5,12 @@
 // per-resource request counts of GET /_sandbox/requests).
 #include <thread>
 
-#include <Poco/Data/SQLite/Connector.h>
-#include <Poco/Data/Session.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/process_fixture.h"
+#include "tests/host/daemon/sql_client.h"
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -45,26 +44,6 @@ const json& unit_of(const json& run, const std::string& resource_name,
 
 int64_t count(const json& object, const std::string& key) {
   return object.contains(key) ? object[key].get<int64_t>() : 0;
-}
-
-// Runs `sql` on the SQLite file at `path` from this process, as any other client of the file
-// could; retries while the daemon holds the write lock (bounded).
-void run_sql(const std::string& path, const std::string& sql) {
-  Poco::Data::SQLite::Connector::registerConnector();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (true) {
-    try {
-      Poco::Data::Session session("SQLite", path);
-      session << sql, Poco::Data::Keywords::now;
-      return;
-    } catch (const Poco::Exception& e) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ADD_FAILURE() << sql << ": " << e.displayText();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
 }
 
 class ScenarioTest : public ProcessTest {
