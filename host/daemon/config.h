@@ -101,6 +101,7 @@ struct DaemonConfig {
     int64_t grace_ms = 30'000;
     // After the grace, how long the jobs asked to stop may take before backhauld exits without
     // them (status 1): a call into a plugin that does not return would hold the stop forever.
+    // Also the bound (at least 1 s) on unloading the plugins afterwards (a deinit() that hangs).
     int64_t abandon_ms = 30'000;
   } shutdown;
 

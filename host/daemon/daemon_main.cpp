@@ -1,8 +1,11 @@
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,46 +22,69 @@
 namespace backhaul::daemon {
 namespace {
 
-// Runs daemon.stop(). A handler learns of the stop at its next page boundary; one stuck in a call
-// into a plugin never gets there, and stop() would wait for it forever. So if jobs are still in a
-// handler once the grace and then shutdown.abandon_ms have passed, this logs them and ends the
-// process with status 1, as a crash would: those jobs keep their leases until they expire, and the
-// sweep of any host takes them back (attempt counted); an ending the finisher had not written yet
-// (a store failing at that moment) is lost the same way. Once no job is in a handler, stop() is
-// only writing and releasing, and is left to finish.
-void stop_or_abandon(Daemon& daemon, spdlog::logger& log) {
-  const auto limit = std::chrono::milliseconds(daemon.config().shutdown.grace_ms +
-                                               daemon.config().shutdown.abandon_ms);
-  std::mutex mutex;
-  std::condition_variable stopped_cv;
-  bool stopped = false;
-  std::thread watchdog([&] {
-    std::unique_lock lock(mutex);
-    if (stopped_cv.wait_for(lock, limit, [&] { return stopped; })) return;
-    const int64_t running = daemon.in_flight();
-    if (running == 0) return;
+// Calls `on_expiry` on a thread of its own unless destroyed within `limit`.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::milliseconds limit, std::function<void()> on_expiry)
+      : thread_([this, limit, on_expiry = std::move(on_expiry)] {
+          std::unique_lock lock(mutex_);
+          if (!disarmed_cv_.wait_for(lock, limit, [&] { return disarmed_; })) on_expiry();
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      disarmed_ = true;
+    }
+    disarmed_cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable disarmed_cv_;
+  bool disarmed_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
+// Stops and destroys the daemon. A handler learns of the stop at its next page boundary; one
+// stuck in a call into a plugin never gets there, and stop() would wait for it forever. So if jobs
+// are still in a handler once the grace and then shutdown.abandon_ms have passed, this logs them
+// and ends the process with status 1, as a crash would: those jobs keep their leases until they
+// expire, and the sweep of any host takes them back (attempt counted); an ending the finisher had
+// not written yet (a store failing at that moment) is lost the same way. Once no job is in a
+// handler, stop() is only writing and releasing, and is left to finish. Destroying the daemon
+// then unloads the plugins, whose deinit() may not return either: that gets shutdown.abandon_ms
+// of its own (at least 1 s), after which the process ends with status 1 too (the jobs are
+// released by then).
+void stop_and_unload(std::unique_ptr<Daemon> daemon, spdlog::logger& log) {
+  const int64_t abandon_ms = daemon->config().shutdown.abandon_ms;
+  const auto limit = std::chrono::milliseconds(daemon->config().shutdown.grace_ms + abandon_ms);
+  {
+    Watchdog stop(limit, [&] {
+      const int64_t running = daemon->in_flight();
+      if (running == 0) return;
+      log.error(
+          "stop: {} jobs still in a handler {} ms after the signal (a call into a plugin that "
+          "does not return?); exiting without them: their leases expire and the sweep takes "
+          "them back",
+          running, limit.count());
+      log.flush();
+      std::_Exit(1);
+    });
+    daemon->stop();
+  }
+  const auto unload_limit = std::chrono::milliseconds(std::max<int64_t>(abandon_ms, 1'000));
+  Watchdog unload(unload_limit, [&] {
     log.error(
-        "stop: {} jobs still in a handler {} ms after the signal (a call into a plugin that does "
-        "not return?); exiting without them: their leases expire and the sweep takes them back",
-        running, limit.count());
+        "stop: unloading did not end within {} ms (shutdown.abandon_ms, at least 1 s): a "
+        "plugin's deinit() that does not return? exiting",
+        unload_limit.count());
     log.flush();
     std::_Exit(1);
   });
-  auto done = [&] {
-    {
-      std::lock_guard lock(mutex);
-      stopped = true;
-    }
-    stopped_cv.notify_all();
-    watchdog.join();
-  };
-  try {
-    daemon.stop();
-  } catch (...) {
-    done();
-    throw;
-  }
-  done();
+  daemon.reset();
 }
 
 }  // namespace
@@ -99,12 +125,12 @@ int main(int argc, char** argv) {
       config.logging.level);
   const auto log = logging::get("daemon");
   try {
-    Daemon daemon(std::move(config));
-    daemon.start();
-    if (!port_file.empty()) host::write_port_file(port_file, daemon.port());
+    auto daemon = std::make_unique<Daemon>(std::move(config));
+    daemon->start();
+    if (!port_file.empty()) host::write_port_file(port_file, daemon->port());
     const int signal_number = host::wait_for_termination(signals);
     log->info("signal {}: stopping", signal_number);
-    stop_or_abandon(daemon, *log);
+    stop_and_unload(std::move(daemon), *log);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

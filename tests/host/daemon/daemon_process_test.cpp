@@ -28,6 +28,17 @@ class DaemonProcessTest : public ProcessTest {
             {"shutdown", {{"grace_ms", 2000}}}};
   }
 
+  // SIGTERM, then the daemon exits with status 1 within 10 s.
+  void expect_exit_1_within_10s_of_sigterm() {
+    const auto signalled = std::chrono::steady_clock::now();
+    ASSERT_TRUE(daemon_->signal(SIGTERM));
+    const int status = daemon_->wait_exit(std::chrono::seconds(60));
+    const auto took = std::chrono::steady_clock::now() - signalled;
+    ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+    EXPECT_EQ(WEXITSTATUS(status), 1) << daemon_->stderr_text();
+    EXPECT_LT(took, std::chrono::seconds(10));
+  }
+
   void spawn(const std::vector<std::string>& env) {
     daemon_ = std::make_unique<ChildProcess>(
         BACKHAULD_PATH,
@@ -161,14 +172,8 @@ TEST_F(DaemonProcessTest, AHandlerStuckInAPluginCallHoldsTheStopNoLongerThanGrac
   }
   ASSERT_GE(metric("backhaul_scheduler_in_flight"), 1) << daemon_->stderr_text();
 
-  const auto signalled = std::chrono::steady_clock::now();
-  ASSERT_TRUE(daemon_->signal(SIGTERM));
-  const int status = daemon_->wait_exit(std::chrono::seconds(60));
-  const auto took = std::chrono::steady_clock::now() - signalled;
-  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
-  EXPECT_EQ(WEXITSTATUS(status), 1) << daemon_->stderr_text();
   // Well before the provider answers (20 s); the bound is the point, not a speed goal.
-  EXPECT_LT(took, std::chrono::seconds(10));
+  expect_exit_1_within_10s_of_sigterm();
   EXPECT_NE(daemon_->stderr_text().find("exiting without them"), std::string::npos)
       << daemon_->stderr_text();
 
@@ -178,6 +183,26 @@ TEST_F(DaemonProcessTest, AHandlerStuckInAPluginCallHoldsTheStopNoLongerThanGrac
     if (key.second == jobs::JobStatus::kRunning) running += count;
   }
   EXPECT_GE(running, 1) << "the abandoned job keeps its lease until it expires";
+}
+
+// A plugin whose deinit() never returns would hold the exit forever, after a stop that released
+// everything: unloading gets shutdown.abandon_ms, then the daemon exits with status 1 saying why.
+TEST_F(DaemonProcessTest, APluginWhoseDeinitDoesNotReturnHoldsTheExitNoLongerThanAbandon) {
+  json config = good_config();
+  config["plugins"]["directories"] = {BACKHAUL_TEST_PLUGIN_DIR, DEINIT_HANGS_PLUGIN_DIR};
+  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 1'000}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
+  ASSERT_NE(port, 0) << daemon_->stderr_text();
+  sandbox::testing::TestClient client(port);
+  const json plugins =
+      client.get("/v1/plugins", {{"Authorization", "Bearer process-token"}}).json();
+  ASSERT_NE(plugins.dump().find("deinithangs"), std::string::npos) << plugins.dump();
+
+  expect_exit_1_within_10s_of_sigterm();  // the bound is the point, not a speed goal
+  EXPECT_NE(daemon_->stderr_text().find("unloading did not end within 1000 ms"), std::string::npos)
+      << daemon_->stderr_text();
 }
 
 // The stop's bound applies to jobs in a handler, not to the stop itself: an idle daemon with

@@ -18,6 +18,7 @@
 //
 //   MISBEHAVING_INIT_THROWS  init() throws an int (not a std::exception)
 //   MISBEHAVING_BAD_UTF8_NAME the display name is not valid UTF-8
+//   MISBEHAVING_DEINIT_HANGS  deinit() never returns
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,8 @@
 #include <string>
 
 #include "backhaul/backhaul.h"
+
+#include <unistd.h>
 
 #ifndef MISBEHAVING_ID
 #define MISBEHAVING_ID "misbehaving"
@@ -84,7 +87,12 @@ int32_t init(const backhaul_host_t* host, backhaul_error_t*) {
 #endif
 }
 
-void deinit() { g_host = nullptr; }
+void deinit() {
+#ifdef MISBEHAVING_DEINIT_HANGS
+  for (;;) pause();
+#endif
+  g_host = nullptr;
+}
 
 backhaul_status_t validate_config(backhaul_string_t, backhaul_error_t*) { return BACKHAUL_OK; }
 
