@@ -488,6 +488,7 @@ class OriginDependencies {
                           " does not load: " + with_paths(error ? error : "unknown error", names_));
     }
     handles_.push_back(handle);
+    std::erase_if(bundled_copies, [](const auto& entry) { return entry.second.expired(); });
     bundled_copies[copy.name] = planned.copy;
     used_.push_back(planned.copy);
   }
