@@ -1,6 +1,7 @@
 // G1: what the file and its backhaul_entry declare. The ELF checks read the file only; the entry
 // is read in a child (dlopen runs the library's constructors) and judged here.
 #include <cstddef>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -343,9 +344,14 @@ Verdict loader_accepts(CheckContext& ctx) {
     FakeClock clock(kValidationEpochMs);
     FaultTransport offline(Fault::kConnectionError, clock);
     try {
-      plugins::Plugin plugin =
+      note_activity("while the host's loader loads the plugin (constructors or init())");
+      std::optional<plugins::Plugin> plugin =
           plugins::load_plugin(ctx.options().plugin_path, plugins::HostServices{offline, clock});
-      return {{"info", info_to_json(plugin.info())}};
+      json info = {{"info", info_to_json(plugin->info())}};
+      note_activity("in deinit() (init() had succeeded)");
+      plugin.reset();
+      note_activity("");
+      return info;
     } catch (const PluginLoadError& e) {
       return {{"error", e.what()}};
     }

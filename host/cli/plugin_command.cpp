@@ -1,9 +1,12 @@
 // `backhaul plugin info`: load a plugin through the real loader and print what it declares.
+#include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/common/watchdog.h"
 #include "core/http/replay_transport.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/cli/cli.h"
@@ -15,16 +18,13 @@ struct InfoOptions {
   std::string plugin;
   std::vector<std::string> plugin_dirs;
   bool json = false;
+  int timeout_ms = 10'000;
 };
 
-void run_info(const InfoOptions& o) {
-  // Loading runs no network code, so a transport that answers nothing is enough.
-  http::ReplayTransport offline;
-  plugins::Plugin plugin = plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), {offline});
-  const plugins::PluginInfo& info = plugin.info();
+void print_info(const plugins::PluginInfo& info, bool json) {
   std::string abi =
       std::to_string(info.abi_version.major) + "." + std::to_string(info.abi_version.minor);
-  if (o.json) {
+  if (json) {
     nlohmann::json j = {{"id", info.id},
                         {"version", info.version},
                         {"displayName", info.display_name},
@@ -64,6 +64,22 @@ void run_info(const InfoOptions& o) {
   std::cout << "config schema:        " << info.config_schema_json << "\n";
 }
 
+void run_info(const InfoOptions& o) {
+  // A plugin's init() or deinit() that never returns would hold the command forever.
+  Watchdog watchdog(std::chrono::milliseconds(o.timeout_ms), [&] {
+    std::cout.flush();
+    std::cerr << "plugin info: " << o.plugin << " was not loaded and unloaded within "
+              << o.timeout_ms << " ms (a plugin init() or deinit() that does not return?)"
+              << std::endl;
+    std::_Exit(1);
+  });
+  // Loading runs no network code, so a transport that answers nothing is enough.
+  http::ReplayTransport offline;
+  plugins::Plugin plugin = plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), {offline});
+  print_info(plugin.info(), o.json);
+  std::cout.flush();
+}  // the plugin is unloaded here, before the watchdog goes
+
 }  // namespace
 
 void add_plugin_command(CLI::App& app) {
@@ -75,6 +91,9 @@ void add_plugin_command(CLI::App& app) {
   info->add_option("plugin", o->plugin, "plugin file (.so) or plugin id")->required();
   info->add_option("--plugin-dir", o->plugin_dirs, "directory to search for a plugin id");
   info->add_flag("--json", o->json, "print as JSON");
+  info->add_option("--timeout-ms", o->timeout_ms,
+                   "time limit of loading and unloading the plugin (its init and deinit)")
+      ->check(CLI::PositiveNumber);
   info->callback([o] { run_info(*o); });
   add_validate_command(*plugin);
 }

@@ -1,52 +1,23 @@
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <Poco/Exception.h>
 
 #include "core/common/errors.h"
 #include "core/common/logging.h"
+#include "core/common/watchdog.h"
 #include "host/common/process.h"
 #include "host/daemon/daemon.h"
 #include "host/daemon/main.h"
 
 namespace backhaul::daemon {
 namespace {
-
-// Calls `on_expiry` on a thread of its own unless destroyed within `limit`.
-class Watchdog {
- public:
-  Watchdog(std::chrono::milliseconds limit, std::function<void()> on_expiry)
-      : thread_([this, limit, on_expiry = std::move(on_expiry)] {
-          std::unique_lock lock(mutex_);
-          if (!disarmed_cv_.wait_for(lock, limit, [&] { return disarmed_; })) on_expiry();
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      disarmed_ = true;
-    }
-    disarmed_cv_.notify_all();
-    thread_.join();
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable disarmed_cv_;
-  bool disarmed_ = false;
-  std::thread thread_;  // last: it uses the members above
-};
 
 // Stops and destroys the daemon. A handler learns of the stop at its next page boundary; one
 // stuck in a call into a plugin never gets there, and stop() would wait for it forever. So if jobs

@@ -182,4 +182,26 @@ TEST(ValidateCommandTest, APluginThatBundlesALibraryIsLoadedAndItsLibraryListed)
       << validate.out;
 }
 
+// `plugin info` runs the plugin's init() and deinit() in-process: one that never returns ends
+// the command after --timeout-ms with status 1 and a message saying so, instead of holding it.
+// `plugin validate` (in children) says where its loader_accepts child hung.
+TEST(ValidateCommandTest, APluginWhoseDeinitHangsEndsInfoAfterItsTimeoutAndFailsValidation) {
+  CliRun info = run_cli(std::string("plugin info ") + VALIDATE_DEINIT_HANGS_PLUGIN +
+                        " --timeout-ms 500 2>&1");
+  EXPECT_EQ(info.exit_code, 1) << info.out;
+  EXPECT_NE(info.out.find("id:                   deinithangs"), std::string::npos)
+      << "printed before the unload: " << info.out;
+  EXPECT_NE(info.out.find("was not loaded and unloaded within 500 ms"), std::string::npos)
+      << info.out;
+
+  CliRun validate = run_cli(std::string("plugin validate ") + VALIDATE_DEINIT_HANGS_PLUGIN +
+                            " --timeout-ms 500 2>/dev/null");
+  EXPECT_EQ(validate.exit_code, 1) << validate.out;
+  EXPECT_TRUE(std::regex_search(
+      validate.out,
+      std::regex("FAIL  static +loader_accepts +timed out after 500 ms in deinit\\(\\) "
+                 "\\(init\\(\\) had succeeded\\)")))
+      << validate.out;
+}
+
 }  // namespace
