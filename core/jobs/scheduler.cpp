@@ -20,10 +20,16 @@ void JobContext::beat(const std::optional<std::string>& checkpoint) {
     int64_t now = clock_.now_ms();
     HeartbeatResult r = store_.heartbeat(job_.id, token_, now, lease_ms_, checkpoint);
     last_beat_ms_ = now;
+    scheduler_.note_store("heartbeat", nullptr);
     if (r.cancel_requested) cancelled_ = true;
   } catch (const LeaseLost& e) {
     lease_lost_ = true;
+    scheduler_.note_store("heartbeat", nullptr);  // the store answered
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
+  } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
+    const std::string error = e.what();
+    scheduler_.note_store("heartbeat", &error);
+    throw;
   }
   if (cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "job was cancelled");
   if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
@@ -276,7 +282,7 @@ std::vector<std::shared_ptr<JobContext>> Scheduler::lease(std::vector<Claimed> c
   if (claimed.empty()) return contexts;  // an idle claim loop takes no lock for nothing
   for (Claimed& c : claimed) {
     contexts.emplace_back(
-        new JobContext(store_, clock_, std::move(c), options_.lease_ms, stopping_));
+        new JobContext(*this, store_, clock_, std::move(c), options_.lease_ms, stopping_));
     contexts.back()->last_beat_ms_ = now_ms;
   }
   std::lock_guard lock(mutex_);
@@ -604,19 +610,23 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   threads_.clear();
 }
 
-// An operation is failing while its last call failed and it is still being retried: claims and
-// sweeps always are; heartbeats while a job whose beat failed is in hand; endings until recorded
-// or given up on.
+// An operation is failing from a failed call until one succeeds, or until nothing is left to
+// retry: claims and sweeps are always retried; heartbeats while a job whose beat failed is in
+// hand (the heartbeat loop's or its handler's beats); endings until recorded or given up on.
 void Scheduler::note_store(const char* operation, const std::string* error) {
-  std::lock_guard lock(mutex_);
+  if (!error && failing_operations_.load(std::memory_order_relaxed) == 0) return;  // no lock
+  const int64_t now = clock_.now_ms();
+  std::lock_guard lock(failures_mutex_);
   if (!error) {
     store_failures_.erase(operation);
-    return;
+  } else {
+    auto [it, first] = store_failures_.try_emplace(operation);
+    if (first) it->second.since_ms = now;
+    it->second.last_ms = now;
+    ++it->second.failures;
+    it->second.error = *error;
   }
-  auto [it, first] = store_failures_.try_emplace(operation);
-  if (first) it->second.since_ms = clock_.now_ms();
-  ++it->second.failures;
-  it->second.error = *error;
+  failing_operations_ = store_failures_.size();
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -631,6 +641,7 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
   s.in_flight = busy_;
   s.latency = latency_;
+  std::lock_guard failures_lock(failures_mutex_);
   s.store_failures = store_failures_;
   return s;
 }

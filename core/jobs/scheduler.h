@@ -74,6 +74,8 @@ struct Outcome {
   }
 };
 
+class Scheduler;
+
 // A running job as its handler sees it. [worker-thread]: used by one handler at a time.
 class JobContext {
  public:
@@ -92,9 +94,10 @@ class JobContext {
 
  private:
   friend class Scheduler;
-  JobContext(JobStore& store, const Clock& clock, Claimed claimed, int64_t lease_ms,
-             const std::atomic<bool>& stopping)
-      : store_(store),
+  JobContext(Scheduler& scheduler, JobStore& store, const Clock& clock, Claimed claimed,
+             int64_t lease_ms, const std::atomic<bool>& stopping)
+      : scheduler_(scheduler),
+        store_(store),
         clock_(clock),
         job_(std::move(claimed.job)),
         token_(std::move(claimed.lease_token)),
@@ -102,6 +105,7 @@ class JobContext {
         stopping_(stopping) {}
   void beat(const std::optional<std::string>& checkpoint);
 
+  Scheduler& scheduler_;  // told how each beat went (SchedulerStats::store_failures)
   JobStore& store_;
   const Clock& clock_;
   Job job_;
@@ -148,9 +152,10 @@ struct KindLatency {
 };
 
 // A store operation of the scheduler's whose every call since `since_ms` has failed (thrown, or
-// come back retryable), with how many did and the last error.
+// come back retryable): how many did, when the last one did, and its error.
 struct StoreFailure {
   int64_t since_ms = 0;
+  int64_t last_ms = 0;
   int64_t failures = 0;
   std::string error;
 };
@@ -166,7 +171,8 @@ struct SchedulerStats {
   int64_t in_flight = 0;
   std::map<std::string, KindLatency> latency;  // by job kind
   // By operation ("claim", "heartbeat", "finish", "sweep"): the ones failing now. A store that
-  // still answers reads but refuses writes (a MySQL server turned read-only) shows here.
+  // still answers reads but refuses writes (a MySQL server turned read-only) shows here. One
+  // successful call clears its operation; so does having nothing left to retry (see note_store).
   std::map<std::string, StoreFailure> store_failures;
 };
 
@@ -197,6 +203,7 @@ class Scheduler {
   std::vector<std::string> kinds() const;
 
  private:
+  friend class JobContext;  // note_store()
   void claim_loop();
   void worker_loop();
   void heartbeat_loop();
@@ -260,7 +267,9 @@ class Scheduler {
   bool finisher_running_ = false;                    // endings go to the finisher thread
   std::vector<std::shared_ptr<JobContext>> leased_;  // in ready_ or execute(): heartbeated
   std::map<std::string, KindLatency> latency_;
-  std::map<std::string, StoreFailure> store_failures_;
+  mutable std::mutex failures_mutex_;
+  std::map<std::string, StoreFailure> store_failures_;  // [failures_mutex_]
+  std::atomic<size_t> failing_operations_{0};           // its size, read without the lock
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;
   bool poked_ = false;                 // a job became runnable since the claim loop last claimed

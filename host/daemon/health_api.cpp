@@ -63,15 +63,19 @@ Response ready(Call& call) {
     failing.push_back("store");
   }
   // A store that answers reads may still refuse the scheduler's writes (a MySQL server turned
-  // read-only, a full disk). Its failing operations are listed: "degraded" at first, and failing
-  // readiness once one has failed for the grace without a success.
+  // read-only, a full disk). Its failing operations are listed: "degraded" at first, failing
+  // readiness once an operation's calls have kept failing, with no success between, over the
+  // grace (a failure at least that long after the first: one failure then a long wait for the
+  // next try, a sweep's say, is no evidence of an outage).
   if (readable && call.deps.scheduler_stats) {
     json operations = json::object();
     std::string error;
     for (const auto& [operation, f] : call.deps.scheduler_stats().store_failures) {
-      const int64_t for_ms = call.now_ms() - f.since_ms;
-      operations[operation] = {
-          {"failing_for_ms", for_ms}, {"failures", f.failures}, {"error", f.error}};
+      const int64_t for_ms = f.last_ms - f.since_ms;
+      operations[operation] = {{"failing_for_ms", for_ms},
+                               {"failures", f.failures},
+                               {"last_failure_ms_ago", call.now_ms() - f.last_ms},
+                               {"error", f.error}};
       if (error.empty() && for_ms >= call.options.store_failure_grace_ms) {
         error = operation + " failing for " + std::to_string(for_ms / 1000) + " s: " + f.error;
       }
@@ -168,11 +172,12 @@ Response handle_metrics(Call& call) {
     family(out, "backhaul_scheduler_in_flight", "gauge", "Jobs claimed and not yet finished.");
     out << "backhaul_scheduler_in_flight " << stats.in_flight << '\n';
     family(out, "backhaul_scheduler_store_failing_seconds", "gauge",
-           "How long each store operation of the scheduler has failed without a success.");
+           "From the first to the last of the failed calls of each store operation of the "
+           "scheduler since its last success (0: not failing).");
     for (const char* operation : {"claim", "heartbeat", "finish", "sweep"}) {
       auto it = stats.store_failures.find(operation);
       const int64_t for_ms =
-          it == stats.store_failures.end() ? 0 : call.now_ms() - it->second.since_ms;
+          it == stats.store_failures.end() ? 0 : it->second.last_ms - it->second.since_ms;
       out << "backhaul_scheduler_store_failing_seconds{operation=\"" << operation << "\"} "
           << static_cast<double>(for_ms) / 1000 << '\n';
     }

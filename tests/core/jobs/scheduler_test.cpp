@@ -414,10 +414,12 @@ TEST_F(SchedulerTest, StoreOperationsThatKeepFailingAreReportedUntilTheyAreNotFa
   ASSERT_TRUE(failure("claim"));
   EXPECT_EQ(failure("claim")->since_ms, first_failure_ms);
   EXPECT_NE(failure("claim")->error.find("1290"), std::string::npos) << failure("claim")->error;
+  EXPECT_EQ(failure("claim")->last_ms, first_failure_ms);
   clock_.advance_ms(1'000);
   const int64_t failures = failure("claim")->failures;
   wait_for([&] { return failure("claim")->failures > failures; });
   EXPECT_EQ(failure("claim")->since_ms, first_failure_ms) << "failing since the first failure";
+  EXPECT_EQ(failure("claim")->last_ms, first_failure_ms + 1'000);
   wait_for([&] { return failure("sweep").has_value(); });
   EXPECT_TRUE(failure("sweep"));
 
@@ -445,6 +447,75 @@ TEST_F(SchedulerTest, StoreOperationsThatKeepFailingAreReportedUntilTheyAreNotFa
   // the store still refuses them.
   wait_for([&] { return scheduler.stats().store_failures.empty(); });
   EXPECT_TRUE(scheduler.stats().store_failures.empty());
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// A job whose heartbeat-loop beat failed once (a blip) and whose handler then checkpoints more
+// often than the heartbeat interval is not beaten by the loop again (its checkpoints keep its
+// lease fresh). Its checkpoints are heartbeats too: their success clears "heartbeat" (found by
+// review: it stayed failing from the blip for as long as the job ran, hours for a backfill, and
+// failed readiness on a healthy store).
+TEST_F(SchedulerTest, AHeartbeatBlipIsClearedByTheCheckpointsThatFollow) {
+  struct LoopBeatFailsOnce : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (!checkpoint && refuse_next_loop_beat.exchange(false)) {
+        ++refused;
+        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    std::atomic<bool> refuse_next_loop_beat{false};
+    std::atomic<int> refused{0};
+  } store(*store_);
+  const JobId id = enqueue("work", 1);
+  SchedulerOptions o = options();
+  o.workers = 1;
+  o.lease_ms = 1'000;
+  o.heartbeat_interval_ms = 200;
+  o.sweep_interval_ms = 3'600'000;
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<bool> release{false};
+  std::atomic<int> asked{0}, done{0};  // checkpoints asked for and made by the handler
+  std::atomic<bool> running{false};
+  scheduler.register_handler("work", [&](JobContext& c) {
+    running = true;
+    while (!release) {
+      if (done < asked) {
+        c.checkpoint("{\"page\":" + std::to_string(done.load()) + "}");
+        ++done;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return Outcome::complete();
+  });
+  struct Release {  // whatever fails below: the handler ends, so the scheduler can be joined
+    std::atomic<bool>& release;
+    ~Release() { release = true; }
+  } release_on_exit{release};
+  auto heartbeat_failing = [&] { return scheduler.stats().store_failures.count("heartbeat") > 0; };
+  scheduler.start();
+  wait_for([&] { return running.load(); });
+  ASSERT_TRUE(running.load());
+
+  store.refuse_next_loop_beat = true;
+  clock_.advance_ms(o.heartbeat_interval_ms);  // the loop's beat is due, and fails
+  wait_for([&] { return store.refused.load() == 1 && heartbeat_failing(); });
+  ASSERT_EQ(store.refused.load(), 1);
+  ASSERT_TRUE(heartbeat_failing());
+
+  for (int page = 0; page < 3; ++page) {  // a checkpoint every 150 ms
+    clock_.advance_ms(150);
+    const int before = done;
+    ++asked;
+    wait_for([&] { return done.load() > before; });
+    ASSERT_GT(done.load(), before) << "page " << page;
+  }
+  EXPECT_EQ(store_->get(id)->lease_expires_ms, clock_.now_ms() + o.lease_ms);
+  EXPECT_FALSE(heartbeat_failing()) << "cleared by the checkpoints that renewed the lease";
+  release = true;
+  wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
