@@ -16,17 +16,20 @@ bool JobContext::stopping() const noexcept { return stopping_.load(); }
 
 void JobContext::beat(const std::optional<std::string>& checkpoint) {
   if (lease_lost_) throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost");
+  const int64_t now = clock_.now_ms();
   try {
-    int64_t now = clock_.now_ms();
     HeartbeatResult r = store_.heartbeat(job_.id, token_, now, lease_ms_, checkpoint);
     last_beat_ms_ = now;
+    beat_failed_ms_ = 0;
     scheduler_.note_store("heartbeat", nullptr);
     if (r.cancel_requested) cancelled_ = true;
   } catch (const LeaseLost& e) {
     lease_lost_ = true;
+    beat_failed_ms_ = 0;
     scheduler_.note_store("heartbeat", nullptr);  // the store answered
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
   } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
+    beat_failed_ms_ = std::max<int64_t>(now, 1);  // 0 means "did not fail"
     const std::string error = e.what();
     scheduler_.note_store("heartbeat", &error);
     throw;
@@ -183,37 +186,32 @@ int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, in
 void Scheduler::heartbeat_loop() {
   const int64_t interval = options_.heartbeat_interval_ms;
   int64_t wait_ms = heartbeat_wait_ms(0, std::nullopt, interval);
-  // Jobs whose last beat failed, by the time of that attempt: they go after the others, the one
-  // tried longest ago first, so neither one nor several failing rows keep the others (or each
-  // other) from being tried.
-  std::map<JobId, int64_t> failing;
   std::unique_lock lock(mutex_);
   while (!stopped_) {
     sleep_unless_stopped(lock, wait_ms);
     if (stopped_) break;
-    std::vector<std::shared_ptr<JobContext>> running = leased_;
+    std::vector<std::shared_ptr<JobContext>> in_hand = leased_;
     lock.unlock();
     int64_t now = clock_.now_ms();
     std::optional<int64_t> next_due;
     // Once the store is unavailable, the rest of the round waits for the next one: a call to a
     // store that is down can take seconds (connect timeouts, its own retries), and a round of
-    // such calls, one per job in hand, would hold up the next round and a stop. The `failing`
-    // jobs go last (see above), so one whose own row keeps failing (held by another transaction)
-    // does not keep the others from being renewed.
-    std::erase_if(failing, [&](const auto& f) {
-      return std::none_of(running.begin(), running.end(),
-                          [&](const auto& c) { return c->job_.id == f.first; });
-    });
-    std::stable_sort(running.begin(), running.end(), [&](const auto& a, const auto& b) {
-      auto key = [&](const auto& c) {
-        auto it = failing.find(c->job_.id);
-        return it == failing.end() ? std::numeric_limits<int64_t>::min() : it->second;
-      };
-      return key(a) < key(b);
-    });
+    // such calls, one per job in hand, would hold up the next round and a stop. The jobs whose
+    // last beat failed (here or in their handler) go after the others, the one that failed
+    // longest ago first, so neither one nor several failing rows (held by other transactions)
+    // keep the others, or each other, from being renewed. Keys are read once: a handler may
+    // change its job's meanwhile.
+    std::vector<std::pair<int64_t, std::shared_ptr<JobContext>>> order;
+    for (auto& c : in_hand) {
+      const int64_t failed_ms = c->beat_failed_ms_;
+      order.emplace_back(failed_ms ? failed_ms : std::numeric_limits<int64_t>::min(), std::move(c));
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     bool store_down = false;
-    bool failed = false;  // a beat of this round
-    for (const auto& context : running) {
+    bool failed = false;   // a beat of this round
+    bool failing = false;  // a job in hand whose last beat failed
+    for (const auto& [failed_ms, context] : order) {
       if (context->lease_lost_) continue;  // nothing left to renew
       int64_t due = context->last_beat_ms_ + interval;
       if (now >= due && (store_down || loops_stopped())) {
@@ -223,12 +221,13 @@ void Scheduler::heartbeat_loop() {
           HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
                                                options_.lease_ms, std::nullopt);
           context->last_beat_ms_ = now;
-          failing.erase(context->job_.id);
+          context->beat_failed_ms_ = 0;
           due = now + interval;
           if (r.cancel_requested) context->cancelled_ = true;
           note_store("heartbeat", nullptr);
         } catch (const LeaseLost&) {
           context->lease_lost_ = true;
+          context->beat_failed_ms_ = 0;
           note_store("heartbeat", nullptr);  // the store answered
           continue;
         } catch (const std::exception& e) {
@@ -239,14 +238,15 @@ void Scheduler::heartbeat_loop() {
           due = now + interval / 2;  // a failing store is retried at half-interval pace
           const auto* storage = dynamic_cast<const StorageError*>(&e);
           store_down = storage && storage->transient();
-          failing[context->job_.id] = now;
+          context->beat_failed_ms_ = std::max<int64_t>(now, 1);  // 0 means "did not fail"
         }
       }
+      failing = failing || context->beat_failed_ms_ != 0;
       next_due = std::min(next_due.value_or(std::numeric_limits<int64_t>::max()), due);
     }
-    // No job whose beat failed is in hand any more: heartbeats are not failing, even if none was
-    // due this round.
-    if (!failed && failing.empty()) note_store("heartbeat", nullptr);
+    // No job whose last beat failed is in hand any more: heartbeats are not failing, even if none
+    // was due this round.
+    if (!failed && !failing) note_store("heartbeat", nullptr);
     wait_ms = heartbeat_wait_ms(now, next_due, interval);
     lock.lock();
   }
@@ -615,14 +615,20 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
 // hand (the heartbeat loop's or its handler's beats); endings until recorded or given up on.
 void Scheduler::note_store(const char* operation, const std::string* error) {
   if (!error && failing_operations_.load(std::memory_order_relaxed) == 0) return;  // no lock
-  const int64_t now = clock_.now_ms();
+  const int64_t now = error ? clock_.now_ms() : 0;
   std::lock_guard lock(failures_mutex_);
   if (!error) {
     store_failures_.erase(operation);
   } else {
+    // Two threads' notes (a handler's checkpoint, the heartbeat loop) may arrive out of order.
     auto [it, first] = store_failures_.try_emplace(operation);
-    if (first) it->second.since_ms = now;
-    it->second.last_ms = now;
+    it->second.since_ms = first ? now : std::min(it->second.since_ms, now);
+    it->second.last_ms = first ? now : std::max(it->second.last_ms, now);
+    // Other jobs' beats, whose success clears it, come up to an interval apart: a shorter span
+    // of failures proves nothing (one row refusing its beats while the others' go through).
+    if (std::string_view(operation) == "heartbeat") {
+      it->second.evidence_ms = options_.heartbeat_interval_ms;
+    }
     ++it->second.failures;
     it->second.error = *error;
   }

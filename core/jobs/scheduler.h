@@ -115,6 +115,7 @@ class JobContext {
   std::atomic<bool> cancelled_{false};  // set by the heartbeat loop too
   std::atomic<bool> lease_lost_{false};
   std::atomic<int64_t> last_beat_ms_{0};
+  std::atomic<int64_t> beat_failed_ms_{0};  // when its last beat failed; 0: it did not
 };
 
 using Handler = std::function<Outcome(JobContext&)>;
@@ -158,6 +159,9 @@ struct StoreFailure {
   int64_t last_ms = 0;
   int64_t failures = 0;
   std::string error;
+  // A span of failures (last_ms - since_ms) shorter than this is no evidence of an outage: for
+  // heartbeats, one interval (the successes that would clear it may come that far apart).
+  int64_t evidence_ms = 0;
 };
 
 struct SchedulerStats {

@@ -27,9 +27,10 @@ namespace {
 // not written yet (a store failing at that moment) is lost the same way. Once no job is in a
 // handler, stop() is only writing and releasing, and is left to finish. Destroying the daemon
 // then unloads the plugins, whose deinit() may not return either: that gets shutdown.abandon_ms
-// of its own (at least 1 s), after which the process ends with status 1 too (the jobs are
-// released by then).
-void stop_and_unload(std::unique_ptr<Daemon> daemon, spdlog::logger& log) {
+// of its own (at least 1 s), after which the process ends with status 1 too. Also after a start
+// that failed, once plugins may be loaded. Idempotent: `daemon` is null afterwards.
+void stop_and_unload(std::unique_ptr<Daemon>& daemon, spdlog::logger& log) {
+  if (!daemon) return;
   const int64_t abandon_ms = daemon->config().shutdown.abandon_ms;
   const auto limit = std::chrono::milliseconds(daemon->config().shutdown.grace_ms + abandon_ms);
   {
@@ -95,24 +96,27 @@ int main(int argc, char** argv) {
       config.logging.format == "json" ? logging::Format::kJson : logging::Format::kText,
       config.logging.level);
   const auto log = logging::get("daemon");
+  std::unique_ptr<Daemon> daemon;
+  int status = 0;
   try {
-    auto daemon = std::make_unique<Daemon>(std::move(config));
+    daemon = std::make_unique<Daemon>(std::move(config));
     daemon->start();
     if (!port_file.empty()) host::write_port_file(port_file, daemon->port());
     const int signal_number = host::wait_for_termination(signals);
     log->info("signal {}: stopping", signal_number);
-    stop_and_unload(std::move(daemon), *log);
+    stop_and_unload(daemon, *log);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    status = 2;
   } catch (const Poco::Exception& e) {
     log->error("cannot start: {}", e.displayText());
-    return 1;
+    status = 1;
   } catch (const std::exception& e) {
     log->error("cannot start: {}", e.what());
-    return 1;
+    status = 1;
   }
-  return 0;
+  stop_and_unload(daemon, *log);  // after a failed start: the plugins it loaded
+  return status;
 }
 
 }  // namespace backhaul::daemon

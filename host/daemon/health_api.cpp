@@ -1,4 +1,5 @@
 // /health/live, /health/ready and /metrics (SPEC F4). No auth: they carry no tenant data.
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -76,7 +77,7 @@ Response ready(Call& call) {
                                {"failures", f.failures},
                                {"last_failure_ms_ago", call.now_ms() - f.last_ms},
                                {"error", f.error}};
-      if (error.empty() && for_ms >= call.options.store_failure_grace_ms) {
+      if (error.empty() && for_ms >= std::max(call.options.store_failure_grace_ms, f.evidence_ms)) {
         error = operation + " failing for " + std::to_string(for_ms / 1000) + " s: " + f.error;
       }
     }
@@ -171,10 +172,17 @@ Response handle_metrics(Call& call) {
     }
     family(out, "backhaul_scheduler_in_flight", "gauge", "Jobs claimed and not yet finished.");
     out << "backhaul_scheduler_in_flight " << stats.in_flight << '\n';
+    constexpr const char* kOperations[] = {"claim", "heartbeat", "finish", "sweep"};
+    family(out, "backhaul_scheduler_store_failing", "gauge",
+           "1 while the calls of a store operation of the scheduler are failing.");
+    for (const char* operation : kOperations) {
+      out << "backhaul_scheduler_store_failing{operation=\"" << operation << "\"} "
+          << stats.store_failures.count(operation) << '\n';
+    }
     family(out, "backhaul_scheduler_store_failing_seconds", "gauge",
            "From the first to the last of the failed calls of each store operation of the "
-           "scheduler since its last success (0: not failing).");
-    for (const char* operation : {"claim", "heartbeat", "finish", "sweep"}) {
+           "scheduler since its last success.");
+    for (const char* operation : kOperations) {
       auto it = stats.store_failures.find(operation);
       const int64_t for_ms =
           it == stats.store_failures.end() ? 0 : it->second.last_ms - it->second.since_ms;

@@ -2,6 +2,7 @@
 // failures use the retry policy, cancellation and draining stop handlers at page boundaries.
 #include "core/jobs/scheduler.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -21,6 +23,13 @@ namespace backhaul::jobs {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Sets `flag` when the scope ends, however it ends: a handler held by a test is let go, so the
+// scheduler can be joined even after a failed assertion.
+struct SetOnExit {
+  std::atomic<bool>& flag;
+  ~SetOnExit() { flag = true; }
+};
 
 class SchedulerTest : public ::testing::Test {
  protected:
@@ -43,6 +52,26 @@ class SchedulerTest : public ::testing::Test {
     o.retry = {1'000, 2.0, 60'000};
     o.unit_random = [] { return 0.5; };  // jitter exactly 1.0
     return o;
+  }
+
+  // For tests of heartbeats: beats every 200 ms of the fake clock (the loop's rounds at most
+  // 100 ms apart in real time), no sweeps but the tests'.
+  SchedulerOptions beating(int workers, int64_t lease_ms) {
+    SchedulerOptions o = options();
+    o.workers = workers;
+    o.lease_ms = lease_ms;
+    o.heartbeat_interval_ms = 200;
+    o.sweep_interval_ms = 3'600'000;
+    return o;
+  }
+
+  // What `scheduler` reports of its store operation `operation` failing, if it does.
+  static std::optional<StoreFailure> store_failure(const Scheduler& scheduler,
+                                                   const std::string& operation) {
+    const SchedulerStats stats = scheduler.stats();
+    auto it = stats.store_failures.find(operation);
+    if (it == stats.store_failures.end()) return std::nullopt;
+    return it->second;
   }
 
   JobId enqueue(const std::string& kind, int max_attempts = 3) {
@@ -399,12 +428,7 @@ TEST_F(SchedulerTest, StoreOperationsThatKeepFailingAreReportedUntilTheyAreNotFa
     while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return Outcome::complete();
   });
-  auto failure = [&](const std::string& operation) -> std::optional<StoreFailure> {
-    const SchedulerStats stats = scheduler.stats();
-    auto it = stats.store_failures.find(operation);
-    if (it == stats.store_failures.end()) return std::nullopt;
-    return it->second;
-  };
+  auto failure = [&](const char* operation) { return store_failure(scheduler, operation); };
   store.claims = true;
   scheduler.start();
   store.sweeps = true;  // after start(), whose recovery sweep must succeed
@@ -470,11 +494,7 @@ TEST_F(SchedulerTest, AHeartbeatBlipIsClearedByTheCheckpointsThatFollow) {
     std::atomic<int> refused{0};
   } store(*store_);
   const JobId id = enqueue("work", 1);
-  SchedulerOptions o = options();
-  o.workers = 1;
-  o.lease_ms = 1'000;
-  o.heartbeat_interval_ms = 200;
-  o.sweep_interval_ms = 3'600'000;
+  const SchedulerOptions o = beating(1, 1'000);
   Scheduler scheduler(store, clock_, o);
   std::atomic<bool> release{false};
   std::atomic<int> asked{0}, done{0};  // checkpoints asked for and made by the handler
@@ -490,11 +510,8 @@ TEST_F(SchedulerTest, AHeartbeatBlipIsClearedByTheCheckpointsThatFollow) {
     }
     return Outcome::complete();
   });
-  struct Release {  // whatever fails below: the handler ends, so the scheduler can be joined
-    std::atomic<bool>& release;
-    ~Release() { release = true; }
-  } release_on_exit{release};
-  auto heartbeat_failing = [&] { return scheduler.stats().store_failures.count("heartbeat") > 0; };
+  SetOnExit release_on_exit{release};
+  auto heartbeat_failing = [&] { return store_failure(scheduler, "heartbeat").has_value(); };
   scheduler.start();
   wait_for([&] { return running.load(); });
   ASSERT_TRUE(running.load());
@@ -514,6 +531,212 @@ TEST_F(SchedulerTest, AHeartbeatBlipIsClearedByTheCheckpointsThatFollow) {
   }
   EXPECT_EQ(store_->get(id)->lease_expires_ms, clock_.now_ms() + o.lease_ms);
   EXPECT_FALSE(heartbeat_failing()) << "cleared by the checkpoints that renewed the lease";
+  release = true;
+  wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// A job whose own row refuses every beat (a lock wait timeout, as on a row another transaction
+// holds) while B's beats all go through is no store outage. A's failures come at half-interval
+// pace while B's successes, which clear "heartbeat", come once an interval: the span of failures
+// reaches half an interval, so it is evidence of an outage only from one interval on
+// (StoreFailure::evidence_ms, which readiness also requires). Found by review: with only
+// store_failure_ms <= heartbeat_ms / 2 (valid settings), readiness failed on a healthy store.
+// Clock steps of half an interval (100 ms).
+TEST_F(SchedulerTest, OneRowRefusingItsBeatsWhileOthersGoThroughIsNoEvidenceOfAnOutage) {
+  struct OneRowRefusesBeats : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (id == refused_id.load()) {
+        refused_at = now_ms;
+        ++refused;
+        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
+      }
+      ++passed;
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    std::atomic<JobId> refused_id{0};
+    std::atomic<int64_t> refused_at{0};
+    std::atomic<int> refused{0}, passed{0};
+  } store(*store_);
+  const JobId a = enqueue("work", 1);
+  const JobId b = enqueue("work", 1);
+  store.refused_id = a;
+  const SchedulerOptions o = beating(2, 60'000);
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<bool> release{false};
+  std::atomic<int> running{0};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++running;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  SetOnExit release_on_exit{release};
+  scheduler.start();
+  wait_for([&] { return running.load() == 2; });
+  ASSERT_EQ(running.load(), 2);
+
+  int64_t widest = 0;  // the widest first-to-last span of "heartbeat" seen
+  int64_t evidence_ms = 0;
+  for (int step = 0; step < 8; ++step) {
+    clock_.advance_ms(step == 0 ? o.heartbeat_interval_ms : o.heartbeat_interval_ms / 2);
+    const int64_t now = clock_.now_ms();
+    wait_for([&] { return store.refused_at.load() == now; });  // A goes last in its round
+    ASSERT_EQ(store.refused_at.load(), now) << "step " << step;
+    if (const auto f = store_failure(scheduler, "heartbeat")) {
+      widest = std::max(widest, f->last_ms - f->since_ms);
+      evidence_ms = f->evidence_ms;
+    }
+  }
+  EXPECT_GT(store.passed.load(), 2) << "B's beats went through";
+  EXPECT_EQ(evidence_ms, o.heartbeat_interval_ms);
+  EXPECT_LT(widest, evidence_ms) << "one row refusing its beats while B's go through is evidence "
+                                    "of a store outage";
+  release = true;
+  wait_for([&] { return store_->get(b)->status == JobStatus::kSucceeded; });
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// A clock whose next reading on a thread that asked for it stalls (returning the time it read
+// before stalling) until released: a thread preempted between reading the clock and taking a
+// lock.
+thread_local bool t_stall_next_clock_read = false;
+class StallingClock final : public Clock {
+ public:
+  explicit StallingClock(int64_t start_ms) : now_(start_ms) {}
+  int64_t now_ms() const override {
+    const int64_t t = now_.load();
+    if (t_stall_next_clock_read) {
+      t_stall_next_clock_read = false;
+      std::unique_lock lock(mutex_);
+      stalled_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
+    }
+    return t;
+  }
+  void advance_ms(int64_t ms) { now_.fetch_add(ms); }
+  bool stalled() const {
+    std::lock_guard lock(mutex_);
+    return stalled_;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::atomic<int64_t> now_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  mutable bool stalled_ = false;
+  bool released_ = false;
+};
+
+// Two threads noting failures of one operation at about the same time (a handler's checkpoint
+// and the heartbeat loop's beat) may note them out of order: since_ms stays the first failure
+// and last_ms the last (found by review: since_ms came after last_ms, a negative failing_for_ms
+// and an outage's start moved later). Here the handler's failed checkpoint reads the clock at t0
+// and is held before it notes; the loop's beat fails at t0 + 200 and is noted first.
+TEST_F(SchedulerTest, FailuresNotedOutOfOrderKeepTheFirstAndTheLast) {
+  struct RefusesBeats : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId, const std::string&, int64_t, int64_t,
+                              const std::optional<std::string>& checkpoint) override {
+      if (checkpoint) t_stall_next_clock_read = true;  // the note of this failure stalls
+      ++calls;
+      throw StorageError("mysql: error 1290: the server is running read-only", true);
+    }
+    std::atomic<int> calls{0};
+  } store(*store_);
+  StallingClock clock(clock_.now_ms());
+  const JobId id = enqueue("work", 1);
+  const SchedulerOptions o = beating(1, 60'000);
+  Scheduler scheduler(store, clock, o);
+  std::atomic<bool> ask{false}, asked_done{false}, release{false}, running{false};
+  scheduler.register_handler("work", [&](JobContext& c) {
+    running = true;
+    while (!ask) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    try {
+      c.checkpoint("{}");
+    } catch (const StorageError&) {
+    }
+    asked_done = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  struct Release {
+    StallingClock& clock;
+    std::atomic<bool>& release;
+    ~Release() {
+      clock.release();
+      release = true;
+    }
+  } release_on_exit{clock, release};
+  scheduler.start();
+  wait_for([&] { return running.load(); });
+  ASSERT_TRUE(running.load());
+  ask = true;
+  wait_for([&] { return clock.stalled(); });  // its store call failed at t0; its note is held
+  ASSERT_TRUE(clock.stalled());
+  clock.advance_ms(o.heartbeat_interval_ms);  // the loop's beat is due, and fails
+  auto heartbeat = [&] { return store_failure(scheduler, "heartbeat"); };
+  wait_for([&] { return heartbeat().has_value(); });
+  ASSERT_TRUE(heartbeat());
+  clock.release();
+  wait_for([&] { return asked_done.load(); });
+  ASSERT_TRUE(asked_done.load());
+  const StoreFailure f = *heartbeat();
+  EXPECT_EQ(f.failures, 2);
+  EXPECT_LE(f.since_ms, f.last_ms) << "failing_for_ms = " << f.last_ms - f.since_ms;
+  EXPECT_EQ(f.last_ms - f.since_ms, o.heartbeat_interval_ms);
+  release = true;
+  wait_for([&] { return store_->get(id)->status != JobStatus::kRunning; });
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// Heartbeats are failing while a job whose last beat failed is in hand, whether the heartbeat
+// loop's beat or its handler's (found by review: the loop's rounds cleared a handler's failed
+// checkpoint, since they only knew the jobs whose loop beats had failed).
+TEST_F(SchedulerTest, AHandlersFailedBeatStaysFailingWhileItsJobIsInHand) {
+  struct RefusesCheckpoints : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      if (checkpoint) throw StorageError("sqlite: database is locked", true);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+  } store(*store_);
+  const JobId id = enqueue("work", 1);
+  const SchedulerOptions o = beating(1, 60'000);
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<bool> refused{false}, release{false};
+  scheduler.register_handler("work", [&](JobContext& c) {
+    try {
+      c.checkpoint("{\"page\":1}");
+    } catch (const StorageError&) {
+      refused = true;  // a handler that carries on, its checkpoint to be retried later
+    }
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  SetOnExit release_on_exit{release};
+  auto heartbeat_failing = [&] { return store_failure(scheduler, "heartbeat").has_value(); };
+  scheduler.start();
+  wait_for([&] { return refused.load(); });
+  ASSERT_TRUE(refused.load());
+  bool cleared = false;
+  for (int i = 0; i < 100 && !cleared; ++i) {  // 1 s: ten rounds of the loop or more
+    cleared = !heartbeat_failing();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(cleared) << "cleared while the job whose checkpoint failed is still running and "
+                           "no beat of it has succeeded";
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kRunning);
   release = true;
   wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
   scheduler.drain(std::chrono::milliseconds(1'000));
@@ -985,10 +1208,7 @@ TEST_F(PrefetchedJobs, TwoJobsWhoseHeartbeatsKeepFailingDoNotStarveTheOthers) {
   Scheduler scheduler(store, clock_, o);
   const std::vector<JobId> ids = start_holding_the_first(scheduler);
   store.refuse({ids[0], ids[1]});
-  struct Release {  // whatever fails below: the held job ends, so the scheduler can be joined
-    std::atomic<bool>& release;
-    ~Release() { release = true; }
-  } release{release_};
+  SetOnExit release{release_};
   for (int step = 0; step < 10; ++step) {  // two leases
     clock_.advance_ms(o.heartbeat_interval_ms);
     const int before = store.refusals;

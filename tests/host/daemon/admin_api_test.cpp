@@ -1,13 +1,19 @@
 // The admin API over real HTTP on 127.0.0.1 against a daemon running in-process with a temp
 // SQLite store (SPEC F2-F4). Store state is set up through the JobStore API.
+#include "host/daemon/admin_api.h"
+
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "core/http/replay_transport.h"
 #include "core/pipeline/pipeline.h"
 #include "tests/host/daemon/daemon_fixture.h"
 #include "tests/host/daemon/sql_client.h"
+#include <unistd.h>
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -466,6 +472,60 @@ TEST_F(DaemonTest, OneFailedSweepDoesNotFailReadiness) {
   clock_.advance_ms(1'000);                  // the next sweep is due 1.5 s after the failed one
   ready = call_without_token("GET", "/health/ready");
   EXPECT_EQ(ready.status, 200) << "one failed sweep, then a healthy store: " << ready.body;
+}
+
+// The readiness rule on made-up scheduler stats: a failing operation is "degraded" until its
+// failures span (first to last) health.store_failure_ms, and for heartbeats also their
+// evidence_ms (one heartbeat interval); then the store is "unhealthy" and named in `failing`.
+TEST(ReadinessRule, AStoreOperationFailsReadinessOnceItsFailuresSpanTheGraceAndItsEvidence) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("backhaul-readiness-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Remove {
+    std::filesystem::path dir;
+    ~Remove() { std::filesystem::remove_all(dir); }
+  } remove{dir};
+  FakeClock clock;
+  auto store = jobs::open_sqlite_store((dir / "jobs.db").string());
+  http::ReplayTransport offline;
+  plugins::PluginRegistry registry({offline, clock});
+  AuditLog audit(dir / "audit.log");
+  jobs::SchedulerStats stats;
+  AdminApiOptions options;
+  options.store_failure_grace_ms = 1'000;
+  AdminApi api({*store, clock, registry, audit, [&] { return stats; }, nullptr, {}}, options);
+  auto store_status = [&](bool* failing) {
+    host::Request request;
+    request.method = "GET";
+    request.path = "/health/ready";
+    const json body = json::parse(api.handle(request).body);
+    const json names = body.value("failing", json::array());
+    *failing = std::find(names.begin(), names.end(), "store") != names.end();
+    return body["components"]["store"]["status"].get<std::string>();
+  };
+  const int64_t t = clock.now_ms();
+  bool failing = false;
+
+  stats.store_failures["heartbeat"] = {t, t + 5'000, 3, "lock wait timeout", 10'000};
+  EXPECT_EQ(store_status(&failing), "degraded") << "5 s of failures, under one interval";
+  EXPECT_FALSE(failing);
+  stats.store_failures["heartbeat"].last_ms = t + 10'000;
+  EXPECT_EQ(store_status(&failing), "unhealthy");
+  EXPECT_TRUE(failing);
+
+  stats.store_failures.clear();
+  stats.store_failures["claim"] = {t, t + 999, 4, "read-only", 0};
+  EXPECT_EQ(store_status(&failing), "degraded");
+  EXPECT_FALSE(failing);
+  clock.advance_ms(60'000);  // time alone is no evidence: no failure since
+  EXPECT_EQ(store_status(&failing), "degraded");
+  stats.store_failures["claim"].last_ms = t + 1'000;
+  EXPECT_EQ(store_status(&failing), "unhealthy");
+  EXPECT_TRUE(failing);
+
+  stats.store_failures.clear();
+  EXPECT_EQ(store_status(&failing), "healthy");
+  EXPECT_FALSE(failing);
 }
 
 TEST_F(DaemonTest, MetricsExposeQueueDepthDeadLettersAndCircuits) {

@@ -9,8 +9,12 @@
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/process_fixture.h"
 #include "tests/host/sandbox/test_client.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -201,6 +205,43 @@ TEST_F(DaemonProcessTest, APluginWhoseDeinitDoesNotReturnHoldsTheExitNoLongerTha
   ASSERT_NE(plugins.dump().find("deinithangs"), std::string::npos) << plugins.dump();
 
   expect_exit_1_within_10s_of_sigterm();  // the bound is the point, not a speed goal
+  EXPECT_NE(daemon_->stderr_text().find("unloading did not end within 1000 ms"), std::string::npos)
+      << daemon_->stderr_text();
+}
+
+// A start that fails once the plugins are loaded (here the admin port is taken) unloads them under
+// the same bound: a plugin whose deinit() never returns does not hold the process (found by
+// review: it did, forever, without even logging "cannot start").
+TEST_F(DaemonProcessTest, AFailedStartWithAPluginWhoseDeinitHangsStillExits) {
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(taken, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_taken{taken};
+
+  json config = good_config();
+  config["plugins"]["directories"] = {BACKHAUL_TEST_PLUGIN_DIR, DEINIT_HANGS_PLUGIN_DIR};
+  config["admin"]["listen"] = "127.0.0.1";
+  config["admin"]["port"] = ntohs(address.sin_port);  // taken: start() throws once plugins load
+  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 1'000}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  const int status = daemon_->wait_exit(std::chrono::seconds(15));
+  ASSERT_NE(status, -1) << "still running 15 s after a failed start (deinit() of deinithangs)\n"
+                        << daemon_->stderr_text();
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 1) << daemon_->stderr_text();
+  EXPECT_NE(daemon_->stderr_text().find("cannot start"), std::string::npos)
+      << daemon_->stderr_text();
   EXPECT_NE(daemon_->stderr_text().find("unloading did not end within 1000 ms"), std::string::npos)
       << daemon_->stderr_text();
 }
