@@ -956,7 +956,9 @@ class PrefetchedJobs : public SchedulerTest {
     return o;
   }
   // Enqueues four jobs and starts `scheduler`; its handler counts calls per job and holds the
-  // first job's worker until release_. Returns once all four are in hand, three waiting.
+  // first job's worker until release_. Returns once all four are in hand, the first in its
+  // handler (before, a test could move the clock past the leases while the first still waited
+  // for the worker, which then found its lease run out and did not start it), three waiting.
   std::vector<JobId> start_holding_the_first(Scheduler& scheduler) {
     for (int i = 0; i < 4; ++i) ids_.push_back(enqueue("work"));
     scheduler.register_handler("work", [this](JobContext& c) {
@@ -970,7 +972,7 @@ class PrefetchedJobs : public SchedulerTest {
       return Outcome::complete();
     });
     scheduler.start();
-    EXPECT_TRUE(wait_for([&] { return scheduler.stats().in_flight == 4; }));
+    EXPECT_TRUE(wait_for([&] { return scheduler.stats().in_flight == 4 && calls(ids_[0]) == 1; }));
     return ids_;
   }
   static bool wait_for(const std::function<bool()>& done) {
