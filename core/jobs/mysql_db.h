@@ -64,7 +64,7 @@ std::string with_database(const std::string& connection_string, const std::strin
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(message, lost || is_lock_conflict(code) || is_read_only(code)),
+      : StorageError(message, lost || is_read_only(code), is_lock_conflict(code)),
         code_(code),
         lost_(lost) {}
   unsigned code() const noexcept { return code_; }
@@ -75,8 +75,8 @@ class Error : public StorageError {
   static bool is_read_only(unsigned code) noexcept { return code == 1290 || code == 1836; }
   // Worth running again on a new session: this one died, or its server takes no writes.
   bool needs_new_session() const noexcept { return lost_ || is_read_only(code_); }
-  // Deadlock (1213) or lock wait timeout (1205): the transaction is rolled back and can be re-run.
-  bool lock_conflict() const noexcept { return is_lock_conflict(code_); }
+  // Deadlock (1213) or lock wait timeout (1205), StorageError::lock_conflict(): the transaction
+  // is rolled back and can be re-run.
   static bool is_lock_conflict(unsigned code) noexcept { return code == 1213 || code == 1205; }
   bool duplicate_key() const noexcept { return code_ == 1062; }
 
@@ -331,7 +331,8 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         backoff(lost, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
         continue;
       }
-      throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient());
+      throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient(),
+                         e.lock_conflict());
     } catch (const RetryTransaction& e) {
       if (++conflicts < limits.lock_conflicts) {
         backoff(conflicts, std::chrono::milliseconds(2), std::chrono::milliseconds(200));

@@ -2668,7 +2668,8 @@ class MysqlStore final : public JobStore {
           mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
           continue;
         }
-        throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient());
+        throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient(),
+                           e.lock_conflict());
       }
     }
   }

@@ -28,7 +28,7 @@ void JobContext::beat(const std::optional<std::string>& checkpoint) {
     beat_failed_ms_ = 0;
     scheduler_.note_store("heartbeat", nullptr);  // the store answered
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
-  } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
+  } catch (const StorageError& e) {               // not a checkpoint the store refuses as invalid
     beat_failed_ms_ = std::max<int64_t>(now, 1);  // 0 means "did not fail"
     const std::string error = e.what();
     scheduler_.note_store("heartbeat", &error);
@@ -194,9 +194,10 @@ void Scheduler::heartbeat_loop() {
     lock.unlock();
     int64_t now = clock_.now_ms();
     std::optional<int64_t> next_due;
-    // Once the store is unavailable, the rest of the round waits for the next one: a call to a
-    // store that is down can take seconds (connect timeouts, its own retries), and a round of
-    // such calls, one per job in hand, would hold up the next round and a stop. The jobs whose
+    // Once the store is unavailable (a transient failure other than a lock conflict), the rest of
+    // the round waits for the next one: a call to a store that is down can take seconds (connect
+    // timeouts, its own retries), and a round of such calls, one per job in hand, would hold up
+    // the next round and a stop. The jobs whose
     // last beat failed (here or in their handler) go after the others, the one that failed
     // longest ago first, so neither one nor several failing rows (held by other transactions)
     // keep the others, or each other, from being renewed. Keys are read once: a handler may
@@ -237,7 +238,8 @@ void Scheduler::heartbeat_loop() {
           failed = true;
           due = now + interval / 2;  // a failing store is retried at half-interval pace
           const auto* storage = dynamic_cast<const StorageError*>(&e);
-          store_down = storage && storage->transient();
+          // Locked rows (held by other transactions) are no store outage: go on with the others.
+          store_down = storage && storage->transient() && !storage->lock_conflict();
           context->beat_failed_ms_ = std::max<int64_t>(now, 1);  // 0 means "did not fail"
         }
       }
@@ -420,14 +422,11 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
   std::vector<FinishResult> results(endings.size());
   std::vector<size_t> pending(endings.size());  // not yet applied for a reason that may pass
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
-  int tries_left = 5;  // counted only once the leases no longer hold the retries up
+  // Per ending: the tries left once its own lease no longer holds the retries up.
+  std::vector<int> tries_left(endings.size(), 5);
   for (int attempt = 1;; ++attempt) {
     std::vector<Finish> items;
-    int64_t leases_end_ms = std::numeric_limits<int64_t>::max();
-    for (size_t i : pending) {
-      items.push_back(endings[i].finish);
-      leases_end_ms = std::min(leases_end_ms, endings[i].lease_until_ms);
-    }
+    for (size_t i : pending) items.push_back(endings[i].finish);
     std::string failure;
     try {
       std::vector<FinishResult> got = store_.finish(items, clock_.now_ms());
@@ -439,10 +438,9 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
         }
         results[pending[k]] = std::move(got[k]);
       }
-      if (again.empty()) {
-        note_store("finish", nullptr);
-        return results;
-      }
+      // The store records endings: one it keeps refusing (its row locked) is no outage.
+      if (again.size() < pending.size()) note_store("finish", nullptr);
+      if (again.empty()) return results;
       pending = std::move(again);
     } catch (const std::exception& e) {
       failure = e.what();
@@ -450,18 +448,32 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
     }
     note_store("finish", &failure);
     std::unique_lock lock(mutex_);
-    const bool keep_on = until_leases_end && !stopped_ && clock_.now_ms() < leases_end_ms;
-    if (!keep_on && --tries_left == 0) {
-      // Their leases expire and the sweep takes them back (the attempt counts).
-      log_->error("recording {} job endings failed {} times, giving up: {}", pending.size(),
-                  attempt, failure);
+    const int64_t now = clock_.now_ms();
+    std::vector<size_t> kept;
+    size_t given_up = 0;
+    bool held = false;  // a kept ending whose lease lasts: retried for as long as it does
+    for (size_t i : pending) {
+      const bool holds = until_leases_end && !stopped_ && now < endings[i].lease_until_ms;
+      if (holds || --tries_left[i] > 0) {
+        kept.push_back(i);
+        held = held || holds;
+      } else {
+        ++given_up;  // its lease expires and the sweep takes the job back (the attempt counts)
+      }
+    }
+    if (given_up > 0) {
+      log_->error("recording {} job endings failed, giving up after 5 tries past their leases: {}",
+                  given_up, failure);
+    }
+    pending = std::move(kept);
+    if (pending.empty()) {
       lock.unlock();
       note_store("finish", nullptr);  // nothing left that fails: not a failing operation now
-      return results;                 // the pending ones are still retryable
+      return results;                 // the ones given up on are still retryable
     }
     log_->warn("recording {} job endings failed, retrying: {}", pending.size(), failure);
     const int64_t pause_ms = std::min<int64_t>(50LL << std::min(attempt, 5), 1'000);
-    if (keep_on) {
+    if (held) {
       sleep_unless_stopped(lock, pause_ms);  // a drain cuts it short
       // Endings handed over meanwhile go along with the retry: one that the store keeps refusing
       // must not hold back the others, whose leases would run out while they wait.
@@ -471,6 +483,7 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
       }
       endings_.clear();
       results.resize(endings.size());
+      tries_left.resize(endings.size(), 5);
     } else {
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));

@@ -232,9 +232,9 @@ class Scheduler {
   // Writes endings to the store in one call, then counts and logs.
   void apply(std::vector<Ending>& endings, bool until_leases_end);
   // The store's results for `endings`. A failing store (the call throws, or items come back
-  // FinishResult::retryable) is tried again with what is left: with `until_leases_end`, for as
-  // long as the endings' leases last (an outage shorter than the lease costs no attempt and runs
-  // no job twice) until the scheduler stops; otherwise, and once it has stopped, 5 times more.
+  // FinishResult::retryable) is tried again with what is left: with `until_leases_end`, each
+  // ending for as long as its own lease lasts (an outage shorter than the lease costs no attempt
+  // and runs no job twice) until the scheduler stops; otherwise, and after that, 5 times more.
   // While it retries, endings handed over to the finisher join `endings` (and the results), so
   // that one the store keeps refusing holds back no other. Items given up on are left retryable.
   std::vector<FinishResult> record(std::vector<Ending>& endings, bool until_leases_end);

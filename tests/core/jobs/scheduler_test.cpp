@@ -997,8 +997,10 @@ class PrefetchedJobs : public SchedulerTest {
     return calls_[id];
   }
 
-  // A store whose heartbeats of the `refuse`d jobs fail transiently, as on rows another
-  // transaction holds (a lock wait timeout); every other job's are renewed.
+  // A store whose heartbeats of the `refuse`d jobs fail transiently while every other job's are
+  // renewed: with `lock_conflicts`, as on rows another transaction holds (a lock wait timeout);
+  // without, with an error that ends a heartbeat round (a store that is down, as far as the
+  // heartbeat loop can tell), so that the order of the rounds is what keeps the others renewed.
   struct RefusesBeats : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
@@ -1007,8 +1009,12 @@ class PrefetchedJobs : public SchedulerTest {
         std::lock_guard lock(mutex);
         if (refused.count(id)) {
           ++refusals;
-          throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
+          if (lock_conflicts) {
+            throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true, true);
+          }
+          throw StorageError("mysql: heartbeat: Lost connection to server during query", true);
         }
+        first_renewal_ms.try_emplace(id, now_ms);
       }
       return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
     }
@@ -1016,9 +1022,17 @@ class PrefetchedJobs : public SchedulerTest {
       std::lock_guard lock(mutex);
       refused = std::move(ids);
     }
+    std::optional<int64_t> first_renewal(JobId id) {
+      std::lock_guard lock(mutex);
+      auto it = first_renewal_ms.find(id);
+      if (it == first_renewal_ms.end()) return std::nullopt;
+      return it->second;
+    }
     std::mutex mutex;
     std::set<JobId> refused;
+    std::map<JobId, int64_t> first_renewal_ms;  // by the clock of the beat
     std::atomic<int> refusals{0};
+    std::atomic<bool> lock_conflicts{false};
   };
 
   std::vector<JobId> ids_;
@@ -1284,6 +1298,163 @@ TEST_F(SchedulerTest, AClaimThatLeavesWorkersFreeIsFollowedAtOnceByAnother) {
   release = true;
   scheduler.drain(std::chrono::milliseconds(2'000));
   EXPECT_EQ(before_release, 4) << "4 free workers, 4 due jobs, and an idle poll in between";
+}
+
+// One job's ending that the store keeps refusing (retryable, as a lock wait timeout on that one
+// row is) while the same finish() calls record every other ending is no store outage, just as one
+// row refusing its beats while others go through is none: a call that recorded anything clears
+// "finish" (found by review: it stayed failing from the first refusal across such calls, for as
+// long as the lease, and /health/ready failed on a store that records endings fine).
+TEST_F(SchedulerTest, OneEndingRefusedWhileOthersAreRecordedIsNoEvidenceOfAnOutage) {
+  RefusesOneJob store(*store_);
+  SchedulerOptions o = options();  // lease 30 s
+  o.sweep_interval_ms = 3'600'000;
+  Scheduler scheduler(store, clock_, o);
+  scheduler.register_handler("poison", [&](JobContext&) { return Outcome::complete(); });
+  scheduler.register_handler("work", [&](JobContext&) { return Outcome::complete(); });
+  const JobId poison = enqueue("poison", 3);
+  store.refused = poison;
+  scheduler.start();
+  wait_for([&] { return store.refusals.load() >= 1; });
+  ASSERT_GE(store.refusals.load(), 1);
+  const int64_t first_refusal_ms = clock_.now_ms();
+
+  clock_.advance_ms(5'000);
+  const int64_t recorded_ms = clock_.now_ms();
+  const JobId other = enqueue("work", 3);
+  wait_for([&] { return store_->get(other)->status == JobStatus::kSucceeded; });
+  ASSERT_EQ(store_->get(other)->status, JobStatus::kSucceeded) << "recorded by a finish() call";
+
+  clock_.advance_ms(6'000);  // 11 s after the first refusal; poison's lease lasts until 30 s
+  const int refusals = store.refusals.load();
+  wait_for([&] { return store.refusals.load() > refusals; });
+  const std::optional<StoreFailure> f = store_failure(scheduler, "finish");
+  EXPECT_TRUE(!f || f->since_ms >= recorded_ms)
+      << "\"finish\" failing since " << f->since_ms - first_refusal_ms
+      << " ms after the first refusal, for " << f->last_ms - f->since_ms
+      << " ms (over the default health.store_failure_ms of 10 s: readiness fails), although a "
+         "finish() call recorded job "
+      << other << "'s ending " << recorded_ms - first_refusal_ms << " ms after it";
+  store.refused = -1;
+  wait_for([&] { return store_->get(poison)->status == JobStatus::kSucceeded; });
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// The finisher retries each ending for as long as its own lease lasts (found by review: it went by
+// the earliest lease of all the endings it held, and once that one had run out, five more tries
+// and it gave up on every ending with it, including one whose lease had 19 s to go). Here `old`
+// (lease until 30 s: its last beat at 0, heartbeats every 25 s) and `fresh` (claimed at 20 s, lease
+// until 50 s) end during an outage of finish(); at 31 s the finisher gives up on both, and when the
+// store is back at 36 s, well within fresh's lease, fresh's ending is never written: its lease
+// runs out, the sweep takes it back with the attempt counted, and it runs again. The outage was
+// shorter than fresh's lease ("an outage shorter than the lease costs no attempt and runs no job
+// twice").
+TEST_F(SchedulerTest, AnEndingWhoseLeaseLastsIsNotGivenUpWithAnOlderOne) {
+  struct FinishDown : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+      if (down) {
+        ++failed;
+        widest = std::max<int>(widest, static_cast<int>(items.size()));
+        throw StorageError("server unreachable", true);
+      }
+      return ForwardingStore::finish(items, now_ms);
+    }
+    std::atomic<bool> down{false};
+    std::atomic<int> failed{0}, widest{0};
+  } store(*store_);
+  SchedulerOptions o = options();
+  o.workers = 2;
+  o.lease_ms = 30'000;
+  o.heartbeat_interval_ms = 25'000;
+  o.sweep_interval_ms = 3'600'000;
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<bool> release{false};
+  std::atomic<int> running{0};
+  std::map<std::string, std::atomic<int>> runs;
+  runs["old"];
+  runs["fresh"];
+  auto hold = [&](JobContext& c) {
+    ++runs[c.job().kind];
+    ++running;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  };
+  scheduler.register_handler("old", hold);
+  scheduler.register_handler("fresh", hold);
+  SetOnExit release_on_exit{release};
+  const JobId old = enqueue("old", 3);
+  scheduler.start();
+  wait_for([&] { return running.load() == 1; });
+  ASSERT_EQ(running.load(), 1);
+  clock_.advance_ms(20'000);
+  const JobId fresh = enqueue("fresh", 3);
+  wait_for([&] { return running.load() == 2; });
+  ASSERT_EQ(running.load(), 2);
+  ASSERT_EQ(store_->get(fresh)->lease_expires_ms, clock_.now_ms() + o.lease_ms);
+
+  store.down = true;
+  release = true;
+  wait_for([&] { return store.widest.load() == 2; });  // both endings in one retried call
+  ASSERT_EQ(store.widest.load(), 2);
+  clock_.advance_ms(11'000);  // 31 s: old's lease is over, fresh's lasts until 50 s
+  const int before = store.failed.load();
+  wait_for([&] { return store.failed.load() >= before + 5; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1'500));  // time for a 6th try
+  clock_.advance_ms(5'000);                                       // 36 s
+  store.down = false;  // back, 14 s before fresh's lease ends
+  wait_for([&] { return store_->get(fresh)->status == JobStatus::kSucceeded; });
+  EXPECT_EQ(store_->get(fresh)->status, JobStatus::kSucceeded)
+      << "fresh's ending was given up at 31 s with old's, although its lease lasted until 50 s; "
+         "finish() calls during the outage: "
+      << store.failed.load() << " (" << store.failed.load() - before << " after 31 s)";
+  EXPECT_EQ(store_->get(old)->status, JobStatus::kRunning) << "old's is left to the sweep";
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_EQ(runs["fresh"].load(), 1);
+}
+
+// Jobs whose rows start refusing beats together (lock wait timeouts on rows other transactions
+// hold) do not end the heartbeat rounds: the jobs behind them are renewed on time (found by
+// review: each of k such jobs ended one round, so the others were renewed k half-intervals late,
+// and with the daemon's defaults, lease 3 intervals, four were enough for a job the store would
+// renew fine to lose its lease to the sweep). Here six jobs in hand, the first five refused,
+// lease 600 ms, beats every 200 ms; the clock moves half an interval per round, as rounds are
+// paced in real time.
+TEST_F(PrefetchedJobs, JobsWhoseHeartbeatsStartFailingTogetherDoNotStarveTheOthers) {
+  RefusesBeats store(*store_);
+  store.lock_conflicts = true;
+  const SchedulerOptions o = beating(6, 600);
+  for (int i = 0; i < 6; ++i) ids_.push_back(enqueue("work"));
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<int> running{0};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++running;
+    while (!release_) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  SetOnExit release{release_};
+  scheduler.start();
+  ASSERT_TRUE(wait_for([&] { return running.load() == 6; }));
+  const JobId healthy = ids_[5];
+  const int64_t claimed_ms = clock_.now_ms();
+  ASSERT_EQ(store_->get(healthy)->lease_expires_ms, claimed_ms + o.lease_ms);
+  store.refuse({ids_[0], ids_[1], ids_[2], ids_[3], ids_[4]});
+  for (int round = 0; round < 5; ++round) {
+    const int refusals = store.refusals;
+    clock_.advance_ms(round == 0 ? o.heartbeat_interval_ms : o.heartbeat_interval_ms / 2);
+    ASSERT_TRUE(wait_for([&] { return store.refusals.load() > refusals; })) << "round " << round;
+  }
+  // The healthy job was due at 200 ms: renewed in that round, with the five refusals.
+  ASSERT_TRUE(wait_for([&] { return store.first_renewal(healthy).has_value(); }));
+  EXPECT_EQ(*store.first_renewal(healthy), claimed_ms + o.heartbeat_interval_ms)
+      << "job " << healthy << " renewed " << *store.first_renewal(healthy) - claimed_ms
+      << " ms after its claim, not in the round where its beat was due; refusals: "
+      << store.refusals.load();
+  clock_.advance_ms(50);  // 650 ms: the refused jobs' leases have run out, not the healthy one's
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 5) << "only the jobs whose beats failed";
+  store.refuse({});
+  release_ = true;
+  scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
 }  // namespace
