@@ -691,7 +691,7 @@ TEST_F(SchedulerTest, FailuresNotedOutOfOrderKeepTheFirstAndTheLast) {
   wait_for([&] { return asked_done.load(); });
   ASSERT_TRUE(asked_done.load());
   const StoreFailure f = *heartbeat();
-  EXPECT_EQ(f.failures, 2);
+  EXPECT_GE(f.failures, 2);  // the checkpoint's, and the loop's (one or more rounds of them)
   EXPECT_LE(f.since_ms, f.last_ms) << "failing_for_ms = " << f.last_ms - f.since_ms;
   EXPECT_EQ(f.last_ms - f.since_ms, o.heartbeat_interval_ms);
   release = true;
