@@ -20,22 +20,23 @@ void JobContext::beat(const std::optional<std::string>& checkpoint) {
   try {
     HeartbeatResult r = store_.heartbeat(job_.id, token_, now, lease_ms_, checkpoint);
     last_beat_ms_ = now;
-    beat_failed_ms_ = 0;
-    scheduler_.note_store("heartbeat", nullptr);
+    note_beat(now, nullptr);
     if (r.cancel_requested) cancelled_ = true;
   } catch (const LeaseLost& e) {
     lease_lost_ = true;
-    beat_failed_ms_ = 0;
-    scheduler_.note_store("heartbeat", nullptr);  // the store answered
+    note_beat(now, nullptr);  // the store answered
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
-  } catch (const StorageError& e) {               // not a checkpoint the store refuses as invalid
-    beat_failed_ms_ = std::max<int64_t>(now, 1);  // 0 means "did not fail"
-    const std::string error = e.what();
-    scheduler_.note_store("heartbeat", &error);
+  } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
+    note_beat(now, e.what());
     throw;
   }
   if (cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "job was cancelled");
   if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
+}
+
+void JobContext::note_beat(int64_t now_ms, const char* error) {
+  beat_failed_ms_ = error ? std::max<int64_t>(now_ms, 1) : 0;  // 0 means "did not fail"
+  scheduler_.note_store("heartbeat", error);
 }
 
 void JobContext::checkpoint(const std::string& checkpoint_json) { beat(checkpoint_json); }
@@ -136,8 +137,7 @@ void Scheduler::claim_loop() {
     } catch (const std::exception& e) {
       store_failed = true;
       log_->error("claim failed, retrying in {} ms: {}", backoff_ms, e.what());
-      const std::string error = e.what();
-      note_store("claim", &error);
+      note_store("claim", e.what());
     }
     const size_t n = claimed.size();
     std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), claimed_at);
@@ -197,11 +197,10 @@ void Scheduler::heartbeat_loop() {
     // Once the store is unavailable (a transient failure other than a lock conflict), the rest of
     // the round waits for the next one: a call to a store that is down can take seconds (connect
     // timeouts, its own retries), and a round of such calls, one per job in hand, would hold up
-    // the next round and a stop. The jobs whose
-    // last beat failed (here or in their handler) go after the others, the one that failed
-    // longest ago first, so neither one nor several failing rows (held by other transactions)
-    // keep the others, or each other, from being renewed. Keys are read once: a handler may
-    // change its job's meanwhile.
+    // the next round and a stop. The jobs whose last beat failed (here or in their handler) go
+    // after the others, the one that failed longest ago first, so neither one nor several
+    // failing rows (held by other transactions) keep the others, or each other, from being
+    // renewed. Keys are read once: a handler may change its job's meanwhile.
     std::vector<std::pair<int64_t, std::shared_ptr<JobContext>>> order;
     for (auto& c : in_hand) {
       const int64_t failed_ms = c->beat_failed_ms_;
@@ -222,25 +221,21 @@ void Scheduler::heartbeat_loop() {
           HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
                                                options_.lease_ms, std::nullopt);
           context->last_beat_ms_ = now;
-          context->beat_failed_ms_ = 0;
+          context->note_beat(now, nullptr);
           due = now + interval;
           if (r.cancel_requested) context->cancelled_ = true;
-          note_store("heartbeat", nullptr);
         } catch (const LeaseLost&) {
           context->lease_lost_ = true;
-          context->beat_failed_ms_ = 0;
-          note_store("heartbeat", nullptr);  // the store answered
+          context->note_beat(now, nullptr);  // the store answered
           continue;
         } catch (const std::exception& e) {
           log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
-          const std::string error = e.what();
-          note_store("heartbeat", &error);
+          context->note_beat(now, e.what());
           failed = true;
           due = now + interval / 2;  // a failing store is retried at half-interval pace
           const auto* storage = dynamic_cast<const StorageError*>(&e);
           // Locked rows (held by other transactions) are no store outage: go on with the others.
           store_down = storage && storage->transient() && !storage->lock_conflict();
-          context->beat_failed_ms_ = std::max<int64_t>(now, 1);  // 0 means "did not fail"
         }
       }
       failing = failing || context->beat_failed_ms_ != 0;
@@ -271,8 +266,7 @@ void Scheduler::sweep_loop() {
       note_store("sweep", nullptr);
     } catch (const std::exception& e) {
       log_->error("sweep failed: {}", e.what());
-      const std::string error = e.what();
-      note_store("sweep", &error);
+      note_store("sweep", e.what());
     }
     lock.lock();
   }
@@ -446,7 +440,7 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
       failure = e.what();
       for (size_t i : pending) results[i] = {std::nullopt, false, failure, true};
     }
-    note_store("finish", &failure);
+    note_store("finish", failure.c_str());
     std::unique_lock lock(mutex_);
     const int64_t now = clock_.now_ms();
     std::vector<size_t> kept;
@@ -626,7 +620,7 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
 // An operation is failing from a failed call until one succeeds, or until nothing is left to
 // retry: claims and sweeps are always retried; heartbeats while a job whose beat failed is in
 // hand (the heartbeat loop's or its handler's beats); endings until recorded or given up on.
-void Scheduler::note_store(const char* operation, const std::string* error) {
+void Scheduler::note_store(const char* operation, const char* error) {
   if (!error && failing_operations_.load(std::memory_order_relaxed) == 0) return;  // no lock
   const int64_t now = error ? clock_.now_ms() : 0;
   std::lock_guard lock(failures_mutex_);
@@ -643,7 +637,7 @@ void Scheduler::note_store(const char* operation, const std::string* error) {
       it->second.evidence_ms = options_.heartbeat_interval_ms;
     }
     ++it->second.failures;
-    it->second.error = *error;
+    it->second.error = error;
   }
   failing_operations_ = store_failures_.size();
 }

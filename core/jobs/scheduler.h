@@ -104,6 +104,9 @@ class JobContext {
         lease_ms_(lease_ms),
         stopping_(stopping) {}
   void beat(const std::optional<std::string>& checkpoint);
+  // Records how a beat at `now_ms` went (`error` null: it went through) for the heartbeat order
+  // and SchedulerStats::store_failures.
+  void note_beat(int64_t now_ms, const char* error);
 
   Scheduler& scheduler_;  // told how each beat went (SchedulerStats::store_failures)
   JobStore& store_;
@@ -249,7 +252,7 @@ class Scheduler {
   void pause(std::unique_lock<std::mutex>& lock, int64_t ms);
   void sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms);
   // Records how a store call of `operation` went: `error` null when it succeeded.
-  void note_store(const char* operation, const std::string* error);
+  void note_store(const char* operation, const char* error);
   bool loops_stopped() const {
     std::lock_guard lock(mutex_);
     return stopped_;
