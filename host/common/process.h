@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include <signal.h>
 
@@ -15,6 +17,29 @@ namespace backhaul::host {
 sigset_t block_termination_signals();
 // Waits for one of `signals`; returns its number. [main-thread]
 int wait_for_termination(const sigset_t& signals);
+
+// Takes the first of `signals` (blocked by block_termination_signals()) on a thread of its own,
+// for while the main thread is busy with something that may never return: backhauld's start-up,
+// which calls each plugin's init(). `on_signal(number)` runs on that thread and should return
+// soon. Once the watch ends, signals are left pending again for wait_for_termination().
+// Throws std::system_error when the descriptors or the thread cannot be created.
+class SignalWatch {
+ public:
+  SignalWatch(const sigset_t& signals, std::function<void(int)> on_signal);
+  ~SignalWatch();  // stop()s
+  SignalWatch(const SignalWatch&) = delete;
+  SignalWatch& operator=(const SignalWatch&) = delete;
+
+  // Ends the watch, after on_signal() if it is running; returns the signal the watch took, or 0.
+  // Idempotent. [main-thread]
+  int stop();
+
+ private:
+  int signal_fd_ = -1;
+  int wake_fd_ = -1;
+  int taken_ = 0;  // written by the thread, read after join()
+  std::thread thread_;
+};
 
 // Writes "PORT\n" to `path` via a temporary file and a rename, so readers never see a partial
 // file. Throws std::runtime_error or std::filesystem::filesystem_error.

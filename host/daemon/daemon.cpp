@@ -1,5 +1,6 @@
 #include "host/daemon/daemon.h"
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -36,6 +37,7 @@ struct Daemon::Impl {
   std::unique_ptr<AdminServer> server;
   bool started = false;
   bool stopped = false;
+  std::atomic<const char*> start_step{""};
 
   void open_store();
   void load_plugins();
@@ -141,10 +143,18 @@ void Daemon::start() {
   Impl& d = *impl_;
   if (d.started) throw std::logic_error("daemon already started");
   d.started = true;
+  struct Steps {
+    std::atomic<const char*>& step;
+    ~Steps() { step = ""; }
+  } steps{d.start_step};
   d.audit = std::make_unique<AuditLog>(d.config.admin.audit_log);
+  d.start_step = "opening the store";
   d.open_store();
+  d.start_step = "loading plugins";
   d.load_plugins();
+  d.start_step = "starting the scheduler";
   d.start_pipeline();
+  d.start_step = "starting the admin API";
 
   AdminApiOptions api_options;
   api_options.token = d.config.admin.token;
@@ -177,6 +187,8 @@ void Daemon::stop() {
   }
   d.log->info("stopped");
 }
+
+const char* Daemon::start_step() const { return impl_->start_step; }
 
 int64_t Daemon::in_flight() const {
   return impl_->scheduler ? impl_->scheduler->stats().in_flight : 0;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -59,6 +60,31 @@ void stop_and_unload(std::unique_ptr<Daemon>& daemon, spdlog::logger& log) {
   daemon.reset();
 }
 
+// Starts the daemon. start() can be stuck in a plugin's init() or on a store that does not answer,
+// so a termination signal meanwhile is taken on a thread of its own: it is logged, and unless
+// start() returns within shutdown.abandon_ms (at least 1 s) of it, the process ends with status 1
+// (a job claimed by then keeps its lease until it expires, as after a crash). Returns that
+// signal's number, for main to stop the daemon at once, or 0 when none came.
+int start_within_reach_of_signals(Daemon& daemon, const sigset_t& signals, spdlog::logger& log) {
+  const auto limit =
+      std::chrono::milliseconds(std::max<int64_t>(daemon.config().shutdown.abandon_ms, 1'000));
+  std::optional<Watchdog> deadline;  // armed by the signal; destroyed (disarmed) after the watch
+  host::SignalWatch watch(signals, [&](int number) {
+    log.info("signal {} during start-up ({}): stopping once start-up ends", number,
+             daemon.start_step());
+    deadline.emplace(limit, [&daemon, &log, number, limit] {
+      log.error(
+          "signal {}: start-up did not end within {} ms of it (shutdown.abandon_ms, at least 1 s), "
+          "still {}: a plugin's init() or a store that does not answer? exiting",
+          number, limit.count(), daemon.start_step());
+      log.flush();
+      std::_Exit(1);
+    });
+  });
+  daemon.start();
+  return watch.stop();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,9 +126,11 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     daemon = std::make_unique<Daemon>(std::move(config));
-    daemon->start();
-    if (!port_file.empty()) host::write_port_file(port_file, daemon->port());
-    const int signal_number = host::wait_for_termination(signals);
+    int signal_number = start_within_reach_of_signals(*daemon, signals, *log);
+    if (signal_number == 0) {
+      if (!port_file.empty()) host::write_port_file(port_file, daemon->port());
+      signal_number = host::wait_for_termination(signals);
+    }
     log->info("signal {}: stopping", signal_number);
     stop_and_unload(daemon, *log);
   } catch (const ConfigError& e) {

@@ -1,6 +1,8 @@
 // backhauld as a real process: a bad config exits 2 naming the field, SIGTERM drains and exits 0.
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include "tests/host/sandbox/test_client.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -20,6 +23,29 @@ namespace backhaul::daemon::testing {
 namespace {
 
 using nlohmann::json;
+
+// A socket listening on 127.0.0.1 at a port of the kernel's choosing that nobody answers on;
+// closed at the end of the scope.
+struct Listener {
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(fd, 4) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      throw std::runtime_error("cannot listen on 127.0.0.1");
+    }
+    port = ntohs(address.sin_port);
+  }
+  ~Listener() { ::close(fd); }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  int fd = -1;
+  uint16_t port = 0;
+};
 
 class DaemonProcessTest : public ProcessTest {
  protected:
@@ -41,6 +67,25 @@ class DaemonProcessTest : public ProcessTest {
     ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
     EXPECT_EQ(WEXITSTATUS(status), 1) << daemon_->stderr_text();
     EXPECT_LT(took, std::chrono::seconds(10));
+  }
+
+  // Spawns backhauld with only the init_waits plugin, whose init() waits `init_wait_ms` (for
+  // ever when empty), and returns once start-up is in that init(): a file the plugin creates
+  // there, polled for at most 30 s (readiness, not timing).
+  void spawn_into_a_waiting_init(int64_t abandon_ms, const std::string& init_wait_ms) {
+    json config = good_config();
+    config["plugins"]["directories"] = {INIT_WAITS_PLUGIN_DIR};
+    config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", abandon_ms}};
+    write_config(config);
+    const auto marker = dir_ / "in-init";
+    std::vector<std::string> env = {"BACKHAUL_PROCESS_TEST_TOKEN=process-token",
+                                    "MISBEHAVING_INIT_MARKER=" + marker.string()};
+    if (!init_wait_ms.empty()) env.push_back("MISBEHAVING_INIT_WAIT_MS=" + init_wait_ms);
+    spawn(env);
+    for (int i = 0; i < 3000 && !std::filesystem::exists(marker); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(std::filesystem::exists(marker)) << daemon_->stderr_text();
   }
 
   void spawn(const std::vector<std::string>& env) {
@@ -213,25 +258,12 @@ TEST_F(DaemonProcessTest, APluginWhoseDeinitDoesNotReturnHoldsTheExitNoLongerTha
 // the same bound: a plugin whose deinit() never returns does not hold the process (found by
 // review: it did, forever, without even logging "cannot start").
 TEST_F(DaemonProcessTest, AFailedStartWithAPluginWhoseDeinitHangsStillExits) {
-  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(taken, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(::listen(taken, 1), 0);
-  socklen_t length = sizeof address;
-  ASSERT_EQ(::getsockname(taken, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  struct Close {
-    int fd;
-    ~Close() { ::close(fd); }
-  } close_taken{taken};
+  const Listener taken;
 
   json config = good_config();
   config["plugins"]["directories"] = {BACKHAUL_TEST_PLUGIN_DIR, DEINIT_HANGS_PLUGIN_DIR};
   config["admin"]["listen"] = "127.0.0.1";
-  config["admin"]["port"] = ntohs(address.sin_port);  // taken: start() throws once plugins load
+  config["admin"]["port"] = taken.port;  // taken: start() throws once plugins load
   config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 1'000}};
   write_config(config);
   spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
@@ -244,6 +276,66 @@ TEST_F(DaemonProcessTest, AFailedStartWithAPluginWhoseDeinitHangsStillExits) {
       << daemon_->stderr_text();
   EXPECT_NE(daemon_->stderr_text().find("unloading did not end within 1000 ms"), std::string::npos)
       << daemon_->stderr_text();
+}
+
+// A start stuck in a plugin's init() used to ignore SIGTERM for ever (the signal was blocked
+// until start() returned): now the signal is taken at once, and if start-up has not ended
+// shutdown.abandon_ms later, backhauld exits 1 saying where it was.
+TEST_F(DaemonProcessTest, ASignalDuringAStartStuckInAPluginsInitEndsTheProcessAfterAbandon) {
+  spawn_into_a_waiting_init(1'000, "");
+  if (HasFatalFailure()) return;
+
+  expect_exit_1_within_10s_of_sigterm();  // the bound is the point, not a speed goal
+  const std::string log = daemon_->stderr_text();
+  EXPECT_NE(log.find("signal 15 during start-up (loading plugins)"), std::string::npos) << log;
+  EXPECT_NE(log.find("start-up did not end within 1000 ms of it"), std::string::npos) << log;
+  EXPECT_NE(log.find("still loading plugins"), std::string::npos) << log;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "port")) << "never ready, so no port file";
+}
+
+// The same for a start waiting on a MySQL server that takes the connection and never answers: the
+// signal ends the process shutdown.abandon_ms later, not connect-timeout (60 s here) later.
+TEST_F(DaemonProcessTest, ASignalDuringAStartWaitingOnAStoreThatDoesNotAnswerEndsAfterAbandon) {
+  const Listener silent;
+
+  json config = good_config();
+  config["store"] = {{"backend", "mysql"}, {"connection_env", "BACKHAUL_PROCESS_TEST_DSN"}};
+  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 1'000}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token",
+         "BACKHAUL_PROCESS_TEST_DSN=host=127.0.0.1;port=" + std::to_string(silent.port) +
+             ";user=u;password=p;db=d;connect-timeout=60;read-timeout=60"});
+  pollfd waiting{silent.fd, POLLIN, 0};  // the store's first session, within 30 s
+  ASSERT_EQ(::poll(&waiting, 1, 30'000), 1) << daemon_->stderr_text();
+  const int connection = ::accept(silent.fd, nullptr, nullptr);
+  ASSERT_GE(connection, 0);
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_connection{connection};
+
+  expect_exit_1_within_10s_of_sigterm();
+  const std::string log = daemon_->stderr_text();
+  EXPECT_NE(log.find("signal 15 during start-up (opening the store)"), std::string::npos) << log;
+  EXPECT_NE(log.find("still opening the store"), std::string::npos) << log;
+}
+
+// A signal during a start-up that does end is not lost: the daemon stops as soon as start() has
+// returned, cleanly, with status 0, and never writes its port file (it was never ready).
+TEST_F(DaemonProcessTest, ASignalDuringASlowStartStopsTheDaemonOnceStartUpEnds) {
+  spawn_into_a_waiting_init(20'000, "1000");
+  if (HasFatalFailure()) return;
+
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(60));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+  const std::string log = daemon_->stderr_text();
+  EXPECT_NE(log.find("signal 15 during start-up (loading plugins)"), std::string::npos) << log;
+  EXPECT_NE(log.find("plugin initwaits 1.0.0 loaded"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+  EXPECT_EQ(log.find("start-up did not end"), std::string::npos) << log;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "port"));
 }
 
 // The stop's bound applies to jobs in a handler, not to the stop itself: an idle daemon with

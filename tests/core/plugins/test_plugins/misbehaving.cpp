@@ -19,12 +19,17 @@
 //   MISBEHAVING_INIT_THROWS  init() throws an int (not a std::exception)
 //   MISBEHAVING_BAD_UTF8_NAME the display name is not valid UTF-8
 //   MISBEHAVING_DEINIT_HANGS  deinit() never returns
+//   MISBEHAVING_INIT_WAITS   init() creates the file named by the environment variable
+//                            MISBEHAVING_INIT_MARKER (if set), then waits MISBEHAVING_INIT_WAIT_MS
+//                            milliseconds, or for ever when that is not set
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "backhaul/backhaul.h"
 
@@ -78,6 +83,16 @@ const char* const kModes[] = {"null_events",         "utf8_delivery_id",    "utf
                               "http_double_release", "rate_limited_forever"};
 
 int32_t init(const backhaul_host_t* host, backhaul_error_t*) {
+#ifdef MISBEHAVING_INIT_WAITS
+  if (const char* marker = std::getenv("MISBEHAVING_INIT_MARKER")) {
+    if (FILE* file = std::fopen(marker, "w")) std::fclose(file);
+  }
+  const char* wait_ms = std::getenv("MISBEHAVING_INIT_WAIT_MS");
+  if (!wait_ms) {
+    for (;;) pause();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(wait_ms)));
+#endif
 #ifdef MISBEHAVING_INIT_THROWS
   (void)host;
   throw 42;
