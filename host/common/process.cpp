@@ -6,58 +6,104 @@
 #include <stdexcept>
 #include <system_error>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 namespace backhaul::host {
 
-sigset_t block_termination_signals() {
+namespace {
+
+// The pipe the handler writes caught signals to: [0] read (non-blocking), [1] write (non-blocking:
+// with the pipe full a signal is dropped rather than the handler blocked; one is enough).
+int g_signal_pipe[2] = {-1, -1};
+
+void on_termination_signal(int number) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(number);
+  [[maybe_unused]] const ssize_t written = ::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+// In a child forked without exec, the default action again (exec resets the handler anyway).
+void default_termination_signals_in_child() {
+  struct sigaction action {};
+  action.sa_handler = SIG_DFL;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+}
+
+// Takes one caught signal of `signals` if there is one: its number, or 0.
+int take_signal(const sigset_t& signals) {
+  unsigned char byte = 0;
+  for (;;) {
+    const ssize_t got = ::read(g_signal_pipe[0], &byte, 1);
+    if (got == 1) {
+      if (sigismember(&signals, byte) == 1) return byte;
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    return 0;
+  }
+}
+
+}  // namespace
+
+sigset_t catch_termination_signals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (g_signal_pipe[0] < 0) {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      throw std::system_error(errno, std::generic_category(), "pipe2 for termination signals");
+    }
+    ::pthread_atfork(nullptr, nullptr, &default_termination_signals_in_child);
+  }
+  struct sigaction action {};
+  action.sa_handler = &on_termination_signal;
+  sigfillset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
   return signals;
 }
 
 int wait_for_termination(const sigset_t& signals) {
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  return signal_number;
+  for (;;) {
+    if (const int number = take_signal(signals)) return number;
+    pollfd fd{g_signal_pipe[0], POLLIN, 0};
+    if (::poll(&fd, 1, -1) < 0 && errno != EINTR) return 0;
+  }
 }
 
 SignalWatch::SignalWatch(const sigset_t& signals, std::function<void(int)> on_signal) {
-  signal_fd_ = ::signalfd(-1, &signals, SFD_CLOEXEC);
-  if (signal_fd_ < 0) throw std::system_error(errno, std::generic_category(), "signalfd");
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (wake_fd_ < 0) {
-    const int error = errno;
-    ::close(signal_fd_);
-    throw std::system_error(error, std::generic_category(), "eventfd");
-  }
-  auto watch = [this, on_signal = std::move(on_signal)] {
-    pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  auto watch = [this, signals, on_signal = std::move(on_signal)] {
+    pollfd fds[2] = {{g_signal_pipe[0], POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     for (;;) {
       if (::poll(fds, 2, -1) < 0) {
         if (errno == EINTR) continue;
         return;
       }
       if (fds[1].revents != 0) return;  // stop()
-      signalfd_siginfo info{};
-      if (fds[0].revents != 0 && ::read(signal_fd_, &info, sizeof info) == sizeof info) {
-        taken_ = static_cast<int>(info.ssi_signo);
-        on_signal(taken_);
-        return;
+      if (fds[0].revents != 0) {
+        if (const int number = take_signal(signals)) {
+          taken_ = number;
+          on_signal(taken_);
+          return;
+        }
       }
     }
   };
   try {
     thread_ = std::thread(std::move(watch));
   } catch (...) {
-    ::close(signal_fd_);
     ::close(wake_fd_);
     throw;
   }
@@ -71,7 +117,6 @@ int SignalWatch::stop() {
     while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
     }
     thread_.join();
-    ::close(signal_fd_);
     ::close(wake_fd_);
   }
   return taken_;

@@ -11,18 +11,23 @@
 
 namespace backhaul::host {
 
-// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts afterwards (call
-// before any thread starts), so that wait_for_termination() receives them synchronously and no
-// work happens in a signal handler. [main-thread]
-sigset_t block_termination_signals();
-// Waits for one of `signals`; returns its number. [main-thread]
+// Catches SIGINT and SIGTERM (call first thing in main, before any thread starts): the handler
+// only writes the signal's number to a close-on-exec pipe, which wait_for_termination() and a
+// SignalWatch read, so no work happens in a signal handler. The signals are left unblocked (and
+// unblocked here if the parent blocked them), so a process a plugin starts inherits neither a
+// blocked SIGTERM nor the handler (exec resets it; a fork without exec gets the default back)
+// and a service manager's SIGTERM stops it too. Returns the set of the two signals. Throws
+// std::system_error when the pipe cannot be created. [main-thread]
+sigset_t catch_termination_signals();
+// Waits for one of `signals` (caught by catch_termination_signals()); returns its number.
+// [main-thread]
 int wait_for_termination(const sigset_t& signals);
 
-// Takes the first of `signals` (blocked by block_termination_signals()) on a thread of its own,
+// Takes the first of `signals` (caught by catch_termination_signals()) on a thread of its own,
 // for while the main thread is busy with something that may never return: backhauld's start-up,
 // which calls each plugin's init(). `on_signal(number)` runs on that thread and should return
-// soon. Once the watch ends, signals are left pending again for wait_for_termination().
-// Throws std::system_error when the descriptors or the thread cannot be created.
+// soon. Once the watch ends, signals it did not take are left for wait_for_termination().
+// Throws std::system_error when the descriptor or the thread cannot be created.
 class SignalWatch {
  public:
   SignalWatch(const sigset_t& signals, std::function<void(int)> on_signal);
@@ -35,7 +40,6 @@ class SignalWatch {
   int stop();
 
  private:
-  int signal_fd_ = -1;
   int wake_fd_ = -1;
   int taken_ = 0;  // written by the thread, read after join()
   std::thread thread_;

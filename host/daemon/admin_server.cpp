@@ -14,6 +14,7 @@
 #include <Poco/ThreadPool.h>
 
 #include "core/common/logging.h"
+#include <fcntl.h>
 
 namespace backhaul::daemon {
 namespace {
@@ -76,6 +77,8 @@ void AdminServer::start() {
   socket.bind(Poco::Net::SocketAddress(impl_->options.listen, impl_->options.port),
               /*reuseAddress=*/true);
   socket.listen(64);
+  // Not into a process a plugin starts: one outliving backhauld would hold the admin port.
+  ::fcntl(socket.impl()->sockfd(), F_SETFD, FD_CLOEXEC);
   impl_->port = socket.address().port();
 
   const int threads = impl_->options.max_connections;

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <string>
 
@@ -24,6 +23,9 @@ class AuditLog {
   // Opens (creates) `path` for appending, creating its directory. Throws ConfigError when it
   // cannot. [main-thread]
   explicit AuditLog(const std::filesystem::path& path);
+  ~AuditLog();
+  AuditLog(const AuditLog&) = delete;
+  AuditLog& operator=(const AuditLog&) = delete;
 
   // Appends one line {"time","operationId","method","path","status","summary"}. [thread-safe]
   void append(const AuditEntry& entry);
@@ -33,7 +35,7 @@ class AuditLog {
  private:
   std::filesystem::path path_;
   std::mutex mutex_;
-  std::ofstream out_;
+  int fd_ = -1;  // O_APPEND | O_CLOEXEC: not inherited by a process a plugin starts
 };
 
 }  // namespace backhaul::daemon

@@ -147,6 +147,7 @@ void Daemon::start() {
     std::atomic<const char*>& step;
     ~Steps() { step = ""; }
   } steps{d.start_step};
+  d.start_step = "opening the audit log";
   d.audit = std::make_unique<AuditLog>(d.config.admin.audit_log);
   d.start_step = "opening the store";
   d.open_store();

@@ -31,9 +31,9 @@ class Daemon {
   // attempt). Idempotent. [main-thread]
   void stop();
 
-  // What start() is doing ("opening the store", "loading plugins", "starting the scheduler",
-  // "starting the admin API"), for a log line when it takes too long; "" when it is not running.
-  // [thread-safe]
+  // What start() is doing ("opening the audit log", "opening the store", "loading plugins",
+  // "starting the scheduler", "starting the admin API"), for a log line when it takes too long; ""
+  // when it is not running. [thread-safe]
   const char* start_step() const;
 
   // Jobs the scheduler has claimed and not finished (in a handler, or about to be); 0 before

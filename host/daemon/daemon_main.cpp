@@ -60,6 +60,13 @@ void stop_and_unload(std::unique_ptr<Daemon>& daemon, spdlog::logger& log) {
   daemon.reset();
 }
 
+// What start-up is doing, for the log lines about a signal: start_step(), or "starting" before
+// start() has named a step or once it has returned.
+const char* start_up_step(const Daemon& daemon) {
+  const char* step = daemon.start_step();
+  return *step != '\0' ? step : "starting";
+}
+
 // Starts the daemon. start() can be stuck in a plugin's init() or on a store that does not answer,
 // so a termination signal meanwhile is taken on a thread of its own: it is logged, and unless
 // start() returns within shutdown.abandon_ms (at least 1 s) of it, the process ends with status 1
@@ -71,12 +78,12 @@ int start_within_reach_of_signals(Daemon& daemon, const sigset_t& signals, spdlo
   std::optional<Watchdog> deadline;  // armed by the signal; destroyed (disarmed) after the watch
   host::SignalWatch watch(signals, [&](int number) {
     log.info("signal {} during start-up ({}): stopping once start-up ends", number,
-             daemon.start_step());
+             start_up_step(daemon));
     deadline.emplace(limit, [&daemon, &log, number, limit] {
       log.error(
           "signal {}: start-up did not end within {} ms of it (shutdown.abandon_ms, at least 1 s), "
           "still {}: a plugin's init() or a store that does not answer? exiting",
-          number, limit.count(), daemon.start_step());
+          number, limit.count(), start_up_step(daemon));
       log.flush();
       std::_Exit(1);
     });
@@ -105,8 +112,14 @@ int main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
 
-  // Before any thread starts, so every thread inherits the mask and sigwait() gets the signal.
-  const sigset_t signals = host::block_termination_signals();
+  // First, so a signal from here on is caught (taken by SignalWatch or wait_for_termination()).
+  sigset_t signals;
+  try {
+    signals = host::catch_termination_signals();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cannot start: %s\n", e.what());
+    return 1;
+  }
   DaemonConfig config;
   try {
     config = load_config(config_path, process_env());

@@ -18,7 +18,7 @@
 
 namespace {
 
-using backhaul::host::block_termination_signals;
+using backhaul::host::catch_termination_signals;
 using backhaul::host::wait_for_termination;
 using backhaul::host::write_port_file;
 using backhaul::sandbox::Faults;
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const sigset_t signals = block_termination_signals();
+  const sigset_t signals = catch_termination_signals();
   try {
     Sandbox sandbox(options);
     sandbox.start();

@@ -1,9 +1,12 @@
 // backhauld as a real process: a bad config exits 2 naming the field, SIGTERM drains and exits 0.
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -354,6 +358,123 @@ TEST_F(DaemonProcessTest, AnIdleDaemonWithZeroGraceAndAbandonStopsWithExit0) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
   EXPECT_EQ(daemon_->stderr_text().find("exiting without them"), std::string::npos)
       << daemon_->stderr_text();
+}
+
+// Review: the descriptors backhauld opens (the admin API's listening socket, the audit log, the
+// store) must not leak into a process a plugin starts: a helper outliving a restart would hold
+// the admin port, and the new backhauld could not bind it. /proc/PID/fdinfo shows O_CLOEXEC.
+TEST_F(DaemonProcessTest, TheDaemonsOwnDescriptorsAreClosedOnExec) {
+  json config = good_config();
+  config["admin"]["listen"] = "127.0.0.1";
+  config["admin"]["audit_log"] = (dir_ / "audit.log").string();
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  ASSERT_NE(daemon_->wait_port(dir_ / "port", std::chrono::seconds(30)), 0)
+      << daemon_->stderr_text();
+  const std::filesystem::path fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
+  const std::string own_dir = std::filesystem::canonical(dir_).string();
+  std::vector<std::string> leaking;
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(fds)) {
+    const std::string fd = entry.path().filename().string();
+    if (std::stoi(fd) <= 2) continue;  // stdin, stdout, stderr: inherited on purpose
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec) continue;  // closed meanwhile
+    // Only what backhauld itself opens: sockets, and files in the test's directory.
+    if (target.rfind("socket:", 0) != 0 && target.rfind(own_dir, 0) != 0) continue;
+    std::ifstream info("/proc/" + std::to_string(daemon_->pid()) + "/fdinfo/" + fd);
+    std::string line;
+    while (std::getline(info, line)) {
+      if (line.rfind("flags:", 0) != 0) continue;
+      ++checked;
+      const unsigned long flags = std::strtoul(line.c_str() + 6, nullptr, 8);
+      if ((flags & 02000000UL) == 0) leaking.push_back(fd + " -> " + target);
+    }
+  }
+  EXPECT_GE(checked, 2) << "expected at least the admin socket and the audit log";
+  std::string list;
+  for (const std::string& fd : leaking) list += "  " + fd + "\n";
+  EXPECT_TRUE(leaking.empty()) << "descriptors without O_CLOEXEC:\n" << list;
+}
+
+// Review: a process a plugin starts (a helper, say) must be stoppable like any other. Under
+// systemd, `systemctl stop` sends SIGTERM to every process of the unit: a helper that inherited
+// backhauld's blocked SIGTERM/SIGINT ignores it and holds the stop until TimeoutStopSec's SIGKILL.
+TEST_F(DaemonProcessTest, AProcessAPluginStartsCanBeStoppedWithSigterm) {
+  json config = good_config();
+  config["plugins"]["directories"] = {INIT_SPAWNS_PLUGIN_DIR};
+  write_config(config);
+  const auto pid_file = dir_ / "helper.pid";
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token",
+         "MISBEHAVING_SPAWN_PID_FILE=" + pid_file.string()});
+  ASSERT_NE(daemon_->wait_port(dir_ / "port", std::chrono::seconds(30)), 0)
+      << daemon_->stderr_text();
+  int helper = 0;
+  std::ifstream(pid_file) >> helper;
+  ASSERT_GT(helper, 0) << daemon_->stderr_text();
+  struct Kill {  // by its PID only; a no-op once it has ended
+    pid_t pid;
+    ~Kill() { ::kill(pid, SIGKILL); }
+  } kill_helper{helper};
+  const std::string status_path = "/proc/" + std::to_string(helper) + "/status";
+  std::string blocked;
+  {
+    std::ifstream status(status_path);
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("SigBlk:", 0) == 0) blocked = line;
+    }
+  }
+  ASSERT_EQ(::kill(helper, SIGTERM), 0);
+  // Ended: gone, or a zombie backhauld has not reaped. At most 10 s (readiness, not timing).
+  const auto ended = [&] {
+    std::ifstream status(status_path);
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("State:", 0) == 0) return line.find('Z') != std::string::npos;
+    }
+    return true;
+  };
+  for (int i = 0; i < 1000 && !ended(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(ended()) << "the helper ignored SIGTERM; its " << blocked;
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+}
+
+// Review: start-up can be stuck before its first named step too: opening admin.audit_log, which
+// blocks for ever on a FIFO nobody reads. The signal's log lines must say where start-up is, not
+// "during start-up ()" and "still : a plugin's init() or a store that does not answer?".
+TEST_F(DaemonProcessTest, ASignalDuringAStartStuckOnTheAuditLogSaysSo) {
+  const auto fifo = dir_ / "audit.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  json config = good_config();
+  config["admin"]["audit_log"] = fifo.string();
+  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 1'000}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  // Readiness: the daemon waits for a reader of the FIFO (at most 30 s).
+  const std::string wchan = "/proc/" + std::to_string(daemon_->pid()) + "/wchan";
+  const auto waiting = [&] {
+    std::string text;
+    std::ifstream(wchan) >> text;
+    return text == "wait_for_partner";
+  };
+  for (int i = 0; i < 3000 && !waiting(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(waiting()) << "the daemon is not seen waiting on the FIFO (" << wchan << ")\n"
+                         << daemon_->stderr_text();
+
+  expect_exit_1_within_10s_of_sigterm();
+  const std::string log = daemon_->stderr_text();
+  EXPECT_NE(log.find("signal 15 during start-up (opening the audit log)"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("still opening the audit log"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -22,6 +22,9 @@
 //   MISBEHAVING_INIT_WAITS   init() creates the file named by the environment variable
 //                            MISBEHAVING_INIT_MARKER (if set), then waits MISBEHAVING_INIT_WAIT_MS
 //                            milliseconds, or for ever when that is not set
+//   MISBEHAVING_INIT_SPAWNS  init() starts `/bin/sleep 60` with posix_spawn (as a plugin starting a
+//                            helper would) and writes its PID to the file named by the environment
+//                            variable MISBEHAVING_SPAWN_PID_FILE (via a rename)
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -33,7 +36,10 @@
 
 #include "backhaul/backhaul.h"
 
+#include <spawn.h>
 #include <unistd.h>
+
+extern char** environ;
 
 #ifndef MISBEHAVING_ID
 #define MISBEHAVING_ID "misbehaving"
@@ -92,6 +98,22 @@ int32_t init(const backhaul_host_t* host, backhaul_error_t*) {
     for (;;) pause();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(wait_ms)));
+#endif
+#ifdef MISBEHAVING_INIT_SPAWNS
+  if (const char* pid_file = std::getenv("MISBEHAVING_SPAWN_PID_FILE")) {
+    char sleep_path[] = "/bin/sleep";
+    char seconds[] = "60";
+    char* argv[] = {sleep_path, seconds, nullptr};
+    pid_t pid = -1;
+    if (posix_spawn(&pid, sleep_path, nullptr, nullptr, argv, environ) == 0) {
+      const std::string temporary = std::string(pid_file) + ".tmp";
+      if (FILE* file = std::fopen(temporary.c_str(), "w")) {
+        std::fprintf(file, "%d\n", static_cast<int>(pid));
+        std::fclose(file);
+        std::rename(temporary.c_str(), pid_file);
+      }
+    }
+  }
 #endif
 #ifdef MISBEHAVING_INIT_THROWS
   (void)host;
