@@ -143,6 +143,14 @@ struct JobQuery {
   size_t limit = 50;
 };
 
+// The row count a listing asks its backend for: one more than `limit` (that row tells whether
+// another page exists), a limit beyond any table (SIZE_MAX: "all of them") held below INT64_MAX
+// so that the probe neither wraps around to 0 nor overflows a signed SQL LIMIT.
+inline int64_t page_probe_rows(size_t limit) {
+  constexpr size_t kMost = static_cast<size_t>(INT64_MAX) - 1;
+  return static_cast<int64_t>(limit < kMost ? limit : kMost) + 1;
+}
+
 struct JobPage {
   std::vector<Job> jobs;             // newest first (id descending)
   std::optional<JobId> next_before;  // pass as before_id for the next page; nullopt = last page

@@ -2254,7 +2254,7 @@ class MysqlStore final : public JobStore {
     if (query.parent_id) sql << " AND parent_id = " << *query.parent_id;
     if (query.before_id) sql << " AND id < " << *query.before_id;
     // One row more than asked tells whether another page exists.
-    sql << " ORDER BY id DESC LIMIT " << (query.limit + 1);
+    sql << " ORDER BY id DESC LIMIT " << page_probe_rows(query.limit);
     Result r = read("list", [&](mysql::Connection& c) { return c.one(sql.text()); });
     JobPage page;
     for (const Row& row : r.rows) page.jobs.push_back(read_job(row));
@@ -2426,7 +2426,7 @@ class MysqlStore final : public JobStore {
     if (query.limit == 0) return {};
     std::string sql = std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
                       letter_filter(query) + " ORDER BY id DESC LIMIT " +
-                      std::to_string(query.limit + 1);
+                      std::to_string(page_probe_rows(query.limit));
     Result r = read("list_dead_letters", [&](mysql::Connection& c) { return c.one(sql); });
     DeadLetterPage page;
     for (const Row& row : r.rows) page.items.push_back(read_letter(row));
@@ -2474,18 +2474,26 @@ class MysqlStore final : public JobStore {
     DeadLetterQuery pending = query;
     pending.status = DeadLetterStatus::kPending;
     const int total = transact("retry_dead_letters", [&](Tx& tx) {
-      Result r = tx.one(std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
-                        letter_filter(pending) + " ORDER BY id DESC LIMIT " +
-                        std::to_string(limit) + " FOR UPDATE");
+      // Newest first, a page at a time, until `limit` were retried: a refused letter stays
+      // pending and does not count.
+      DeadLetterQuery page = pending;
       Writes w;
       int retried = 0;
-      for (const Row& row : r.rows) {
-        try {
-          retry_letter(tx, w, read_letter(row), now_ms);
-          ++retried;
-        } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
-        } catch (const JobNotFound&) {        // the job was pruned
+      while (static_cast<size_t>(retried) < limit) {
+        const size_t want = limit - static_cast<size_t>(retried);
+        Result r = tx.one(std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
+                          letter_filter(page) + " ORDER BY id DESC LIMIT " +
+                          std::to_string(page_probe_rows(want) - 1) + " FOR UPDATE");
+        for (const Row& row : r.rows) {
+          try {
+            retry_letter(tx, w, read_letter(row), now_ms);
+            ++retried;
+          } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
+          } catch (const JobNotFound&) {        // the job was pruned
+          }
         }
+        if (r.rows.size() < want) break;  // no older pending letter matches
+        page.before_id = to_i64(r.rows.back()[0]);
       }
       commit_retrying_duplicates(tx, w);
       return retried;

@@ -1380,28 +1380,35 @@ std::string letter_filter(const DeadLetterQuery& q) {
   return sql + " ORDER BY id DESC LIMIT ?5";
 }
 
-void bind_letter_filter(Query& query, const DeadLetterQuery& q, size_t limit) {
-  query.args(std::nullopt, q.kind, q.concurrency_key, q.before_id, static_cast<int64_t>(limit));
+void bind_letter_filter(Query& query, const DeadLetterQuery& q, int64_t limit) {
+  query.args(std::nullopt, q.kind, q.concurrency_key, q.before_id, limit);
 }
 
+// Pending letters are read newest first, a page at a time, until `limit` were retried: a letter
+// that is refused (a duplicate is active, the job was pruned) stays pending and does not count.
 int retry_letters(Connection& c, const DeadLetterQuery& query, size_t limit, int64_t now) {
   if (query.status && *query.status != DeadLetterStatus::kPending) return 0;
   DeadLetterQuery pending = query;
   pending.status = DeadLetterStatus::kPending;
-  std::vector<DeadLetter> letters;
-  {
-    Query q = c.query("SELECT " + kLetterColumns + " FROM dead_letters" + letter_filter(pending));
-    bind_letter_filter(q, pending, limit);
-    while (q.step()) letters.push_back(read_letter(q));
-  }
   int retried = 0;
-  for (const DeadLetter& letter : letters) {
-    try {
-      retry_letter(c, letter, now);
-      ++retried;
-    } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
-    } catch (const JobNotFound&) {
+  while (static_cast<size_t>(retried) < limit) {
+    const size_t want = limit - static_cast<size_t>(retried);
+    std::vector<DeadLetter> letters;
+    {
+      Query q = c.query("SELECT " + kLetterColumns + " FROM dead_letters" + letter_filter(pending));
+      bind_letter_filter(q, pending, page_probe_rows(want) - 1);
+      while (q.step()) letters.push_back(read_letter(q));
     }
+    for (const DeadLetter& letter : letters) {
+      try {
+        retry_letter(c, letter, now);
+        ++retried;
+      } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
+      } catch (const JobNotFound&) {
+      }
+    }
+    if (letters.size() < want) break;  // no older pending letter matches
+    pending.before_id = letters.back().id;
   }
   return retried;
 }
@@ -1671,7 +1678,7 @@ JobPage SqliteStore::list(const JobQuery& query) {
     Query q = c.query(sql);
     // One row more than asked tells whether another page exists.
     q.args(std::nullopt, query.kind, query.concurrency_key, query.parent_id, query.before_id,
-           static_cast<int64_t>(query.limit + 1));
+           page_probe_rows(query.limit));
     JobPage page;
     while (q.step()) page.jobs.push_back(read_job(q));
     if (page.jobs.size() > query.limit) {
@@ -1751,7 +1758,7 @@ DeadLetterPage SqliteStore::list_dead_letters(const DeadLetterQuery& query) {
   if (query.limit == 0) return {};
   return read([&](Connection& c) {
     Query q = c.query("SELECT " + kLetterColumns + " FROM dead_letters" + letter_filter(query));
-    bind_letter_filter(q, query, query.limit + 1);
+    bind_letter_filter(q, query, page_probe_rows(query.limit));
     DeadLetterPage page;
     while (q.step()) page.items.push_back(read_letter(q));
     if (page.items.size() > query.limit) {

@@ -318,6 +318,14 @@ struct Pipeline::Impl {
     bool ok = true;
     json cp = json::parse(*job.checkpoint, nullptr, false);
     if (cp.is_discarded() || !cp.is_object() || !cp.contains("units")) ok = false;
+    if (ok) {
+      // "units" that is not a list of units with job ids is no list to gather from.
+      try {
+        check_checkpoint_json(cp, false);
+      } catch (const InvalidRequest&) {
+        ok = false;
+      }
+    }
     if (!ok) {
       // The units exist (they are this job's children); rebuild the list from them.
       log->error("run {}: checkpoint is corrupt; rebuilding it from the run's units", job.id);

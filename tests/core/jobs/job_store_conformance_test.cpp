@@ -2,6 +2,7 @@
 // every backend. Each test starts from a fresh, empty database; times are injected.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -2444,6 +2445,52 @@ TEST_P(JobStoreConformance, ConcurrentClaimsFromTwoHostsHandOutEveryJobExactlyOn
   using Key = std::pair<std::string, JobStatus>;
   std::map<Key, int64_t> expected = {{{"entity", JobStatus::kSucceeded}, kJobs}};
   EXPECT_EQ(nonzero(store().counts()), expected);
+}
+
+// ===========================================================================================
+// Review 2: limits at their extremes, and bulk retries past refused letters
+// ===========================================================================================
+
+// A limit larger than every row (a caller's "all of them", SIZE_MAX) is a page of every row, not
+// an empty one: the one-row-more probe (limit + 1) must not wrap around to LIMIT 0.
+TEST_P(JobStoreConformance, AListWithTheLargestLimitReturnsEveryRow) {
+  const JobId a = add(spec("queued"));
+  const JobId b = add_dead(spec("dead"), "e");
+  JobQuery jobs_query;
+  jobs_query.limit = SIZE_MAX;
+  JobPage page = store().list(jobs_query);
+  EXPECT_THAT(ids(page.jobs), ElementsAre(b, a));
+  EXPECT_EQ(page.next_before, std::nullopt);
+
+  DeadLetterQuery letters_query;
+  letters_query.limit = SIZE_MAX;
+  DeadLetterPage letters = store().list_dead_letters(letters_query);
+  EXPECT_THAT(ids(letters.items), ElementsAre(letter_of(b).id));
+  EXPECT_EQ(letters.next_before, std::nullopt);
+}
+
+// A bulk retry retries up to `limit` of the letters that can be retried: pending letters it must
+// refuse (their job's dedupe key is taken by an active job) do not use up the limit. Otherwise
+// `backhaul dlq retry --all --limit N` answers "retried 0" for as long as the N newest pending
+// letters are refused, however many older ones could run.
+TEST_P(JobStoreConformance, ABulkRetryIsNotUsedUpByLettersItMustRefuse) {
+  JobSpec free_spec = spec("entity");
+  free_spec.dedupe_key = "free";
+  const int64_t retryable = letter_of(add_dead(free_spec, "e")).id;  // the oldest
+  std::vector<int64_t> refused;
+  std::vector<JobSpec> taken;
+  for (int i = 0; i < 2; ++i) {
+    JobSpec s = spec("entity");
+    s.dedupe_key = "taken-" + std::to_string(i);
+    refused.push_back(letter_of(add_dead(s, "e")).id);
+    taken.push_back(s);
+  }
+  for (const JobSpec& s : taken) add(s);  // an active job holds each key now
+  EXPECT_EQ(store().retry_dead_letters({}, 1, kT0 + 1), 1);
+  EXPECT_EQ(store().get_dead_letter(retryable)->status, DeadLetterStatus::kRetrying);
+  for (int64_t l : refused) {
+    EXPECT_EQ(store().get_dead_letter(l)->status, DeadLetterStatus::kPending);
+  }
 }
 
 }  // namespace

@@ -1652,6 +1652,49 @@ TEST(MysqlStore, ASchedulerRunsEveryJobOnceAcrossAServerOutageShorterThanTheLeas
   for (const auto& [id, n] : calls) EXPECT_EQ(n, 1) << "job " << id << " ran " << n << " times";
 }
 
+// Bad input (issue 4), found by review 2: a handler's result the server refuses (not UTF-8 for a
+// utf8mb4 column; one over MEDIUMTEXT would be the same) is a refusal of the ending itself, not a
+// failure of the store. The attempt must end as a failure naming it (retried, then dead with that
+// error). It was only logged: the job stayed running until its lease ran out, the sweep took it
+// back, the handler ran again, and after max_attempts leases the job died as "lease expired after
+// 3 attempts (worker crashed or hung)", the store's error found nowhere.
+TEST(MysqlStore, AResultTheServerRefusesFailsTheAttemptWithTheServersError) {
+  TestDatabase db;
+  auto store = db.open();
+  FakeClock clock;
+  JobSpec s = spec("refused-result", "key");
+  s.max_attempts = 3;
+  const JobId id = store->enqueue(s, clock.now_ms()).id;
+  SchedulerOptions options;
+  options.owner = "refused-result-host";
+  Scheduler scheduler(*store, clock, options);
+  int runs = 0;
+  scheduler.register_handler("refused-result", [&](JobContext&) {
+    ++runs;
+    return Outcome::complete("{\"name\":\"\xff\xfe\"}");
+  });
+  ASSERT_EQ(scheduler.run_once(1), 1u);
+  Job job = *store->get(id);
+  EXPECT_EQ(to_string(job.status), "queued") << "left running until its lease expires";
+  EXPECT_EQ(job.attempts, 1);
+  EXPECT_NE(job.last_error.value_or("").find("Incorrect string value"), std::string::npos)
+      << "last_error: " << job.last_error.value_or("(none)");
+  // Retried with backoff like any failure, and dead after max_attempts with the same error.
+  for (int attempt = 2; attempt <= 3; ++attempt) {
+    clock.advance_ms(3'600'000);
+    ASSERT_EQ(scheduler.run_once(1), 1u) << "attempt " << attempt;
+  }
+  job = *store->get(id);
+  EXPECT_EQ(to_string(job.status), "dead");
+  EXPECT_EQ(runs, 3);
+  const DeadLetterPage letters = store->list_dead_letters({});
+  ASSERT_EQ(letters.items.size(), 1u);
+  EXPECT_EQ(letters.items[0].job_id, id);
+  EXPECT_NE(letters.items[0].error.find("the store refused the attempt's outcome"),
+            std::string::npos)
+      << letters.items[0].error;
+}
+
 // --- a read-only server ---------------------------------------------------------------------
 
 // The ids of the sessions open on the test's database (the store's own, outside any test session).

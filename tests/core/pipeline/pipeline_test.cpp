@@ -620,6 +620,37 @@ TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
             sandbox_->report("inst-1").gateway_by_provider["github"].unique);
 }
 
+// Bad input, found by review 2: a run checkpoint that has "units" but not an array of unit
+// objects with a jobId (a bad repair written to the store directly, a bug, an older build) is as
+// corrupt as one without "units": the run rebuilds the list from its children. It took the
+// garbage for the list instead: {"units": 5} read as one unit of job 0 ("missing"), the run
+// finished at once as failed and left its six units running with no run waiting for them.
+TEST_F(PipelineTest, ARunWhoseCheckpointUnitsAreCorruptRebuildsThemFromItsChildren) {
+  start(data(2, 0, 120));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  ASSERT_EQ(units_of(run.run_id).size(), 6u);
+  store_->set_checkpoint(run.run_id, std::string(R"({"units":5})"), test_clock().now_ms());
+  drive();
+  EXPECT_EQ(units_of(run.run_id).size(), 6u) << "no unit enqueued twice";
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 6);
+}
+
+TEST_F(PipelineTest, ARunWhoseCheckpointUnitsLackJobIdsRebuildsThemFromItsChildren) {
+  start(data(2, 0, 120));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  ASSERT_EQ(units_of(run.run_id).size(), 6u);
+  store_->set_checkpoint(run.run_id, std::string(R"({"units":[{"jobId":"x"}]})"),
+                         test_clock().now_ms());
+  drive();
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 6);
+}
+
 // Tenancy (D7): a huge installation and a small one started together, on a threaded scheduler.
 // Per-installation caps keep the huge one to 5 workers, so the small one finishes while the huge
 // one is still going.
