@@ -42,6 +42,16 @@
 
 namespace backhaul::jobs::sqlite {
 
+// An error the same call may not meet again (StorageError::transient()): the file locked by
+// another connection past the busy timeout (a lock conflict), or the disk failing or full.
+// Anything else (a constraint, a corrupt file, a statement the schema refuses) is the call's own.
+inline StorageError storage_error(std::string message, int rc) {
+  const int primary = rc & 0xff;
+  const bool locked = primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
+  const bool disk = primary == SQLITE_IOERR || primary == SQLITE_FULL;
+  return StorageError(std::move(message), disk, locked);
+}
+
 [[noreturn]] inline void throw_error(sqlite3* db, int rc, std::string_view context) {
   std::string message = "sqlite: ";
   message += db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
@@ -50,7 +60,7 @@ namespace backhaul::jobs::sqlite {
     message += " in: ";
     message += context.substr(0, 160);
   }
-  throw StorageError(message);
+  throw storage_error(std::move(message), rc);
 }
 
 template <class T>
@@ -217,8 +227,9 @@ class Connection {
     if (rc != SQLITE_OK) {
       std::string message = error ? error : sqlite3_errstr(rc);
       sqlite3_free(error);
-      throw StorageError("sqlite: " + message + " (code " + std::to_string(rc) +
-                         ") in: " + sql.substr(0, 160));
+      throw storage_error(
+          "sqlite: " + message + " (code " + std::to_string(rc) + ") in: " + sql.substr(0, 160),
+          rc);
     }
   }
 

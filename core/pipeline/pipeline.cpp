@@ -133,6 +133,12 @@ UnitCounts counts_from(const std::optional<std::string>& text, bool* ok = nullpt
 void validate_request(const RunRequest& r, const plugins::Connector* connector) {
   if (r.installation_id.empty())
     throw InvalidRequest("installationId", "installationId: must be a non-empty string");
+  // It keys the run's jobs (concurrency and dedupe keys), which a store holds up to 1 KiB of.
+  if (r.installation_id.size() > kMaxInstallationIdBytes)
+    throw InvalidRequest("installationId", "installationId: must be at most " +
+                                               std::to_string(kMaxInstallationIdBytes) +
+                                               " bytes (got " +
+                                               std::to_string(r.installation_id.size()) + ")");
   if (r.provider.empty()) throw InvalidRequest("provider", "provider: must be a non-empty string");
   if (!connector)
     throw InvalidRequest("provider",

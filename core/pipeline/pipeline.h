@@ -50,7 +50,9 @@ struct PipelineOptions {
   jobs::CircuitPolicy gateway_circuit;   // "gateway"
 };
 
-// What POST /v1/runs takes. installation_id is the gateway connection id (the tenant).
+// What POST /v1/runs takes. installation_id is the gateway connection id (the tenant), at most
+// kMaxInstallationIdBytes long.
+inline constexpr size_t kMaxInstallationIdBytes = 255;
 struct RunRequest {
   std::string installation_id;
   std::string provider;

@@ -123,9 +123,11 @@ Response AdminApi::handle(const Request& request) {
     call.summary = "CONFLICT";
   } catch (const StorageError& e) {
     log->error("{} {}: storage error: {}", request.method, request.path, e.what());
+    // Only an error that may pass (the store unreachable, locked, out of disk) is worth the
+    // client's retry; one the store will give again for the same request is not.
     response = error_response(
-        call, ApiError(503, "STORAGE_ERROR", std::string("store: ") + e.what(), json::object(),
-                       /*retryable=*/true));
+        call, ApiError(e.transient() ? 503 : 500, "STORAGE_ERROR",
+                       std::string("store: ") + e.what(), json::object(), e.transient()));
     call.summary = "STORAGE_ERROR";
   } catch (const gateway::GatewayError& e) {
     response = error_response(

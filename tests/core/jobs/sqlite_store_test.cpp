@@ -162,6 +162,39 @@ TEST_F(SqliteStoreTest, ASqlErrorIsAStorageErrorAndLeavesTheWriterUsable) {
   EXPECT_TRUE(store->enqueue(spec(), kT0).created);
 }
 
+// What may pass is told from what will not (StorageError::transient()): the file locked by
+// another process past the busy timeout is a lock conflict; a statement the database refuses (a
+// trigger here; a constraint) is the call's own. Every SQLite error used to be "not transient",
+// so the admin API could not tell a client whether to retry.
+TEST_F(SqliteStoreTest, AFileLockedPastTheBusyTimeoutIsTransientARefusedStatementIsNot) {
+  SqliteStoreOptions options;
+  options.busy_timeout_ms = 50;
+  auto store = open(options);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  try {
+    store->enqueue(spec(), kT0);
+    ADD_FAILURE() << "enqueued while another connection held the file exclusively";
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.transient()) << e.what();
+    EXPECT_TRUE(e.lock_conflict()) << e.what();
+  }
+  ASSERT_EQ(sqlite3_exec(other,
+                         "ROLLBACK; CREATE TRIGGER refuse BEFORE INSERT ON jobs "
+                         "BEGIN SELECT RAISE(ABORT, 'refused by this test'); END",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(other);
+  try {
+    store->enqueue(spec(), kT0);
+    ADD_FAILURE() << "enqueued past the trigger";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused by this test"), std::string::npos) << e.what();
+    EXPECT_FALSE(e.transient()) << e.what();
+  }
+}
+
 // --- migrations ----------------------------------------------------------------------------
 
 TEST_F(SqliteStoreTest, MigrateRecordsEachVersionOnceAndIsANoOpTheSecondTime) {

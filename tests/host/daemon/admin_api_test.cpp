@@ -267,6 +267,34 @@ TEST_F(DaemonTest, ARunDepthOutsideTheIntRangeIsRefusedNotWrapped) {
   EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
 }
 
+// An installation id longer than the store's keys hold is refused naming the field (on MySQL it
+// was a "Data too long" STORAGE_ERROR that told the client to retry).
+TEST_F(DaemonTest, AnInstallationIdLongerThan255BytesIsRefusedNamingTheField) {
+  start();
+  const HttpResult r = call(
+      "POST", "/v1/runs",
+      json{{"installationId", std::string(256, 'i')}, {"provider", "github"}, {"depth", 7}}.dump());
+  expect_envelope(r, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(r.json()["error"]["details"]["field"], "installationId") << r.body;
+  EXPECT_NE(r.body.find("must be at most 255 bytes (got 256)"), std::string::npos) << r.body;
+  EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
+}
+
+// A store error the same request would meet again is not offered as retryable: 500, retryable
+// false, naming the store's error. (It was 503 "retryable": a client retried for ever.) Errors
+// that may pass keep 503 + retryable (DaemonTest on a store that is down, MySQL tests).
+TEST_F(DaemonTest, AStoreErrorTheRequestWouldMeetAgainIsNotRetryable) {
+  start();
+  run_sql((dir_ / "jobs.db").string(),
+          "CREATE TRIGGER refuse_jobs BEFORE INSERT ON jobs "
+          "BEGIN SELECT RAISE(ABORT, 'new jobs refused by this test'); END");
+  const HttpResult r =
+      call("POST", "/v1/runs", R"({"installationId":"gh-inst-1","provider":"github","depth":7})");
+  expect_envelope(r, 500, "STORAGE_ERROR");
+  EXPECT_EQ(r.json()["error"]["retryable"], false) << r.body;
+  EXPECT_NE(r.body.find("new jobs refused by this test"), std::string::npos) << r.body;
+}
+
 // The checkpoint of a pipeline job is what its handler resumes from: one it cannot use (a cursor
 // that is not a string, counts that are not counts, a run's units that are not a list of jobs)
 // is refused naming the field, instead of being stored and silently ignored at the next attempt.
