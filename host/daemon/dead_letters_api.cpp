@@ -84,6 +84,12 @@ Response retry_bulk(Call& call) {
     return body[field].get<std::string>();
   };
   query.status = status_filter(text("status"), "status");
+  // Only pending letters are retried in bulk (one at a time, an ignored one may be retried too):
+  // another status would select nothing, and "retried 0" would read as "nothing to retry".
+  if (query.status && *query.status != jobs::DeadLetterStatus::kPending) {
+    throw validation_error("status", "a bulk retry takes pending letters only (got \"" +
+                                         std::string(to_string(*query.status)) + "\")");
+  }
   query.kind = text("kind");
   query.concurrency_key = text("key");
   if (!body.contains("limit")) throw validation_error("limit", "is required");

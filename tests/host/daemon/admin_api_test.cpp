@@ -195,6 +195,14 @@ TEST_F(DaemonTest, DeadLettersListStatsGetRetryIgnorePurge) {
       call("POST", "/v1/dead-letters/retry", R"({"status":"pending","kind":"kind.a","limit":10})");
   ASSERT_EQ(bulk.status, 200) << bulk.body;
   EXPECT_EQ(bulk.json()["retried"], 1);  // only `second` is still pending
+  // A bulk retry of another status would select nothing: refused naming the field, not "0".
+  const HttpResult of_ignored =
+      call("POST", "/v1/dead-letters/retry", R"({"status":"ignored","limit":10})");
+  expect_envelope(of_ignored, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(of_ignored.json()["error"]["details"]["field"], "status") << of_ignored.body;
+  EXPECT_EQ(of_ignored.json()["error"]["message"],
+            "status: a bulk retry takes pending letters only (got \"ignored\")");
+  EXPECT_EQ(store().get_dead_letter(third)->status, jobs::DeadLetterStatus::kIgnored);
 
   // Purge: the ignored letter is older than 1 day once the clock moves 2 days.
   expect_envelope(call("POST", "/v1/dead-letters/purge", R"({"olderThanDays":-1})"), 400,
