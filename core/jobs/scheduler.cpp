@@ -491,26 +491,30 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
   // store: a result or checkpoint it cannot hold) ends the attempt as a failure that names it, so
   // that the job is retried and dies, if it does, with that error; left as it was, the job would
   // stay running until its lease ran out and the sweep took it back.
-  std::vector<size_t> refused;
-  std::vector<Ending> failures;
-  for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
-    const FinishResult& r = results[i];
-    const Finish::Kind kind = endings[i].finish.kind;
-    if (r.status || r.retryable || r.lease_lost || kind == Finish::Kind::kFail ||
-        kind == Finish::Kind::kRelease) {
-      continue;
+  // Endings handed over while record() retries such failures go along with them, and the store
+  // may refuse those too: they are looked at in turn, until none is left.
+  for (size_t from = 0; from < endings.size();) {
+    std::vector<size_t> refused;
+    std::vector<Ending> failures;
+    for (size_t i = from; i < endings.size() && i < results.size(); ++i) {
+      const FinishResult& r = results[i];
+      const Finish::Kind kind = endings[i].finish.kind;
+      if (r.status || r.retryable || r.lease_lost || kind == Finish::Kind::kFail ||
+          kind == Finish::Kind::kRelease) {
+        continue;
+      }
+      const Ending& e = endings[i];
+      Finish f;
+      f.kind = Finish::Kind::kFail;
+      f.id = e.finish.id;
+      f.token = e.finish.token;
+      f.failure = {"the store refused the attempt's outcome: " + r.error, false,
+                   options_.retry.delay_ms(e.attempts, options_.unit_random)};
+      refused.push_back(i);
+      failures.push_back({std::move(f), e.kind, e.attempts, e.max_attempts, e.lease_until_ms});
     }
-    const Ending& e = endings[i];
-    Finish f;
-    f.kind = Finish::Kind::kFail;
-    f.id = e.finish.id;
-    f.token = e.finish.token;
-    f.failure = {"the store refused the attempt's outcome: " + r.error, false,
-                 options_.retry.delay_ms(e.attempts, options_.unit_random)};
-    refused.push_back(i);
-    failures.push_back({std::move(f), e.kind, e.attempts, e.max_attempts, e.lease_until_ms});
-  }
-  if (!failures.empty()) {
+    from = endings.size();
+    if (failures.empty()) break;
     std::vector<FinishResult> failed = record(failures, until_leases_end);
     for (size_t k = 0; k < refused.size() && k < failed.size(); ++k) {
       log_->error("job {}: the store refused its ending: {}", endings[refused[k]].finish.id,

@@ -918,8 +918,8 @@ const std::string kRunningDownBy =
 // complete_job() for a chunk of items (distinct jobs): their states are read by one SELECT and
 // checked for the lease before any write, then the attempt rows and the jobs are written by one
 // statement each; the running counters are decremented once per (kind, key) for the whole call
-// (`down`). What follows the lease check cannot fail short of an error that ends the whole
-// transaction, so the chunk needs no savepoints.
+// (`down`). A statement the database refuses (a result over its length limit) fails the chunk:
+// finish_jobs() undoes it and writes its items one by one, each in its own savepoint.
 // A statement in widths 1, 2, 4, ... kChunk: a chunk uses the narrowest that holds it (padded
 // with id 0, which no job has), so a few completions do not pay for kChunk lookups.
 class Widths {
@@ -1094,13 +1094,15 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
       results[i].status = finish_job(c, items[i], now);
       c.query("RELEASE item").run();
       return;
-    } catch (const LeaseLost& e) {
-      results[i].lease_lost = true;
-      results[i].error = e.what();
-    } catch (const std::exception& e) {  // Error, and an item of no known kind
-      results[i].error = e.what();
+    } catch (...) {  // a lost lease, an error that may pass (retryable), the item's own
+      results[i] = finish_failure(std::current_exception());
     }
-    if (c.autocommit()) throw StorageError("sqlite: the transaction ended: " + results[i].error);
+    // SQLite rolled the transaction back (the disk full, an I/O error): the call fails, and may
+    // pass as the item's error may.
+    if (c.autocommit()) {
+      throw StorageError("sqlite: the transaction ended: " + results[i].error,
+                         results[i].retryable);
+    }
     c.query("ROLLBACK TO item").run();
     c.query("RELEASE item").run();
   };
@@ -1124,12 +1126,40 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
       fn(std::vector<size_t>(all.begin() + at, all.begin() + std::min(all.size(), at + kChunk)));
     }
   };
-  chunks(completes, [&](const std::vector<size_t>& chunk) {
-    complete_chunk(c, items, chunk, now, down, results);
-  });
   std::vector<size_t> one_by_one;
+  // A chunk the database refuses (one item's result it cannot hold, say) is undone and its items
+  // go one by one, so that the refusal is that item's alone.
+  auto isolated = [&](const std::vector<size_t>& chunk, auto&& write) {
+    const auto down_before = down;
+    const size_t queued_before = one_by_one.size();
+    c.query("SAVEPOINT chunk").run();
+    try {
+      write(chunk);
+      c.query("RELEASE chunk").run();
+      return;
+    } catch (const LeaseLost&) {
+      if (c.autocommit()) throw;
+    } catch (const std::exception&) {
+      if (c.autocommit()) throw;  // the transaction ended: the whole call fails
+    }
+    c.query("ROLLBACK TO chunk").run();
+    c.query("RELEASE chunk").run();
+    down = down_before;
+    one_by_one.resize(queued_before);
+    for (size_t index : chunk) {
+      results[index] = {};
+      one_by_one.push_back(index);
+    }
+  };
+  chunks(completes, [&](const std::vector<size_t>& chunk) {
+    isolated(chunk, [&](const std::vector<size_t>& part) {
+      complete_chunk(c, items, part, now, down, results);
+    });
+  });
   chunks(fails, [&](const std::vector<size_t>& chunk) {
-    fail_chunk(c, items, chunk, now, down, results, one_by_one);
+    isolated(chunk, [&](const std::vector<size_t>& part) {
+      fail_chunk(c, items, part, now, down, results, one_by_one);
+    });
   });
   one_by_one.insert(one_by_one.end(), rest.begin(), rest.end());
   std::sort(one_by_one.begin(), one_by_one.end());

@@ -304,19 +304,19 @@ TEST_F(SchedulerTest, AnEndingIsGivenUpAfterFiveTriesOnceItsLeaseRanOut) {
 // long as its lease lasted, and every ending handed over meanwhile waited behind it, even those
 // the store would record, until their own leases ran out and the sweep took their jobs back (run
 // twice). They now go along with the retry.
-class RefusesOneJob : public ForwardingStore {
+// A store whose finish() answers some items itself (`refuse` returns their result) and passes
+// the others on to the real store.
+class RefusesEndings : public ForwardingStore {
  public:
-  explicit RefusesOneJob(JobStore& inner) : ForwardingStore(inner) {}
-  std::atomic<JobId> refused{-1};
-  std::atomic<int> refusals{0};
+  explicit RefusesEndings(JobStore& inner) : ForwardingStore(inner) {}
+  virtual std::optional<FinishResult> refuse(const Finish& item) = 0;
   std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
     std::vector<FinishResult> out(items.size());
     std::vector<Finish> pass;
     std::vector<size_t> where;
     for (size_t i = 0; i < items.size(); ++i) {
-      if (items[i].id == refused.load()) {
-        ++refusals;
-        out[i] = FinishResult{std::nullopt, false, "lock wait timeout", true};
+      if (std::optional<FinishResult> refused = refuse(items[i])) {
+        out[i] = std::move(*refused);
       } else {
         pass.push_back(items[i]);
         where.push_back(i);
@@ -327,6 +327,18 @@ class RefusesOneJob : public ForwardingStore {
       for (size_t k = 0; k < got.size(); ++k) out[where[k]] = std::move(got[k]);
     }
     return out;
+  }
+};
+
+class RefusesOneJob : public RefusesEndings {
+ public:
+  explicit RefusesOneJob(JobStore& inner) : RefusesEndings(inner) {}
+  std::atomic<JobId> refused{-1};
+  std::atomic<int> refusals{0};
+  std::optional<FinishResult> refuse(const Finish& item) override {
+    if (item.id != refused.load()) return std::nullopt;
+    ++refusals;
+    return FinishResult{std::nullopt, false, "lock wait timeout", true};
   }
 };
 
@@ -1454,6 +1466,54 @@ TEST_F(PrefetchedJobs, JobsWhoseHeartbeatsStartFailingTogetherDoNotStarveTheOthe
   EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 5) << "only the jobs whose beats failed";
   store.refuse({});
   release_ = true;
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// Review: an ending the store refuses for a reason of its own becomes a failed attempt. One that
+// is handed over while the finisher retries such a failure (the store failing for a while) goes
+// along with that retry, and the store refuses it too: it must be converted as well, not left
+// running until its lease runs out.
+class RefusesCompletions : public RefusesEndings {
+ public:
+  explicit RefusesCompletions(JobStore& inner) : RefusesEndings(inner) {}
+  std::atomic<bool> failures_down{true};  // kFail items come back retryable while set
+  std::atomic<int> fail_refusals{0};
+  std::atomic<int> complete_refusals{0};
+  std::optional<FinishResult> refuse(const Finish& item) override {
+    if (item.kind == Finish::Kind::kComplete) {
+      ++complete_refusals;
+      return FinishResult{std::nullopt, false, "result cannot be held", false};
+    }
+    if (item.kind == Finish::Kind::kFail && failures_down) {
+      ++fail_refusals;
+      return FinishResult{std::nullopt, false, "server unreachable", true};
+    }
+    return std::nullopt;
+  }
+};
+
+TEST_F(SchedulerTest, ARefusedEndingHandedOverWhileARefusalIsRecordedIsAlsoAFailedAttempt) {
+  RefusesCompletions store(*store_);
+  Scheduler scheduler(store, clock_, options());  // lease 30 s, the clock stands still
+  scheduler.register_handler("work", [&](JobContext&) { return Outcome::complete(); });
+  const JobId first = enqueue("work", 3);
+  scheduler.start();
+  // first's completion is refused; its failure is retried while the store is down.
+  wait_for([&] { return store.fail_refusals.load() >= 1; });
+  ASSERT_GE(store.fail_refusals.load(), 1);
+  const JobId second = enqueue("work", 3);
+  wait_for([&] { return store.complete_refusals.load() >= 2; });  // second's, in that retry
+  ASSERT_GE(store.complete_refusals.load(), 2);
+  store.failures_down = false;
+  wait_for([&] {
+    return store_->get(first)->status != JobStatus::kRunning &&
+           store_->get(second)->status != JobStatus::kRunning;
+  });
+  EXPECT_EQ(store_->get(first)->status, JobStatus::kQueued);
+  EXPECT_EQ(store_->get(second)->status, JobStatus::kQueued)
+      << "second's refused completion, handed over during the retry of first's failure, was "
+         "never turned into a failed attempt: the job stays running until its lease runs out";
+  EXPECT_EQ(scheduler.stats().failed, 2);
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 

@@ -195,6 +195,76 @@ TEST_F(SqliteStoreTest, AFileLockedPastTheBusyTimeoutIsTransientARefusedStatemen
   }
 }
 
+// Review: a finish() item that meets an error which may pass (the disk full: SQLITE_FULL, now
+// StorageError::transient) must come back retryable, as on MySQL and in JobStore::finish, or throw
+// a transient error; reported as the item's own refusal, the scheduler turns the job's checkpointed
+// wait into a failed attempt ("the store refused the attempt's outcome") and, at max_attempts,
+// kills a job that only met a full disk.
+TEST_F(SqliteStoreTest, AFinishItemThatMeetsAFullDiskIsRetryable) {
+  auto store = open();
+  ASSERT_TRUE(store->enqueue(spec(), kT0).created);
+  auto claimed = store->claim(claim_request("w", 1));
+  ASSERT_EQ(claimed.size(), 1u);
+  const std::string pages = store->writer_pragma("page_count");
+  store->writer_pragma("max_page_count = " + pages);  // no page more: SQLITE_FULL
+  Finish f;
+  f.kind = Finish::Kind::kWaitForChildren;
+  f.id = claimed[0].job.id;
+  f.token = claimed[0].lease_token;
+  f.until_ms = kT0 + 60'000;
+  f.checkpoint = "{\"units\":[],\"pad\":\"" + std::string(1 << 20, 'x') + "\"}";
+  try {
+    std::vector<FinishResult> r = store->finish({f}, kT0 + 10);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_FALSE(r[0].status);
+    EXPECT_TRUE(r[0].retryable) << "a full disk reported as the item's own refusal: " << r[0].error;
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.transient()) << e.what();
+  }
+  store->writer_pragma("max_page_count = 1073741823");
+  EXPECT_EQ(store->get(f.id)->status, JobStatus::kRunning);
+}
+
+// Review: an ending the store refuses for a reason of its own is that item's refusal (the
+// scheduler turns it into a failed attempt); the other items of the call are recorded. A
+// completion the database refuses (a trigger here; SQLITE_TOOBIG for a result over the length
+// limit) failed the whole completion chunk: finish() threw, every completion in the call was
+// retried until the leases ran out and given up, and the refused job was never failed.
+TEST_F(SqliteStoreTest, ACompletionTheDatabaseRefusesFailsOnlyItsOwnItem) {
+  auto store = open();
+  ASSERT_TRUE(store->enqueue(spec("entity", "a"), kT0).created);
+  ASSERT_TRUE(store->enqueue(spec("entity", "b"), kT0).created);
+  auto claimed = store->claim(claim_request("w", 2));
+  ASSERT_EQ(claimed.size(), 2u);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
+  const std::string trigger =
+      "CREATE TRIGGER refuse BEFORE UPDATE OF status ON jobs WHEN NEW.status = 'succeeded' AND "
+      "NEW.id = " +
+      std::to_string(claimed[0].job.id) + " BEGIN SELECT RAISE(ABORT, 'refused by this test'); END";
+  ASSERT_EQ(sqlite3_exec(other, trigger.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  std::vector<Finish> items;
+  for (const Claimed& c : claimed) {
+    Finish f;
+    f.kind = Finish::Kind::kComplete;
+    f.id = c.job.id;
+    f.token = c.lease_token;
+    items.push_back(f);
+  }
+  std::vector<FinishResult> r;
+  try {
+    r = store->finish(items, kT0 + 10);
+  } catch (const StorageError& e) {
+    FAIL() << "one refused completion failed the whole call: " << e.what();
+  }
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_FALSE(r[0].status);
+  EXPECT_FALSE(r[0].retryable);
+  EXPECT_NE(r[0].error.find("refused by this test"), std::string::npos) << r[0].error;
+  EXPECT_EQ(r[1].status, JobStatus::kSucceeded);
+}
+
 // --- migrations ----------------------------------------------------------------------------
 
 TEST_F(SqliteStoreTest, MigrateRecordsEachVersionOnceAndIsANoOpTheSecondTime) {
