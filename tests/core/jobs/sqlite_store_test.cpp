@@ -265,6 +265,62 @@ TEST_F(SqliteStoreTest, ACompletionTheDatabaseRefusesFailsOnlyItsOwnItem) {
   EXPECT_EQ(r[1].status, JobStatus::kSucceeded);
 }
 
+// Review: a refused completion chunk and a refused failure chunk, each undone and redone one by
+// one, leave the running counters, the attempt rows and the dead letters as one-by-one writes do
+// (it fails when finish_jobs() does not restore `down` and `one_by_one` after the rollback).
+TEST_F(SqliteStoreTest, RefusedChunksKeepCountersAttemptsAndLettersExact) {
+  auto store = open();
+  for (const char* key : {"a", "b", "c", "d"}) {
+    JobSpec s = spec("entity", key);
+    if (std::string(key) == "d") s.max_attempts = 1;
+    ASSERT_TRUE(store->enqueue(s, kT0).created);
+  }
+  auto claimed = store->claim(claim_request("w", 4));
+  ASSERT_EQ(claimed.size(), 4u);
+  std::map<std::string, Claimed> by_key;
+  for (const Claimed& c : claimed) by_key[c.job.concurrency_key] = c;
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
+  const std::string triggers =
+      "CREATE TRIGGER refuse_a BEFORE UPDATE OF status ON jobs WHEN NEW.status = 'succeeded' AND "
+      "NEW.id = " +
+      std::to_string(by_key["a"].job.id) +
+      " BEGIN SELECT RAISE(ABORT, 'refused a'); END;"
+      "CREATE TRIGGER refuse_c BEFORE UPDATE OF status ON jobs WHEN NEW.status = 'queued' AND "
+      "NEW.id = " +
+      std::to_string(by_key["c"].job.id) + " BEGIN SELECT RAISE(ABORT, 'refused c'); END;";
+  ASSERT_EQ(sqlite3_exec(other, triggers.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  std::vector<Finish> items;
+  for (const char* key : {"a", "b", "c", "d"}) {
+    Finish f;
+    f.kind = (key[0] == 'a' || key[0] == 'b') ? Finish::Kind::kComplete : Finish::Kind::kFail;
+    f.id = by_key[key].job.id;
+    f.token = by_key[key].lease_token;
+    f.failure.error = std::string("boom ") + key;
+    items.push_back(f);
+  }
+  auto r = store->finish(items, kT0 + 10);
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_FALSE(r[0].status) << r[0].error;
+  EXPECT_EQ(r[1].status, JobStatus::kSucceeded);
+  EXPECT_FALSE(r[2].status) << r[2].error;
+  EXPECT_EQ(r[3].status, JobStatus::kDead) << r[3].error;
+  // a and c still run: each (kind, key) row and the kind's total.
+  EXPECT_EQ(
+      query_value(path_, "SELECT running FROM running_counts WHERE kind = 'entity' AND total = 1"),
+      "2");
+  EXPECT_EQ(query_value(path_,
+                        "SELECT COALESCE(SUM(running), 0) FROM running_counts WHERE "
+                        "kind = 'entity' AND total = 0"),
+            "2");
+  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM dead_letters"), "1");
+  EXPECT_EQ(query_value(path_, "SELECT COUNT(*) FROM attempts"), "1");
+  EXPECT_EQ(query_value(path_,
+                        "SELECT status FROM jobs WHERE id = " + std::to_string(by_key["c"].job.id)),
+            "running");
+}
+
 // --- migrations ----------------------------------------------------------------------------
 
 TEST_F(SqliteStoreTest, MigrateRecordsEachVersionOnceAndIsANoOpTheSecondTime) {
