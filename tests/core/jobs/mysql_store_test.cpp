@@ -1602,54 +1602,70 @@ TEST(MysqlStore, ACompletionWhoseOutcomeCouldNotBeReadIsReportedAppliedWhenSentA
   EXPECT_THROW(t.store->complete(a.id, got[0].lease_token, "{}", 4000), LeaseLost);
 }
 
+// A scheduler (4 workers, claims of 4) running `jobs` jobs of kind "outage" on a store that
+// reaches the server through the relay, so a test can cut it off. Each handler takes 10 ms, so an
+// outage finds jobs running with their endings to come, and counts its calls per job.
+struct OutageRun {
+  OutageRun(int jobs, int max_attempts, int64_t sweep_interval_ms) {
+    std::vector<JobSpec> specs(jobs, spec("outage", "key"));
+    for (JobSpec& s : specs) s.max_attempts = max_attempts;
+    t.direct->enqueue_batch(specs, 1000);
+    options.owner = "outage-host";
+    options.workers = 4;
+    options.claim_batch = 4;
+    options.idle_poll_ms = 20;
+    options.sweep_interval_ms = sweep_interval_ms;
+    scheduler = std::make_unique<Scheduler>(*t.store, clock, options);
+    scheduler->register_handler("outage", [this](JobContext& c) {
+      std::this_thread::sleep_for(10ms);
+      std::lock_guard lock(mutex);
+      ++calls[c.job().id];
+      return Outcome::complete();
+    });
+    scheduler->start();
+  }
+  int64_t count(const std::string& status) {
+    return scalar(*t.db.app_session(),
+                  "SELECT COUNT(*) FROM jobs WHERE status = " + mysql::quote(status));
+  }
+  // Waits until `n` jobs have succeeded, or the deadline (60 s from the start) has passed.
+  void wait_for_succeeded(int64_t n) {
+    while (count("succeeded") < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+
+  ThroughRelay t;
+  FakeClock clock;
+  SchedulerOptions options;
+  std::mutex mutex;
+  std::map<JobId, int> calls;
+  const std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() + 60s;
+  std::unique_ptr<Scheduler> scheduler;  // last: its handler uses the members above
+};
+
 // Bad input (issue 4): the store goes away mid-run. For 3 s the server cannot be reached -- every
 // connection is cut, new ones are closed at once -- while a scheduler runs jobs on it. Claims and
 // endings fail and are retried; once the server is back, every job has succeeded, each handler ran
 // once and no attempt was counted for the outage (the jobs' clock stands still: no lease ran out).
 TEST(MysqlStore, ASchedulerRunsEveryJobOnceAcrossAServerOutageShorterThanTheLease) {
-  ThroughRelay t;
   constexpr int kJobs = 300;
-  std::vector<JobSpec> specs;
-  for (int i = 0; i < kJobs; ++i) specs.push_back(spec("outage", "key"));
-  t.direct->enqueue_batch(specs, 1000);
-  FakeClock clock;
-  SchedulerOptions options;
-  options.owner = "outage-host";
-  options.workers = 4;
-  options.claim_batch = 4;
-  options.idle_poll_ms = 20;
-  Scheduler scheduler(*t.store, clock, options);
-  std::mutex mutex;
-  std::map<JobId, int> calls;
-  scheduler.register_handler("outage", [&](JobContext& c) {
-    std::this_thread::sleep_for(10ms);  // the outage finds jobs running, their endings to come
-    std::lock_guard lock(mutex);
-    ++calls[c.job().id];
-    return Outcome::complete();
-  });
-  scheduler.start();
-  auto succeeded = [&] {
-    return scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'");
-  };
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (succeeded() < kJobs / 4 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  t.relay.down();
+  OutageRun run(kJobs, JobSpec{}.max_attempts, SchedulerOptions{}.sweep_interval_ms);
+  run.wait_for_succeeded(kJobs / 4);
+  run.t.relay.down();
   std::this_thread::sleep_for(3s);
-  const int64_t during = succeeded();
-  t.relay.up();
-  while (succeeded() < kJobs && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
-  scheduler.drain(1s);
-  EXPECT_GT(t.relay.refused(), 0) << "the store never tried to reach the server while it was down";
+  const int64_t during = run.count("succeeded");
+  run.t.relay.up();
+  run.wait_for_succeeded(kJobs);
+  run.scheduler->drain(1s);
+  EXPECT_GT(run.t.relay.refused(), 0)
+      << "the store never tried to reach the server while it was down";
   EXPECT_LT(during, kJobs) << "the outage came after the last job";
-  EXPECT_EQ(succeeded(), kJobs);
-  EXPECT_EQ(scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs WHERE attempts <> 1"), 0)
+  EXPECT_EQ(run.count("succeeded"), kJobs);
+  EXPECT_EQ(scalar(*run.t.db.app_session(), "SELECT COUNT(*) FROM jobs WHERE attempts <> 1"), 0)
       << "an attempt was counted for the outage";
-  EXPECT_EQ(calls.size(), static_cast<size_t>(kJobs));
-  for (const auto& [id, n] : calls) EXPECT_EQ(n, 1) << "job " << id << " ran " << n << " times";
+  EXPECT_EQ(run.calls.size(), static_cast<size_t>(kJobs));
+  for (const auto& [id, n] : run.calls) EXPECT_EQ(n, 1) << "job " << id << " ran " << n << " times";
 }
 
 // Bad input (issue 4): the store goes away from one host for longer than the leases, and another
@@ -1657,64 +1673,33 @@ TEST(MysqlStore, ASchedulerRunsEveryJobOnceAcrossAServerOutageShorterThanTheLeas
 // server is back find their leases lost, and those jobs run again. Every job succeeds, none is lost
 // or dead, and no handler ran more often than its job was claimed: each run is counted once.
 TEST(MysqlStore, ASchedulerLosesNoJobAcrossAServerOutageLongerThanTheLease) {
-  ThroughRelay t;
   constexpr int kJobs = 200;
-  std::vector<JobSpec> specs;
-  for (int i = 0; i < kJobs; ++i) {
-    specs.push_back(spec("long-outage", "key"));
-    specs.back().max_attempts = 5;
-  }
-  t.direct->enqueue_batch(specs, 1000);
-  FakeClock clock;
-  SchedulerOptions options;
-  options.owner = "long-outage-host";
-  options.workers = 4;
-  options.claim_batch = 4;
-  options.idle_poll_ms = 20;
-  options.sweep_interval_ms = 50;
-  Scheduler scheduler(*t.store, clock, options);
-  std::mutex mutex;
-  std::map<JobId, int> calls;
-  scheduler.register_handler("long-outage", [&](JobContext& c) {
-    std::this_thread::sleep_for(10ms);  // the outage finds jobs running, their endings to come
-    std::lock_guard lock(mutex);
-    ++calls[c.job().id];
-    return Outcome::complete();
-  });
-  scheduler.start();
-  auto count = [&](const std::string& status) {
-    return scalar(*t.db.app_session(),
-                  "SELECT COUNT(*) FROM jobs WHERE status = " + mysql::quote(status));
-  };
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (count("succeeded") < kJobs / 4 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  t.relay.down();
+  OutageRun run(kJobs, /*max_attempts=*/5, /*sweep_interval_ms=*/50);
+  run.wait_for_succeeded(kJobs / 4);
+  run.t.relay.down();
   std::this_thread::sleep_for(1s);
-  clock.advance_ms(options.lease_ms + 1);  // every lease held when the server went away runs out
+  run.clock.advance_ms(run.options.lease_ms + 1);  // every lease held when it went away runs out
   // Another host, which still reaches the server, sweeps first: this host's endings, written once
   // it reaches the server again, find their leases taken.
-  const SweepResult swept = t.direct->sweep(clock.now_ms());
+  const SweepResult swept = run.t.direct->sweep(run.clock.now_ms());
   EXPECT_GT(swept.requeued, 0) << "no lease was held when the server went away";
   EXPECT_EQ(swept.dead, 0);
-  t.relay.up();
-  while (count("succeeded") < kJobs && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
-  scheduler.drain(1s);
-  EXPECT_GT(t.relay.refused(), 0) << "the store never tried to reach the server while it was down";
-  EXPECT_EQ(count("succeeded"), kJobs);
-  EXPECT_EQ(count("dead"), 0);
-  mysql::Result rows = t.db.app_session()->one("SELECT id, attempts FROM jobs");
+  run.t.relay.up();
+  run.wait_for_succeeded(kJobs);
+  run.scheduler->drain(1s);
+  EXPECT_GT(run.t.relay.refused(), 0)
+      << "the store never tried to reach the server while it was down";
+  EXPECT_EQ(run.count("succeeded"), kJobs);
+  EXPECT_EQ(run.count("dead"), 0);
+  mysql::Result rows = run.t.db.app_session()->one("SELECT id, attempts FROM jobs");
   ASSERT_EQ(rows.rows.size(), static_cast<size_t>(kJobs));
   int taken_back = 0;
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(run.mutex);
   for (const auto& row : rows.rows) {
     const JobId id = mysql::to_i64(row[0]);
     const int attempts = mysql::to_int(row[1]);
-    EXPECT_GE(calls[id], 1) << "job " << id << " succeeded without running";
-    EXPECT_LE(calls[id], attempts) << "job " << id << " ran more often than it was claimed";
+    EXPECT_GE(run.calls[id], 1) << "job " << id << " succeeded without running";
+    EXPECT_LE(run.calls[id], attempts) << "job " << id << " ran more often than it was claimed";
     if (attempts > 1) ++taken_back;
   }
   EXPECT_GT(taken_back, 0) << "no lease ran out during the outage: the test proves nothing";

@@ -304,6 +304,15 @@ TEST_F(SchedulerTest, AnEndingIsGivenUpAfterFiveTriesOnceItsLeaseRanOut) {
 // long as its lease lasted, and every ending handed over meanwhile waited behind it, even those
 // the store would record, until their own leases ran out and the sweep took their jobs back (run
 // twice). They now go along with the retry.
+// A handler that counts its job in `running`, then holds it until `release` is set.
+Handler held_until(const std::atomic<bool>& release, std::atomic<int>& running) {
+  return [&release, &running](JobContext&) {
+    ++running;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  };
+}
+
 // A store whose finish() answers some items itself (`refuse` returns their result) and passes
 // the others on to the real store.
 class RefusesEndings : public ForwardingStore {
@@ -579,11 +588,7 @@ TEST_F(SchedulerTest, OneRowRefusingItsBeatsWhileOthersGoThroughIsNoEvidenceOfAn
   Scheduler scheduler(store, clock_, o);
   std::atomic<bool> release{false};
   std::atomic<int> running{0};
-  scheduler.register_handler("work", [&](JobContext&) {
-    ++running;
-    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return Outcome::complete();
-  });
+  scheduler.register_handler("work", held_until(release, running));
   SetOnExit release_on_exit{release};
   scheduler.start();
   wait_for([&] { return running.load() == 2; });
@@ -1297,11 +1302,7 @@ TEST_F(SchedulerTest, AClaimThatLeavesWorkersFreeIsFollowedAtOnceByAnother) {
   std::atomic<int> started{0};
   std::atomic<bool> release{false};
   Scheduler scheduler(*store_, clock_, o);
-  scheduler.register_handler("work", [&](JobContext&) {
-    ++started;
-    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return Outcome::complete();
-  });
+  scheduler.register_handler("work", held_until(release, started));
   scheduler.start();
   for (int i = 0; i < 10'000 && started < 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -1439,11 +1440,7 @@ TEST_F(PrefetchedJobs, JobsWhoseHeartbeatsStartFailingTogetherDoNotStarveTheOthe
   for (int i = 0; i < 6; ++i) ids_.push_back(enqueue("work"));
   Scheduler scheduler(store, clock_, o);
   std::atomic<int> running{0};
-  scheduler.register_handler("work", [&](JobContext&) {
-    ++running;
-    while (!release_) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return Outcome::complete();
-  });
+  scheduler.register_handler("work", held_until(release_, running));
   SetOnExit release{release_};
   scheduler.start();
   ASSERT_TRUE(wait_for([&] { return running.load() == 6; }));
