@@ -50,6 +50,20 @@ int take_signal(const sigset_t& signals) {
   }
 }
 
+// Waits for one of `signals` to be caught, or for `wake_fd` (-1: none) to become readable: the
+// signal's number, or 0 once woken. Woken and signalled at once, it leaves the signal in the pipe.
+int next_signal(const sigset_t& signals, int wake_fd) {
+  pollfd fds[2] = {{g_signal_pipe[0], POLLIN, 0}, {wake_fd, POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 0;
+    }
+    if (fds[1].revents != 0) return 0;
+    if (const int number = take_signal(signals)) return number;
+  }
+}
+
 }  // namespace
 
 sigset_t catch_termination_signals() {
@@ -73,33 +87,14 @@ sigset_t catch_termination_signals() {
   return signals;
 }
 
-int wait_for_termination(const sigset_t& signals) {
-  for (;;) {
-    if (const int number = take_signal(signals)) return number;
-    pollfd fd{g_signal_pipe[0], POLLIN, 0};
-    if (::poll(&fd, 1, -1) < 0 && errno != EINTR) return 0;
-  }
-}
+int wait_for_termination(const sigset_t& signals) { return next_signal(signals, -1); }
 
 SignalWatch::SignalWatch(const sigset_t& signals, std::function<void(int)> on_signal) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   auto watch = [this, signals, on_signal = std::move(on_signal)] {
-    pollfd fds[2] = {{g_signal_pipe[0], POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    for (;;) {
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return;
-      }
-      if (fds[1].revents != 0) return;  // stop()
-      if (fds[0].revents != 0) {
-        if (const int number = take_signal(signals)) {
-          taken_ = number;
-          on_signal(taken_);
-          return;
-        }
-      }
-    }
+    taken_ = next_signal(signals, wake_fd_);
+    if (taken_ != 0) on_signal(taken_);
   };
   try {
     thread_ = std::thread(std::move(watch));
