@@ -1,8 +1,9 @@
-// A file descriptor that closes itself.
+// A file descriptor that closes itself, and close-on-exec for descriptors opened by others.
 #pragma once
 
 #include <utility>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace backhaul {
@@ -30,5 +31,13 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Marks `fd` close-on-exec, for descriptors a library opens without O_CLOEXEC (Poco's sockets,
+// the MySQL client's): a process a plugin starts must not inherit them. A fork() on another
+// thread between their opening and this call still passes them on. Returns false on failure.
+inline bool set_close_on_exec(int fd) noexcept {
+  const int flags = ::fcntl(fd, F_GETFD);
+  return flags >= 0 && ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) == 0;
+}
 
 }  // namespace backhaul

@@ -29,6 +29,7 @@
 #include <Poco/Timespan.h>
 
 #include "core/common/redact.h"
+#include "core/common/unique_fd.h"
 #include <sys/socket.h>
 
 // How an exchange runs:
@@ -353,6 +354,8 @@ class CountingSession final : public PocoSession, public PooledSession {
  protected:
   void connect(const Poco::Net::SocketAddress& address) override {
     PocoSession::connect(address);
+    // Not passed on to a process a plugin starts, which would keep the connection open.
+    set_close_on_exec(this->socket().impl()->sockfd());
     this->forget_timeouts();
     opened_.fetch_add(1, std::memory_order_relaxed);
   }

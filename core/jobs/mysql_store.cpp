@@ -52,6 +52,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/common/unique_fd.h"
 #include "core/jobs/job_store.h"
 #include "core/jobs/migrations.h"
 #include "core/jobs/mysql_db.h"
@@ -296,6 +297,9 @@ Connection::Connection(const Config& config) {
     // Refused or unreachable servers may come back; bad credentials or databases will not.
     throw Error(message, code, is_connection_error(code) || code >= 2000);
   }
+  // A process a plugin starts must not hold the session open: the server would keep a
+  // transaction (and its locks) that this side gave up on by closing the connection.
+  set_close_on_exec(mysql_get_socket(handle_));
   // READ COMMITTED: REPEATABLE READ (the default) would make counts read after taking a lock
   // stale (the snapshot is older than the lock) and allows lost updates. Strict mode: a value
   // that does not fit is an error, never silently truncated. No NO_BACKSLASH_ESCAPES (quote()).
@@ -2057,13 +2061,30 @@ class MysqlStore final : public JobStore {
 
   JobStatus fail(JobId id, const std::string& token, const Failure& failure,
                  int64_t now_ms) override {
-    return transact("fail", [&](Tx& tx) {
-      JobState s = lock_running(tx, id, token);
-      Writes w;
-      JobStatus status = fail_locked(tx, w, s, failure, now_ms);
-      w.commit(tx);
-      return status;
+    return end_attempt_tx("fail", id, token, [&](Tx& tx, Writes& w) {
+      return fail_locked(tx, w, lock_running(tx, id, token), failure, now_ms);
     });
+  }
+  // Runs transaction `what`, whose body ends job `id`'s attempt under lease `token` (its writes
+  // in `w`, committed here) and returns where the job went. A COMMIT whose reply was lost is
+  // told by the attempt row it wrote: when that is there, the body's outcome stands (run again,
+  // the call would find its lease lost).
+  template <class Body>
+  JobStatus end_attempt_tx(const char* what, JobId id, const std::string& token, Body&& body) {
+    std::optional<JobStatus> outcome;
+    try {
+      return transact(what, [&](Tx& tx) {
+        outcome.reset();
+        Writes w;
+        const JobStatus status = body(tx, w);
+        outcome = status;
+        w.commit(tx);
+        return status;
+      });
+    } catch (const mysql::CommitUnknown&) {
+      if (outcome && attempt_ended(id, token) == true) return *outcome;
+      throw;
+    }
   }
   static JobStatus fail_locked(Tx& tx, Writes& w, const JobState& s, const Failure& failure,
                                int64_t now) {
@@ -2089,14 +2110,12 @@ class MysqlStore final : public JobStore {
 
   void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
                          const std::optional<std::string>& checkpoint, int64_t now_ms) override {
-    transact("wait_for_children", [&](Tx& tx) {
+    end_attempt_tx("wait_for_children", id, token, [&](Tx& tx, Writes& w) {
       JobState s = lock_running(tx, id, token);
-      Writes w;
       if (s.cancel_requested) {
         end_attempt(w, s, "cancelled", std::nullopt, now_ms);
         mark_cancelled(tx, w, s, 1, std::nullopt, now_ms);
-        w.commit(tx);
-        return;
+        return JobStatus::kCancelled;
       }
       end_attempt(w, s, "waiting", std::nullopt, now_ms);
       // pending_children is read under our lock, and a child's terminal transaction locks this
@@ -2112,7 +2131,7 @@ class MysqlStore final : public JobStore {
       if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
       sql << " WHERE id = " << id;
       w.push_back(std::move(sql));
-      w.commit(tx);
+      return wait ? JobStatus::kWaiting : JobStatus::kQueued;
     });
   }
 
@@ -2702,11 +2721,8 @@ class MysqlStore final : public JobStore {
 
   void return_job(JobId id, const std::string& token, int64_t run_after, std::string_view outcome,
                   const std::optional<std::string>& reason, int64_t now_ms) {
-    transact(outcome == "deferred" ? "defer" : "release", [&](Tx& tx) {
-      JobState s = lock_running(tx, id, token);
-      Writes w;
-      return_locked(tx, w, s, run_after, outcome, reason, now_ms);
-      w.commit(tx);
+    end_attempt_tx(outcome == "deferred" ? "defer" : "release", id, token, [&](Tx& tx, Writes& w) {
+      return return_locked(tx, w, lock_running(tx, id, token), run_after, outcome, reason, now_ms);
     });
   }
   static JobStatus return_locked(Tx& tx, Writes& w, const JobState& s, int64_t run_after,

@@ -14,7 +14,7 @@
 #include <Poco/ThreadPool.h>
 
 #include "core/common/logging.h"
-#include <fcntl.h>
+#include "core/common/unique_fd.h"
 
 namespace backhaul::daemon {
 namespace {
@@ -56,6 +56,17 @@ class HandlerFactory final : public Poco::Net::HTTPRequestHandlerFactory {
   AdminApi& api_;
 };
 
+// Runs on the accepting thread, as soon as a connection is accepted: neither is a connection
+// passed on to a process a plugin starts (a helper holding it would keep the client from seeing
+// the connection close).
+class CloseOnExec final : public Poco::Net::TCPServerConnectionFilter {
+ public:
+  bool accept(const Poco::Net::StreamSocket& socket) override {
+    set_close_on_exec(socket.impl()->sockfd());
+    return true;
+  }
+};
+
 }  // namespace
 
 struct AdminServer::Impl {
@@ -78,7 +89,7 @@ void AdminServer::start() {
               /*reuseAddress=*/true);
   socket.listen(64);
   // Not into a process a plugin starts: one outliving backhauld would hold the admin port.
-  ::fcntl(socket.impl()->sockfd(), F_SETFD, FD_CLOEXEC);
+  set_close_on_exec(socket.impl()->sockfd());
   impl_->port = socket.address().port();
 
   const int threads = impl_->options.max_connections;
@@ -94,6 +105,7 @@ void AdminServer::start() {
   impl_->pool = std::make_unique<Poco::ThreadPool>(1, threads);
   impl_->server = std::make_unique<Poco::Net::HTTPServer>(new HandlerFactory(impl_->api),
                                                           *impl_->pool, socket, params);
+  impl_->server->setConnectionFilter(new CloseOnExec);
   impl_->server->start();
 }
 

@@ -37,6 +37,7 @@
 #include <gtest/gtest.h>
 
 #include "core/http/http.h"
+#include "tests/support/open_sockets.h"
 
 namespace backhaul::http {
 namespace {
@@ -154,6 +155,7 @@ class RoutingServer {
   std::string url(std::string_view path, std::string_view host = "127.0.0.1") const {
     return server_.url(path, host);
   }
+  uint16_t port() const { return server_.port(); }
   int total_connections() const { return server_.total_connections(); }
   int loop_hits() const { return loop_hits_.load(); }
 
@@ -423,6 +425,17 @@ TEST(PocoTransportTest, ReusesOneConnectionForSequentialRequests) {
   }
   EXPECT_EQ(transport.connections_opened(), 1u);
   EXPECT_EQ(server.total_connections(), 1);
+}
+
+// A process a plugin starts must not inherit the transport's connections: holding one, it would
+// keep it open after the transport closed it.
+TEST(PocoTransportTest, ItsConnectionsAreClosedOnExec) {
+  RoutingServer server;
+  PocoTransport transport;
+  ASSERT_EQ(transport.perform(get(server.url("/echo"))).status, 200);
+  const testing::Connections kept = testing::connections_to(server.port());
+  EXPECT_EQ(kept.open, 1) << "the kept-alive connection";
+  EXPECT_EQ(kept.inheritable, 0);
 }
 
 TEST(PocoTransportTest, ReusesConnectionsAfterNoContentAndHead) {

@@ -30,6 +30,7 @@
 #include "core/jobs/migrations.h"
 #include "core/jobs/mysql_db.h"
 #include "core/jobs/scheduler.h"
+#include "tests/support/open_sockets.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1276,6 +1277,22 @@ TEST(MysqlStore, ARowHeldPastTheLockWaitTimeoutFailsTheCallAfterOneRetryNotTwent
             33'000);
 }
 
+// A process a plugin starts must not inherit the store's sessions: holding one open, it would keep
+// a transaction this side gave up on by closing its connection (and that transaction's locks)
+// alive on the server.
+TEST(MysqlStore, ItsSessionsAreClosedOnExec) {
+  TestDatabase db;
+  const uint16_t port = mysql::parse_config(db.connection()).port;
+  ASSERT_NE(port, 0) << "the test server is reached over TCP";
+  const testing::Connections before = testing::connections_to(port);  // the test's own
+  std::unique_ptr<JobStore> store = open_mysql_store(db.connection(), 2);
+  store->enqueue(spec("k", "key"), 1000);
+  EXPECT_EQ(store->claim(claim_of("w", 1, 1000, {"k"})).size(), 1u);
+  const testing::Connections now = testing::connections_to(port);
+  EXPECT_GT(now.open, before.open) << "the store's sessions";
+  EXPECT_EQ(now.inheritable, before.inheritable) << "of the store's " << now.open - before.open;
+}
+
 // A TCP relay on 127.0.0.1 between a store and the server. hold_replies() stops passing on the
 // server's bytes of the connections open now (they wait in the socket buffers); cut() closes
 // those connections. Together: the store loses its connection after the server did what it
@@ -1573,6 +1590,53 @@ TEST(MysqlStore, ACompletionWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
   const std::string error = complete_losing_reply(t, a.id, got[0].lease_token);
   EXPECT_EQ(t.direct->get(a.id)->status, JobStatus::kSucceeded);
   EXPECT_EQ(error, "") << "the completion applied";
+}
+
+// The same for the endings that take one transaction each (a parent waiting for its children,
+// and a failure, a deferral or a release when finish() runs them one by one): an ending that
+// applied is reported applied, not as an error whose retry would end in "lease lost".
+TEST(MysqlStore, EndingsWhoseCommitAppliedButWhoseReplyWasLostSucceed) {
+  ThroughRelay t;
+  const EnqueueResult parent = t.direct->enqueue(spec("k", "key"), 1000);
+  JobSpec child = spec("child", "key");
+  child.parent_id = parent.id;
+  t.direct->enqueue(child, 1000);
+  std::vector<Claimed> got = t.direct->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  std::string error = call_losing_reply(
+      t,
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(parent.id) +
+          " AND status = 'waiting'",
+      [&] {
+        t.store->wait_for_children(parent.id, got[0].lease_token, 10'000, std::nullopt, 2000);
+      },
+      false);
+  EXPECT_EQ(t.direct->get(parent.id)->status, JobStatus::kWaiting);
+  EXPECT_EQ(error, "") << "the wait applied";
+
+  const EnqueueResult failing = t.direct->enqueue(spec("k", "key"), 3000);
+  got = t.direct->claim(claim_of("w", 1, 3000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].job.id, failing.id);
+  Failure failure;
+  failure.error = "try again";
+  JobStatus status = JobStatus::kRunning;
+  error = call_losing_reply(
+      t,
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(failing.id) +
+          " AND status = 'queued' AND last_error = 'try again'",
+      [&] { status = t.store->fail(failing.id, got[0].lease_token, failure, 4000); }, false);
+  EXPECT_EQ(error, "") << "the failure applied";
+  EXPECT_EQ(status, JobStatus::kQueued);
+
+  got = t.direct->claim(claim_of("w", 1, 5000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  error = call_losing_reply(
+      t,
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(failing.id) +
+          " AND status = 'queued' AND run_after_ms = 9000",
+      [&] { t.store->defer(failing.id, got[0].lease_token, 9000, "rate limited", 6000); }, false);
+  EXPECT_EQ(error, "") << "the deferral applied";
 }
 
 // The same, with the server gone right after the COMMIT: the store cannot read whether the

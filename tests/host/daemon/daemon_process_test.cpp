@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/common/unique_fd.h"
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/process_fixture.h"
 #include "tests/host/sandbox/test_client.h"
@@ -362,15 +363,29 @@ TEST_F(DaemonProcessTest, AnIdleDaemonWithZeroGraceAndAbandonStopsWithExit0) {
 
 // Review: the descriptors backhauld opens (the admin API's listening socket, the audit log, the
 // store) must not leak into a process a plugin starts: a helper outliving a restart would hold
-// the admin port, and the new backhauld could not bind it. /proc/PID/fdinfo shows O_CLOEXEC.
+// the admin port, and the new backhauld could not bind it. Nor may a connection the admin API
+// accepted: a helper holding it would keep its client from seeing it close. /proc/PID/fdinfo
+// shows O_CLOEXEC.
 TEST_F(DaemonProcessTest, TheDaemonsOwnDescriptorsAreClosedOnExec) {
   json config = good_config();
   config["admin"]["listen"] = "127.0.0.1";
   config["admin"]["audit_log"] = (dir_ / "audit.log").string();
   write_config(config);
   spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
-  ASSERT_NE(daemon_->wait_port(dir_ / "port", std::chrono::seconds(30)), 0)
-      << daemon_->stderr_text();
+  const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
+  ASSERT_NE(port, 0) << daemon_->stderr_text();
+  // A kept-alive connection, answered: backhauld holds its end open while the fds are read.
+  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string request = "GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ASSERT_EQ(::send(client.get(), request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  char reply[512];
+  ASSERT_GT(::recv(client.get(), reply, sizeof reply, 0), 0) << daemon_->stderr_text();
   const std::filesystem::path fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
   const std::string own_dir = std::filesystem::canonical(dir_).string();
   std::vector<std::string> leaking;
@@ -392,7 +407,7 @@ TEST_F(DaemonProcessTest, TheDaemonsOwnDescriptorsAreClosedOnExec) {
       if ((flags & 02000000UL) == 0) leaking.push_back(fd + " -> " + target);
     }
   }
-  EXPECT_GE(checked, 2) << "expected at least the admin socket and the audit log";
+  EXPECT_GE(checked, 3) << "expected at least the admin socket, a connection and the audit log";
   std::string list;
   for (const std::string& fd : leaking) list += "  " + fd + "\n";
   EXPECT_TRUE(leaking.empty()) << "descriptors without O_CLOEXEC:\n" << list;
