@@ -16,10 +16,14 @@ CircuitDecision decide(const CircuitRecord& r, int64_t now_ms) {
 
 CircuitRecord begin_probe(const CircuitRecord& r, int64_t now_ms) {
   CircuitRecord next = r;
-  if (r.state == "open" && now_ms >= r.retry_at_ms) {
+  // Open and its time has come, or half-open with a probe that never reported back within the
+  // open period: this call is the (next) probe, and the others wait again for its period.
+  if ((r.state == "open" || r.state == "half_open") && now_ms >= r.retry_at_ms) {
     next.state = "half_open";
-    // Another probe may start if this one does not report back within the open period.
-    next.retry_at_ms = now_ms + (r.retry_at_ms - r.opened_ms);
+    // Another probe may start if this one does not report back within the open period (open:
+    // from its opening; half-open: from the start of the probe that did not report, updated_ms).
+    const int64_t period = r.retry_at_ms - (r.state == "open" ? r.opened_ms : r.updated_ms);
+    next.retry_at_ms = now_ms + period;
     next.updated_ms = now_ms;
   }
   return next;

@@ -346,5 +346,8 @@ std::unique_ptr<JobStore> open_sqlite_store(const std::string& path);
 // ("host=127.0.0.1;port=3306;db=backhaul;user=...;password=...") and migrates it.
 std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string,
                                            size_t pool_size = 8);
+// Throws ConfigError naming what open_mysql_store() would refuse in `connection_string` before
+// connecting (an unknown key, a value that is not one, no db=); connects to nothing.
+void check_mysql_connection_string(const std::string& connection_string);
 
 }  // namespace backhaul::jobs

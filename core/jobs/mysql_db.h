@@ -40,6 +40,7 @@ namespace backhaul::jobs::mysql {
 // lock-wait-timeout=S (how long a statement waits for a row lock; 0 = the server's). Poco-only keys
 // (auto-reconnect, secure-auth, reset, fail-readonly) are accepted and ignored: this layer
 // reconnects by itself. Any other key is a ConfigError (Poco would silently ignore a typo).
+// Blanks around keys and values are dropped, as Poco drops them; a port is 1..65535.
 // db may be empty (no default database); the store requires one.
 struct Config {
   std::string host = "127.0.0.1";

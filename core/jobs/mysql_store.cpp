@@ -105,14 +105,24 @@ Config parse_config(const std::string& connection_string) {
     if (eq == std::string::npos) {
       throw ConfigError("mysql connection string: '" + item + "' is not key=value");
     }
-    std::string key = item.substr(0, eq);
-    std::string value = item.substr(eq + 1);
-    key.erase(0, key.find_first_not_of(" \t"));
-    key.erase(key.find_last_not_of(" \t") + 1);
+    // Blanks around keys and values are dropped, as Poco's connector drops them.
+    auto strip = [](std::string text) {
+      const char* blanks = " \t\r\n\v\f";
+      text.erase(0, text.find_first_not_of(blanks));
+      text.erase(text.find_last_not_of(blanks) + 1);
+      return text;
+    };
+    std::string key = strip(item.substr(0, eq));
+    std::string value = strip(item.substr(eq + 1));
     if (key == "host") {
       config.host = value;
     } else if (key == "port") {
+      // The client library takes the port modulo 65536, and 0 as its default port (3306).
       config.port = parse_unsigned(key, value);
+      if (config.port < 1 || config.port > 65535) {
+        throw ConfigError("mysql connection string: port must be between 1 and 65535, not '" +
+                          value + "'");
+      }
     } else if (key == "socket") {
       config.socket = value;
     } else if (key == "db") {
@@ -847,6 +857,14 @@ class Writes {
   void running(const std::string& kind, const std::string& key, int64_t delta) {
     running_[{kind, key}] += delta;
   }
+  // Running jobs this transaction asked to stop (a parent's cancellation reached them): a state
+  // read before that is stale in cancel_requested, and an ending of the job later in the same
+  // transaction must follow the cancellation rule.
+  void cancel_requested(JobId id) { cancel_requested_.insert(id); }
+  JobState current(JobState s) const {
+    if (cancel_requested_.count(s.id)) s.cancel_requested = true;
+    return s;
+  }
 
   // Sends the pending statements (not the counters) now.
   void flush(Tx& tx) {
@@ -915,6 +933,7 @@ class Writes {
 
   std::vector<std::string> statements_;
   std::map<std::pair<std::string, std::string>, int64_t> running_;
+  std::set<JobId> cancel_requested_;
 };
 
 Result read_after(Tx& tx, Writes& w, const std::string& statement) { return w.read(tx, statement); }
@@ -1019,6 +1038,7 @@ CancelOutcome cancel_job(Tx& tx, Writes& w, JobId id, int64_t now) {
   if (s.status == JobStatus::kRunning) {
     w.push_back(Sql("UPDATE jobs SET cancel_requested = 1, updated_ms = ")
                 << now << " WHERE id = " << id);
+    w.cancel_requested(id);
     return CancelOutcome::kRequested;
   }
   mark_cancelled(tx, w, s, 0, std::nullopt, now);
@@ -1280,7 +1300,8 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   r.now_ms = std::numeric_limits<int64_t>::min();
   for (ClaimOp* op : ops) {
     op->result.clear();  // the body may run again after a deadlock
-    r.limit += op->request.limit;
+    // Saturating: limits as large as SIZE_MAX ("as many as there are") must not wrap around.
+    r.limit = op->request.limit > SIZE_MAX - r.limit ? SIZE_MAX : r.limit + op->request.limit;
     r.now_ms = std::max(r.now_ms, op->request.now_ms);
   }
   const int64_t now = r.now_ms;
@@ -1361,7 +1382,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     std::vector<std::string> head_kinds;
     size_t keys_result = 1;
     for (const auto& [kind, c] : capped) {
-      int64_t want = static_cast<int64_t>(r.limit);
+      int64_t want = static_cast<int64_t>(std::min<size_t>(r.limit, INT64_MAX));
       if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
       std::vector<const Row*> keys;
       if (c.per_key > 0) {
@@ -1397,7 +1418,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       std::vector<Result> head_rows = tx.run(heads);
       for (size_t i = 0; i < heads.size(); ++i) {
         const KindCaps& c = capped[head_kinds[i]];
-        int64_t want = static_cast<int64_t>(r.limit);
+        int64_t want = static_cast<int64_t>(std::min<size_t>(r.limit, INT64_MAX));
         if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
         std::vector<Candidate> list;
         std::map<std::string, int64_t> rank;
@@ -1755,7 +1776,8 @@ constexpr int kSweepChunk = 500;
 constexpr int kPruneChunk = 1000;
 
 // An expired lease: the worker crashed or hung. The attempt counts.
-void expire_lease(Tx& tx, Writes& w, const JobState& s, int64_t now, SweepResult& result) {
+void expire_lease(Tx& tx, Writes& w, const JobState& read, int64_t now, SweepResult& result) {
+  const JobState s = w.current(read);  // a parent expired before it may have asked it to stop
   const std::string expired = "lease expired (worker crashed or hung)";
   end_attempt(w, s, "lease_expired", expired, now);
   if (s.attempts >= s.max_attempts) {  // would not requeue: dies even if cancel was requested
@@ -2369,7 +2391,8 @@ class MysqlStore final : public JobStore {
   // hosts may disagree a little: time never runs backwards for a bucket.
   int64_t take_tokens(const std::string& key, double cost, double capacity, double refill_per_hour,
                       int64_t now_ms) override {
-    if (capacity <= 0 || cost < 0 || cost > capacity) {
+    // Negated comparisons: NaN satisfies none of the conditions and is refused too.
+    if (!(capacity > 0) || !(cost >= 0) || !(cost <= capacity)) {
       throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
     }
     constexpr double kMsPerHour = 3'600'000.0;
@@ -2392,7 +2415,9 @@ class MysqlStore final : public JobStore {
       } else if (refill_per_hour <= 0) {
         wait_ms = std::numeric_limits<int64_t>::max();
       } else {
-        wait_ms = static_cast<int64_t>(std::ceil((cost - tokens) * kMsPerHour / refill_per_hour));
+        // Capped: a wait beyond int64 (a very slow refill) must not overflow the conversion.
+        const double wait = std::ceil((cost - tokens) * kMsPerHour / refill_per_hour);
+        wait_ms = wait >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(wait);
         wait_ms = std::max<int64_t>(wait_ms, 1);
       }
       Sql sql;
@@ -2773,32 +2798,45 @@ class MysqlStore final : public JobStore {
                          std::vector<FinishResult>& results,
                          const std::map<JobId, JobState>& states, int64_t now) {
     results.assign(items.size(), FinishResult{});
-    std::vector<std::pair<const Finish*, const JobState*>> retries;
+    std::vector<std::pair<size_t, const JobState*>> retry_items;  // item index, its job's state
     for (size_t k = 0; k < items.size(); ++k) {
       const Finish& f = *items[k];
       auto it = states.find(f.id);
-      const JobState* s = it == states.end() ? nullptr : &it->second;
-      if (auto problem = lease_problem(f.id, s, f.token)) {
+      const JobState* read = it == states.end() ? nullptr : &it->second;
+      if (auto problem = lease_problem(f.id, read, f.token)) {
         results[k].lease_lost = true;
         results[k].error = *problem;
         continue;
       }
+      // An item before this one may have asked the job to stop (its parent's cancellation).
+      const JobState s = w.current(*read);
       switch (f.kind) {
         case Finish::Kind::kFail:
-          if (after_failure(f.failure, s->attempts, s->max_attempts, s->cancel_requested) ==
+          if (after_failure(f.failure, s.attempts, s.max_attempts, s.cancel_requested) ==
               JobStatus::kQueued) {
-            retries.emplace_back(&f, s);  // fail_locked's requeue, for all of them at once below
+            retry_items.emplace_back(k, read);  // fail_locked's requeue, all at once below
             results[k].status = JobStatus::kQueued;
             break;
           }
-          results[k].status = fail_locked(tx, w, *s, f.failure, now);
+          results[k].status = fail_locked(tx, w, s, f.failure, now);
           break;
         case Finish::Kind::kDefer:
-          results[k].status = return_locked(tx, w, *s, f.until_ms, "deferred", f.reason, now);
+          results[k].status = return_locked(tx, w, s, f.until_ms, "deferred", f.reason, now);
           break;
         default:  // kRelease
-          results[k].status = return_locked(tx, w, *s, now, "released", std::nullopt, now);
+          results[k].status = return_locked(tx, w, s, now, "released", std::nullopt, now);
           break;
+      }
+    }
+    // A retry whose job a later item asked to stop is cancelled instead (the cancellation rule),
+    // as it would be were the requeue written before that item.
+    std::vector<std::pair<const Finish*, const JobState*>> retries;
+    for (const auto& [k, read] : retry_items) {
+      const JobState s = w.current(*read);
+      if (s.cancel_requested) {
+        results[k].status = fail_locked(tx, w, s, items[k]->failure, now);
+      } else {
+        retries.emplace_back(items[k], read);
       }
     }
     if (!retries.empty()) requeue_failed(w, retries, now);
@@ -2969,6 +3007,10 @@ int MysqlStore::migrate() {
 
 std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string, size_t pool_size) {
   return std::make_unique<MysqlStore>(connection_string, pool_size);
+}
+
+void check_mysql_connection_string(const std::string& connection_string) {
+  store_config(connection_string);
 }
 
 }  // namespace backhaul::jobs

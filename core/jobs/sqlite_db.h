@@ -188,7 +188,16 @@ class Connection {
     // The busy handler first: switching to WAL needs a lock another process may hold.
     busy_.timeout = std::chrono::milliseconds(options.busy_timeout_ms);
     sqlite3_busy_handler(db_, &Connection::on_busy, &busy_);
-    if (!options.read_only) ensure_wal(path, options.busy_timeout_ms);
+    if (!options.read_only) {
+      ensure_wal(path, options.busy_timeout_ms);
+      // SQLite opens a file it cannot write (permissions, an immutable file, a read-only mount)
+      // read-only, silently: every write would then fail. The store is refused here instead.
+      if (sqlite3_db_readonly(db_, "main") == 1) {
+        throw StorageError("sqlite: " + path +
+                           " is read-only (the file's permissions, or a read-only file system): "
+                           "the store writes to it");
+      }
+    }
     exec("PRAGMA synchronous=FULL");  // every acknowledged commit is on disk (fsync per commit)
     exec("PRAGMA foreign_keys=ON");
     // The writer's statements use indexes and need no large temporary structures; a reader's
@@ -276,9 +285,24 @@ class Connection {
   void ensure_wal(const std::string& path, int busy_timeout_ms) {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(busy_timeout_ms);
+    // The first statement to read the file: its errors (not a database, cannot be opened or
+    // written) name the file, which the daemon's "cannot start" line otherwise leaves to guess.
+    auto fail = [&](int rc) {
+      throw storage_error("sqlite: " + path + ": " + sqlite3_errmsg(db_) + " (code " +
+                              std::to_string(rc) + ") in: PRAGMA journal_mode=WAL",
+                          rc);
+    };
     for (int attempt = 0;; ++attempt) {
-      sqlite3_stmt* stmt = prepare("PRAGMA journal_mode=WAL", 0);
-      int rc = sqlite3_step(stmt);
+      sqlite3_stmt* stmt = nullptr;
+      const char* sql = "PRAGMA journal_mode=WAL";
+      int rc = sqlite3_prepare_v3(db_, sql, -1, 0, &stmt, nullptr);
+      if (rc != SQLITE_OK) {
+        sqlite3_finalize(stmt);
+        if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) fail(rc);
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << attempt)));
+        continue;
+      }
+      rc = sqlite3_step(stmt);
       std::string mode;
       if (rc == SQLITE_ROW) mode = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
       sqlite3_finalize(stmt);
@@ -288,9 +312,7 @@ class Connection {
         }
         return;
       }
-      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) {
-        throw_error(db_, rc, "PRAGMA journal_mode=WAL");
-      }
+      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) fail(rc);
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << attempt)));
     }
   }

@@ -643,7 +643,9 @@ std::vector<Candidate> fair_candidates(Connection& c, const std::string& kind, i
 // The runnable jobs of one kind this claim may take, in the order it should take them.
 std::vector<Candidate> kind_candidates(Connection& c, const std::string& kind, const Caps& caps,
                                        size_t limit, int64_t now) {
-  int64_t want = static_cast<int64_t>(limit);
+  // Held well below INT64_MAX: a limit of SIZE_MAX ("as many as there are") must become neither
+  // -1 nor overflow the page arithmetic of fair_candidates.
+  int64_t want = static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX / 4));
   if (caps.global > 0) {
     want = std::min<int64_t>(want, caps.global - read_count(c, kKindRunning, kind, std::nullopt));
     if (want <= 0) return {};
@@ -1280,7 +1282,8 @@ constexpr double kMsPerHour = 3'600'000.0;
 // hosts may disagree a little: time never runs backwards for a bucket.
 int64_t take_bucket_tokens(Connection& c, const std::string& key, double cost, double capacity,
                            double refill_per_hour, int64_t now) {
-  if (capacity <= 0 || cost < 0 || cost > capacity) {
+  // Negated comparisons: NaN satisfies none of the conditions and is refused too.
+  if (!(capacity > 0) || !(cost >= 0) || !(cost <= capacity)) {
     throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
   }
   double tokens = capacity;
@@ -1301,7 +1304,9 @@ int64_t take_bucket_tokens(Connection& c, const std::string& key, double cost, d
   } else if (refill_per_hour <= 0) {
     wait_ms = std::numeric_limits<int64_t>::max();
   } else {
-    wait_ms = static_cast<int64_t>(std::ceil((cost - tokens) * kMsPerHour / refill_per_hour));
+    // Capped: a wait beyond int64 (a very slow refill) must not overflow the conversion.
+    const double wait = std::ceil((cost - tokens) * kMsPerHour / refill_per_hour);
+    wait_ms = wait >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(wait);
     wait_ms = std::max<int64_t>(wait_ms, 1);
   }
   c.query(kSaveBucket).args(key, tokens, updated).run();

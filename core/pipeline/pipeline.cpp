@@ -277,13 +277,35 @@ struct Pipeline::Impl {
     jobs::CircuitDecision decision;
     jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
       decision = jobs::decide(r, now);
-      return decision.allowed && r.state == "open" ? jobs::begin_probe(r, now) : r;
+      // An open circuit's first probe, or the next one after a probe that never reported back.
+      return decision.allowed && r.state != "closed" ? jobs::begin_probe(r, now) : r;
     });
     {
       std::lock_guard lock(mutex);
       circuits[name] = {stored, now};
     }
     if (!decision.allowed) return decision.retry_at_ms;
+    return std::nullopt;
+  }
+
+  // Before a provider request (a page, a run's scope check): a deferral while the provider's
+  // circuit (`provider_breaker`) or the gateway's is open, or while the installation's throttle
+  // has no token for it; none when it may go (its token taken).
+  std::optional<Outcome> hold_back(const std::string& provider_breaker,
+                                   const std::string& installation, const PipelineOptions& o,
+                                   int64_t now) {
+    for (const std::string& breaker : {provider_breaker, std::string(kGatewayCircuit)}) {
+      if (auto until = circuit_closed_until(breaker, now)) {
+        ++circuit_deferrals;
+        return Outcome::defer(*until, "circuit open: " + breaker);
+      }
+    }
+    if (int64_t wait = store.take_tokens(throttle_key(installation), 1, o.throttle_burst,
+                                         o.throttle_per_hour, now);
+        wait > 0) {
+      ++throttle_waits;
+      return Outcome::defer(now + wait, "throttled: " + installation);
+    }
     return std::nullopt;
   }
 
@@ -374,12 +396,12 @@ struct Pipeline::Impl {
     const int64_t since = now - int64_t{request.depth_days} * kDayMs;
 
     if (!connection.resources.empty()) {
-      // The scope check is a provider request like every page: it takes a throttle token.
-      if (int64_t wait = store.take_tokens(throttle_key(request.installation_id), 1,
-                                           o.throttle_burst, o.throttle_per_hour, now);
-          wait > 0) {
-        ++throttle_waits;
-        return Outcome::defer(now + wait, "throttled: " + request.installation_id);
+      // The scope check is a provider request like every page (and asks the gateway for the
+      // token): it waits for the circuits and the throttle, rather than burning the run's
+      // attempts.
+      if (auto wait =
+              hold_back(provider_circuit(request.provider), request.installation_id, o, now)) {
+        return std::move(*wait);
       }
       validate_scopes(*connector, connection, request, o);
     }
@@ -451,13 +473,20 @@ struct Pipeline::Impl {
     } catch (const gateway::GatewayError& e) {
       gateway_failed(e, o);
     }
+    // The provider's answer counts on its circuit, as a page's does (this call may be the
+    // half-open probe, which must report back).
+    const std::string breaker = provider_circuit(request.provider);
     try {
       connector.validate_scopes(unit);
     } catch (const plugins::ConnectorFailure& e) {
+      if (e.status() == BACKHAUL_RETRYABLE) {
+        circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, clock.now_ms());
+      }
       std::string what = std::string("scope validation failed: ") +
                          std::string(plugins::status_name(e.status())) + ": " + e.what();
       throw JobFailure(what, !e.is_retryable(), e.retry_after_ms());
     }
+    circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, clock.now_ms());
   }
 
   std::vector<jobs::Job> children(JobId run_id) {
@@ -620,20 +649,7 @@ struct Pipeline::Impl {
     while (true) {
       PipelineOptions o = snapshot();
       int64_t now = ctx.now_ms();
-      if (auto until = circuit_closed_until(provider_breaker, now)) {
-        ++circuit_deferrals;
-        return Outcome::defer(*until, "circuit open: " + provider_breaker);
-      }
-      if (auto until = circuit_closed_until(kGatewayCircuit, now)) {
-        ++circuit_deferrals;
-        return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
-      }
-      if (int64_t wait = store.take_tokens(throttle_key(installation), 1, o.throttle_burst,
-                                           o.throttle_per_hour, now);
-          wait > 0) {
-        ++throttle_waits;
-        return Outcome::defer(now + wait, "throttled: " + installation);
-      }
+      if (auto wait = hold_back(provider_breaker, installation, o, now)) return std::move(*wait);
       if (!have_token) {
         params.unit.access_token = token_for(installation, o);
         have_token = true;

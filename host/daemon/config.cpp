@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/common/errors.h"
+#include "core/jobs/job_store.h"
 #include "host/daemon/json_schema.h"
 #include <unistd.h>
 
@@ -105,6 +106,12 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     } else if (auto dsn =
                    secret(env, config.store.connection_env, "store.connection_env", &problems)) {
       config.store.connection = *dsn;
+      try {
+        jobs::check_mysql_connection_string(*dsn);
+      } catch (const ConfigError& e) {
+        problems.add("store.connection_env", std::string(e.what()) + " (environment variable " +
+                                                 config.store.connection_env + ")");
+      }
     }
   }
 

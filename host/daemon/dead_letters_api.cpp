@@ -1,5 +1,8 @@
 // /v1/dead-letters (SPEC D5): list and filter, stats, get with the job's error history, retry
 // one or in bulk, ignore, purge resolved ones older than N days.
+#include <algorithm>
+#include <initializer_list>
+
 #include "host/daemon/api_support.h"
 
 namespace backhaul::daemon {
@@ -19,6 +22,16 @@ std::optional<jobs::DeadLetterStatus> status_filter(const std::optional<std::str
         field, "must be one of pending, retrying, resolved, ignored (got \"" + *text + "\")");
   }
   return status;
+}
+
+// A bulk operation's body names only `known` fields: one it does not know (a misspelt filter,
+// "concurrencyKey" for "key") would otherwise be ignored and widen the operation to every letter.
+void require_known_fields(const nlohmann::json& body, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : body.items()) {
+    if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
+      throw validation_error(key, "is not a known field");
+    }
+  }
 }
 
 jobs::DeadLetter require_letter(Call& call, int64_t id) {
@@ -70,13 +83,20 @@ Response get(Call& call, int64_t id) {
 
 Response retry_one(Call& call, int64_t id) {
   require_letter(call, id);
-  call.deps.store.retry_dead_letter(id, call.now_ms());
+  try {
+    call.deps.store.retry_dead_letter(id, call.now_ms());
+  } catch (const jobs::JobNotFound& e) {
+    // The letter is there (it outlives its pruned job); only a letter that went meanwhile is 404.
+    require_letter(call, id);
+    throw ApiError(409, "CONFLICT", e.what());
+  }
   call.summary = "retry dead letter " + std::to_string(id);
   return call.ok(200, dead_letter_json(require_letter(call, id)));
 }
 
 Response retry_bulk(Call& call) {
   const json body = call.json_body();
+  require_known_fields(body, {"status", "kind", "key", "limit"});
   jobs::DeadLetterQuery query;
   auto text = [&](const char* field) -> std::optional<std::string> {
     if (!body.contains(field) || body[field].is_null()) return std::nullopt;
@@ -113,6 +133,7 @@ Response ignore(Call& call, int64_t id) {
 
 Response purge(Call& call) {
   const json body = call.json_body();
+  require_known_fields(body, {"olderThanDays"});
   if (!body.contains("olderThanDays")) throw validation_error("olderThanDays", "is required");
   if (!body["olderThanDays"].is_number_integer() || body["olderThanDays"].get<int64_t>() < 0 ||
       body["olderThanDays"].get<int64_t>() > 36'500) {

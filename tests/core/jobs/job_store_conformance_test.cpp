@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -1251,6 +1252,56 @@ TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
   EXPECT_EQ(status_of(id), JobStatus::kCancelled);
 }
 
+// Review: a parent whose cancellation takes effect in a finish() call asks its running children
+// to stop; a child ending in the same call must then follow the cancellation rule, as it would
+// one call after the other (parent first).
+TEST_P(JobStoreConformance, AChildAskedToStopByItsParentInTheSameFinishIsCancelledNotRequeued) {
+  for (Finish::Kind child_ending : {Finish::Kind::kDefer, Finish::Kind::kFail}) {
+    SCOPED_TRACE(child_ending == Finish::Kind::kDefer ? "child defers" : "child fails");
+    const JobId parent = add(spec("backfill.run"));
+    Claimed p = claim_job(parent);
+    const JobId child = add_child(parent);
+    Claimed c = claim_job(child);
+    ASSERT_EQ(store().cancel(parent, kT0 + 1), CancelOutcome::kRequested);
+
+    Finish release;
+    release.kind = Finish::Kind::kRelease;
+    release.id = parent;
+    release.token = p.lease_token;
+    Finish ending;
+    ending.kind = child_ending;
+    ending.id = child;
+    ending.token = c.lease_token;
+    ending.until_ms = kT0 + kMinute;
+    ending.reason = "throttled";
+    ending.failure = retryable("boom", kMinute);
+    std::vector<FinishResult> results = store().finish({release, ending}, kT0 + 2);
+    ASSERT_EQ(results.size(), 2u);
+    EXPECT_EQ(results[0].status, JobStatus::kCancelled);
+    EXPECT_EQ(status_of(parent), JobStatus::kCancelled);
+    EXPECT_FALSE(results[1].lease_lost) << results[1].error;
+    EXPECT_EQ(status_of(child), JobStatus::kCancelled)
+        << "a job asked to stop never goes back to the queue: " << describe(get_job(child));
+    EXPECT_THAT(claim(10, kT0 + kDay), ::testing::IsEmpty());
+  }
+}
+
+// Review: the same for a sweep that takes back the expired leases of a cancel-requested parent
+// and of its running child: the parent's cancellation asks the child to stop, so the child is
+// cancelled, not requeued (as recover_owner and one sweep per job would leave it).
+TEST_P(JobStoreConformance, ASweepCancellingAnExpiredParentDoesNotRequeueItsExpiredChild) {
+  const JobId parent = add(spec("backfill.run"));
+  claim_job(parent);
+  const JobId child = add_child(parent);
+  claim_job(child);
+  ASSERT_EQ(store().cancel(parent, kT0 + 1), CancelOutcome::kRequested);
+  store().sweep(kT0 + kLeaseMs + 1);
+  EXPECT_EQ(status_of(parent), JobStatus::kCancelled);
+  EXPECT_EQ(status_of(child), JobStatus::kCancelled)
+      << "a job asked to stop never goes back to the queue: " << describe(get_job(child));
+  EXPECT_THAT(claim(10, kT0 + kDay), ::testing::IsEmpty());
+}
+
 TEST_P(JobStoreConformance, DeferRequeuesAtTheGivenTimeWithoutCountingTheAttempt) {
   const JobId id = add(spec());
   Claimed c = claim_job(id, kT0);
@@ -1643,6 +1694,23 @@ TEST_P(JobStoreConformance, APerKeyCapLimitsRunningJobsOfOneKey) {
   EXPECT_EQ(next[0].job.concurrency_key, "A");
 }
 
+// Review: "claim at most `limit`": the largest limit (SIZE_MAX, "as many as there are", as a
+// listing takes it) still takes a capped kind's jobs up to its caps.
+TEST_P(JobStoreConformance, AClaimWithTheLargestLimitStillTakesCappedKindsUpToTheirCaps) {
+  store().set_caps("entity", Caps{2, 0});
+  store().set_caps("backfill.run", Caps{0, 1});
+  for (const char* key : {"A", "A", "A", "B"}) add(spec("entity", key));
+  add(spec("backfill.run", "A"));
+  add(spec("backfill.run", "B"));
+  add(spec("other", "A"));
+  std::vector<Claimed> got = claim(SIZE_MAX);
+  std::map<std::string, int> by_kind;
+  for (const Claimed& c : got) ++by_kind[c.job.kind];
+  EXPECT_EQ(by_kind["entity"], 3) << "2 of key A, 1 of key B";
+  EXPECT_EQ(by_kind["backfill.run"], 1) << "its global cap";
+  EXPECT_EQ(by_kind["other"], 1) << "uncapped";
+}
+
 // Caps set or cleared while the kind has jobs queued, running and dead apply to all of them: the
 // queued ones are claimed under the new caps, and so are the running one requeued and the dead one
 // retried later. (SQLite keeps a second claim index only for capped kinds; this moves the jobs.)
@@ -1887,6 +1955,22 @@ TEST_P(JobStoreConformance, TakeTokensGrantsUpToCapacityThenReportsTheWait) {
   }
   EXPECT_NEAR(store().take_tokens("inst-1", 1, 10, kPerSecond, kT0), 1000, 1);
   EXPECT_NEAR(store().take_tokens("inst-1", 3, 10, kPerSecond, kT0), 3000, 1);
+}
+
+// Review: the contract throws std::invalid_argument unless 0 <= cost <= capacity and
+// capacity > 0: a NaN cost or capacity satisfies none of these.
+TEST_P(JobStoreConformance, TakeTokensRefusesNotANumber) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(store().take_tokens("inst-1", nan, 10, kPerSecond, kT0), std::invalid_argument);
+  EXPECT_THROW(store().take_tokens("inst-1", 1, nan, kPerSecond, kT0), std::invalid_argument);
+}
+
+// Review: a bucket that refills very slowly answers a wait at least as long as the one it
+// really needs (capped at INT64_MAX, as for no refill at all), never an overflowed "1 ms".
+TEST_P(JobStoreConformance, AVerySlowRefillNeverReportsAShortWait) {
+  EXPECT_EQ(store().take_tokens("inst-1", 1, 1, 1e-13, kT0), 0);
+  const int64_t wait = store().take_tokens("inst-1", 1, 1, 1e-13, kT0);
+  EXPECT_GT(wait, int64_t{1'000'000'000'000'000'000}) << "one token takes 3.6e19 ms";
 }
 
 TEST_P(JobStoreConformance, ARefusedTakeConsumesNothing) {

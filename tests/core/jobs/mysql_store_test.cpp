@@ -147,6 +147,41 @@ TEST(MysqlConfig, ParsesPocoKeysAndRejectsTypos) {
   EXPECT_THROW(open_mysql_store("host=127.0.0.1;port=1;user=u"), ConfigError);  // no db
 }
 
+// Poco's MySQL connector strips the blanks around keys and values ("host = h ; port = 3307"):
+// the format this layer says it keeps. Only the keys were trimmed here, so a string Poco accepts
+// was refused ("port must be a number, not ' 3307'") or connected to database " q".
+TEST(MysqlConfig, BlanksAroundValuesAreIgnoredAsPocoIgnoresThem) {
+  try {
+    mysql::Config c = mysql::parse_config(
+        "host = 127.0.0.1 ; port = 3307 ; db = q ; user = u ; character-set = utf8mb4 ; "
+        "compress = true");
+    EXPECT_EQ(c.host, "127.0.0.1");
+    EXPECT_EQ(c.port, 3307u);
+    EXPECT_EQ(c.db, "q");
+    EXPECT_EQ(c.user, "u");
+    EXPECT_TRUE(c.compress);
+  } catch (const ConfigError& e) {
+    ADD_FAILURE() << "a Poco connection string was refused: " << e.what();
+  }
+}
+
+// A port is 1..65535. 0 made the client library connect to its default port (3306) and 70000 to
+// port 70000 mod 65536 = 4464, while errors spoke of port 70000: the value itself is refused,
+// naming the key (Poco refuses both as well).
+TEST(MysqlConfig, APortOutsideOneTo65535IsRefusedNamingTheKey) {
+  for (const char* port : {"0", "65536", "70000", "4294967295"}) {
+    try {
+      mysql::parse_config(std::string("host=h;db=q;port=") + port);
+      ADD_FAILURE() << "port=" << port << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("port"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(port), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(mysql::parse_config("host=h;db=q;port=65535").port, 65535u);
+  EXPECT_EQ(mysql::parse_config("host=h;db=q;port=1").port, 1u);
+}
+
 TEST(MysqlConfig, QuotingIsCompleteForUtf8mb4) {
   EXPECT_EQ(mysql::quote(std::string_view("a'b\\c\"d\n\r\x1a", 10)), "'a\\'b\\\\c\\\"d\\n\\r\\Z'");
   EXPECT_EQ(mysql::quote(std::string("x\0y", 3)), "'x\\0y'");

@@ -205,6 +205,20 @@ TEST(CircuitBreakerTest, AProbeThatNeverReportsBackDoesNotLeaveTheCircuitStuck) 
   EXPECT_TRUE(decide(probing, kNow + 60'000).allowed) << "another probe after the open period";
 }
 
+// Review: after a probe that never reported back, "another" probe goes -- one, and the other
+// callers wait again, as while the first probe was in flight. A caller that is allowed starts
+// its probe with begin_probe (as the pipeline does through update_circuit).
+TEST(CircuitBreakerTest, AfterAProbeThatNeverReportedBackOnlyOneMoreProbeGoes) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord probing = begin_probe(open, kNow + 30'000);
+  ASSERT_TRUE(decide(probing, kNow + 60'000).allowed);
+  const CircuitRecord second = begin_probe(probing, kNow + 60'000);
+  EXPECT_EQ(second.state, "half_open");
+  const CircuitDecision d = decide(second, kNow + 60'001);
+  EXPECT_FALSE(d.allowed) << "the second probe is in flight: the others wait";
+  EXPECT_EQ(d.retry_at_ms, kNow + 90'000);
+}
+
 TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
   const CircuitRecord probing =
       begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);

@@ -437,6 +437,63 @@ TEST_F(SqliteStoreTest, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
   }
 }
 
+// A store.path that holds something else (a file that is not a database) stops the start: the
+// error names the file, as the one for a file that cannot be opened does. It said only "sqlite:
+// file is not a database (code 26) in: PRAGMA journal_mode=WAL", which file left to guess.
+TEST_F(SqliteStoreTest, AFileThatIsNotADatabaseIsRefusedNamingTheFile) {
+  {
+    FILE* f = std::fopen(path_.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("this is the audit log, not a database\n", f);
+    std::fclose(f);
+  }
+  try {
+    open();
+    FAIL() << "opened a file that is not a database";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a database"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path_), std::string::npos) << e.what();
+  }
+}
+
+// A database file this process cannot write (permissions, an immutable file, a read-only mount)
+// is opened read-only by SQLite without an error. The store is refused at open, naming the file,
+// as the daemon's start expects ("a store that cannot be opened is an error"): it opened, the
+// daemon started and answered, and every write after (each claim, enqueue, retry) failed with
+// "attempt to write a readonly database".
+TEST_F(SqliteStoreTest, ADatabaseFileThatCannotBeWrittenIsRefusedAtOpenNamingIt) {
+  open()->enqueue(spec(), kT0);  // a store at the current schema: migrating it writes nothing
+  struct Unwritable {
+    std::string path;
+    bool immutable = false;
+    ~Unwritable() {
+      if (immutable) (void)!std::system(("chattr -i '" + path + "' 2>/dev/null").c_str());
+      std::error_code ignored;
+      fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write, ignored);
+    }
+  } unwritable{path_};
+  if (::geteuid() == 0) {  // root writes through permissions; an immutable file it cannot
+    unwritable.immutable = std::system(("chattr +i '" + path_ + "' 2>/dev/null").c_str()) == 0;
+    ASSERT_TRUE(unwritable.immutable) << "as root, this test needs chattr +i on " << path_;
+  } else {
+    fs::permissions(path_, fs::perms::owner_read);
+  }
+  try {
+    auto store = open();
+    ADD_FAILURE() << "opened a database it cannot write; a write then says: " << [&] {
+      try {
+        store->enqueue(spec(), kT0);
+        return std::string("(it worked)");
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    }();
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find(path_), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(SqliteStoreTest, HostsStartingTogetherOnAFreshFileMigrateItOnce) {
   constexpr int kHosts = 4;
   std::latch start(kHosts);

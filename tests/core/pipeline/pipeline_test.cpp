@@ -572,6 +572,38 @@ TEST_F(PipelineTest, AnOpenProviderCircuitDefersUnitsInsteadOfBurningTheirAttemp
   EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].missing, 0);
 }
 
+// Review (E4): the run's scope check is a provider request like a unit's page: while the
+// provider's circuit is open it waits (a run-after, no attempt burnt) instead of calling the
+// failing provider and spending the run's attempts.
+TEST_F(PipelineTest, AnOpenProviderCircuitDefersTheRunsScopeCheckToo) {
+  PipelineOptions options = fast();
+  options.transient_retries = 0;
+  options.provider_circuit = {3, 60'000};
+  start(data(2, 0, 300), options);
+  const int64_t now = test_clock().now_ms();
+  store_->update_circuit("provider:github", [&](const jobs::CircuitRecord&) {
+    jobs::CircuitRecord open;
+    open.state = "open";
+    open.failures = 3;
+    open.opened_ms = now;
+    open.retry_at_ms = now + 60'000;
+    open.updated_ms = now;
+    return open;
+  });
+  sandbox::Faults failing;
+  failing.fail_rate = 1.0;
+  sandbox_->set_faults(failing);
+  RunStart run = start_run("gh-inst-1", "github");
+  scheduler_->run_once(1);
+  const jobs::Job job = *store_->get(run.run_id);
+  int failed = 0;
+  for (const jobs::Attempt& a : store_->attempts(run.run_id)) failed += a.outcome != "deferred";
+  EXPECT_EQ(failed, 0) << "attempts other than deferrals while the circuit is open; last error: "
+                       << job.last_error.value_or("-");
+  EXPECT_EQ(job.status, JobStatus::kQueued);
+  EXPECT_GE(job.run_after_ms, now + 60'000) << "it waits for the half-open probe";
+}
+
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
 // with exact counts: every expected delivery once after dedupe, nothing unexpected.
 TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts) {

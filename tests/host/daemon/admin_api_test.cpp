@@ -213,6 +213,43 @@ TEST_F(DaemonTest, DeadLettersListStatsGetRetryIgnorePurge) {
   EXPECT_FALSE(store().get_dead_letter(third).has_value());
 }
 
+// A bulk retry or a purge with a filter the API does not know ("concurrencyKey", the name the
+// listings use, for "key"; "status" on a purge) is refused naming it. It was ignored: the retry
+// ran over every pending letter, of every installation, and the purge over every status.
+TEST_F(DaemonTest, ABulkDeadLetterOperationWithAnUnknownFilterIsRefusedNamingIt) {
+  start();
+  const int64_t mine = make_dead_letter("kind.a", "inst-1", "FATAL: bad scopes");
+  const int64_t other = make_dead_letter("kind.a", "inst-2", "FATAL: gone");
+
+  const HttpResult retry =
+      call("POST", "/v1/dead-letters/retry", R"({"concurrencyKey":"inst-1","limit":10})");
+  expect_envelope(retry, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(retry.json()["error"]["details"]["field"], "concurrencyKey") << retry.body;
+  EXPECT_EQ(store().get_dead_letter(other)->status, jobs::DeadLetterStatus::kPending)
+      << "the letter of another installation was retried";
+  EXPECT_EQ(store().get_dead_letter(mine)->status, jobs::DeadLetterStatus::kPending);
+
+  const HttpResult purge =
+      call("POST", "/v1/dead-letters/purge", R"({"olderThanDays":0,"status":"ignored"})");
+  expect_envelope(purge, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(purge.json()["error"]["details"]["field"], "status") << purge.body;
+}
+
+// An ignored letter outlives its job (prune deletes a dead job whose letter is ignored). Retrying
+// it is refused as a conflict of the letter's state, 409, not answered 404 JOB_NOT_FOUND for a
+// letter that GET still shows: a client takes a 404 for "this letter does not exist".
+TEST_F(DaemonTest, RetryingALetterWhoseJobWasPrunedIsAConflictNotANotFound) {
+  start();
+  const int64_t letter = make_dead_letter("kind.a", "inst-1", "FATAL: bad scopes");
+  ASSERT_EQ(call("POST", "/v1/dead-letters/" + std::to_string(letter) + "/ignore").status, 200);
+  ASSERT_EQ(store().prune(now() + 1), 1);
+  ASSERT_EQ(call("GET", "/v1/dead-letters/" + std::to_string(letter)).status, 200);
+
+  const HttpResult r = call("POST", "/v1/dead-letters/" + std::to_string(letter) + "/retry");
+  expect_envelope(r, 409, "CONFLICT");
+  EXPECT_NE(r.body.find("pruned"), std::string::npos) << r.body;
+}
+
 TEST_F(DaemonTest, MutationsAreAuditedWithoutTheToken) {
   start();
   const jobs::JobId id = enqueue("kind.a");

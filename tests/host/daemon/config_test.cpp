@@ -215,6 +215,29 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: health: must be an object (got 5)"}),
     [](const ::testing::TestParamInfo<BadField>& param) { return param.param.name; });
 
+// The MySQL connection string is configuration too: one the store will refuse at open (an unknown
+// key, a value that is not one, no db=) is reported by the config check, naming the field, as
+// every other bad field is. It passed, so `backhauld --check-config` said "valid" and the start
+// then failed.
+TEST(ConfigTest, ABadMysqlConnectionStringIsReportedNamingTheFieldAndTheProblem) {
+  json config = minimal();
+  config["store"] = {{"backend", "mysql"}, {"connection_env", "DSN"}};
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"host=127.0.0.1;dbname=b;user=u;password=p", "unknown key 'dbname'"},
+      {"host=127.0.0.1;db=b;port=33o6;user=u", "port must be a number, not '33o6'"},
+      {"host=127.0.0.1;user=u;password=p", "db= is required"},
+      {"host=127.0.0.1;db=b;character-set=latin1", "character-set must be utf8mb4"},
+  };
+  for (const auto& [dsn, problem] : cases) {
+    const std::string error = error_of(config, env_with({{"ADMIN_TOKEN", "t0ken"}, {"DSN", dsn}}));
+    EXPECT_EQ(error.rfind("config: store.connection_env: ", 0), 0u) << dsn << ": " << error;
+    EXPECT_NE(error.find(problem), std::string::npos) << dsn << ": " << error;
+  }
+  EXPECT_EQ(error_of(config, env_with({{"ADMIN_TOKEN", "t0ken"},
+                                       {"DSN", "host=127.0.0.1;db=b;user=u;password=p"}})),
+            "");
+}
+
 TEST(ConfigTest, EveryProblemIsReportedOnItsOwnLine) {
   json config = minimal();
   config["scheduler"]["workers"] = "eight";
