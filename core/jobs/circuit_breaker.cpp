@@ -31,6 +31,10 @@ CircuitRecord begin_probe(const CircuitRecord& r, int64_t now_ms) {
 
 CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const CircuitPolicy& p,
                            int64_t now_ms) {
+  // A success while open is a call that started before the circuit opened: it says nothing of
+  // the service now (only the half-open probe does), and closing on it would let every caller
+  // through at once.
+  if (event == CircuitEvent::kSuccess && r.state == "open") return r;
   CircuitRecord next = r;
   next.updated_ms = now_ms;
   if (event == CircuitEvent::kSuccess) {

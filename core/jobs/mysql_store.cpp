@@ -100,10 +100,18 @@ void for_each_item(const std::string& connection_string, Fn&& fn) {
 
 Config parse_config(const std::string& connection_string) {
   Config config;
+  // An item after a password may be the rest of a password holding ';': such an item is not
+  // quoted in an error, which would put part of the password in the log.
+  bool after_password = false;
   for_each_item(connection_string, [&](std::string item) {
+    const bool may_be_secret = std::exchange(after_password, false);
+    auto shown = [&](const std::string& text) {
+      return may_be_secret ? std::string("the item after password= (a password cannot hold ';')")
+                           : "'" + text + "'";
+    };
     size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      throw ConfigError("mysql connection string: '" + item + "' is not key=value");
+      throw ConfigError("mysql connection string: " + shown(item) + " is not key=value");
     }
     // Blanks around keys and values are dropped, as Poco's connector drops them.
     auto strip = [](std::string text) {
@@ -131,6 +139,7 @@ Config parse_config(const std::string& connection_string) {
       config.user = value;
     } else if (key == "password") {
       config.password = value;
+      after_password = true;
     } else if (key == "compress") {
       config.compress = parse_bool(key, value);
     } else if (key == "connect-timeout") {
@@ -149,7 +158,7 @@ Config parse_config(const std::string& connection_string) {
                key == "fail-readonly") {
       // Poco options with no meaning here: reconnecting is this layer's job.
     } else {
-      throw ConfigError("mysql connection string: unknown key '" + key + "'");
+      throw ConfigError("mysql connection string: unknown key " + shown(key));
     }
   });
   return config;

@@ -182,6 +182,28 @@ TEST(MysqlConfig, APortOutsideOneTo65535IsRefusedNamingTheKey) {
   EXPECT_EQ(mysql::parse_config("host=h;db=q;port=1").port, 1u);
 }
 
+// A password holding ';' splits into items; the error about the item after it must not quote it
+// (the daemon logs the error): it names the item by its place.
+TEST(MysqlConfig, AnErrorAboutTheItemAfterAPasswordDoesNotQuoteIt) {
+  for (const char* dsn :
+       {"host=h;db=q;user=u;password=s3cr;XYZZY-part", "host=h;db=q;password=s3cr;XYZZY=part"}) {
+    try {
+      mysql::parse_config(dsn);
+      ADD_FAILURE() << dsn << " was accepted";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find("XYZZY"), std::string::npos) << what;
+      EXPECT_NE(what.find("after password="), std::string::npos) << what;
+    }
+  }
+  try {
+    mysql::parse_config("host=h;db=q;dbname=x");
+    ADD_FAILURE() << "dbname= was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown key 'dbname'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MysqlConfig, QuotingIsCompleteForUtf8mb4) {
   EXPECT_EQ(mysql::quote(std::string_view("a'b\\c\"d\n\r\x1a", 10)), "'a\\'b\\\\c\\\"d\\n\\r\\Z'");
   EXPECT_EQ(mysql::quote(std::string("x\0y", 3)), "'x\\0y'");

@@ -219,6 +219,16 @@ TEST(CircuitBreakerTest, AfterAProbeThatNeverReportedBackOnlyOneMoreProbeGoes) {
   EXPECT_EQ(d.retry_at_ms, kNow + 90'000);
 }
 
+// Review: a call that started before the circuit opened and succeeds after it did is no probe:
+// the circuit stays open until its time, and then its probe decides.
+TEST(CircuitBreakerTest, ALateSuccessWhileOpenLeavesItOpen) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord after = record_event(open, CircuitEvent::kSuccess, breaker(5), kNow + 1);
+  EXPECT_EQ(after.state, "open");
+  EXPECT_EQ(after.retry_at_ms, kNow + 30'000);
+  EXPECT_FALSE(decide(after, kNow + 2).allowed);
+}
+
 TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
   const CircuitRecord probing =
       begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);
