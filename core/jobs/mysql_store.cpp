@@ -2974,14 +2974,22 @@ int MysqlStore::migrate() {
           }
         }
       } release{*c, lock_name};
-      c->one(
-          "CREATE TABLE IF NOT EXISTS schema_migrations (version INT NOT NULL PRIMARY KEY, "
-          "name VARCHAR(255) NOT NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB DEFAULT "
-          "CHARSET = utf8mb4");
-      std::set<int> applied;
-      for (const Row& row : c->one("SELECT version FROM schema_migrations").rows) {
-        applied.insert(to_int(row[0]));
+      // Read first, created only when missing: a database already migrated opens with a user
+      // that may only read and write rows (CREATE ... IF NOT EXISTS needs the CREATE privilege
+      // even when the table exists).
+      Result recorded;
+      try {
+        recorded = c->one("SELECT version FROM schema_migrations");
+      } catch (const mysql::Error& e) {
+        if (e.code() != 1146) throw;  // 1146: no such table -- a new database
+        c->one(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INT NOT NULL PRIMARY KEY, "
+            "name VARCHAR(255) NOT NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB DEFAULT "
+            "CHARSET = utf8mb4");
+        recorded = c->one("SELECT version FROM schema_migrations");
       }
+      std::set<int> applied;
+      for (const Row& row : recorded.rows) applied.insert(to_int(row[0]));
       check_not_newer("mysql", applied, mysql_migrations());
       for (const Migration& m : mysql_migrations()) {
         if (applied.count(m.version)) continue;

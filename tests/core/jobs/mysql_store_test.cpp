@@ -1334,6 +1334,44 @@ TEST(MysqlStore, ARowHeldPastTheLockWaitTimeoutFailsTheCallAfterOneRetryNotTwent
             33'000);
 }
 
+// A database already migrated opens with a user that may only read and write rows (an operator's
+// least-privilege runtime account): opening it runs no DDL. It failed with "CREATE command
+// denied" (CREATE TABLE IF NOT EXISTS is checked for the privilege even when the table exists).
+TEST(MysqlStore, AMigratedDatabaseOpensWithAUserThatMayOnlyReadAndWriteRows) {
+  TestDatabase db;
+  db.open(1);                                        // migrates
+  const std::string user = db.name().substr(0, 32);  // the server's limit for user names
+  auto root = db.root_session();
+  root->one("CREATE USER '" + user + "'@'127.0.0.1' IDENTIFIED BY 'rows-only'");
+  struct DropUser {
+    mysql::Connection& root;
+    std::string user;
+    ~DropUser() {
+      try {
+        root.one("DROP USER IF EXISTS '" + user + "'@'127.0.0.1'");
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "cannot drop user " << user << ": " << e.what();
+      }
+    }
+  } drop{*root, user};
+  root->one("GRANT SELECT, INSERT, UPDATE, DELETE ON `" + db.name() + "`.* TO '" + user +
+            "'@'127.0.0.1'");
+  mysql::Config config = mysql::parse_config(db.connection());
+  std::string connection = "host=" + config.host + ";port=" + std::to_string(config.port) +
+                           ";db=" + db.name() + ";user=" + user + ";password=rows-only";
+  std::unique_ptr<JobStore> store;
+  try {
+    store = open_mysql_store(connection, 1);
+  } catch (const std::exception& e) {
+    FAIL() << "a migrated database did not open for a rows-only user: " << e.what();
+  }
+  const EnqueueResult e = store->enqueue(spec("k", "key"), 1000);
+  std::vector<Claimed> got = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  store->complete(e.id, got[0].lease_token, "{}", 2000);
+  EXPECT_EQ(store->get(e.id)->status, JobStatus::kSucceeded);
+}
+
 // A process a plugin starts must not inherit the store's sessions: holding one open, it would keep
 // a transaction this side gave up on by closing its connection (and that transaction's locks)
 // alive on the server.
