@@ -56,6 +56,7 @@
 #include "core/jobs/job_store.h"
 #include "core/jobs/migrations.h"
 #include "core/jobs/mysql_db.h"
+#include "core/jobs/token_bucket.h"
 #include <mysql/mysql.h>
 
 namespace backhaul::jobs {
@@ -1314,6 +1315,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     r.now_ms = std::max(r.now_ms, op->request.now_ms);
   }
   const int64_t now = r.now_ms;
+  const int64_t limit = static_cast<int64_t>(std::min<size_t>(r.limit, INT64_MAX));
   std::string kinds_filter;
   if (!r.kinds.empty()) kinds_filter = " AND kind IN (" + in_list(r.kinds) + ")";
   std::vector<std::string> hint;
@@ -1391,7 +1393,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     std::vector<std::string> head_kinds;
     size_t keys_result = 1;
     for (const auto& [kind, c] : capped) {
-      int64_t want = static_cast<int64_t>(std::min<size_t>(r.limit, INT64_MAX));
+      int64_t want = limit;
       if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
       std::vector<const Row*> keys;
       if (c.per_key > 0) {
@@ -1427,7 +1429,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       std::vector<Result> head_rows = tx.run(heads);
       for (size_t i = 0; i < heads.size(); ++i) {
         const KindCaps& c = capped[head_kinds[i]];
-        int64_t want = static_cast<int64_t>(std::min<size_t>(r.limit, INT64_MAX));
+        int64_t want = limit;
         if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
         std::vector<Candidate> list;
         std::map<std::string, int64_t> rank;
@@ -2396,52 +2398,30 @@ class MysqlStore final : public JobStore {
     return first_or(read("running", [&](mysql::Connection& c) { return c.one(sql); }), 0);
   }
 
-  // Token bucket: starts full, refills continuously, never above capacity. Clocks of different
-  // hosts may disagree a little: time never runs backwards for a bucket.
+  // Token bucket (token_bucket.h): starts full, refills continuously, never above capacity.
   int64_t take_tokens(const std::string& key, double cost, double capacity, double refill_per_hour,
                       int64_t now_ms) override {
-    // Negated comparisons: NaN satisfies none of the conditions and is refused too.
-    if (!(capacity > 0) || !(cost >= 0) || !(cost <= capacity)) {
-      throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
-    }
-    constexpr double kMsPerHour = 3'600'000.0;
+    check_take(cost, capacity);
     return transact("take_tokens", [&](Tx& tx) {
       Result r = tx.one("SELECT tokens, updated_ms FROM throttle_buckets WHERE bucket_key = " +
                         quote(key) + " FOR UPDATE");
-      double tokens = capacity;
-      int64_t updated = now_ms;
-      if (!r.rows.empty()) {
-        int64_t last = to_i64(r.rows[0][1]);
-        int64_t elapsed = std::max<int64_t>(now_ms - last, 0);
-        tokens =
-            std::min(capacity, mysql::to_double(r.rows[0][0]) +
-                                   static_cast<double>(elapsed) * refill_per_hour / kMsPerHour);
-        updated = std::max(now_ms, last);
-      }
-      int64_t wait_ms = 0;
-      if (tokens >= cost) {
-        tokens -= cost;
-      } else if (refill_per_hour <= 0) {
-        wait_ms = std::numeric_limits<int64_t>::max();
-      } else {
-        // Capped: a wait beyond int64 (a very slow refill) must not overflow the conversion.
-        const double wait = std::ceil((cost - tokens) * kMsPerHour / refill_per_hour);
-        wait_ms = wait >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(wait);
-        wait_ms = std::max<int64_t>(wait_ms, 1);
-      }
+      std::optional<Bucket> stored;
+      if (!r.rows.empty()) stored = Bucket{mysql::to_double(r.rows[0][0]), to_i64(r.rows[0][1])};
+      const Take t = take_from(stored, cost, capacity, refill_per_hour, now_ms);
       Sql sql;
       if (r.rows.empty()) {
         // Absent rows cannot be locked at READ COMMITTED: two hosts may both insert; the loser
         // gets a duplicate key and re-runs against the winner's row.
         sql << "INSERT INTO throttle_buckets (bucket_key, tokens, updated_ms) VALUES (";
         sql.str(key) << ", ";
-        sql.real(tokens) << ", " << updated << ")";
+        sql.real(t.bucket.tokens) << ", " << t.bucket.updated_ms << ")";
       } else {
         sql << "UPDATE throttle_buckets SET tokens = ";
-        sql.real(tokens) << ", updated_ms = " << updated << " WHERE bucket_key = " << quote(key);
+        sql.real(t.bucket.tokens) << ", updated_ms = " << t.bucket.updated_ms
+                                  << " WHERE bucket_key = " << quote(key);
       }
       commit_retrying_duplicates(tx, sql.text());
-      return wait_ms;
+      return t.wait_ms;
     });
   }
 

@@ -38,6 +38,7 @@
 
 #include "core/jobs/migrations.h"
 #include "core/jobs/sqlite_db.h"
+#include "core/jobs/token_bucket.h"
 
 namespace backhaul::jobs {
 namespace {
@@ -1276,41 +1277,19 @@ const std::string kSaveBucket =
     "ON CONFLICT (bucket_key) DO UPDATE SET tokens = excluded.tokens, "
     "updated_ms = excluded.updated_ms";
 
-constexpr double kMsPerHour = 3'600'000.0;
-
-// Token bucket: starts full, refills continuously, never above capacity. Clocks of different
-// hosts may disagree a little: time never runs backwards for a bucket.
+// Token bucket (token_bucket.h): starts full, refills continuously, never above capacity.
 int64_t take_bucket_tokens(Connection& c, const std::string& key, double cost, double capacity,
                            double refill_per_hour, int64_t now) {
-  // Negated comparisons: NaN satisfies none of the conditions and is refused too.
-  if (!(capacity > 0) || !(cost >= 0) || !(cost <= capacity)) {
-    throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
-  }
-  double tokens = capacity;
-  int64_t updated = now;
+  check_take(cost, capacity);
+  std::optional<Bucket> stored;
   {
     Query q = c.query(kLoadBucket);
     q.args(key);
-    if (q.step()) {
-      int64_t elapsed = std::max<int64_t>(now - q.i64(1), 0);
-      tokens = std::min(capacity,
-                        q.real(0) + static_cast<double>(elapsed) * refill_per_hour / kMsPerHour);
-      updated = std::max(now, q.i64(1));
-    }
+    if (q.step()) stored = Bucket{q.real(0), q.i64(1)};
   }
-  int64_t wait_ms = 0;
-  if (tokens >= cost) {
-    tokens -= cost;
-  } else if (refill_per_hour <= 0) {
-    wait_ms = std::numeric_limits<int64_t>::max();
-  } else {
-    // Capped: a wait beyond int64 (a very slow refill) must not overflow the conversion.
-    const double wait = std::ceil((cost - tokens) * kMsPerHour / refill_per_hour);
-    wait_ms = wait >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(wait);
-    wait_ms = std::max<int64_t>(wait_ms, 1);
-  }
-  c.query(kSaveBucket).args(key, tokens, updated).run();
-  return wait_ms;
+  const Take t = take_from(stored, cost, capacity, refill_per_hour, now);
+  c.query(kSaveBucket).args(key, t.bucket.tokens, t.bucket.updated_ms).run();
+  return t.wait_ms;
 }
 
 const std::string kLoadCircuit =
