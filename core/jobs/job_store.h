@@ -119,8 +119,8 @@ struct FinishResult {
   std::string error;        // not applied: why
   // Not applied because the store failed (StorageError::transient: the server unreachable, the
   // connection lost): the same item sent again may apply. Leases fence a repeat of one that
-  // applied after all (a COMMIT whose reply was lost): it gets lease_lost, except a completion,
-  // which the store recognizes by its attempt and reports applied.
+  // applied after all (a COMMIT whose reply was lost); the store recognizes such a repeat by its
+  // attempt's row and reports it applied, with the outcome it had.
   bool retryable = false;
 };
 
@@ -293,8 +293,8 @@ class JobStore {
   // --- throttle (token bucket per key, shared by every host) --------------------------------
   // Takes `cost` tokens from the bucket `key` (capacity `capacity`, refilled at
   // `refill_per_hour`). Returns 0 when granted, else the milliseconds until it would be. Throws
-  // std::invalid_argument unless 0 <= cost <= capacity and capacity > 0 (a larger cost could
-  // never be granted).
+  // std::invalid_argument unless 0 <= cost <= capacity, capacity is finite and > 0 (a larger cost
+  // could never be granted), and refill_per_hour is finite and >= 0.
   virtual int64_t take_tokens(const std::string& key, double cost, double capacity,
                               double refill_per_hour, int64_t now_ms) = 0;
 

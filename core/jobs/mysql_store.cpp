@@ -1976,6 +1976,7 @@ class MysqlStore final : public JobStore {
     }
     for (CompleteOp* o : batch) {
       try {
+        if (settled_outcome(o->id, o->token)) continue;  // applied after all
         transact("complete", [&](Tx& tx) { complete_jobs(tx, {o}); });
       } catch (...) {
         o->error = std::current_exception();
@@ -2011,6 +2012,17 @@ class MysqlStore final : public JobStore {
         ops.push_back({f.id, f.token, f.result_json, now_ms, nullptr, false});
         op_item.push_back(i);
         continue;
+      }
+      if (first && f.kind != Finish::Kind::kWaitForChildren) {  // batched below: settled here
+        try {
+          if (std::optional<JobStatus> applied = settled_outcome(f.id, f.token)) {
+            results[i].status = *applied;
+            continue;
+          }
+        } catch (...) {
+          results[i] = finish_failure(std::current_exception());
+          continue;
+        }
       }
       others.push_back(f);
       other_item.push_back(i);
@@ -2104,6 +2116,7 @@ class MysqlStore final : public JobStore {
   // the call would find its lease lost).
   template <class Body>
   JobStatus end_attempt_tx(const char* what, JobId id, const std::string& token, Body&& body) {
+    if (std::optional<JobStatus> applied = settled_outcome(id, token)) return *applied;
     std::optional<JobStatus> outcome;
     try {
       return transact(what, [&](Tx& tx) {
@@ -2115,7 +2128,13 @@ class MysqlStore final : public JobStore {
         return status;
       });
     } catch (const mysql::CommitUnknown&) {
-      if (outcome && attempt_ended(id, token) == true) return *outcome;
+      if (!outcome) throw;
+      const std::optional<bool> committed = attempt_ended(id, token);
+      if (committed == true) return *outcome;
+      if (!committed) {
+        std::lock_guard lock(unsettled_mutex_);
+        unsettled_endings_.emplace(std::pair(id, token), *outcome);
+      }
       throw;
     }
   }
@@ -2401,7 +2420,7 @@ class MysqlStore final : public JobStore {
   // Token bucket (token_bucket.h): starts full, refills continuously, never above capacity.
   int64_t take_tokens(const std::string& key, double cost, double capacity, double refill_per_hour,
                       int64_t now_ms) override {
-    check_take(cost, capacity);
+    check_take(cost, capacity, refill_per_hour);
     return transact("take_tokens", [&](Tx& tx) {
       Result r = tx.one("SELECT tokens, updated_ms FROM throttle_buckets WHERE bucket_key = " +
                         quote(key) + " FOR UPDATE");
@@ -2581,14 +2600,15 @@ class MysqlStore final : public JobStore {
     return id;
   }
 
-  // Whether job `id` has an attempt row under lease `token` (one per claim: the row of the
-  // attempt's end), with `outcome` when given. Throws StorageError when it cannot be read.
-  bool attempt_row_exists(JobId id, const std::string& token, const char* outcome = nullptr) {
+  // Whether the ending of job `id`'s attempt under lease `token` (one per claim) wrote its row:
+  // a sweep that took the lease back writes one under the token too, as "lease_expired", and
+  // that one does not count. Throws StorageError when it cannot be read.
+  bool attempt_row_exists(JobId id, const std::string& token) {
     return !read("commit check", [&](mysql::Connection& c) {
               Sql sql("SELECT 1 FROM job_attempts WHERE job_id = ");
-              sql << id << " AND lease_token = " << quote(token);
-              if (outcome) sql << " AND outcome = " << quote(outcome);
-              return c.one(sql << " LIMIT 1");
+              sql << id << " AND lease_token = " << quote(token)
+                  << " AND outcome <> 'lease_expired' LIMIT 1";
+              return c.one(sql);
             }).rows.empty();
   }
   // After a CommitUnknown: whether the transaction that ended job `id`'s attempt under lease
@@ -2628,47 +2648,51 @@ class MysqlStore final : public JobStore {
     if (!committed) {
       std::lock_guard lock(unsettled_mutex_);
       for (const CompleteOp* op : ops) {
-        if (!op->error) unsettled_completions_.emplace(op->id, op->token);
+        if (!op->error)
+          unsettled_endings_.emplace(std::pair(op->id, op->token), JobStatus::kSucceeded);
+      }
+      for (size_t k = 0; k < ends.size() && k < end_results.size(); ++k) {
+        if (end_results[k].status) {
+          unsettled_endings_.emplace(std::pair(ends[k]->id, ends[k]->token),
+                                     *end_results[k].status);
+        }
       }
     }
     return committed.value_or(false);
   }
 
-  // Completions whose transaction may have committed without the store learning it (its reply and
-  // then the server were lost): sent again, they would find their jobs ended and report their
-  // leases lost. Each op of `batch` that is one of them is settled first by its attempt's
-  // succeeded row (written by the completion, with its token; a sweep's row would carry the token
-  // too): present, the op succeeded (and is taken out of `batch`); absent, it runs as usual. An op
-  // whose row cannot be read gets the error (transient) and stays remembered.
-  void settle_unsettled_completions(std::vector<CompleteOp*>& batch) {
-    std::vector<CompleteOp*> rest, remembered;
+  // Endings (completions too) whose transaction may have committed without the store learning
+  // it (its reply, and then the server, were lost), with the outcome its body computed: sent
+  // again, they would find their jobs ended and report their leases lost. Such an ending is
+  // settled first, by its attempt's row: present, it applied and its outcome is returned; absent,
+  // nothing is returned and it runs as usual. When the row cannot be read this throws, and the
+  // ending stays remembered.
+  std::optional<JobStatus> settled_outcome(JobId id, const std::string& token) {
+    JobStatus outcome;
     {
       std::lock_guard lock(unsettled_mutex_);
-      if (unsettled_completions_.empty()) return;
-      for (CompleteOp* op : batch) {
-        const bool is = unsettled_completions_.count({op->id, op->token}) > 0;
-        (is ? remembered : rest).push_back(op);
-      }
+      if (unsettled_endings_.empty()) return std::nullopt;
+      auto it = unsettled_endings_.find(std::pair(id, token));
+      if (it == unsettled_endings_.end()) return std::nullopt;
+      outcome = it->second;
     }
-    for (CompleteOp* op : remembered) {
-      bool applied;
+    const bool applied = attempt_row_exists(id, token);
+    std::lock_guard lock(unsettled_mutex_);
+    unsettled_endings_.erase(std::pair(id, token));
+    if (applied) return outcome;
+    return std::nullopt;
+  }
+  // settled_outcome() for each op of `batch`: one that applied is taken out of `batch` (it
+  // succeeded), one whose row cannot be read too, with the error.
+  void settle_unsettled_completions(std::vector<CompleteOp*>& batch) {
+    std::erase_if(batch, [&](CompleteOp* op) {
       try {
-        applied = attempt_row_exists(op->id, op->token, "succeeded");
+        return settled_outcome(op->id, op->token).has_value();
       } catch (...) {
         op->error = std::current_exception();
-        continue;
+        return true;
       }
-      {
-        std::lock_guard lock(unsettled_mutex_);
-        unsettled_completions_.erase({op->id, op->token});
-      }
-      if (applied) {
-        op->error = nullptr;
-      } else {
-        rest.push_back(op);
-      }
-    }
-    batch = std::move(rest);
+    });
   }
 
   // After a CommitUnknown of a claim: whether it committed. Its jobs carry its lease tokens (one
@@ -2923,8 +2947,8 @@ class MysqlStore final : public JobStore {
   std::mutex owners_mutex_;
   std::map<std::string, int> owner_ids_;  // lease_owners, as far as this store has used them
   std::mutex unsettled_mutex_;
-  std::vector<Finish> unsettled_claims_;                           // see remember_unsettled
-  std::set<std::pair<JobId, std::string>> unsettled_completions_;  // see committed_after_all
+  std::vector<Finish> unsettled_claims_;                                  // see remember_unsettled
+  std::map<std::pair<JobId, std::string>, JobStatus> unsettled_endings_;  // see settled_outcome
 };
 
 // Applies what is missing of mysql_migrations() under a server-wide named lock, so that hosts

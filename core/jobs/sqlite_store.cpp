@@ -1280,7 +1280,7 @@ const std::string kSaveBucket =
 // Token bucket (token_bucket.h): starts full, refills continuously, never above capacity.
 int64_t take_bucket_tokens(Connection& c, const std::string& key, double cost, double capacity,
                            double refill_per_hour, int64_t now) {
-  check_take(cost, capacity);
+  check_take(cost, capacity, refill_per_hour);
   std::optional<Bucket> stored;
   {
     Query q = c.query(kLoadBucket);

@@ -7,10 +7,14 @@
 
 namespace backhaul::jobs {
 
-void check_take(double cost, double capacity) {
+void check_take(double cost, double capacity, double refill_per_hour) {
   // Negated comparisons: NaN satisfies none of the conditions and is refused too.
-  if (!(capacity > 0) || !(cost >= 0) || !(cost <= capacity)) {
-    throw std::invalid_argument("take_tokens: need 0 <= cost <= capacity and capacity > 0");
+  if (!(capacity > 0) || !std::isfinite(capacity) || !(cost >= 0) || !(cost <= capacity)) {
+    throw std::invalid_argument(
+        "take_tokens: need 0 <= cost <= capacity and a finite capacity > 0");
+  }
+  if (!(refill_per_hour >= 0) || !std::isfinite(refill_per_hour)) {
+    throw std::invalid_argument("take_tokens: need a finite refill_per_hour >= 0");
   }
 }
 

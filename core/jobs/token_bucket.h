@@ -17,8 +17,9 @@ struct Take {
   int64_t wait_ms = 0;  // 0: granted; else when a token may be there (INT64_MAX: never)
 };
 
-// Throws std::invalid_argument unless 0 <= cost <= capacity and capacity > 0 (NaN refused).
-void check_take(double cost, double capacity);
+// Throws std::invalid_argument unless 0 <= cost <= capacity, capacity is finite and > 0, and
+// refill_per_hour is finite and >= 0 (NaN refused).
+void check_take(double cost, double capacity, double refill_per_hour);
 // Refills `stored` (full when absent) for the time since it was saved, up to `capacity`, then
 // takes `cost` if it is there; a refused take consumes nothing. Time never runs backwards for a
 // bucket: hosts' clocks may disagree a little.

@@ -1965,6 +1965,22 @@ TEST_P(JobStoreConformance, TakeTokensRefusesNotANumber) {
   EXPECT_THROW(store().take_tokens("inst-1", 1, nan, kPerSecond, kT0), std::invalid_argument);
 }
 
+// An infinite capacity (MySQL cannot even store it) and a refill that is negative (the bucket
+// would drain as time passes), infinite or NaN are refused too, naming the problem.
+TEST_P(JobStoreConformance, TakeTokensRefusesAnInfiniteCapacityOrABadRefill) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(store().take_tokens("inst-1", 1, inf, kPerSecond, kT0), std::invalid_argument);
+  for (double refill : {-1.0, inf, std::numeric_limits<double>::quiet_NaN()}) {
+    try {
+      store().take_tokens("inst-1", 1, 10, refill, kT0);
+      ADD_FAILURE() << "refill " << refill << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("refill_per_hour"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(store().take_tokens("inst-1", 1, 10, 0, kT0), 0) << "no refill is allowed";
+}
+
 // Review: a bucket that refills very slowly answers a wait at least as long as the one it
 // really needs (capped at INT64_MAX, as for no refill at all), never an overflowed "1 ms".
 TEST_P(JobStoreConformance, AVerySlowRefillNeverReportsAShortWait) {

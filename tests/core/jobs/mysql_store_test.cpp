@@ -1761,6 +1761,72 @@ TEST(MysqlStore, ACompletionWhoseOutcomeCouldNotBeReadIsReportedAppliedWhenSentA
   EXPECT_THROW(t.store->complete(a.id, got[0].lease_token, "{}", 4000), LeaseLost);
 }
 
+// The same for the other endings: a parent's wait for its children, and a failure and a deferral
+// sent through finish() as the scheduler's finisher sends them. Each, sent again once the server
+// is back, is reported applied with the outcome it had, instead of "lease lost"; only once.
+TEST(MysqlStore, AnEndingWhoseOutcomeCouldNotBeReadIsReportedAppliedWhenSentAgain) {
+  ThroughRelay t;
+  const EnqueueResult parent = t.direct->enqueue(spec("k", "key"), 1000);
+  JobSpec child = spec("child", "key");
+  child.parent_id = parent.id;
+  t.direct->enqueue(child, 1000);
+  std::vector<Claimed> got = t.direct->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string parent_token = got[0].lease_token;
+  std::string error = call_losing_reply(
+      t,
+      "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(parent.id) +
+          " AND status = 'waiting'",
+      [&] { t.store->wait_for_children(parent.id, parent_token, 10'000, std::nullopt, 2000); },
+      true);
+  ASSERT_EQ(t.direct->get(parent.id)->status, JobStatus::kWaiting) << "the wait applied";
+  EXPECT_NE(error, "") << "the store could not have told";
+  t.relay.up();
+  EXPECT_NO_THROW(t.store->wait_for_children(parent.id, parent_token, 10'000, std::nullopt, 3000));
+  EXPECT_THROW(t.store->wait_for_children(parent.id, parent_token, 10'000, std::nullopt, 3000),
+               LeaseLost)
+      << "settled once";
+
+  const EnqueueResult failing = t.direct->enqueue(spec("k", "key"), 3000);
+  got = t.direct->claim(claim_of("w", 1, 3000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].job.id, failing.id);
+  // `items` through finish() at `now`, its COMMIT applied (`committed` counts 1) and its reply
+  // and then the server lost; the same sent again once the server is back.
+  std::vector<Finish> items(1);
+  auto finish_twice = [&](const std::string& committed, int64_t now) {
+    const std::string lost = call_losing_reply(
+        t, "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(failing.id) + committed,
+        [&] {
+          const FinishResult r = t.store->finish(items, now).at(0);
+          if (!r.status) throw std::runtime_error(r.error);
+        },
+        true);
+    EXPECT_NE(lost, "") << "the store could not have told";
+    t.relay.up();
+    return t.store->finish(items, now + 1000).at(0);
+  };
+  items[0].kind = Finish::Kind::kFail;
+  items[0].id = failing.id;
+  items[0].token = got[0].lease_token;
+  items[0].failure.error = "try again";
+  FinishResult again = finish_twice(" AND status = 'queued' AND last_error = 'try again'", 4000);
+  EXPECT_EQ(again.status, JobStatus::kQueued) << again.error;
+  EXPECT_FALSE(again.lease_lost);
+
+  got = t.direct->claim(claim_of("w", 1, 6000, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  items[0].kind = Finish::Kind::kDefer;
+  items[0].token = got[0].lease_token;
+  items[0].until_ms = 9000;
+  items[0].reason = "rate limited";
+  again = finish_twice(" AND status = 'queued' AND run_after_ms = 9000", 7000);
+  EXPECT_EQ(again.status, JobStatus::kQueued) << again.error;
+  again = t.store->finish(items, 8000).at(0);
+  EXPECT_TRUE(again.lease_lost) << "settled once";
+  EXPECT_EQ(t.direct->attempts(failing.id).size(), 2u) << "each ending applied once";
+}
+
 // A scheduler (4 workers, claims of 4) running `jobs` jobs of kind "outage" on a store that
 // reaches the server through the relay, so a test can cut it off. Each handler takes 10 ms, so an
 // outage finds jobs running with their endings to come, and counts its calls per job.
