@@ -1,6 +1,7 @@
 #include "core/jobs/job.h"
 
 #include <array>
+#include <stdexcept>
 #include <utility>
 
 #include "core/jobs/job_store.h"
@@ -70,6 +71,29 @@ FinishResult finish_failure(const std::exception_ptr& error) {
     r.error = "unknown error";
   }
   return r;
+}
+
+std::optional<std::string> spec_problem(const JobSpec& spec) {
+  if (spec.kind.empty()) return "enqueue: job kind is empty";
+  if (spec.max_attempts < 1) {
+    return "enqueue: max_attempts must be at least 1 (got " + std::to_string(spec.max_attempts) +
+           ")";
+  }
+  if (spec.timeout_ms < 0) {
+    return "enqueue: timeout_ms must not be negative (got " + std::to_string(spec.timeout_ms) + ")";
+  }
+  return std::nullopt;
+}
+
+void check_specs(const std::vector<JobSpec>& specs) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (auto problem = spec_problem(specs[i])) {
+      throw std::invalid_argument(specs.size() == 1
+                                      ? *problem
+                                      : *problem + " (spec " + std::to_string(i) + " of " +
+                                            std::to_string(specs.size()) + ")");
+    }
+  }
 }
 
 std::optional<std::string> finish_item_problem(const Finish& item) {

@@ -107,6 +107,12 @@ struct Finish {
   std::optional<std::string> checkpoint;  // kWaitForChildren
 };
 
+// Why enqueue() refuses `spec` (an empty kind, max_attempts below 1, a negative timeout), or
+// nothing. The stores throw std::invalid_argument with it, before writing anything.
+std::optional<std::string> spec_problem(const JobSpec& spec);
+// Throws std::invalid_argument naming the first spec of `specs` with a problem (its index too).
+void check_specs(const std::vector<JobSpec>& specs);
+
 // Why finish() refuses `item` before applying it (its kind is none of Finish::Kind: a cast from a
 // bad number), or nothing. The stores report it in the item's result alone.
 std::optional<std::string> finish_item_problem(const Finish& item);

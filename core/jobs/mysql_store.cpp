@@ -52,6 +52,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/common/fnv1a.h"
 #include "core/common/unique_fd.h"
 #include "core/jobs/job_store.h"
 #include "core/jobs/migrations.h"
@@ -693,8 +694,18 @@ std::optional<std::string> token_from(const Cell& cell) {
   return cell;
 }
 
-// lease_owners.name is VARBINARY(255): longer owner names are cut (at a UTF-8 boundary).
+// lease_owners.name is VARBINARY(255). A longer owner name is kept as its first 238 bytes (cut at
+// a UTF-8 boundary), '#' and the 16 hex digits of the whole name's FNV-1a hash, so that two names
+// which share their first 255 bytes are still two owners (cut alone, they were one: each could
+// recover the other's live leases).
 constexpr size_t kOwnerBytes = 255;
+
+std::string owner_key(const std::string& owner) {
+  if (owner.size() <= kOwnerBytes) return owner;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(owner)));
+  return cut_utf8(owner, kOwnerBytes - 17) + "#" + hash;
+}
 
 // The name of a running job's owner (schema 0003), in a statement that reads `jobs` unaliased.
 constexpr const char* kOwnerName =
@@ -1502,7 +1513,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       one.lease_expires_ms = request.now_ms + request.lease_ms;
       one.job.status = JobStatus::kRunning;
       one.job.attempts += 1;
-      one.job.lease_owner = cut_utf8(request.owner, kOwnerBytes);
+      one.job.lease_owner = owner_key(request.owner);
       one.job.lease_token = one.lease_token;
       one.job.lease_expires_ms = one.lease_expires_ms;
       one.job.started_ms = request.now_ms;
@@ -1858,9 +1869,7 @@ class MysqlStore final : public JobStore {
   }
   std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
                                            int64_t now_ms) override {
-    for (const JobSpec& spec : specs) {
-      if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
-    }
+    check_specs(specs);
     if (specs.empty()) return {};
     auto results =
         transact("enqueue", [&](Tx& tx) { return enqueue_jobs(tx, specs, now_ms, autoinc_); });
@@ -2175,11 +2184,11 @@ class MysqlStore final : public JobStore {
       bool wait = s.pending_children > 0;
       Sql sql("UPDATE jobs SET status = ");
       sql << (wait ? "'waiting'" : "'queued'")
-          << ", wait_deadline_ms = " << (wait ? deadline_ms : 0)
-          << ", run_after_ms = " << (wait ? std::string("run_after_ms") : std::to_string(now_ms))
-          << ", attempts = GREATEST(attempts - 1, 0), owner_id = 0, lease_token = '', "
-             "lease_expires_ms = 0, updated_ms = "
-          << now_ms;
+          << ", wait_deadline_ms = " << (wait ? deadline_ms : 0) << ", run_after_ms = "
+          << (wait ? std::string("run_after_ms") : std::to_string(now_ms))
+          // A checkpoint is progress (as in heartbeat()): no attempt before it counts any more.
+          << ", attempts = " << (checkpoint ? "0" : "GREATEST(attempts - 1, 0)")
+          << ", owner_id = 0, lease_token = '', lease_expires_ms = 0, updated_ms = " << now_ms;
       if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
       sql << " WHERE id = " << id;
       w.push_back(std::move(sql));
@@ -2197,7 +2206,7 @@ class MysqlStore final : public JobStore {
                              .raw(kStateColumns)
                              .raw(" FROM jobs WHERE status = 'running' AND owner_id = (SELECT "
                                   "id FROM lease_owners WHERE name = ")
-                         << quote(cut_utf8(owner, kOwnerBytes)) << ") ORDER BY id FOR UPDATE");
+                         << quote(owner_key(owner)) << ") ORDER BY id FOR UPDATE");
       for (const Row& row : owned.rows) expire_lease(tx, w, read_state(row), now_ms, result);
       w.commit(tx);
       return result;
@@ -2583,7 +2592,7 @@ class MysqlStore final : public JobStore {
   // The id of `owner` in lease_owners, added on first use (outside any claim transaction, so
   // that no rollback can take back an id this cache holds). Owners are few: one per process.
   int owner_id(const std::string& owner) {
-    const std::string name = cut_utf8(owner, kOwnerBytes);
+    const std::string name = owner_key(owner);
     {
       std::lock_guard<std::mutex> lock(owners_mutex_);
       auto it = owner_ids_.find(name);

@@ -4,6 +4,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "core/common/logging.h"
@@ -22,12 +23,22 @@ void JobContext::beat(const std::optional<std::string>& checkpoint) {
     last_beat_ms_ = now;
     note_beat(now, nullptr);
     if (r.cancel_requested) cancelled_ = true;
+    // A checkpoint is progress: the store counts the running attempt as the first (SPEC D11), and
+    // a failure from here on is retried after the first attempt's delay.
+    if (checkpoint) job_.attempts = 1;
   } catch (const LeaseLost& e) {
     lease_lost_ = true;
     note_beat(now, nullptr);  // the store answered
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
   } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
     note_beat(now, e.what());
+    // Draining, the job goes back without an attempt (SPEC F6) whether or not its last beat went
+    // through: it resumes from the last checkpoint that did.
+    if (stopping_) {
+      throw JobInterrupted(
+          JobInterrupted::Reason::kDraining,
+          std::string("host is draining (the last heartbeat failed: ") + e.what() + ")");
+    }
     throw;
   }
   if (cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "job was cancelled");
@@ -53,6 +64,7 @@ Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions optio
 Scheduler::~Scheduler() { drain(std::chrono::milliseconds(0)); }
 
 void Scheduler::register_handler(const std::string& kind, Handler handler) {
+  if (!handler) throw std::invalid_argument("no handler given for job kind '" + kind + "'");
   std::lock_guard lock(mutex_);
   handlers_[kind] = std::move(handler);
 }
@@ -65,6 +77,11 @@ std::vector<std::string> Scheduler::kinds() const {
 }
 
 void Scheduler::start() {
+  {
+    std::lock_guard lock(mutex_);
+    // Running already: its own leases are live, not a crashed host's to recover.
+    if (claiming_ || !threads_.empty()) return;
+  }
   if (options_.recover_own_leases) {
     SweepResult own = store_.recover_owner(options_.owner, clock_.now_ms());
     if (own.requeued || own.dead) {
@@ -76,10 +93,6 @@ void Scheduler::start() {
   if (recovered.requeued || recovered.dead || recovered.parents_woken) {
     log_->info("start-up recovery: {} requeued, {} dead, {} parents woken", recovered.requeued,
                recovered.dead, recovered.parents_woken);
-  }
-  {
-    std::lock_guard lock(mutex_);
-    if (claiming_ || !threads_.empty()) return;
   }
   // Jobs enqueued through this store object wake the claim loop at once (in-process); the
   // listener runs on the enqueuing thread and only sets a flag. Not under mutex_, which the
@@ -94,6 +107,7 @@ void Scheduler::start() {
   std::lock_guard lock(mutex_);
   claiming_ = true;
   stopped_ = false;
+  stopping_ = false;  // a start after a drain past its grace runs handlers to their end again
   finisher_running_ = true;
   for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   threads_.emplace_back([this] { claim_loop(); });
@@ -114,6 +128,10 @@ void Scheduler::sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t
 
 void Scheduler::claim_loop() {
   const std::vector<std::string> claim_kinds = kinds();
+  if (claim_kinds.empty()) {  // a claim of no kinds takes any: every job would die unhandled
+    log_->warn("no job kind has a handler: claiming nothing");
+    return;
+  }
   int64_t backoff_ms = options_.idle_poll_ms;
   std::unique_lock lock(mutex_);
   while (claiming_ && !stopped_) {
@@ -303,12 +321,17 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
   }
   const int64_t started_ms = clock_.now_ms();
   std::optional<Ending> ending;
+  bool ran_out = false;  // the lease, by the clock: its heartbeats failed while it waited
   try {
     // What the heartbeats learnt while the job waited for a worker, or, when they failed (the
     // store unreachable), what the clock says: a lease not renewed in time may be another's now.
-    if (context->lease_lost_ || started_ms >= context->last_beat_ms_ + options_.lease_ms) {
-      context->lease_lost_ = true;
+    if (context->lease_lost_) {
       throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost before the start");
+    }
+    if (started_ms >= context->last_beat_ms_ + options_.lease_ms) {
+      context->lease_lost_ = true;  // no more heartbeats
+      ran_out = true;
+      throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease ran out before the start");
     }
     if (context->cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "cancelled");
     if (!handler) throw JobFailure("no handler for job kind '" + context->job_.kind + "'", true);
@@ -316,8 +339,11 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
     ending = finish(*context, handler(*context));
   } catch (const JobInterrupted& e) {
     ++interrupted_;
-    if (e.reason() != JobInterrupted::Reason::kLeaseLost) {
-      // Cancelled jobs become cancelled in the store; drained ones go back to queued.
+    if (e.reason() != JobInterrupted::Reason::kLeaseLost || ran_out) {
+      // Cancelled jobs become cancelled in the store; drained ones go back to queued. One whose
+      // lease ran out unrenewed goes back too, without an attempt, unless the store gave it to
+      // another meanwhile (then the release finds the lease lost): left to the sweep, the
+      // attempt that never started would count.
       Finish f;
       f.kind = Finish::Kind::kRelease;
       f.id = context->job_.id;
@@ -333,6 +359,9 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
     log_->warn("job {} lost its lease: {}", context->job_.id, e.what());
   } catch (const std::exception& e) {
     ending = fail(*context, e.what(), false, 0);
+  } catch (...) {  // a handler's own exception type: the attempt fails, the process goes on
+    ending =
+        fail(*context, "the handler threw an exception that is not a std::exception", false, 0);
   }
   {
     const Job& job = context->job_;
@@ -584,7 +613,7 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
 
 void Scheduler::release_unstarted(const std::vector<std::shared_ptr<JobContext>>& jobs) {
   if (jobs.empty()) return;
-  std::vector<Finish> items;
+  std::vector<Ending> endings;
   {
     std::lock_guard lock(mutex_);
     for (const auto& c : jobs) unlease_locked(c);
@@ -594,29 +623,27 @@ void Scheduler::release_unstarted(const std::vector<std::shared_ptr<JobContext>>
     f.kind = Finish::Kind::kRelease;
     f.id = c->job_.id;
     f.token = c->token_;
-    items.push_back(std::move(f));
+    endings.push_back({std::move(f), c->job_.kind, c->job_.attempts, c->job_.max_attempts});
   }
-  std::vector<FinishResult> results;
-  try {
-    results = store_.finish(items, clock_.now_ms());
-  } catch (const std::exception& e) {
-    log_->warn("drain: releasing {} unstarted jobs failed (their leases will expire): {}",
-               items.size(), e.what());
-    return;
-  }
-  for (size_t i = 0; i < results.size(); ++i) {
+  // Tried like any ending (5 times over a failing store): a release that fails leaves the job to
+  // its lease, and the sweep that takes it back counts an attempt that never started.
+  std::vector<FinishResult> results = record(endings, false);
+  for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
     if (results[i].status) {
       ++released_;
     } else {
-      log_->warn("drain: release of job {} failed: {}", items[i].id, results[i].error);
+      log_->warn("drain: release of job {} failed (its lease will expire): {}",
+                 endings[i].finish.id, results[i].error);
     }
   }
 }
 
 size_t Scheduler::run_once(size_t limit) {
   const int64_t now = clock_.now_ms();
+  std::vector<std::string> claim_kinds = kinds();
+  if (claim_kinds.empty()) return 0;  // no handler: claim nothing (an empty list takes any kind)
   std::vector<Claimed> claimed =
-      store_.claim({options_.owner, limit, now, options_.lease_ms, kinds()});
+      store_.claim({options_.owner, limit, now, options_.lease_ms, std::move(claim_kinds)});
   claimed_ += static_cast<int64_t>(claimed.size());
   std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), now);
   for (auto& c : leased) execute(std::move(c));

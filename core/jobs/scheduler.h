@@ -191,10 +191,12 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Before start(). Claims only kinds that have a handler.
+  // Before start(). Claims only kinds that have a handler: nothing while none has. Throws
+  // std::invalid_argument for an empty handler.
   void register_handler(const std::string& kind, Handler handler);
 
-  // Recovers what a crashed host left running (a sweep), then starts the loops. [main-thread]
+  // Recovers what a crashed host left running (a sweep), then starts the loops. Does nothing
+  // while they run; after drain() it starts them again. [main-thread]
   void start();
   // Graceful drain (SPEC F6): stop claiming; wait up to `grace` for running handlers; then ask
   // the rest to stop at their next page boundary and release their jobs without an attempt.

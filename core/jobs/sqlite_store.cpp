@@ -414,7 +414,6 @@ void insert_plain(Connection& c, const std::vector<JobSpec>& specs, size_t begin
   int index = 0;
   for (size_t i = begin; i < end; ++i) {
     const JobSpec& spec = specs[i];
-    if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
     q.bind(++index, spec.kind);
     q.bind(++index, spec.concurrency_key);
     q.bind(++index, spec.priority);
@@ -457,7 +456,6 @@ std::vector<EnqueueResult> enqueue_many(Connection& c, const std::vector<JobSpec
 }
 
 EnqueueResult enqueue_one(Connection& c, const JobSpec& spec, int64_t now, const FairKinds& fair) {
-  if (spec.kind.empty()) throw std::invalid_argument("enqueue: job kind is empty");
   if (spec.dedupe_key) {
     if (auto existing = active_duplicate(c, spec.kind, *spec.dedupe_key)) {
       return {*existing, false};
@@ -879,7 +877,8 @@ const std::string kWait =
     "status = CASE WHEN pending_children > 0 THEN 'waiting' ELSE 'queued' END, "
     "wait_deadline_ms = CASE WHEN pending_children > 0 THEN ?2 ELSE 0 END, "
     "run_after_ms = CASE WHEN pending_children > 0 THEN run_after_ms ELSE ?3 END, "
-    "checkpoint = CASE WHEN ?4 THEN ?5 ELSE checkpoint END, attempts = attempts - 1, "
+    "checkpoint = CASE WHEN ?4 THEN ?5 ELSE checkpoint END, "
+    "attempts = CASE WHEN ?4 THEN 0 ELSE attempts - 1 END, "
     "lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, updated_ms = ?3 "
     "WHERE id = ?1";
 
@@ -1488,6 +1487,7 @@ class SqliteStore final : public SqliteJobStore {
   std::string backend() const override { return "sqlite"; }
 
   EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
+    if (auto problem = spec_problem(spec)) throw std::invalid_argument(*problem);
     EnqueueResult result =
         write([&](Connection& c) { return enqueue_one(c, spec, now_ms, fair_kinds(c)); });
     notify_runnable();
@@ -1495,6 +1495,7 @@ class SqliteStore final : public SqliteJobStore {
   }
   std::vector<EnqueueResult> enqueue_batch(const std::vector<JobSpec>& specs,
                                            int64_t now_ms) override {
+    check_specs(specs);
     auto results = write([&](Connection& c) { return enqueue_many(c, specs, now_ms); });
     notify_runnable();
     return results;

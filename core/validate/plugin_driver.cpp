@@ -160,15 +160,6 @@ std::string CallResult::describe() const {
   return text;
 }
 
-uint64_t fnv1a(std::string_view text, uint64_t seed) {
-  uint64_t h = seed;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 int64_t heap_in_use() {
 #ifdef BACKHAUL_VALIDATE_ASAN
   return static_cast<int64_t>(__sanitizer_get_current_allocated_bytes());

@@ -17,6 +17,7 @@
 
 #include "core/common/clock.h"
 #include "core/common/errors.h"
+#include "core/common/fnv1a.h"
 #include "core/http/http.h"
 #include "core/plugins/host_services.h"
 #include "core/plugins/plugin_loader.h"
@@ -156,9 +157,6 @@ class PluginDriver {
   const backhaul_entry_t* entry_ = nullptr;
   std::unique_ptr<plugins::HostBinding> host_;
 };
-
-// FNV-1a, for comparing payloads across processes without shipping them.
-uint64_t fnv1a(std::string_view text, uint64_t seed = 14695981039346656037ull);
 
 // Bytes the allocator has handed out and not taken back (glibc mallinfo2, or the ASan allocator's
 // count in sanitizer builds, where malloc is ASan's).

@@ -200,6 +200,8 @@ std::optional<std::string> query_string(const Request& request, const char* name
   return value;
 }
 
+std::optional<std::string> query_key(const Request& request) { return request.query.get("key"); }
+
 int64_t path_id(std::string_view segment) {
   const std::optional<int64_t> id = host::parse_int(segment);
   if (!id || *id <= 0) {

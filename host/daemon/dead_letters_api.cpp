@@ -47,7 +47,7 @@ Response list(Call& call) {
   jobs::DeadLetterQuery query;
   query.status = status_filter(query_string(call.request, "status"), "status");
   query.kind = query_string(call.request, "kind");
-  query.concurrency_key = query_string(call.request, "key");
+  query.concurrency_key = query_key(call.request);
   query.before_id = query_int(call.request, "before", 1, INT64_MAX);
   query.limit = query_limit(call.request);
   const jobs::DeadLetterPage page = call.deps.store.list_dead_letters(query);

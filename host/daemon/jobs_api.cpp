@@ -27,7 +27,7 @@ Response list_jobs(Call& call) {
     }
   }
   query.kind = query_string(call.request, "kind");
-  query.concurrency_key = query_string(call.request, "key");
+  query.concurrency_key = query_key(call.request);
   query.parent_id = query_int(call.request, "parent", 1, INT64_MAX);
   query.before_id = query_int(call.request, "before", 1, INT64_MAX);
   query.limit = query_limit(call.request);
@@ -76,11 +76,12 @@ Response checkpoint(Call& call, jobs::JobId id) {
     try {
       // A checkpoint its handler could not resume from is refused here, naming the field, rather
       // than stored and then ignored (the unit silently starting over) at the next attempt.
-      pipeline::check_checkpoint(job.kind, body.dump());
+      pipeline::check_checkpoint(job.kind, call.request.body);
     } catch (const pipeline::InvalidRequest& e) {
       throw ApiError(400, "VALIDATION_ERROR", e.what(), {{"field", e.field()}});
     }
-    call.deps.store.set_checkpoint(id, body.dump(), call.now_ms());
+    // Stored as sent: a re-serialization would sort its keys and round numbers beyond 64 bits.
+    call.deps.store.set_checkpoint(id, call.request.body, call.now_ms());
     call.summary = "replace checkpoint of job " + std::to_string(id);
     return call.ok(200, {{"jobId", id}, {"checkpoint", body}});
   }

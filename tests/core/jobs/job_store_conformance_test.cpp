@@ -257,6 +257,42 @@ TEST_P(JobStoreConformance, EnqueueBatchIsAllOrNothing) {
   EXPECT_TRUE(store().enqueue(child, kT0).created) << "its dedupe key was rolled back too";
 }
 
+// A spec no job can run under is refused before anything is written, naming what is wrong:
+// max_attempts 0 used to be accepted, and its job died at its first failure (or, on a lost
+// lease, "after 1 attempts" of 0).
+TEST_P(JobStoreConformance, EnqueueRefusesABadSpecAndWritesNothing) {
+  auto refusal = [&](const JobSpec& bad) -> std::string {
+    try {
+      store().enqueue(bad, kT0);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  JobSpec no_kind = spec();
+  no_kind.kind = "";
+  EXPECT_THAT(refusal(no_kind), HasSubstr("job kind is empty"));
+  for (int attempts : {0, -1}) {
+    JobSpec bad = spec();
+    bad.max_attempts = attempts;
+    EXPECT_THAT(refusal(bad), HasSubstr("max_attempts must be at least 1 (got " +
+                                        std::to_string(attempts) + ")"));
+  }
+  JobSpec bad_timeout = spec();
+  bad_timeout.timeout_ms = -5;
+  EXPECT_THAT(refusal(bad_timeout), HasSubstr("timeout_ms must not be negative (got -5)"));
+
+  JobSpec bad = spec();
+  bad.max_attempts = 0;
+  try {
+    store().enqueue_batch({spec(), bad}, kT0);
+    ADD_FAILURE() << "a batch with a bad spec was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("(spec 1 of 2)"));
+  }
+  EXPECT_THAT(ids(list_all({})), ::testing::IsEmpty()) << "nothing was written";
+}
+
 TEST_P(JobStoreConformance, EnqueueBatchDeduplicatesWithinTheBatchAndAgainstActiveJobs) {
   JobSpec d1 = spec();
   d1.dedupe_key = "d1";
@@ -700,6 +736,27 @@ TEST_P(JobStoreConformance, RecoverOwnerExpiresEveryLeaseOfThatOwnerAtOnce) {
   EXPECT_EQ(store().recover_owner("host-1", kT0 + 2 * kSecond).requeued, 0) << "idempotent";
 }
 
+// Owner names longer than a store's column for them (MySQL: 255 bytes) stay distinct when they
+// share their start: before, MySQL cut both to the same 255 bytes, and one host's start-up
+// recovery took back the other's live leases.
+TEST_P(JobStoreConformance, LongOwnerNamesThatShareTheirStartAreStillTwoOwners) {
+  const std::string start(300, 'h');
+  const std::string host_a = start + "-a";
+  const std::string host_b = start + "-b";
+  const JobId mine = add(spec());
+  const JobId theirs = add(spec());
+  claim_job(mine, kT0, host_a);
+  Claimed other = claim_job(theirs, kT0, host_b);
+  EXPECT_NE(get_job(mine).lease_owner, get_job(theirs).lease_owner);
+
+  EXPECT_EQ(store().recover_owner(host_a, kT0 + kSecond).requeued, 1);
+  EXPECT_EQ(status_of(mine), JobStatus::kQueued);
+  Job t = get_job(theirs);
+  EXPECT_EQ(t.status, JobStatus::kRunning);
+  EXPECT_EQ(t.lease_token, other.lease_token);
+  EXPECT_EQ(store().recover_owner(host_b, kT0 + kSecond).requeued, 1);
+}
+
 TEST_P(JobStoreConformance, ConcurrentSweepsFromTwoHostsRequeueEachExpiredJobOnce) {
   constexpr int kJobs = 40;
   constexpr int kParents = 5;
@@ -882,6 +939,39 @@ TEST_P(JobStoreConformance, ACheckpointMakesTheRunningAttemptTheFirstAgain) {
             JobStatus::kDead)
       << "two attempts in a row without progress";
   EXPECT_EQ(store().attempts(id).size(), 3u) << "the history keeps every attempt";
+}
+
+// The checkpoint a parent leaves when it starts waiting for its children is progress too: the
+// wait is no attempt, and the attempts before it no longer count against max_attempts (before,
+// a parent that had failed once came back from its wait with that failure still counted).
+TEST_P(JobStoreConformance, ACheckpointWrittenWhenWaitingForChildrenIsProgressToo) {
+  JobSpec s = spec("backfill.run");
+  s.max_attempts = 2;
+  const JobId parent = add(s);
+  EXPECT_EQ(store().fail(parent, claim_job(parent, kT0).lease_token, retryable("page 1"), kT0),
+            JobStatus::kQueued);
+  Claimed second = claim_job(parent, kT0 + 1);
+  EXPECT_EQ(second.job.attempts, 2);
+  const JobId child = add_child(parent, "backfill.entity");
+  store().wait_for_children(parent, second.lease_token, kT0 + kDay,
+                            std::string(R"({"phase":"children"})"), kT0 + 2);
+  EXPECT_EQ(get_job(parent).attempts, 0);
+  store().complete(child, claim_job(child, kT0 + 3).lease_token, "{}", kT0 + 4);
+  Claimed resumed = claim_job(parent, kT0 + 5);
+  EXPECT_EQ(resumed.job.attempts, 1);
+  EXPECT_EQ(store().fail(parent, resumed.lease_token, retryable("summary"), kT0 + 6),
+            JobStatus::kQueued)
+      << "its first attempt since the checkpoint: not its last";
+
+  // Without a checkpoint the wait only takes its own attempt back.
+  JobSpec other = spec("backfill.run");
+  other.max_attempts = 3;
+  const JobId plain = add(other);
+  store().fail(plain, claim_job(plain, kT0).lease_token, retryable("page 1"), kT0);
+  Claimed p = claim_job(plain, kT0 + 1);
+  add_child(plain, "backfill.entity");
+  store().wait_for_children(plain, p.lease_token, kT0 + kDay, std::nullopt, kT0 + 2);
+  EXPECT_EQ(get_job(plain).attempts, 1);
 }
 
 TEST_P(JobStoreConformance, AFailureOnTheLastAttemptKillsTheJobAndOpensADeadLetter) {

@@ -246,6 +246,18 @@ class UnreachableForAWhile : public ForwardingStore {
   bool per_item_;
 };
 
+// A store that fails heartbeats once `refuse` is set (transient, as a server that went away).
+class FailsBeats : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                            const std::optional<std::string>& checkpoint) override {
+    if (refuse) throw StorageError("server unreachable", true);
+    return inner().heartbeat(id, token, now_ms, lease_ms, checkpoint);
+  }
+  std::atomic<bool> refuse{false};
+};
+
 // Waits (real time, up to 20 s) until `done` holds.
 template <class Done>
 void wait_for(Done&& done) {
@@ -1142,6 +1154,26 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesRanOutWhileTheStoreWasDownAreNotStarted) 
   }
 }
 
+// Jobs whose leases ran out while they waited, their heartbeats failing, and which no other host
+// took meanwhile, go back to the queue without an attempt rather than staying running until the
+// sweep takes them back and counts one (an attempt that never started could send a job on its
+// last try to the dead letters).
+TEST_F(PrefetchedJobs, ThoseWhoseLeasesRanOutAreHandedBackWithoutAnAttempt) {
+  FailsBeats store(*store_);
+  const SchedulerOptions o = one_worker_three_ahead();  // no sweep but the test's
+  Scheduler scheduler(store, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  store.refuse = true;
+  clock_.advance_ms(o.lease_ms + 500);
+  finish_all(scheduler);  // the three go back, are claimed again and run
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_EQ(calls(ids[i]), 1) << "job " << ids[i];
+    EXPECT_EQ(store_->get(ids[i])->attempts, 1) << "job " << ids[i];
+    EXPECT_EQ(store_->attempts(ids[i]).front().outcome, "released") << "job " << ids[i];
+  }
+  EXPECT_EQ(scheduler.stats().released, 3);
+}
+
 // A heartbeat round on a store that is down makes one call, not one per job in hand: each call
 // to such a store can take seconds (connect timeouts and the store's own retries), and a round
 // of them would hold up the next round and a stop. The others are tried again with the next.
@@ -1512,6 +1544,164 @@ TEST_F(SchedulerTest, ARefusedEndingHandedOverWhileARefusalIsRecordedIsAlsoAFail
          "never turned into a failed attempt: the job stays running until its lease runs out";
   EXPECT_EQ(scheduler.stats().failed, 2);
   scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// A handler may throw what is not a std::exception (a library's own error type, an int): the
+// attempt fails like any other, and the process goes on (before, it ended in std::terminate).
+TEST_F(SchedulerTest, AHandlerThrowingANonStdExceptionFailsItsAttempt) {
+  Scheduler scheduler(*store_, clock_, options());
+  scheduler.register_handler("work", [](JobContext&) -> Outcome { throw 42; });
+  const JobId id = enqueue("work");
+  EXPECT_EQ(scheduler.run_once(1), 1u);
+  Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kQueued);
+  EXPECT_EQ(job.attempts, 1);
+  EXPECT_EQ(job.run_after_ms, clock_.now_ms() + 2'000) << "the policy's delay";
+  ASSERT_TRUE(job.last_error);
+  EXPECT_NE(job.last_error->find("not a std::exception"), std::string::npos) << *job.last_error;
+  EXPECT_EQ(scheduler.stats().failed, 1);
+}
+
+// A claim of no kinds takes any kind: a scheduler without handlers would claim every job and
+// send each one to the dead letters as unhandled. It claims nothing.
+TEST_F(SchedulerTest, ASchedulerWithoutHandlersClaimsNothing) {
+  const JobId id = enqueue("work");
+  {
+    Scheduler scheduler(*store_, clock_, options());
+    EXPECT_EQ(scheduler.run_once(10), 0u);
+    scheduler.start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // room for a claim, if any
+    scheduler.drain(std::chrono::milliseconds(100));
+    EXPECT_EQ(scheduler.stats().claimed, 0);
+  }
+  Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kQueued);
+  EXPECT_EQ(job.attempts, 0);
+  EXPECT_TRUE(store_->list_dead_letters({}).items.empty());
+}
+
+TEST_F(SchedulerTest, AnEmptyHandlerIsRefused) {
+  Scheduler scheduler(*store_, clock_, options());
+  EXPECT_THROW(scheduler.register_handler("work", Handler()), std::invalid_argument);
+  EXPECT_TRUE(scheduler.kinds().empty());
+}
+
+// start() on a running scheduler does nothing: with recover_own_leases, it used to expire the
+// leases of the jobs its own workers were running, so that they ran twice.
+TEST_F(SchedulerTest, ASecondStartDoesNotRecoverTheJobsItIsRunning) {
+  SchedulerOptions o = options();
+  o.recover_own_leases = true;
+  Scheduler scheduler(*store_, clock_, o);
+  std::atomic<int> calls{0};
+  std::atomic<bool> release{false};
+  SetOnExit let_go{release};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++calls;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  const JobId id = enqueue("work");
+  scheduler.start();
+  wait_for([&] { return calls.load() == 1; });
+  ASSERT_EQ(calls.load(), 1);
+  scheduler.start();
+  release = true;
+  wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kSucceeded);
+  EXPECT_EQ(job.attempts, 1);
+  EXPECT_EQ(calls.load(), 1);
+  for (const Attempt& a : store_->attempts(id)) EXPECT_NE(a.outcome, "lease_expired");
+}
+
+// A drain past its grace asks handlers to stop; a start after it runs them to their end again
+// (before, every job it claimed was released at once, over and over).
+TEST_F(SchedulerTest, AStartAfterADrainPastItsGraceRunsJobsAgain) {
+  SystemClock clock;
+  Scheduler scheduler(*store_, clock, options());
+  std::atomic<bool> started{false};
+  std::atomic<bool> second_run{false};
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    started = true;
+    for (;;) {  // pages until interrupted, the first time
+      c.checkpoint("{}");
+      if (second_run) return Outcome::complete();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  const JobId id = enqueue("work");
+  scheduler.start();
+  wait_for([&] { return started.load(); });
+  ASSERT_TRUE(started);
+  scheduler.drain(std::chrono::milliseconds(20));
+  ASSERT_EQ(store_->get(id)->status, JobStatus::kQueued);
+  second_run = true;
+  scheduler.start();
+  wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(scheduler.stats().released, 1);
+}
+
+// A checkpoint counts the running attempt as the first (the store sets attempts to 1): a failure
+// after it is retried after the first attempt's delay, not the delay of the attempts before.
+TEST_F(SchedulerTest, AFailureAfterACheckpointIsRetriedWithTheFirstAttemptsDelay) {
+  Scheduler scheduler(*store_, clock_, options());
+  std::atomic<int> runs{0};
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    if (++runs >= 3) c.checkpoint("{\"page\":2}");
+    throw std::runtime_error("upstream 503");
+  });
+  const JobId id = enqueue("work", 5);
+  scheduler.run_once(1);
+  clock_.advance_ms(2'000);
+  scheduler.run_once(1);
+  EXPECT_EQ(store_->get(id)->run_after_ms, clock_.now_ms() + 4'000);  // 1000 * 2^2
+  clock_.advance_ms(4'000);
+  scheduler.run_once(1);  // checkpoints, then fails
+  Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kQueued);
+  EXPECT_EQ(job.attempts, 1);
+  EXPECT_EQ(job.run_after_ms, clock_.now_ms() + 2'000) << "1000 * 2^1, as after a first attempt";
+}
+
+// Draining, a job goes back to the queue without an attempt (SPEC F6) even when the beat at its
+// page boundary fails: before, the beat's error failed the attempt, which counted it.
+TEST_F(SchedulerTest, ADrainReleasesAJobWhoseLastBeatFails) {
+  FailsBeats store(*store_);
+  Scheduler scheduler(store, clock_, options());  // the heartbeat loop's beats: 10 s apart
+  std::atomic<bool> started{false};
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    started = true;
+    while (!c.stopping()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    c.checkpoint("{\"page\":3}");  // the page boundary: its beat fails
+    return Outcome::complete();
+  });
+  const JobId id = enqueue("work");
+  scheduler.start();
+  wait_for([&] { return started.load(); });
+  ASSERT_TRUE(started);
+  store.refuse = true;
+  scheduler.drain(std::chrono::milliseconds(0));
+  Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kQueued);
+  EXPECT_EQ(job.attempts, 0);
+  EXPECT_FALSE(job.last_error);
+  EXPECT_EQ(scheduler.stats().released, 1);
+  EXPECT_EQ(scheduler.stats().failed, 0);
+}
+
+// Prefetched jobs are released at drain like any ending, tried again over a store that fails
+// (before, one failed call left them to their leases, and the sweep counted an attempt).
+TEST_F(DrainOfPrefetchedJobs, AreReleasedWhenTheStoreFailsOnce) {
+  UnreachableForAWhile store(*store_, 1, false);
+  Scheduler scheduler(store, clock_, one_worker_three_ahead());
+  std::vector<JobId> ids = start_with_three_prefetched(scheduler);
+  scheduler.drain(std::chrono::milliseconds(0));
+  EXPECT_EQ(store.failed(), 1);
+  EXPECT_EQ(scheduler.stats().released, 4);
+  expect_queued(ids, 0);
 }
 
 }  // namespace

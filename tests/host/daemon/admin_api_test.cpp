@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -154,6 +157,101 @@ TEST_F(DaemonTest, CheckpointReadReplaceResetAndConflictWhileRunning) {
   expect_envelope(call("PUT", path, R"({"cursor":"x"})"), 409, "CONFLICT");
   expect_envelope(call("DELETE", path), 409, "CONFLICT");
   expect_envelope(call("PUT", "/v1/jobs/999/checkpoint", "{}"), 404, "JOB_NOT_FOUND");
+}
+
+// `key=` (present, empty) selects the jobs and dead letters without a concurrency key; it used to
+// be taken as no filter at all, listing every key's.
+TEST_F(DaemonTest, AnEmptyKeyFilterListsTheJobsWithoutAKey) {
+  start();
+  const jobs::JobId keyed = enqueue("kind.a", "inst-1");
+  const jobs::JobId unkeyed = enqueue("kind.a", "");
+  const json none = call("GET", "/v1/jobs?key=").json();
+  ASSERT_EQ(none["items"].size(), 1u) << none.dump();
+  EXPECT_EQ(none["items"][0]["id"], unkeyed);
+  const json all = call("GET", "/v1/jobs").json();
+  EXPECT_EQ(all["items"].size(), 2u);
+  EXPECT_EQ(call("GET", "/v1/jobs?key=inst-1").json()["items"][0]["id"], keyed);
+
+  make_dead_letter("kind.b", "inst-1", "404");
+  const int64_t letter = make_dead_letter("kind.b", "", "410");
+  const json letters = call("GET", "/v1/dead-letters?key=").json();
+  ASSERT_EQ(letters["items"].size(), 1u) << letters.dump();
+  EXPECT_EQ(letters["items"][0]["id"], letter);
+}
+
+// A replaced checkpoint is stored as sent: re-serialized, its keys came back sorted and a number
+// beyond 64 bits rounded to a double (a cursor an operator repairs must be the one they wrote).
+TEST_F(DaemonTest, AReplacedCheckpointIsStoredAsSent) {
+  start();
+  const jobs::JobId id = enqueue("kind.a");
+  const std::string sent = R"({"z":"last","a":1,"big":123456789012345678901234567890})";
+  const HttpResult put = call("PUT", "/v1/jobs/" + std::to_string(id) + "/checkpoint", sent);
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(*store().get(id)->checkpoint, sent);
+}
+
+// Every outcome an attempt can end with is one the OpenAPI description lists for Attempt.outcome
+// ("waiting", a parent's attempt that ended waiting for its children, was missing).
+TEST_F(DaemonTest, TheAttemptHistoryShowsOnlyOutcomesTheApiDescribes) {
+  start();
+  std::ifstream in(std::string(BACKHAUL_SOURCE_DIR) + "/schemas/openapi.yaml");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string yaml = text.str();
+  const size_t attempt = yaml.find("\n    Attempt:\n");
+  ASSERT_NE(attempt, std::string::npos);
+  const std::string marker = "outcome: {type: string, enum: [";
+  const size_t from = yaml.find(marker, attempt);
+  ASSERT_NE(from, std::string::npos);
+  const size_t to = yaml.find(']', from);
+  std::set<std::string> described;
+  std::stringstream list(yaml.substr(from + marker.size(), to - from - marker.size()));
+  for (std::string item; std::getline(list, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    described.insert(item);
+  }
+
+  // One job for each way an attempt ends, each of its own kind.
+  auto job_of = [&](const std::string& kind) {
+    const jobs::JobId id = enqueue(kind, "inst-1", 3);
+    return std::make_pair(id, claim(kind));
+  };
+  auto [succeeded, t1] = job_of("o.succeeded");
+  store().complete(succeeded, t1, "{}", now());
+  auto [failed, t2] = job_of("o.failed");
+  store().fail(failed, t2, {"503", false, 0}, now());
+  auto [fatal, t3] = job_of("o.fatal");
+  store().fail(fatal, t3, {"404", true, 0}, now());
+  auto [released, t4] = job_of("o.released");
+  store().release(released, t4, now());
+  auto [deferred, t5] = job_of("o.deferred");
+  store().defer(deferred, t5, now() + 60'000, "rate limited", now());
+  auto [waiting, t6] = job_of("o.waiting");
+  jobs::JobSpec child;
+  child.kind = "o.child";
+  child.payload = "{}";
+  child.parent_id = waiting;
+  store().enqueue(child, now());
+  store().wait_for_children(waiting, t6, now() + 60'000, std::nullopt, now());
+  auto [cancelled, t7] = job_of("o.cancelled");
+  store().cancel(cancelled, now());
+  store().release(cancelled, t7, now());
+  auto [expired, t8] = job_of("o.expired");
+  (void)t8;
+  store().sweep(now() + 120'000);  // its lease (60 s) ran out
+  auto [running, t9] = job_of("o.running");
+  (void)t9;
+
+  std::set<std::string> shown;
+  for (jobs::JobId id :
+       {succeeded, failed, fatal, released, deferred, waiting, cancelled, expired, running}) {
+    const json job = call("GET", "/v1/jobs/" + std::to_string(id)).json();
+    for (const json& a : job["attemptHistory"]) shown.insert(a["outcome"].get<std::string>());
+  }
+  EXPECT_EQ(shown, (std::set<std::string>{"succeeded", "failed", "fatal", "released", "deferred",
+                                          "waiting", "cancelled", "lease_expired", "running"}));
+  for (const std::string& outcome : shown) EXPECT_EQ(described.count(outcome), 1u) << outcome;
 }
 
 TEST_F(DaemonTest, DeadLettersListStatsGetRetryIgnorePurge) {
