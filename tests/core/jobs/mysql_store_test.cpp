@@ -1471,7 +1471,9 @@ class Relay {
       if (n < 0) break;
       if (n == 0) continue;
       if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !forward(client, server, buffer)) break;
-      if (!held && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+      // Read again: hold_replies() may have come during the poll, before the reply it must hold
+      // arrived (a reply forwarded then was seen by the store, whose call did not fail).
+      if (!held && held_ != generation && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
           !forward(server, client, buffer)) {
         break;
       }
