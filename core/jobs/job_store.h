@@ -321,6 +321,8 @@ class JobStore {
   virtual std::map<std::pair<std::string, DeadLetterStatus>, int64_t> dead_letter_stats() = 0;
   // The job goes back to queued with attempts reset; the letter becomes retrying. When the job
   // succeeds the letter is resolved; when it dies again the letter is pending with the new error.
+  // An active parent counts the job again; the job counts its active children that nobody counts
+  // (retried or enqueued while it was dead), so that waiting for its children waits for them too.
   // Throws InvalidTransition unless the letter is pending (or ignored).
   virtual void retry_dead_letter(int64_t id, int64_t now_ms) = 0;
   // Retries up to `limit` pending letters matching the query (newest first); returns how many.

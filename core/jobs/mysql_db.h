@@ -55,6 +55,7 @@ struct Config {
   // dead server.
   unsigned read_timeout_s = 120;
   // The sessions' innodb_lock_wait_timeout, in seconds; 0 = the server's (50 s by default).
+  // Either way at most read_timeout_s - 1 (see Connection).
   unsigned lock_wait_timeout_s = 0;
 };
 Config parse_config(const std::string& connection_string);
@@ -76,9 +77,18 @@ class Error : public StorageError {
   static bool is_read_only(unsigned code) noexcept { return code == 1290 || code == 1836; }
   // Worth running again on a new session: this one died, or its server takes no writes.
   bool needs_new_session() const noexcept { return lost_ || is_read_only(code_); }
-  // Deadlock (1213) or lock wait timeout (1205), StorageError::lock_conflict(): the transaction
+  // Deadlock (1213) or lock wait (is_lock_wait), StorageError::lock_conflict(): the transaction
   // is rolled back and can be re-run.
-  static bool is_lock_conflict(unsigned code) noexcept { return code == 1213 || code == 1205; }
+  static bool is_lock_conflict(unsigned code) noexcept {
+    return code == 1213 || is_lock_wait(code);
+  }
+  // A statement that waited too long: a lock wait timeout (1205), or a statement interrupted by
+  // the server's or the account's time limit (1969: MariaDB max_statement_time, 3024: MySQL
+  // max_execution_time), which ends a wait for another transaction's rows before the lock wait
+  // timeout does. Re-run once (RetryLimits::lock_waits): each run waited that long.
+  static bool is_lock_wait(unsigned code) noexcept {
+    return code == 1205 || code == 1969 || code == 3024;
+  }
   bool duplicate_key() const noexcept { return code_ == 1062; }
 
  private:
@@ -185,9 +195,12 @@ class Connection {
  private:
   [[noreturn]] void fail(const char* what);
   [[noreturn]] void fail(MYSQL_STMT* statement, const char* what);
+  // Throws Error 1153 (not lost) when a packet of `bytes` would exceed max_packet_.
+  void check_packet(uint64_t bytes) const;
 
   MYSQL* handle_ = nullptr;
   bool broken_ = false;
+  uint64_t max_packet_ = UINT64_MAX;  // the server's max_allowed_packet, read at connect
   std::map<std::string, MYSQL_STMT*, std::less<>> statements_;  // prepared, by text
 };
 
@@ -319,7 +332,7 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         throw;
       }
     } catch (const Error& e) {
-      const bool timed_out = e.code() == 1205;
+      const bool timed_out = Error::is_lock_wait(e.code());
       if (timed_out && ++waits < limits.lock_waits) {
         backoff(waits, std::chrono::milliseconds(2), std::chrono::milliseconds(200));
         continue;

@@ -265,10 +265,14 @@ Sql& Sql::real(double value) {
 namespace {
 
 // Errors after which the session is gone (or never was): the server went away, the network
-// failed, the connection was killed, or the server is shutting down or full.
+// failed, the connection was killed, or the server is shutting down or full -- for everyone, or
+// for this account (its connections held by another process of it, or by sessions a restart left
+// behind, until they end; an hourly limit, until the hour is over).
 bool is_connection_error(unsigned code) {
   switch (code) {
     case 1040:  // ER_CON_COUNT_ERROR: too many connections
+    case 1203:  // ER_TOO_MANY_USER_CONNECTIONS: the server's max_user_connections
+    case 1226:  // ER_USER_LIMIT_REACHED: the account's MAX_USER_CONNECTIONS (or an hourly limit)
     case 1053:  // ER_SERVER_SHUTDOWN
     case 1927:  // ER_CONNECTION_KILLED
     case 2002:  // CR_CONNECTION_ERROR
@@ -324,15 +328,26 @@ Connection::Connection(const Config& config) {
   // READ COMMITTED: REPEATABLE READ (the default) would make counts read after taking a lock
   // stale (the snapshot is older than the lock) and allows lost updates. Strict mode: a value
   // that does not fit is an error, never silently truncated. No NO_BACKSLASH_ESCAPES (quote()).
+  // A lock wait ends at least a second before the read timeout: else a statement waiting for a
+  // row would be taken for a lost connection, run again on another session while it still waited
+  // on this one, and, with its COMMIT, might apply after the caller had found it not applied.
   try {
     std::string setup =
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
         "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
         "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', SESSION autocommit = 1";
-    if (config.lock_wait_timeout_s > 0) {
-      setup += ", SESSION innodb_lock_wait_timeout = " + std::to_string(config.lock_wait_timeout_s);
+    std::string lock_wait = config.lock_wait_timeout_s > 0
+                                ? std::to_string(config.lock_wait_timeout_s)
+                                : std::string("@@GLOBAL.innodb_lock_wait_timeout");
+    if (config.read_timeout_s > 0) {
+      lock_wait = "LEAST(" + lock_wait + ", " +
+                  std::to_string(std::max(config.read_timeout_s, 2u) - 1) + ")";
     }
-    run(setup);
+    if (config.lock_wait_timeout_s > 0 || config.read_timeout_s > 0) {
+      setup += ", SESSION innodb_lock_wait_timeout = " + lock_wait;
+    }
+    setup += "; SELECT @@max_allowed_packet";
+    max_packet_ = static_cast<uint64_t>(to_i64(run(setup).back().rows.at(0).at(0)));
   } catch (...) {
     mysql_close(handle_);
     handle_ = nullptr;
@@ -365,8 +380,27 @@ void Connection::fail(MYSQL_STMT* statement, const char* what) {
               code, lost);
 }
 
+// The server answers a packet larger than its max_allowed_packet by closing the connection (after
+// error 1153), mostly before the client has sent it all, which the client then reports as lost
+// (2006): a statement that can never pass (a result, checkpoint or payload too large for the
+// server) would be taken for a lost connection -- transient, sent again on new sessions, and in a
+// COMMIT's round trip an unknown outcome. It is refused here instead, unsent, with the server's
+// code for it (1153, not transient), and the session is kept.
+void Connection::check_packet(uint64_t bytes) const {
+  if (bytes <= max_packet_) return;
+  throw Error("a statement of " + std::to_string(bytes) +
+                  " bytes exceeds the server's max_allowed_packet (" + std::to_string(max_packet_) +
+                  " bytes)",
+              1153, false);
+}
+
 Result Connection::execute(const std::string& sql, const std::vector<Param>& params) {
   if (broken_) throw Error("connection is broken", 2006, true);
+  // COM_STMT_EXECUTE: a 10-byte head, then per value at most 12 bytes (type, null bit, length)
+  // and its bytes.
+  uint64_t packet = 10;
+  for (const Param& p : params) packet += 12 + p.bytes.size();
+  check_packet(packet);
   auto it = statements_.find(sql);
   if (it == statements_.end()) {
     MYSQL_STMT* statement = mysql_stmt_init(handle_);
@@ -422,6 +456,7 @@ std::vector<Result> Connection::run(std::string_view sql, size_t* completed) {
   std::vector<Result> results;
   if (completed) *completed = 0;
   if (broken_) throw Error("connection is broken", 2006, true);
+  check_packet(sql.size() + 1);  // COM_QUERY: a command byte and the text
   if (mysql_real_query(handle_, sql.data(), static_cast<unsigned long>(sql.size())) != 0) {
     fail("query");
   }
@@ -2931,9 +2966,15 @@ class MysqlStore final : public JobStore {
       }
     }
     bool counted = s->parent_id && count_child(tx, *s->parent_id, now);
+    // Its active children that nobody counted (retried or enqueued while it was dead; a bulk
+    // retry takes a child that died after its parent first): it waits for them as for the others.
+    const uint64_t adopted =
+        tx.one(Sql("UPDATE jobs SET counted_in_parent = 1 WHERE parent_id = ")
+               << s->id << " AND counted_in_parent = 0 AND status IN " << kActive)
+            .affected;
     w.push_back(Sql("UPDATE jobs SET status = 'queued', attempts = 0, run_after_ms = ")
                 << now << ", finished_ms = 0, cancel_requested = 0, counted_in_parent = "
-                << (counted ? 1 : 0)
+                << (counted ? 1 : 0) << ", pending_children = pending_children + " << adopted
                 << ", active_dedupe_key = dedupe_key, owner_id = 0, lease_token = '', "
                    "lease_expires_ms = 0, wait_deadline_ms = 0, updated_ms = "
                 << now << " WHERE id = " << s->id);

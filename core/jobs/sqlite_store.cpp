@@ -16,7 +16,8 @@
 //   attempt ends the job and stays in its row instead (end_successful_attempt(): lease_owner
 //   keeps the owner; only a running job reports it as its lease).
 // * A child counted in its parent's pending_children (counted_in_parent = 1) is uncounted in the
-//   transaction that makes it terminal (succeeded, dead, cancelled), once.
+//   transaction that makes it terminal (succeeded, dead, cancelled), once. An active child counted
+//   by nobody (its parent was terminal) is counted when its parent is retried.
 // * A dead job has a pending dead letter; a retried one a retrying letter that becomes resolved
 //   when the job succeeds, pending again when it dies, ignored when it is cancelled.
 #include "core/jobs/sqlite_store.h"
@@ -1166,6 +1167,16 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
   one_by_one.insert(one_by_one.end(), rest.begin(), rest.end());
   std::sort(one_by_one.begin(), one_by_one.end());
   for (size_t index : one_by_one) finish_one(index);
+  // A retry written with its chunk, ahead of the items above, whose parent one of them cancelled:
+  // the cancellation found it queued and cancelled it. Its item reports that, as it does when
+  // the parent's item is written first (the cancellation rule) and as the MySQL store reports it.
+  if (!one_by_one.empty()) {
+    for (size_t index : fails) {
+      if (results[index].status != JobStatus::kQueued) continue;
+      std::optional<JobState> s = load_state(c, items[index].id);
+      if (s && s->status == JobStatus::kCancelled) results[index].status = JobStatus::kCancelled;
+    }
+  }
   for (const auto& [key, n] : down) c.query(kRunningDownBy).args(key.first, key.second, n).run();
   return results;
 }
@@ -1323,7 +1334,13 @@ CircuitRecord update_circuit_record(
 const std::string kLoadLetter = "SELECT " + kLetterColumns + " FROM dead_letters WHERE id = ?1";
 const std::string kRetryJob =
     "UPDATE jobs SET status = 'queued', attempts = 0, run_after_ms = ?2, finished_ms = 0, "
-    "cancel_requested = 0, counted_in_parent = ?3, updated_ms = ?2 WHERE id = ?1";
+    "cancel_requested = 0, counted_in_parent = ?3, pending_children = pending_children + ?4, "
+    "updated_ms = ?2 WHERE id = ?1";
+// The children of a dead job that are active but counted by nobody: retried or enqueued while
+// it was dead (a bulk retry takes a child that died after its parent first).
+const std::string kAdoptChildren =
+    "UPDATE jobs SET counted_in_parent = 1 WHERE parent_id = ?1 AND counted_in_parent = 0 "
+    "AND status IN ('queued', 'running', 'waiting')";
 const std::string kRetryLetter =
     "UPDATE dead_letters SET status = 'retrying', retries = retries + 1, updated_ms = ?2 "
     "WHERE id = ?1";
@@ -1365,11 +1382,13 @@ JobState check_retryable(Connection& c, const DeadLetter& letter) {
   return *s;
 }
 
-// The job goes back to queued with attempts reset (counted again by an active parent).
+// The job goes back to queued with attempts reset (counted again by an active parent), and counts
+// its active children that nobody counted, so that it waits for them as for the others.
 void retry_letter(Connection& c, const DeadLetter& letter, int64_t now) {
   JobState s = check_retryable(c, letter);
   bool counted = s.parent_id && count_child(c, *s.parent_id, now);
-  c.query(kRetryJob).args(s.id, now, counted).run();
+  const int64_t adopted = c.query(kAdoptChildren).args(s.id).run();
+  c.query(kRetryJob).args(s.id, now, counted, adopted).run();
   c.query(kRetryLetter).args(letter.id, now).run();
 }
 

@@ -1344,7 +1344,9 @@ TEST_P(JobStoreConformance, FinishFollowsTheCancellationRule) {
 
 // Review: a parent whose cancellation takes effect in a finish() call asks its running children
 // to stop; a child ending in the same call must then follow the cancellation rule, as it would
-// one call after the other (parent first).
+// one call after the other (parent first), and report it: on SQLite a child's retryable failure,
+// written with the call's other failures ahead of the parent's release, reported kQueued (the
+// scheduler logged "retrying in N ms" and woke its claim loop) although the job ended cancelled.
 TEST_P(JobStoreConformance, AChildAskedToStopByItsParentInTheSameFinishIsCancelledNotRequeued) {
   for (Finish::Kind child_ending : {Finish::Kind::kDefer, Finish::Kind::kFail}) {
     SCOPED_TRACE(child_ending == Finish::Kind::kDefer ? "child defers" : "child fails");
@@ -1370,15 +1372,13 @@ TEST_P(JobStoreConformance, AChildAskedToStopByItsParentInTheSameFinishIsCancell
     EXPECT_EQ(results[0].status, JobStatus::kCancelled);
     EXPECT_EQ(status_of(parent), JobStatus::kCancelled);
     EXPECT_FALSE(results[1].lease_lost) << results[1].error;
+    EXPECT_EQ(results[1].status, JobStatus::kCancelled) << results[1].error;
     EXPECT_EQ(status_of(child), JobStatus::kCancelled)
         << "a job asked to stop never goes back to the queue: " << describe(get_job(child));
     EXPECT_THAT(claim(10, kT0 + kDay), ::testing::IsEmpty());
   }
 }
 
-// Review: the same for a sweep that takes back the expired leases of a cancel-requested parent
-// and of its running child: the parent's cancellation asks the child to stop, so the child is
-// cancelled, not requeued (as recover_owner and one sweep per job would leave it).
 TEST_P(JobStoreConformance, ASweepCancellingAnExpiredParentDoesNotRequeueItsExpiredChild) {
   const JobId parent = add(spec("backfill.run"));
   claim_job(parent);
@@ -1696,6 +1696,33 @@ TEST_P(JobStoreConformance, ARetriedDeadChildIsWaitedForAgain) {
 
   store().complete(slow, claim_job(slow, kT0 + 4).lease_token, "{}", kT0 + 5);
   j = get_job(parent);
+  EXPECT_EQ(j.status, JobStatus::kQueued) << describe(j);
+  EXPECT_EQ(j.pending_children, 0);
+}
+
+// Review: a child retried while its parent was dead was counted by nobody (its parent was not
+// active), and retrying the parent afterwards did not count it either: the revived parent's
+// wait_for_children found no pending child and queued it at once while the child still had to
+// run. A bulk retry takes the newest letters first, so a child that died after its parent is
+// retried before it. The parent now waits for every active child, whichever was retried first.
+TEST_P(JobStoreConformance, ARetriedParentWaitsForTheChildrenRetriedBeforeIt) {
+  const JobId parent = add(spec("backfill.run"));
+  Claimed p = claim_job(parent, kT0);
+  const JobId child = add_child(parent, "backfill.entity");
+  ASSERT_EQ(store().fail(parent, p.lease_token, fatal("crashed after the fan-out"), kT0 + 1),
+            JobStatus::kDead);
+  store().fail(child, claim_job(child, kT0 + 2).lease_token, fatal("provider down"), kT0 + 3);
+  ASSERT_EQ(get_job(parent).pending_children, 0);
+
+  ASSERT_EQ(store().retry_dead_letters({}, 10, kT0 + kHour), 2);  // the child's letter first
+  EXPECT_EQ(get_job(parent).pending_children, 1) << describe(get_job(parent));
+  Claimed again = claim_job(parent, kT0 + kHour);
+  store().wait_for_children(parent, again.lease_token, kT0 + 2 * kHour, std::nullopt,
+                            kT0 + kHour + 1);
+  EXPECT_EQ(status_of(parent), JobStatus::kWaiting) << "its retried child has not run yet";
+
+  store().complete(child, claim_job(child, kT0 + kHour + 2).lease_token, "{}", kT0 + kHour + 3);
+  Job j = get_job(parent);
   EXPECT_EQ(j.status, JobStatus::kQueued) << describe(j);
   EXPECT_EQ(j.pending_children, 0);
 }

@@ -112,6 +112,14 @@ class TestDatabase {
   std::string app_;
 };
 
+// A session of `db` holding job `id`'s row (FOR UPDATE, in a transaction) until it rolls back.
+std::unique_ptr<mysql::Connection> holding_row(const TestDatabase& db, JobId id) {
+  auto holder = db.app_session();
+  holder->one("START TRANSACTION");
+  holder->one("SELECT id FROM jobs WHERE id = " + std::to_string(id) + " FOR UPDATE");
+  return holder;
+}
+
 JobSpec spec(const std::string& kind, const std::string& key = "", std::string payload = "{}") {
   JobSpec s;
   s.kind = kind;
@@ -1221,10 +1229,8 @@ TEST(MysqlStore, PruneKeepsADeadJobWhoseLetterBecamePendingWhileItLocked) {
   const JobId job = store->get_dead_letter(letter)->job_id;
   store->ignore_dead_letter(letter, 1000);
 
-  auto other = db.app_session();
+  auto other = holding_row(db, held.id);
   const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
-  other->one("START TRANSACTION");
-  other->one("SELECT id FROM jobs WHERE id = " + std::to_string(held.id) + " FOR UPDATE");
   std::atomic<bool> done{false};
   int64_t pruned = -1;
   std::string error;
@@ -1319,9 +1325,7 @@ TEST(MysqlStore, ARowHeldPastTheLockWaitTimeoutFailsTheCallAfterOneRetryNotTwent
   EnqueueResult e = store->enqueue(spec("k"), 1000);
   std::vector<Claimed> got = store->claim(claim_of("w", 1, 1000, {"k"}));
   ASSERT_EQ(got.size(), 1u);
-  auto other = db.app_session();
-  other->one("START TRANSACTION");
-  other->one("SELECT id FROM jobs WHERE id = " + std::to_string(e.id) + " FOR UPDATE");
+  auto other = holding_row(db, e.id);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(store->heartbeat(e.id, got[0].lease_token, 2000, 30'000, std::nullopt),
                StorageError);
@@ -2134,6 +2138,200 @@ TEST(MysqlReadOnly, ASchedulerReportsItsFailingClaimsUntilTheServerTakesWritesAg
   EXPECT_EQ(store->get(id)->status, JobStatus::kSucceeded);
   EXPECT_FALSE(claims()) << claims()->error;
   scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// --- values and limits the server refuses -----------------------------------------------------
+
+// A value larger than the server's max_allowed_packet (64 MiB on the test server; 16 MiB by
+// default, which a MEDIUMTEXT's worth of text reaches once quoted) can never be stored. The server
+// closes the connection on such a statement, before the client has sent it all when it is well
+// over the limit, and the store took that for a lost connection (found by review): an enqueue was
+// sent four times more and then reported transient, and a heartbeat or an ending, whose statement
+// goes with its COMMIT, became an unknown outcome, transient too -- the scheduler kept sending it
+// for as long as the lease lasted, and a heartbeat round took the store for down. It is a refusal,
+// as a result that is not UTF-8 is.
+TEST(MysqlStore, AValueLargerThanTheServersPacketLimitIsRefusedNotTakenForALostConnection) {
+  TestDatabase db;
+  auto store = db.open(1);
+  const int64_t packet = scalar(*db.root_session(), "SELECT @@max_allowed_packet");
+  const std::string huge(2 * static_cast<size_t>(packet), 'x');
+  const JobId id = store->enqueue(spec("k"), 1000).id;
+  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(claimed.size(), 1u);
+  const std::string& token = claimed[0].lease_token;
+  const std::set<int64_t> sessions = sessions_on(db);
+  ASSERT_EQ(sessions.size(), 1u);
+
+  try {
+    store->enqueue(spec("k", "", huge), 2000);
+    ADD_FAILURE() << "a payload over max_allowed_packet was taken";
+  } catch (const StorageError& e) {
+    EXPECT_FALSE(e.transient()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_allowed_packet"), std::string::npos) << e.what();
+  }
+  try {
+    store->heartbeat(id, token, 2000, 30'000, huge);
+    ADD_FAILURE() << "a checkpoint over max_allowed_packet was taken";
+  } catch (const StorageError& e) {
+    EXPECT_EQ(dynamic_cast<const mysql::CommitUnknown*>(&e), nullptr) << e.what();
+    EXPECT_FALSE(e.transient()) << e.what();
+  }
+  Finish done;
+  done.kind = Finish::Kind::kComplete;
+  done.id = id;
+  done.token = token;
+  done.result_json = huge;
+  const std::vector<FinishResult> results = store->finish({done}, 3000);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_FALSE(results[0].status);
+  EXPECT_FALSE(results[0].lease_lost) << results[0].error;
+  EXPECT_FALSE(results[0].retryable) << results[0].error;
+
+  EXPECT_EQ(sessions_on(db), sessions) << "the session was dropped as if lost";
+  EXPECT_EQ(store->get(id)->status, JobStatus::kRunning);
+  store->complete(id, token, "{}", 4000);
+  EXPECT_EQ(store->get(id)->status, JobStatus::kSucceeded);
+}
+
+// An account of its own on `db`'s database, with `limits` ("WITH MAX_USER_CONNECTIONS 1", ...),
+// that may read and write rows; dropped at the end of the scope. The database must be migrated.
+class LimitedAccount {
+ public:
+  LimitedAccount(const TestDatabase& db, const std::string& limits)
+      : root_(db.root_session()), user_(db.name().substr(0, 32)) {  // the limit for user names
+    root_->one("CREATE USER '" + user_ + "'@'127.0.0.1' IDENTIFIED BY 'limited' " + limits);
+    root_->one("GRANT SELECT, INSERT, UPDATE, DELETE ON `" + db.name() + "`.* TO '" + user_ +
+               "'@'127.0.0.1'");
+    const mysql::Config config = mysql::parse_config(db.connection());
+    connection_ = "host=" + config.host + ";port=" + std::to_string(config.port) +
+                  ";db=" + db.name() + ";user=" + user_ + ";password=limited";
+  }
+  ~LimitedAccount() {
+    try {
+      root_->one("DROP USER IF EXISTS '" + user_ + "'@'127.0.0.1'");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "cannot drop user " << user_ << ": " << e.what();
+    }
+  }
+  LimitedAccount(const LimitedAccount&) = delete;
+  LimitedAccount& operator=(const LimitedAccount&) = delete;
+  const std::string& connection() const { return connection_; }
+
+ private:
+  std::unique_ptr<mysql::Connection> root_;
+  std::string user_;
+  std::string connection_;
+};
+
+// Several daemons share one account whose connections are limited (MAX_USER_CONNECTIONS, or the
+// server's max_user_connections): when one store's sessions end (a server-side timeout, a kill)
+// and another process of the account takes the free places, the server refuses the store's new
+// session (1226; 1203 for the server-wide limit) until one is free again -- as it refuses one over
+// max_connections (1040), which the store retries and reports transient. These were reported not
+// transient (found by review): a store error the request itself causes, so the scheduler turned
+// the job's ending into a failed attempt ("the store refused the attempt's outcome").
+TEST(MysqlStore, ASessionRefusedForTheAccountsConnectionLimitIsTransient) {
+  TestDatabase db;
+  db.open(1);  // migrates
+  LimitedAccount account(db, "WITH MAX_USER_CONNECTIONS 1");
+  std::unique_ptr<JobStore> store = open_mysql_store(account.connection(), 1);
+  store->enqueue(spec("k"), 1000);
+  const std::set<int64_t> sessions = sessions_on(db);
+  ASSERT_EQ(sessions.size(), 1u);
+  db.root_session()->one("KILL CONNECTION " + std::to_string(*sessions.begin()));
+  // Another process of the account takes the place once the killed session has ended.
+  std::unique_ptr<mysql::Connection> other;
+  for (int i = 0; i < 500 && !other; ++i) {
+    try {
+      other = std::make_unique<mysql::Connection>(mysql::parse_config(account.connection()));
+    } catch (const mysql::Error& e) {
+      if (e.code() != 1226) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_TRUE(other) << "the killed session never ended";
+
+  try {
+    store->enqueue(spec("k"), 2000);
+    ADD_FAILURE() << "an enqueue went through with the account's one place taken";
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.transient()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_user_connections"), std::string::npos) << e.what();
+  }
+  other.reset();  // the place is free again
+  EXPECT_TRUE(store->enqueue(spec("k"), 3000).created);
+}
+
+// A server or an account may bound the time of a statement (MariaDB max_statement_time or
+// MAX_STATEMENT_TIME, MySQL max_execution_time). A statement that waits past it for a row another
+// transaction holds is interrupted (1969) where a lock wait timeout (1205) would have ended it,
+// and it is the same conflict: transient, and a conflict on those rows only. It was reported as a
+// refusal of the request (found by review): the scheduler turned a completion that met it into a
+// failed attempt.
+TEST(MysqlStore, AStatementInterruptedByTheServersTimeLimitIsALockConflict) {
+  TestDatabase db;
+  db.open(1);  // migrates
+  LimitedAccount account(db, "WITH MAX_STATEMENT_TIME 1");
+  std::unique_ptr<JobStore> store = open_mysql_store(account.connection(), 1);
+  const JobId id = store->enqueue(spec("k"), 1000).id;
+  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(claimed.size(), 1u);
+  auto holder = holding_row(db, id);
+
+  try {
+    store->heartbeat(id, claimed[0].lease_token, 2000, 30'000, std::nullopt);
+    ADD_FAILURE() << "a heartbeat went through a held row";
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.transient()) << e.what();
+    EXPECT_TRUE(e.lock_conflict()) << e.what();
+  }
+  Finish done;
+  done.kind = Finish::Kind::kComplete;
+  done.id = id;
+  done.token = claimed[0].lease_token;
+  done.result_json = "{}";
+  std::vector<FinishResult> results = store->finish({done}, 3000);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(results[0].retryable) << results[0].error;
+
+  holder->one("ROLLBACK");
+  results = store->finish({done}, 4000);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded)) << results[0].error;
+}
+
+// The read timeout (read-timeout=, 120 s by default) is how long the store waits for an answer
+// before it takes the server for gone; a statement waiting for a row lock must end before it, with
+// a lock wait timeout that the caller re-runs. The server's innodb_lock_wait_timeout (50 s by
+// default) may be raised by an operator, or read-timeout lowered to notice a dead server sooner.
+// When the read timeout came first (found by review), a held row looked like a lost connection:
+// the call ran again on new sessions, each abandoned statement went on waiting on the server, and
+// one that carried its COMMIT could still apply after the store had found it not applied.
+TEST(MysqlStore, ARowHeldLongerThanTheReadTimeoutIsALockConflictNotALostConnection) {
+  TestDatabase db;
+  auto store = open_mysql_store(db.connection() + ";read-timeout=2", 1);
+  const JobId id = store->enqueue(spec("k"), 1000).id;
+  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(claimed.size(), 1u);
+  const std::set<int64_t> sessions = sessions_on(db);
+  ASSERT_EQ(sessions.size(), 1u);
+  auto holder = holding_row(db, id);
+  const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
+
+  try {
+    store->heartbeat(id, claimed[0].lease_token, 2000, 30'000, std::nullopt);
+    ADD_FAILURE() << "a heartbeat went through a held row";
+  } catch (const StorageError& e) {
+    EXPECT_TRUE(e.lock_conflict()) << e.what();
+  }
+  std::set<int64_t> now = sessions_on(db);
+  now.erase(holder_id);
+  EXPECT_EQ(now, sessions) << "the store's session was taken for lost";
+
+  holder->one("ROLLBACK");
+  EXPECT_EQ(
+      store->heartbeat(id, claimed[0].lease_token, 3000, 30'000, std::nullopt).lease_expires_ms,
+      33'000);
 }
 
 }  // namespace
