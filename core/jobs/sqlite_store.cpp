@@ -1048,10 +1048,12 @@ const Widths kRetryChunk([](size_t n) {
 
 // fail_job() for a chunk of items (distinct jobs). The failures that requeue -- the common case:
 // not FATAL, attempts left, no cancel request -- are checked like complete_chunk's and written
-// by one statement each; the others (dead, cancelled) go one by one through fail_job().
+// by one statement each; the others (dead, cancelled) go one by one through fail_job(). The
+// requeued ones that have a parent are added to `requeued_children` (see finish_jobs()).
 void fail_chunk(Connection& c, const std::vector<Finish>& items, const std::vector<size_t>& chunk,
                 int64_t now, std::map<std::pair<std::string, std::string>, int>& down,
-                std::vector<FinishResult>& results, std::vector<size_t>& one_by_one) {
+                std::vector<FinishResult>& results, std::vector<size_t>& one_by_one,
+                std::vector<size_t>& requeued_children) {
   std::vector<size_t> retries;
   const CheckedChunk checked = check_chunk(c, items, chunk, results);
   for (const auto& [index, state] : checked.valid) {
@@ -1061,6 +1063,7 @@ void fail_chunk(Connection& c, const std::vector<Finish>& items, const std::vect
     } else {
       retries.push_back(index);
       ++down[{state->kind, state->key}];
+      if (state->parent_id) requeued_children.push_back(index);
     }
   }
   if (retries.empty()) return;
@@ -1132,9 +1135,11 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
   std::vector<size_t> one_by_one;
   // A chunk the database refuses (one item's result it cannot hold, say) is undone and its items
   // go one by one, so that the refusal is that item's alone.
+  std::vector<size_t> requeued_children;  // retries written with their chunk, of jobs with a parent
   auto isolated = [&](const std::vector<size_t>& chunk, auto&& write) {
     const auto down_before = down;
     const size_t queued_before = one_by_one.size();
+    const size_t children_before = requeued_children.size();
     c.query("SAVEPOINT chunk").run();
     try {
       write(chunk);
@@ -1149,6 +1154,7 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
     c.query("RELEASE chunk").run();
     down = down_before;
     one_by_one.resize(queued_before);
+    requeued_children.resize(children_before);
     for (size_t index : chunk) {
       results[index] = {};
       one_by_one.push_back(index);
@@ -1161,18 +1167,18 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
   });
   chunks(fails, [&](const std::vector<size_t>& chunk) {
     isolated(chunk, [&](const std::vector<size_t>& part) {
-      fail_chunk(c, items, part, now, down, results, one_by_one);
+      fail_chunk(c, items, part, now, down, results, one_by_one, requeued_children);
     });
   });
   one_by_one.insert(one_by_one.end(), rest.begin(), rest.end());
   std::sort(one_by_one.begin(), one_by_one.end());
   for (size_t index : one_by_one) finish_one(index);
-  // A retry written with its chunk, ahead of the items above, whose parent one of them cancelled:
-  // the cancellation found it queued and cancelled it. Its item reports that, as it does when
-  // the parent's item is written first (the cancellation rule) and as the MySQL store reports it.
+  // A retry written with its chunk, ahead of the items above, whose parent (or an ancestor) one
+  // of them cancelled: the cancellation found it queued and cancelled it. Its item reports that,
+  // as it does when the parent's item is written first (the cancellation rule) and as the MySQL
+  // store reports it. Only a job with a parent can be cancelled so: no other is read again.
   if (!one_by_one.empty()) {
-    for (size_t index : fails) {
-      if (results[index].status != JobStatus::kQueued) continue;
+    for (size_t index : requeued_children) {
       std::optional<JobState> s = load_state(c, items[index].id);
       if (s && s->status == JobStatus::kCancelled) results[index].status = JobStatus::kCancelled;
     }

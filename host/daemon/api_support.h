@@ -67,8 +67,8 @@ struct Call {
 std::optional<int64_t> query_int(const host::Request& request, const char* name, int64_t min,
                                  int64_t max);
 size_t query_limit(const host::Request& request);  // "limit", 1..500, default 50
-std::optional<std::string> query_string(const host::Request& request,
-                                        const char* name);  // "": none
+// A query parameter's value; empty counts as absent.
+std::optional<std::string> query_string(const host::Request& request, const char* name);
 // "key", the concurrency key: present and empty selects the jobs without one.
 std::optional<std::string> query_key(const host::Request& request);
 // A path id: a positive integer, else validation_error("id").
