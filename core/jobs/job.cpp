@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/common/json_check.h"
+#include "core/common/utf8.h"
 #include "core/jobs/job_store.h"
 
 namespace backhaul::jobs {
@@ -93,6 +95,24 @@ void check_specs(const std::vector<JobSpec>& specs) {
                                       : *problem + " (spec " + std::to_string(i) + " of " +
                                             std::to_string(specs.size()) + ")");
     }
+  }
+}
+
+std::string stored_error(std::string_view error) {
+  constexpr std::string_view kMark = " [truncated]";
+  std::string valid = valid_utf8(error);
+  if (valid.size() <= kStoredErrorBytes) return valid;
+  return cut_utf8(valid, kStoredErrorBytes - kMark.size()).append(kMark);
+}
+
+bool is_stored_error(std::string_view error) {
+  return error.size() <= kStoredErrorBytes && is_utf8(error);
+}
+
+void check_lease_ms(const char* operation, int64_t lease_ms) {
+  if (lease_ms <= 0) {
+    throw std::invalid_argument(std::string(operation) + ": lease_ms must be positive (got " +
+                                std::to_string(lease_ms) + ")");
   }
 }
 

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,27 @@ inline JobStatus after_failure(const Failure& failure, int attempts, int max_att
   if (failure.fatal || attempts >= max_attempts) return JobStatus::kDead;
   return cancel_requested ? JobStatus::kCancelled : JobStatus::kQueued;
 }
+
+// now_ms + delay_ms, for a time the store writes (a lease's end, a retry's run_after): a negative
+// delay counts as none, and a sum beyond the int64 range is INT64_MAX ("never") rather than a
+// wrap into the past that would make the job runnable, or its lease expired, at once.
+inline int64_t later_by(int64_t now_ms, int64_t delay_ms) {
+  if (delay_ms <= 0) return now_ms;
+  return now_ms > INT64_MAX - delay_ms ? INT64_MAX : now_ms + delay_ms;
+}
+
+// Error text as both stores keep it (a job's last_error, its attempt history, its dead letter):
+// valid UTF-8 (each invalid byte replaced by U+FFFD) of at most kStoredErrorBytes, cut at a
+// character boundary and marked " [truncated]" (the mark included in the size). is_stored_error()
+// is true when `error` is so already (the common case: nothing to copy).
+inline constexpr size_t kStoredErrorBytes = 65'000;
+std::string stored_error(std::string_view error);
+bool is_stored_error(std::string_view error);
+
+// Throws std::invalid_argument unless lease_ms > 0 (a lease that has ended when it is granted
+// would let the sweep take the job back from the worker that was just given it). `operation`
+// names the caller in the message ("claim", "heartbeat").
+void check_lease_ms(const char* operation, int64_t lease_ms);
 
 struct SweepResult {
   int requeued = 0;       // leases expired, attempts remained: queued again (attempt counted)
@@ -249,7 +271,11 @@ class JobStore {
   // fails for any reason, is reported in its result and changes nothing, and the others still
   // apply. Returns once every applied item is durable; results are in input order. Throws only
   // when the store itself fails (then no item may be assumed applied); an item that failed
-  // because the store did (its server unreachable) comes back `retryable`.
+  // because the store did (its server unreachable) comes back `retryable`. The items may be
+  // applied in another order than given (completions and failures first): when one item's job is
+  // another's parent, a status reported may be the one after both (a parent whose wait began in
+  // the same call as its last child's completion: kQueued, not kWaiting). The final state is the
+  // same in either order.
   virtual std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms);
   // Fan-in: the parent stops running and waits for its children (attempt not counted). It
   // becomes queued again when pending_children reaches 0, or at deadline_ms.

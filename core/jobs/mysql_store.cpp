@@ -54,6 +54,7 @@
 
 #include "core/common/fnv1a.h"
 #include "core/common/unique_fd.h"
+#include "core/common/utf8.h"
 #include "core/jobs/job_store.h"
 #include "core/jobs/migrations.h"
 #include "core/jobs/mysql_db.h"
@@ -646,50 +647,8 @@ using mysql::Tx;
 
 constexpr const char* kActive = "('queued', 'running', 'waiting')";
 
-// `text` with every byte sequence that is not UTF-8 replaced by U+FFFD: error messages may quote
-// anything (an HTTP body, a plugin's message), and a utf8mb4 column refuses invalid bytes, which
-// would make the transition that records the error fail.
-std::string valid_utf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-    unsigned char c = byte(i);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = n > 0 && i + n <= text.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (byte(i + k) & 0xC0) == 0x80;
-    if (ok && n > 1) {  // no overlong forms, surrogates or code points above U+10FFFF
-      uint32_t cp = c & (0x7F >> n);
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (byte(i + k) & 0x3F);
-      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-      ok = cp >= kMin[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
-    }
-    if (ok) {
-      out.append(text.substr(i, n));
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
-
-// A prefix of at most `max_bytes` that ends on a UTF-8 character boundary.
-std::string cut_utf8(std::string_view text, size_t max_bytes) {
-  if (text.size() <= max_bytes) return std::string(text);
-  size_t cut = max_bytes;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return std::string(text.substr(0, cut));
-}
-
-// Errors go to TEXT columns (65535 bytes): made valid UTF-8 and cut at a character boundary.
-std::string clip(std::string_view text, size_t max_bytes = 65000) {
-  std::string valid = valid_utf8(text);
-  if (valid.size() <= max_bytes) return valid;
-  return cut_utf8(valid, max_bytes) + " [truncated]";
-}
+// Errors go to TEXT columns (65535 bytes), in the stores' common form.
+std::string clip(std::string_view text) { return stored_error(text); }
 
 std::string clip(const std::string& text) { return clip(std::string_view(text)); }
 
@@ -1545,7 +1504,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       Claimed one;
       one.job = std::move(*c->row);
       one.lease_token = prefix + std::to_string(one.job.id);
-      one.lease_expires_ms = request.now_ms + request.lease_ms;
+      one.lease_expires_ms = later_by(request.now_ms, request.lease_ms);
       one.job.status = JobStatus::kRunning;
       one.job.attempts += 1;
       one.job.lease_owner = owner_key(request.owner);
@@ -1832,8 +1791,27 @@ bool count_child(Tx& tx, JobId parent, int64_t now) {
 constexpr int kSweepChunk = 500;
 constexpr int kPruneChunk = 1000;
 
+// The expired leases of one sweep (or start-up recovery) pass, and what the pass did.
+struct Expiry {
+  SweepResult result;
+  // Requeued jobs that have a parent: a parent's cancellation later in the same pass may end
+  // them, and then they were not requeued after all (see counted()).
+  std::vector<JobId> requeued_children;
+
+  // The pass's result, counting as requeued only the jobs it left queued.
+  SweepResult counted(Tx& tx, Writes& w) {
+    if (!requeued_children.empty()) {
+      Result ended = read_after(tx, w,
+                                Sql("SELECT COUNT(*) FROM jobs WHERE id IN (")
+                                    << id_list(requeued_children) << ") AND status <> 'queued'");
+      result.requeued -= to_int(ended.rows.at(0).at(0));
+    }
+    return result;
+  }
+};
+
 // An expired lease: the worker crashed or hung. The attempt counts.
-void expire_lease(Tx& tx, Writes& w, const JobState& read, int64_t now, SweepResult& result) {
+void expire_lease(Tx& tx, Writes& w, const JobState& read, int64_t now, Expiry& pass) {
   const JobState s = w.current(read);  // a parent expired before it may have asked it to stop
   const std::string expired = "lease expired (worker crashed or hung)";
   end_attempt(w, s, "lease_expired", expired, now);
@@ -1842,12 +1820,13 @@ void expire_lease(Tx& tx, Writes& w, const JobState& read, int64_t now, SweepRes
         w, s,
         "lease expired after " + std::to_string(s.attempts) + " attempts (worker crashed or hung)",
         now);
-    ++result.dead;
+    ++pass.result.dead;
   } else if (s.cancel_requested) {
     mark_cancelled(tx, w, s, 0, expired, now);
   } else {
     requeue(w, s, now, 0, expired, now);
-    ++result.requeued;
+    ++pass.result.requeued;
+    if (s.parent_id) pass.requeued_children.push_back(s.id);
   }
 }
 
@@ -1914,6 +1893,7 @@ class MysqlStore final : public JobStore {
 
   // Group-committed: concurrent claims with the same kinds and lease length share a transaction.
   std::vector<Claimed> claim(const ClaimRequest& request) override {
+    check_lease_ms("claim", request.lease_ms);
     if (request.limit == 0) return {};
     release_unsettled_claims(request.now_ms);
     ClaimOp op{request, owner_id(request.owner), {}, nullptr, false};
@@ -1974,9 +1954,10 @@ class MysqlStore final : public JobStore {
 
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
                             const std::optional<std::string>& checkpoint) override {
+    check_lease_ms("heartbeat", lease_ms);
     return transact("heartbeat", [&](Tx& tx) {
       JobState s = lock_running(tx, id, token);
-      HeartbeatResult result{now_ms + lease_ms, s.cancel_requested};
+      HeartbeatResult result{later_by(now_ms, lease_ms), s.cancel_requested};
       Sql sql("UPDATE jobs SET lease_expires_ms = ");
       sql << result.lease_expires_ms << ", updated_ms = " << now_ms;
       // Progress: the running attempt is the first since it (see JobStore::heartbeat).
@@ -2191,7 +2172,7 @@ class MysqlStore final : public JobStore {
     } else if (next == JobStatus::kCancelled) {
       mark_cancelled(tx, w, s, 0, failure.error, now);
     } else {
-      requeue(w, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
+      requeue(w, s, later_by(now, failure.retry_delay_ms), 0, failure.error, now);
     }
     return next;
   }
@@ -2233,7 +2214,7 @@ class MysqlStore final : public JobStore {
 
   SweepResult recover_owner(const std::string& owner, int64_t now_ms) override {
     return transact("recover_owner", [&](Tx& tx) {
-      SweepResult result;
+      Expiry pass;
       Writes w;
       Result owned =
           read_after(tx, w,
@@ -2242,7 +2223,8 @@ class MysqlStore final : public JobStore {
                              .raw(" FROM jobs WHERE status = 'running' AND owner_id = (SELECT "
                                   "id FROM lease_owners WHERE name = ")
                          << quote(owner_key(owner)) << ") ORDER BY id FOR UPDATE");
-      for (const Row& row : owned.rows) expire_lease(tx, w, read_state(row), now_ms, result);
+      for (const Row& row : owned.rows) expire_lease(tx, w, read_state(row), now_ms, pass);
+      const SweepResult result = pass.counted(tx, w);
       w.commit(tx);
       return result;
     });
@@ -2250,7 +2232,7 @@ class MysqlStore final : public JobStore {
 
   SweepResult sweep(int64_t now_ms) override {
     return transact("sweep", [&](Tx& tx) {
-      SweepResult result;
+      Expiry pass;
       Writes w;
       while (true) {
         Result expired =
@@ -2260,7 +2242,7 @@ class MysqlStore final : public JobStore {
                                .raw(" FROM jobs WHERE status = 'running' AND lease_expires_ms <= ")
                            << now_ms << " ORDER BY lease_expires_ms, id LIMIT " << kSweepChunk
                            << " FOR UPDATE SKIP LOCKED");
-        for (const Row& row : expired.rows) expire_lease(tx, w, read_state(row), now_ms, result);
+        for (const Row& row : expired.rows) expire_lease(tx, w, read_state(row), now_ms, pass);
         if (expired.rows.size() < static_cast<size_t>(kSweepChunk)) break;
       }
       // Waiting parents past their deadline. A plain UPDATE, not SKIP LOCKED: it waits for a
@@ -2271,7 +2253,8 @@ class MysqlStore final : public JobStore {
                      Sql("UPDATE jobs SET status = 'queued', run_after_ms = ")
                          << now_ms << ", wait_deadline_ms = 0, updated_ms = " << now_ms
                          << " WHERE status = 'waiting' AND wait_deadline_ms <= " << now_ms);
-      result.parents_woken = static_cast<int>(woken.affected);
+      pass.result.parents_woken = static_cast<int>(woken.affected);
+      const SweepResult result = pass.counted(tx, w);
       w.commit(tx);
       return result;
     });
@@ -2909,8 +2892,7 @@ class MysqlStore final : public JobStore {
     for (const auto& [f, s] : retries) {
       ids.push_back(s->id);
       errors.emplace_back(s->id, quote(clip(f->failure.error)));
-      run_afters.emplace_back(
-          s->id, std::to_string(now + std::max<int64_t>(f->failure.retry_delay_ms, 0)));
+      run_afters.emplace_back(s->id, std::to_string(later_by(now, f->failure.retry_delay_ms)));
       w.running(s->kind, s->key, -1);
     }
     const std::string list = id_list(ids);

@@ -57,6 +57,11 @@ void JobContext::heartbeat() { beat(std::nullopt); }
 
 Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions options)
     : store_(store), clock_(clock), options_(std::move(options)), log_(logging::get("scheduler")) {
+  check_lease_ms("scheduler", options_.lease_ms);
+  if (options_.heartbeat_interval_ms <= 0) {
+    throw std::invalid_argument("scheduler: heartbeat_interval_ms must be positive (got " +
+                                std::to_string(options_.heartbeat_interval_ms) + ")");
+  }
   options_.workers = std::max(options_.workers, 1);
   options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
 }
@@ -108,6 +113,7 @@ void Scheduler::start() {
   claiming_ = true;
   stopped_ = false;
   stopping_ = false;  // a start after a drain past its grace runs handlers to their end again
+  hurried_ = false;
   finisher_running_ = true;
   for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   threads_.emplace_back([this] { claim_loop(); });
@@ -666,9 +672,14 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   wake_.notify_all();
   release_unstarted(unstarted);
   lock.lock();
-  if (!wake_.wait_for(lock, grace, [this] { return busy_ == 0; })) {
-    log_->info("drain: {} jobs still running after {} ms; asking them to stop", busy_,
-               grace.count());
+  wake_.wait_for(lock, grace, [this] { return busy_ == 0 || hurried_; });
+  if (busy_ != 0) {
+    if (hurried_) {
+      log_->info("drain: hurried; asking the {} jobs still running to stop", busy_);
+    } else {
+      log_->info("drain: {} jobs still running after {} ms; asking them to stop", busy_,
+                 grace.count());
+    }
     stopping_ = true;
     wake_.wait(lock, [this] { return busy_ == 0; });
   }
@@ -682,6 +693,14 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   for (auto& t : threads_) t.join();
   lock.lock();
   threads_.clear();
+}
+
+void Scheduler::hurry() {
+  {
+    std::lock_guard lock(mutex_);
+    hurried_ = true;
+  }
+  wake_.notify_all();
 }
 
 // An operation is failing from a failed call until one succeeds, or until nothing is left to

@@ -185,7 +185,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // `store` and `clock` must outlive the scheduler.
+  // `store` and `clock` must outlive the scheduler. Throws std::invalid_argument for a lease or
+  // heartbeat interval that is not positive.
   Scheduler(JobStore& store, const Clock& clock, SchedulerOptions options);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -202,6 +203,11 @@ class Scheduler {
   // the rest to stop at their next page boundary and release their jobs without an attempt.
   // Returns when every worker has returned. Idempotent. [main-thread]
   void drain(std::chrono::milliseconds grace);
+  // Ends the grace of the drain() under way now, as if it had run out (or of the next drain(),
+  // when none is under way: it will have none): running handlers are asked to stop at their next
+  // page boundary. For an operator who will not wait (a second SIGTERM). start() forgets it.
+  // [thread-safe]
+  void hurry();
 
   // Claims up to `limit` jobs and runs them on the calling thread, one after another; returns how
   // many ran. For tests and tools; do not mix with start(). [any-thread]
@@ -285,6 +291,7 @@ class Scheduler {
   int subscription_ = 0;               // JobStore::subscribe id while started
   bool stopped_ = false;               // loops exit
   std::atomic<bool> stopping_{false};  // handlers asked to stop
+  bool hurried_ = false;               // hurry(): drain() has no grace left
   std::vector<std::thread> threads_;
 
   std::atomic<int64_t> claimed_{0}, succeeded_{0}, failed_{0}, deferred_{0}, waiting_{0},

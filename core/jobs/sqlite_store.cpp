@@ -735,7 +735,7 @@ void bind_ids(Query& q, int first, const std::vector<Candidate>& chunk) {
 void take_chunk(Connection& c, const std::vector<Candidate>& chunk, const ClaimRequest& r,
                 TokenSource& tokens, std::vector<Claimed>& out) {
   const std::string prefix = tokens.next() + ".";
-  const int64_t expires = r.now_ms + r.lease_ms;
+  const int64_t expires = later_by(r.now_ms, r.lease_ms);
   {
     Query q = c.query(kClaimChunk);
     q.args(prefix, r.owner, expires, r.now_ms);
@@ -812,7 +812,7 @@ const std::string kHeartbeat =
 HeartbeatResult heartbeat_job(Connection& c, JobId id, const std::string& token, int64_t now,
                               int64_t lease_ms, const std::optional<std::string>& checkpoint) {
   HeartbeatResult result;
-  result.lease_expires_ms = now + lease_ms;
+  result.lease_expires_ms = later_by(now, lease_ms);
   {
     Query q = c.query(kHeartbeat);
     q.args(id, token, result.lease_expires_ms, now, checkpoint.has_value(), checkpoint);
@@ -851,7 +851,7 @@ JobStatus fail_job(Connection& c, JobId id, const std::string& token, const Fail
   } else if (next == JobStatus::kCancelled) {  // what would have been a retry
     mark_cancelled(c, s, 0, failure.error, now);
   } else {
-    requeue(c, s, now + std::max<int64_t>(failure.retry_delay_ms, 0), 0, failure.error, now);
+    requeue(c, s, later_by(now, failure.retry_delay_ms), 0, failure.error, now);
   }
   return next;
 }
@@ -1075,7 +1075,7 @@ void fail_chunk(Connection& c, const std::vector<Finish>& items, const std::vect
       if (i < retries.size()) {
         const Finish& f = items[retries[i]];
         q.bind(slot, f.id);
-        q.bind(slot + 1, now + std::max<int64_t>(f.failure.retry_delay_ms, 0));
+        q.bind(slot + 1, later_by(now, f.failure.retry_delay_ms));
         q.bind_static(slot + 2, f.failure.error);
       } else {
         q.bind(slot, 0);
@@ -1204,8 +1204,24 @@ std::vector<JobId> select_ids(Connection& c, const std::string& sql, int64_t arg
   return ids;
 }
 
+// The expired leases of one sweep (or start-up recovery) pass, and what the pass did.
+struct Expiry {
+  SweepResult result;
+  // Requeued jobs that have a parent: a parent's cancellation later in the same pass may end
+  // them, and then they were not requeued after all (see counted()).
+  std::vector<JobId> requeued_children;
+
+  // The pass's result, counting as requeued only the jobs it left queued.
+  SweepResult counted(Connection& c) {
+    for (JobId id : requeued_children) {
+      if (load_existing(c, id).status != JobStatus::kQueued) --result.requeued;
+    }
+    return result;
+  }
+};
+
 // An expired lease: the worker crashed or hung. The attempt counts.
-void expire_lease(Connection& c, const JobState& s, int64_t now, SweepResult& result) {
+void expire_lease(Connection& c, const JobState& s, int64_t now, Expiry& pass) {
   const std::string expired = "lease expired (worker crashed or hung)";
   end_attempt(c, s, "lease_expired", expired, now);
   if (s.attempts >= s.max_attempts) {
@@ -1213,12 +1229,13 @@ void expire_lease(Connection& c, const JobState& s, int64_t now, SweepResult& re
         c, s,
         "lease expired after " + std::to_string(s.attempts) + " attempts (worker crashed or hung)",
         now);
-    ++result.dead;
+    ++pass.result.dead;
   } else if (s.cancel_requested) {
     mark_cancelled(c, s, 0, expired, now);  // it would have been requeued
   } else {
     requeue(c, s, now, 0, expired, now);
-    ++result.requeued;
+    ++pass.result.requeued;
+    if (s.parent_id) pass.requeued_children.push_back(s.id);
   }
 }
 
@@ -1226,24 +1243,24 @@ const std::string kOwnedLeases =
     "SELECT id FROM jobs WHERE status = 'running' AND lease_owner = ?1 ORDER BY id";
 
 SweepResult recover_owned(Connection& c, const std::string& owner, int64_t now) {
-  SweepResult result;
+  Expiry pass;
   std::vector<JobId> ids;
   {
     Query q = c.query(kOwnedLeases);
     q.args(owner);
     while (q.step()) ids.push_back(q.i64(0));
   }
-  for (JobId id : ids) expire_lease(c, load_existing(c, id), now, result);
-  return result;
+  for (JobId id : ids) expire_lease(c, load_existing(c, id), now, pass);
+  return pass.counted(c);
 }
 
 SweepResult sweep_jobs(Connection& c, int64_t now) {
-  SweepResult result;
+  Expiry pass;
   for (JobId id : select_ids(c, kExpiredLeases, now)) {
-    expire_lease(c, load_existing(c, id), now, result);
+    expire_lease(c, load_existing(c, id), now, pass);
   }
-  result.parents_woken = static_cast<int>(c.query(kWakeParents).args(now).run());
-  return result;
+  pass.result.parents_woken = static_cast<int>(c.query(kWakeParents).args(now).run());
+  return pass.counted(c);
 }
 
 constexpr int64_t kPruneChunk = 1000;
@@ -1527,10 +1544,12 @@ class SqliteStore final : public SqliteJobStore {
   }
 
   std::vector<Claimed> claim(const ClaimRequest& request) override {
+    check_lease_ms("claim", request.lease_ms);
     return write([&](Connection& c) { return claim_jobs(c, request, tokens_); });
   }
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
                             const std::optional<std::string>& checkpoint) override {
+    check_lease_ms("heartbeat", lease_ms);
     return write(
         [&](Connection& c) { return heartbeat_job(c, id, token, now_ms, lease_ms, checkpoint); });
   }
@@ -1538,14 +1557,23 @@ class SqliteStore final : public SqliteJobStore {
                 int64_t now_ms) override {
     write([&](Connection& c) { complete_job(c, id, token, result_json, now_ms); });
   }
+  // Error text is written in its stored form (stored_error()), copied only when it is not so.
   JobStatus fail(JobId id, const std::string& token, const Failure& failure,
                  int64_t now_ms) override {
-    return write([&](Connection& c) { return fail_job(c, id, token, failure, now_ms); });
+    std::optional<Failure> stored;
+    if (!is_stored_error(failure.error)) {
+      stored = failure;
+      stored->error = stored_error(failure.error);
+    }
+    const Failure& f = stored ? *stored : failure;
+    return write([&](Connection& c) { return fail_job(c, id, token, f, now_ms); });
   }
   void defer(JobId id, const std::string& token, int64_t run_after_ms, const std::string& reason,
              int64_t now_ms) override {
-    write(
-        [&](Connection& c) { return_job(c, id, token, run_after_ms, "deferred", reason, now_ms); });
+    std::optional<std::string> stored;
+    if (!is_stored_error(reason)) stored = stored_error(reason);
+    const std::string& why = stored ? *stored : reason;
+    write([&](Connection& c) { return_job(c, id, token, run_after_ms, "deferred", why, now_ms); });
   }
   void release(JobId id, const std::string& token, int64_t now_ms) override {
     write(
@@ -1557,7 +1585,19 @@ class SqliteStore final : public SqliteJobStore {
   }
   std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
     if (items.empty()) return {};
-    return write([&](Connection& c) { return finish_jobs(c, items, now_ms); });
+    auto stored = [](const Finish& f) {
+      return is_stored_error(f.failure.error) && is_stored_error(f.reason);
+    };
+    std::vector<Finish> copy;
+    if (!std::all_of(items.begin(), items.end(), stored)) {
+      copy = items;
+      for (Finish& f : copy) {
+        f.failure.error = stored_error(f.failure.error);
+        f.reason = stored_error(f.reason);
+      }
+    }
+    const std::vector<Finish>& ends = copy.empty() ? items : copy;
+    return write([&](Connection& c) { return finish_jobs(c, ends, now_ms); });
   }
 
   SweepResult recover_owner(const std::string& owner, int64_t now_ms) override {

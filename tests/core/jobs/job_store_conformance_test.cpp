@@ -293,6 +293,68 @@ TEST_P(JobStoreConformance, EnqueueRefusesABadSpecAndWritesNothing) {
   EXPECT_THAT(ids(list_all({})), ::testing::IsEmpty()) << "nothing was written";
 }
 
+TEST_P(JobStoreConformance, ClaimAndHeartbeatRefuseALeaseThatIsNotPositive) {
+  const JobId id = add(spec());
+  for (int64_t lease : {int64_t{0}, int64_t{-5}}) {
+    try {
+      claim(1, kT0, {}, kOwner, lease);
+      ADD_FAILURE() << "a claim with lease_ms " << lease << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("lease_ms must be positive (got " + std::to_string(lease)));
+    }
+  }
+  EXPECT_EQ(status_of(id), JobStatus::kQueued);
+  EXPECT_EQ(get_job(id).attempts, 0) << "a refused claim took nothing";
+
+  const Claimed c = claim_one();
+  for (int64_t lease : {int64_t{0}, int64_t{-5}}) {
+    try {
+      store().heartbeat(id, c.lease_token, kT0 + kSecond, lease, std::string(R"({"page":2})"));
+      ADD_FAILURE() << "a heartbeat with lease_ms " << lease << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("lease_ms must be positive (got " + std::to_string(lease)));
+    }
+  }
+  const Job job = get_job(id);
+  EXPECT_EQ(job.lease_expires_ms, c.lease_expires_ms) << "a refused heartbeat renewed nothing";
+  EXPECT_FALSE(job.checkpoint.has_value()) << "a refused heartbeat wrote no checkpoint";
+}
+
+// Times beyond the int64 range are "never", not a wrap into the past: a retry delay or a lease
+// that large leaves the job out of reach, rather than runnable (or expired) at once.
+TEST_P(JobStoreConformance, AHugeRetryDelayOrLeaseMeansNeverNotAnOverflow) {
+  constexpr int64_t kNever = INT64_MAX;
+  const JobId retried = add(spec("retried"));
+  Failure failure;
+  failure.error = "try again in a very long time";
+  failure.retry_delay_ms = kNever;
+  ASSERT_EQ(store().fail(retried, claim_job(retried).lease_token, failure, kT0),
+            JobStatus::kQueued);
+  EXPECT_EQ(get_job(retried).run_after_ms, kNever);
+
+  const JobId batched = add(spec("batched"));
+  Finish item;
+  item.kind = Finish::Kind::kFail;
+  item.id = batched;
+  item.token = claim_job(batched).lease_token;
+  item.failure = failure;
+  const std::vector<FinishResult> r = store().finish({item}, kT0);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status, JobStatus::kQueued) << r[0].error;
+  EXPECT_EQ(get_job(batched).run_after_ms, kNever);
+  EXPECT_THAT(claim(10, kT0 + 365 * kDay), ::testing::IsEmpty());
+
+  const JobId leased = add(spec("leased"));
+  const Claimed c = claim_job(leased, kT0, kOwner, kNever);
+  EXPECT_EQ(c.lease_expires_ms, kNever);
+  EXPECT_EQ(store()
+                .heartbeat(leased, c.lease_token, kT0 + kSecond, kNever, std::nullopt)
+                .lease_expires_ms,
+            kNever);
+  EXPECT_EQ(store().sweep(kT0 + 365 * kDay).requeued, 0);
+  EXPECT_EQ(status_of(leased), JobStatus::kRunning);
+}
+
 TEST_P(JobStoreConformance, EnqueueBatchDeduplicatesWithinTheBatchAndAgainstActiveJobs) {
   JobSpec d1 = spec();
   d1.dedupe_key = "d1";
@@ -1390,6 +1452,57 @@ TEST_P(JobStoreConformance, ASweepCancellingAnExpiredParentDoesNotRequeueItsExpi
   EXPECT_EQ(status_of(child), JobStatus::kCancelled)
       << "a job asked to stop never goes back to the queue: " << describe(get_job(child));
   EXPECT_THAT(claim(10, kT0 + kDay), ::testing::IsEmpty());
+}
+
+// The other order: the child's lease ends first, so the sweep requeues it before the parent's
+// cancellation ends it. The counts tell what the sweep left: no job requeued.
+TEST_P(JobStoreConformance, ASweepCountsAsRequeuedOnlyTheJobsItLeftQueued) {
+  const JobId parent = add(spec("backfill.run"));
+  claim_job(parent, kT0, kOwner, 2 * kLeaseMs);
+  const JobId child = add_child(parent);
+  claim_job(child, kT0, kOwner, kLeaseMs);
+  ASSERT_EQ(store().cancel(parent, kT0 + 1), CancelOutcome::kRequested);
+  const SweepResult r = store().sweep(kT0 + 2 * kLeaseMs + 1);
+  EXPECT_EQ(status_of(parent), JobStatus::kCancelled);
+  EXPECT_EQ(status_of(child), JobStatus::kCancelled) << describe(get_job(child));
+  EXPECT_EQ(r.requeued, 0) << "the child was requeued, then cancelled with its parent";
+  EXPECT_EQ(r.dead, 0);
+}
+
+// Error text is kept as both stores can hold and print it, in the job, its attempt history and
+// its dead letter: valid UTF-8 (an invalid byte becomes U+FFFD) of at most 65,000 bytes, cut at a
+// character boundary and marked " [truncated]" (the mark included).
+TEST_P(JobStoreConformance, ErrorTextIsKeptAsValidUtf8OfAtMost65000Bytes) {
+  // 64,988 bytes are left for text beside the 12-byte mark; the cut falls inside the euro sign
+  // (bytes 64,987 to 64,989).
+  const std::string euro = "\xE2\x82\xAC";
+  const std::string head = "boom: " + std::string(64'981, 'x');
+  const std::string clipped = head + " [truncated]";
+  Failure failure;
+  failure.error = head + euro + std::string(10'000, 'y');
+
+  JobSpec s = spec();
+  s.max_attempts = 2;
+  const JobId id = add(s);
+  ASSERT_EQ(store().fail(id, claim_job(id).lease_token, failure, kT0), JobStatus::kQueued);
+  EXPECT_EQ(get_job(id).last_error, clipped);
+  EXPECT_EQ(store().attempts(id).back().error, clipped);
+
+  Finish last;
+  last.kind = Finish::Kind::kFail;
+  last.id = id;
+  last.token = claim_job(id, kT0 + 1).lease_token;
+  last.failure.error = "bad byte \xFF here";
+  const std::vector<FinishResult> r = store().finish({last}, kT0 + 1);
+  ASSERT_EQ(r.at(0).status, JobStatus::kDead) << r.at(0).error;
+  const std::string replaced = "bad byte \xEF\xBF\xBD here";
+  EXPECT_EQ(get_job(id).last_error, replaced);
+  EXPECT_EQ(store().attempts(id).back().error, replaced);
+  EXPECT_EQ(letter_of(id).error, replaced);
+
+  const JobId deferred = add(spec("deferred"));
+  store().defer(deferred, claim_job(deferred).lease_token, kT0 + kMinute, failure.error, kT0);
+  EXPECT_EQ(store().attempts(deferred).back().error, clipped);
 }
 
 TEST_P(JobStoreConformance, DeferRequeuesAtTheGivenTimeWithoutCountingTheAttempt) {

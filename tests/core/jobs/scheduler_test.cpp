@@ -1586,6 +1586,15 @@ TEST_F(SchedulerTest, AnEmptyHandlerIsRefused) {
   EXPECT_TRUE(scheduler.kinds().empty());
 }
 
+TEST_F(SchedulerTest, ALeaseOrHeartbeatIntervalThatIsNotPositiveIsRefused) {
+  SchedulerOptions no_lease = options();
+  no_lease.lease_ms = 0;
+  EXPECT_THROW(Scheduler(*store_, clock_, no_lease), std::invalid_argument);
+  SchedulerOptions no_beat = options();
+  no_beat.heartbeat_interval_ms = -1;
+  EXPECT_THROW(Scheduler(*store_, clock_, no_beat), std::invalid_argument);
+}
+
 // start() on a running scheduler does nothing: with recover_own_leases, it used to expire the
 // leases of the jobs its own workers were running, so that they ran twice.
 TEST_F(SchedulerTest, ASecondStartDoesNotRecoverTheJobsItIsRunning) {
@@ -1641,6 +1650,40 @@ TEST_F(SchedulerTest, AStartAfterADrainPastItsGraceRunsJobsAgain) {
   wait_for([&] { return store_->get(id)->status == JobStatus::kSucceeded; });
   scheduler.drain(std::chrono::milliseconds(1'000));
   EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(scheduler.stats().released, 1);
+}
+
+// hurry() (an operator's second SIGTERM) ends a drain's grace at once: a handler paging for ever
+// is asked to stop and its job released, although the grace is an hour. Without it the drain
+// would not return for that hour.
+TEST_F(SchedulerTest, HurryEndsTheGraceOfADrainUnderWay) {
+  SystemClock clock;
+  Scheduler scheduler(*store_, clock, options());
+  std::atomic<bool> started{false};
+  std::atomic<bool> give_up{false};  // when hurry() failed: ends the handler, not the test run
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    started = true;
+    while (!give_up) {  // pages until asked to stop (checkpoint() throws then)
+      c.checkpoint("{}");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return Outcome::complete();
+  });
+  const JobId id = enqueue("work");
+  scheduler.start();
+  wait_for([&] { return started.load(); });
+  ASSERT_TRUE(started);
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] {
+    scheduler.drain(std::chrono::hours(1));
+    drained = true;
+  });
+  scheduler.hurry();
+  wait_for([&] { return drained.load(); });
+  EXPECT_TRUE(drained) << "the drain still waits for its grace";
+  give_up = true;
+  drainer.join();
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kQueued);
   EXPECT_EQ(scheduler.stats().released, 1);
 }
 

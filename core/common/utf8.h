@@ -1,0 +1,20 @@
+// Repairs and cuts of UTF-8 text for places that must hold valid UTF-8 of a bounded size (error
+// text in the job stores, a MySQL utf8mb4 column). is_utf8() (json_check.h) tells whether text
+// needs either.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace backhaul {
+
+// `text` with every byte sequence that is not UTF-8 (RFC 3629: no overlong forms, surrogates or
+// code points above U+10FFFF) replaced by U+FFFD: error messages may quote anything (an HTTP
+// body, a plugin's message).
+std::string valid_utf8(std::string_view text);
+
+// A prefix of `text` of at most `max_bytes` that ends on a UTF-8 character boundary.
+std::string cut_utf8(std::string_view text, size_t max_bytes);
+
+}  // namespace backhaul
