@@ -189,6 +189,10 @@ void Daemon::stop() {
   d.log->info("stopped");
 }
 
+void Daemon::hurry() {
+  if (impl_->scheduler) impl_->scheduler->hurry();
+}
+
 const char* Daemon::start_step() const { return impl_->start_step; }
 
 int64_t Daemon::in_flight() const {

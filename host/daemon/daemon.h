@@ -30,6 +30,10 @@ class Daemon {
   // shutdown.grace_ms (in-flight pages finish, the rest is released without counting an
   // attempt). Idempotent. [main-thread]
   void stop();
+  // Ends the grace of the stop() under way now (or of the next one): the jobs still in a handler
+  // are asked to stop at their next page boundary and released. For a second SIGTERM. Call it
+  // only after start() has returned. [thread-safe]
+  void hurry();
 
   // What start() is doing ("opening the audit log", "opening the store", "loading plugins",
   // "starting the scheduler", "starting the admin API"), for a log line when it takes too long; ""

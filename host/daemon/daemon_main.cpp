@@ -29,8 +29,11 @@ namespace {
 // handler, stop() is only writing and releasing, and is left to finish. Destroying the daemon
 // then unloads the plugins, whose deinit() may not return either: that gets shutdown.abandon_ms
 // of its own (at least 1 s), after which the process ends with status 1 too. Also after a start
-// that failed, once plugins may be loaded. Idempotent: `daemon` is null afterwards.
-void stop_and_unload(std::unique_ptr<Daemon>& daemon, spdlog::logger& log) {
+// that failed, once plugins may be loaded. A second signal meanwhile ends the grace at once (an
+// operator who will not wait): the jobs still in a handler are asked to stop at their next page
+// boundary and released. Idempotent: `daemon` is null afterwards.
+void stop_and_unload(std::unique_ptr<Daemon>& daemon, const sigset_t& signals,
+                     spdlog::logger& log) {
   if (!daemon) return;
   const int64_t abandon_ms = daemon->config().shutdown.abandon_ms;
   const auto limit = std::chrono::milliseconds(daemon->config().shutdown.grace_ms + abandon_ms);
@@ -45,6 +48,11 @@ void stop_and_unload(std::unique_ptr<Daemon>& daemon, spdlog::logger& log) {
           running, limit.count());
       log.flush();
       std::_Exit(1);
+    });
+    host::SignalWatch again(signals, [&](int number) {
+      log.info("signal {} again: not waiting out the grace; asking the jobs in flight to stop",
+               number);
+      daemon->hurry();
     });
     daemon->stop();
   }
@@ -145,7 +153,7 @@ int main(int argc, char** argv) {
       signal_number = host::wait_for_termination(signals);
     }
     log->info("signal {}: stopping", signal_number);
-    stop_and_unload(daemon, *log);
+    stop_and_unload(daemon, signals, *log);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     status = 2;
@@ -156,7 +164,7 @@ int main(int argc, char** argv) {
     log->error("cannot start: {}", e.what());
     status = 1;
   }
-  stop_and_unload(daemon, *log);  // after a failed start: the plugins it loaded
+  stop_and_unload(daemon, signals, *log);  // after a failed start: the plugins it loaded
   return status;
 }
 

@@ -93,6 +93,68 @@ class DaemonProcessTest : public ProcessTest {
     ASSERT_TRUE(std::filesystem::exists(marker)) << daemon_->stderr_text();
   }
 
+  // Starts the sandbox (3 repositories of `items` items each, 10 per page, `slow_ms` per answer),
+  // the daemon with 4 workers and `overrides` merged into daemon_config(), and a GitHub run;
+  // returns the run's id once its units have made progress and none has finished (bounded polling,
+  // no fixed sleep), or 0 after reporting why not.
+  int64_t start_a_run_in_progress(const std::string& items, const std::string& slow_ms,
+                                  const json& overrides) {
+    if (start_sandbox({"--repos", "3", "--items", items, "--max-per-page", "10", "--slow-ms",
+                       slow_ms}) == 0) {
+      ADD_FAILURE() << sandbox_->stderr_text();
+      return 0;
+    }
+    json config = daemon_config();  // after the sandbox: it names the sandbox's port
+    config["scheduler"] = {{"workers", 4}, {"heartbeat_ms", 500}};
+    config.merge_patch(overrides);
+    if (start_daemon(config) == 0) {
+      ADD_FAILURE() << daemon_->stderr_text();
+      return 0;
+    }
+    const int64_t run_id = start_run("gh-inst-1", "github");
+    if (run_id == 0) return 0;
+    const json progressing = wait_run(run_id, [](const json& run) {
+      return run.value("unitsDone", 0) > 0 || run.value("pages", 0) >= 3;
+    });
+    if (progressing["unitsDone"] != 0) {
+      ADD_FAILURE() << "the run finished a unit before SIGTERM; make the data larger";
+      return 0;
+    }
+    return run_id;
+  }
+
+  // Of the store of the daemon that just stopped: checks that no job is still running and that
+  // each released unit is queued with no attempt counted for its release; returns how many units
+  // were released.
+  int released_units_of_a_stopped_daemon() {
+    auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
+    int64_t running = 0;
+    for (const auto& [key, count] : store->counts()) {
+      if (key.second == jobs::JobStatus::kRunning) running += count;
+    }
+    EXPECT_EQ(running, 0);
+    jobs::JobQuery query;
+    query.kind = "backfill.entity";
+    query.limit = 500;
+    int released_jobs = 0;
+    for (const jobs::Job& job : store->list(query).jobs) {
+      int counted = 0;
+      bool released = false;
+      for (const jobs::Attempt& attempt : store->attempts(job.id)) {
+        if (attempt.outcome == "released") {
+          released = true;
+        } else if (attempt.outcome != "deferred") {
+          ++counted;
+        }
+      }
+      if (!released) continue;
+      ++released_jobs;
+      EXPECT_EQ(job.attempts, counted) << "job " << job.id << ": a release counted an attempt";
+      EXPECT_EQ(job.status, jobs::JobStatus::kQueued) << "job " << job.id;
+    }
+    return released_jobs;
+  }
+
   void spawn(const std::vector<std::string>& env) {
     daemon_ = std::make_unique<ChildProcess>(
         BACKHAULD_PATH,
@@ -152,52 +214,10 @@ TEST_F(DaemonProcessTest, ServesThenSigtermStopsWithExit0) {
 // interrupted units without counting an attempt; a restarted daemon finishes the run from the
 // checkpoints and the gateway receives every event.
 TEST_F(DaemonProcessTest, SigtermMidRunReleasesUnitsAndARestartFinishesTheRun) {
-  ASSERT_NE(
-      start_sandbox({"--repos", "3", "--items", "200", "--max-per-page", "10", "--slow-ms", "20"}),
-      0)
-      << sandbox_->stderr_text();
-  json config = daemon_config();
-  config["scheduler"] = {{"workers", 4}, {"heartbeat_ms", 500}};
-  config["shutdown"] = {{"grace_ms", 100}};
-  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
-  const int64_t run_id = start_run("gh-inst-1", "github");
+  const int64_t run_id = start_a_run_in_progress("200", "20", {{"shutdown", {{"grace_ms", 100}}}});
   ASSERT_NE(run_id, 0);
-  // Wait until units are running and have made progress (bounded polling, no fixed sleep).
-  const json progressing = wait_run(run_id, [](const json& run) {
-    return run.value("unitsDone", 0) > 0 || run.value("pages", 0) >= 3;
-  });
-  ASSERT_EQ(progressing["unitsDone"], 0)
-      << "the run finished a unit before SIGTERM; make the data larger";
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
-
-  {
-    auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
-    int64_t running = 0;
-    for (const auto& [key, count] : store->counts()) {
-      if (key.second == jobs::JobStatus::kRunning) running += count;
-    }
-    EXPECT_EQ(running, 0);
-    jobs::JobQuery query;
-    query.kind = "backfill.entity";
-    query.limit = 500;
-    int released_jobs = 0;
-    for (const jobs::Job& job : store->list(query).jobs) {
-      int counted = 0;
-      bool released = false;
-      for (const jobs::Attempt& attempt : store->attempts(job.id)) {
-        if (attempt.outcome == "released") {
-          released = true;
-        } else if (attempt.outcome != "deferred") {
-          ++counted;
-        }
-      }
-      if (!released) continue;
-      ++released_jobs;
-      EXPECT_EQ(job.attempts, counted) << "job " << job.id << ": a release counted an attempt";
-      EXPECT_EQ(job.status, jobs::JobStatus::kQueued) << "job " << job.id;
-    }
-    EXPECT_GT(released_jobs, 0) << daemon_->stderr_text();
-  }
+  EXPECT_GT(released_units_of_a_stopped_daemon(), 0) << daemon_->stderr_text();
 
   ASSERT_NE(start_daemon(), 0) << daemon_->stderr_text();  // the same store: the run resumes
   const json run = wait_finished(run_id, std::chrono::seconds(120));
@@ -207,6 +227,31 @@ TEST_F(DaemonProcessTest, SigtermMidRunReleasesUnitsAndARestartFinishesTheRun) {
   EXPECT_EQ(github["missing"], 0) << gateway_report.dump(2);
   EXPECT_EQ(github["unexpected"], 0) << gateway_report.dump(2);
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+// An operator who will not wait out the grace sends SIGTERM again: the jobs in flight are asked
+// to stop at their next page boundary and released, and the daemon exits 0. The grace here is
+// ten minutes and the units would page for half a minute or more: without the second signal the
+// drain lets them finish, and releases none.
+TEST_F(DaemonProcessTest, ASecondSigtermEndsTheGraceAtOnce) {
+  // At info, the "draining" line tells that the first signal is in.
+  ASSERT_NE(
+      start_a_run_in_progress(
+          "2000", "50", {{"shutdown", {{"grace_ms", 600'000}}}, {"logging", {{"level", "info"}}}}),
+      0);
+
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  for (int i = 0; i < 3000 && daemon_->stderr_text().find("draining") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // readiness, not timing
+  }
+  ASSERT_NE(daemon_->stderr_text().find("draining"), std::string::npos) << daemon_->stderr_text();
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(120));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+  EXPECT_NE(daemon_->stderr_text().find("signal 15 again"), std::string::npos)
+      << daemon_->stderr_text();
+  EXPECT_GT(released_units_of_a_stopped_daemon(), 0) << daemon_->stderr_text();
 }
 
 // A provider that takes 20 s per answer keeps every handler inside a plugin call, where no drain
