@@ -209,6 +209,7 @@ void check_checkpoint_json(const json& cp, bool entity) {
   }
   integer("since", INT64_MIN);
   integer("deadline", INT64_MIN);
+  integer("retries", 0);
   auto units = cp.find("units");
   if (units == cp.end()) return;  // no units: the run fans out again, adopting its units
   const std::string what =
@@ -503,6 +504,23 @@ struct Pipeline::Impl {
     return all;
   }
 
+  // How many times an operator retried `job` from its dead letter, while that retry is under way
+  // (the letter is "retrying" until the job succeeds or dies again); 0 otherwise.
+  int letter_retries(const jobs::Job& job) {
+    jobs::DeadLetterQuery q;
+    q.status = jobs::DeadLetterStatus::kRetrying;
+    q.kind = job.kind;
+    q.concurrency_key = job.concurrency_key;
+    while (true) {
+      jobs::DeadLetterPage page = store.list_dead_letters(q);
+      for (const jobs::DeadLetter& letter : page.items) {
+        if (letter.job_id == job.id) return letter.retries;
+      }
+      if (!page.next_before) return 0;
+      q.before_id = page.next_before;
+    }
+  }
+
   Outcome gather(JobContext& ctx, const RunRequest& request, const json& cp) {
     const jobs::Job& job = ctx.job();
     const int64_t now = ctx.now_ms();
@@ -528,6 +546,18 @@ struct Pipeline::Impl {
     std::set<JobId> timed_out;
     if (!active.empty()) {
       if (now < deadline) return Outcome::wait_for_children(deadline, cp.dump());
+      // A run that died and that an operator retried (its units with it, often) gets a new unit
+      // timeout for each retry: the deadline it died with has nothing to do with the retried
+      // units, which would otherwise be stopped as "timed out" the moment it resumes.
+      if (const int retries = letter_retries(job); retries > int_or(cp, "retries", 0)) {
+        const int64_t renewed_deadline = now + snapshot().unit_timeout_ms;
+        json renewed = cp;
+        renewed["retries"] = retries;
+        renewed["deadline"] = renewed_deadline;
+        log->info("run {}: retried by an operator ({} times): a new unit timeout for its {} units",
+                  job.id, retries, active.size());
+        return Outcome::wait_for_children(renewed_deadline, renewed.dump());
+      }
       // Past the per-unit timeout: those units failed; stop them.
       for (JobId id : active) {
         store.cancel(id, now);

@@ -652,6 +652,42 @@ TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
             sandbox_->report("inst-1").gateway_by_provider["github"].unique);
 }
 
+// A run that died and that an operator retried resumed with the unit deadline it died with, long
+// past, and stopped its units as "timed out" at once, those still active then. Each retry of
+// its dead letter now gives its units a new unit timeout.
+TEST_F(PipelineTest, ARetriedDeadRunGivesItsUnitsANewTimeout) {
+  start(data(1, 0, 120));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fans out and waits for its units
+  ASSERT_EQ(units_of(run.run_id).size(), 3u);
+  // Past the unit timeout, no unit has run. The sweep wakes the run, which dies before it gathers
+  // (its host crashing for good, say; FATAL here for brevity).
+  test_clock().advance_ms(fast().unit_timeout_ms + 1);
+  const int64_t now = test_clock().now_ms();
+  ASSERT_EQ(store_->sweep(now).parents_woken, 1);
+  jobs::ClaimRequest claim{"another-host", 1, now, 30'000, {kRunKind}};
+  std::vector<jobs::Claimed> claimed = store_->claim(claim);
+  ASSERT_EQ(claimed.size(), 1u);
+  ASSERT_EQ(claimed[0].job.id, run.run_id);
+  jobs::Failure crash;
+  crash.error = "the host crashed";
+  crash.fatal = true;
+  ASSERT_EQ(store_->fail(run.run_id, claimed[0].lease_token, crash, now), JobStatus::kDead);
+
+  // The operator retries the run while another host's workers hold its units (started, not
+  // done), and the run gathers first; then that host hands the units back (a drain).
+  ASSERT_EQ(store_->retry_dead_letters({}, 10, now), 1);
+  jobs::ClaimRequest units{"another-host", 10, now, 30'000, {kEntityKind}};
+  std::vector<jobs::Claimed> held = store_->claim(units);
+  ASSERT_EQ(held.size(), 3u);
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the run, the only job left to claim
+  for (const jobs::Claimed& unit : held) store_->release(unit.job.id, unit.lease_token, now);
+  drive();
+  json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["completed"], 3) << result.dump(2);
+}
+
 // Bad input, found by review 2: a run checkpoint that has "units" but not an array of unit
 // objects with a jobId (a bad repair written to the store directly, a bug, an older build) is as
 // corrupt as one without "units": the run rebuilds the list from its children. It took the
