@@ -63,14 +63,38 @@ Config parse_config(const std::string& connection_string);
 std::string with_database(const std::string& connection_string, const std::string& db);
 
 // A server or client error with its errno. `lost` means the connection is unusable.
+// Transient (StorageError::transient()): a lost connection, a read-only server, a lock conflict,
+// a statement interrupted, a full disk.
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(message, lost || is_read_only(code), is_lock_conflict(code)),
+      : StorageError(
+            message,
+            lost || is_read_only(code) || is_interrupted(code) || is_disk_full(code, message),
+            is_lock_conflict(code)),
         code_(code),
         lost_(lost) {}
   unsigned code() const noexcept { return code_; }
   bool connection_lost() const noexcept { return lost_; }
+  // KILL QUERY (by an operator, or a tool such as pt-kill) ended the statement (1317
+  // ER_QUERY_INTERRUPTED). The session stays usable; the statement did nothing, and the store
+  // rolls its transaction back -- unless the statement was the COMMIT (Tx::send). Not re-run:
+  // someone meant it to stop.
+  static bool is_interrupted(unsigned code) noexcept { return code == 1317; }
+  // The disk or a table is full: 1114 ER_RECORD_FILE_FULL (InnoDB cannot extend a tablespace),
+  // 1021 ER_DISK_FULL, or an OS error 28 (ENOSPC) that the server passes on: 1030 ER_GET_ERRNO,
+  // 1026 ER_ERROR_ON_WRITE, 3 EE_WRITE (reports_no_space). The statement failed and the session
+  // stays usable; the call may succeed once space is freed, as SQLite's SQLITE_FULL.
+  static bool is_disk_full(unsigned code, std::string_view message) noexcept {
+    if (code == 1114 || code == 1021) return true;
+    return (code == 1030 || code == 1026 || code == 3) && reports_no_space(message);
+  }
+  bool disk_full() const noexcept { return is_disk_full(code_, what()); }
+  // Whether the text of an error that carries an OS errno gives errno 28: the client has no
+  // other trace of it. The number follows "Got error " (1030) or "errno: ", "Errcode: ",
+  // "OS errno " (the write errors), and is followed by its description: MariaDB writes
+  // `28 "No space left on device"`, MySQL 8 `28 - 'No space left on device'` or `28 - No ...`.
+  static bool reports_no_space(std::string_view message) noexcept;
   // The server refused a write because it is read-only (1290 ER_OPTION_PREVENTS_STATEMENT under
   // --read-only, 1836 ER_READ_ONLY_MODE): a primary being switched over. The statement did
   // nothing; a new session (through a proxy or a moved address) may reach the new primary.
@@ -261,8 +285,9 @@ class Tx {
   std::vector<Result> run(const std::vector<std::string>& statements);
   Result one(const std::string& statement);
   Result execute(const std::string& sql, const std::vector<Param>& params);  // prepared
-  // Runs `statements` and COMMIT in one round trip. A lost connection in this trip throws Error
-  // with commit_unknown() set: the caller cannot know whether the commit happened.
+  // Runs `statements` and COMMIT in one round trip. A lost connection in this trip, or a KILL
+  // QUERY or full disk met by the COMMIT itself, throws Error with commit_unknown() set: the
+  // caller cannot know whether the commit happened.
   std::vector<Result> commit(const std::vector<std::string>& statements = {});
   void rollback() noexcept;
   bool finished() const noexcept { return finished_; }
@@ -279,8 +304,9 @@ class Tx {
   bool commit_unknown_ = false;
 };
 
-// Thrown by transact() when the connection was lost while the COMMIT was in flight: the
-// transaction may have applied. Never re-run by transact().
+// Thrown by transact() when the connection was lost while the COMMIT was in flight, or the
+// COMMIT was interrupted or met a full disk (Tx::commit): the transaction may have applied. Never
+// re-run by transact().
 class CommitUnknown : public StorageError {
  public:
   explicit CommitUnknown(const std::string& message) : StorageError(message, true) {}
@@ -302,7 +328,8 @@ void backoff(int attempt, std::chrono::milliseconds base, std::chrono::milliseco
 // committed itself). Deadlocks, lock wait timeouts and RetryTransaction re-run the body;
 // a connection lost before the commit was sent re-runs it on a new connection. A connection lost
 // during the commit is reported (CommitUnknown), never re-run: the change may have been applied.
-// Exceptions of the body (LeaseLost, InvalidTransition, ...) roll back and propagate.
+// Other errors, transient (an interrupted statement, a full disk) or not, roll back and propagate,
+// as do exceptions of the body (LeaseLost, InvalidTransition, ...).
 template <class Body>
 auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {})
     -> std::invoke_result_t<Body&, Tx&> {
@@ -326,8 +353,10 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         }
       } catch (const Error& e) {
         if (tx.commit_unknown()) {
-          throw CommitUnknown(std::string("mysql: ") + what +
-                              ": connection lost during commit, outcome unknown: " + e.what());
+          throw CommitUnknown(
+              std::string("mysql: ") + what +
+              (e.connection_lost() ? ": connection lost during commit" : ": commit failed") +
+              ", outcome unknown: " + e.what());
         }
         throw;
       }

@@ -293,6 +293,19 @@ std::once_flag library_once;
 
 }  // namespace
 
+bool Error::reports_no_space(std::string_view message) noexcept {
+  for (std::string_view lead : {"Got error ", "errno: ", "Errcode: ", "OS errno "}) {
+    for (size_t at = message.find(lead); at != std::string_view::npos;
+         at = message.find(lead, at + 1)) {
+      const std::string_view rest = message.substr(at + lead.size());
+      if (rest.substr(0, 2) == "28" && (rest.size() == 2 || rest[2] < '0' || rest[2] > '9')) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 Connection::Connection(const Config& config) {
   std::call_once(library_once, [] { mysql_library_init(0, nullptr, nullptr); });
   handle_ = mysql_init(nullptr);
@@ -581,10 +594,23 @@ std::vector<Result> Tx::send(const std::vector<std::string>& statements, bool co
   if (sql.empty()) return {};
   begun_ = true;
   std::vector<Result> results;
+  size_t completed = 0;
   try {
-    results = connection_.run(sql);
+    results = connection_.run(sql, &completed);
   } catch (const Error& e) {
-    if (commit && e.connection_lost()) commit_unknown_ = true;
+    // A lost connection leaves the whole trip's fate unknown. So do the transient errors that
+    // do not prove a COMMIT undone when the COMMIT itself met them (every statement before it
+    // completed): a server may look for a KILL QUERY once the statement has run (MySQL 8 does)
+    // and answer 1317 for a COMMIT that committed; what a full disk met while committing (the
+    // binary log, the redo log) leaves applied depends on the server and its settings. The
+    // caller then reads what happened, after this session's ROLLBACK (the session lives on).
+    // Met by a statement before the COMMIT, either error ended the trip there: nothing
+    // committed, and the error is an ordinary transient one.
+    const bool at_commit = commit && completed == skip + statements.size();
+    if (commit && (e.connection_lost() ||
+                   (at_commit && (Error::is_interrupted(e.code()) || e.disk_full())))) {
+      commit_unknown_ = true;
+    }
     if (e.connection_lost()) finished_ = true;  // nothing to roll back on a dead session
     throw;
   }

@@ -1134,21 +1134,29 @@ ClaimRequest claim_of(const std::string& owner, size_t limit, int64_t now,
   return r;
 }
 
-// Waits until a session of `db` other than `except_id` is executing a statement LIKE `pattern`
-// (a row lock wait shows in PROCESSLIST). False after 20 s, or once `done` is set (the operation
-// returned without waiting).
-bool waits_in(const TestDatabase& db, const std::string& pattern, int64_t except_id,
-              const std::atomic<bool>& done) {
+// Waits until a session of `db` other than `except_id` matches `condition` on PROCESSLIST (a
+// statement waiting for a lock shows there) and returns its id. 0 after 20 s, or once `done` is
+// set (the operation returned without waiting).
+int64_t session_where(const TestDatabase& db, const std::string& condition, int64_t except_id,
+                      const std::atomic<bool>& done) {
   auto root = db.root_session();
-  const std::string sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '" +
-                          db.name() + "' AND ID <> " + std::to_string(except_id) +
-                          " AND INFO LIKE " + mysql::quote(pattern);
+  const std::string sql = "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = '" + db.name() +
+                          "' AND ID <> " + std::to_string(except_id) + " AND " + condition +
+                          " LIMIT 1";
   auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (scalar(*root, sql) == 0) {
-    if (done || std::chrono::steady_clock::now() > deadline) return false;
+  while (true) {
+    mysql::Result r = root->one(sql);
+    if (!r.rows.empty()) return mysql::to_i64(r.rows[0][0]);
+    if (done || std::chrono::steady_clock::now() > deadline) return 0;
     std::this_thread::sleep_for(5ms);
   }
-  return true;
+}
+
+// Waits until a session of `db` other than `except_id` is executing a statement LIKE `pattern`
+// (see session_where).
+bool waits_in(const TestDatabase& db, const std::string& pattern, int64_t except_id,
+              const std::atomic<bool>& done) {
+  return session_where(db, "INFO LIKE " + mysql::quote(pattern), except_id, done) != 0;
 }
 
 // Kills a job of kind `kind` at once (FATAL): it is dead with a pending letter, which is returned.
@@ -1993,26 +2001,86 @@ std::set<int64_t> sessions_on(const TestDatabase& db) {
   return ids;
 }
 
-// The server read-only (SET GLOBAL read_only) until end() or the end of the scope, whatever
-// fails in between.
-class ReadOnlyServer {
- public:
-  explicit ReadOnlyServer(const TestDatabase& db) : root_(db.root_session()) {
-    root_->one("SET GLOBAL read_only = 1");
+// A store of one session on `db` (its id: `sessions`, checked to be the only one) with job `id`,
+// of kind "k", that "w" claimed at 1000 under `token` (its lease until `lease_expires_ms`).
+struct OneSessionRunningAJob {
+  explicit OneSessionRunningAJob(const TestDatabase& db) : store(db.open(1)) {
+    id = store->enqueue(spec("k"), 1000).id;
+    std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
+    sessions = sessions_on(db);
+    if (claimed.size() != 1 || sessions.size() != 1) {
+      throw std::runtime_error(std::to_string(claimed.size()) + " jobs claimed, " +
+                               std::to_string(sessions.size()) + " sessions open");
+    }
+    token = claimed[0].lease_token;
+    lease_expires_ms = claimed[0].lease_expires_ms;
   }
-  ~ReadOnlyServer() {
+  std::unique_ptr<JobStore> store;
+  JobId id = 0;
+  std::string token;
+  int64_t lease_expires_ms = 0;
+  std::set<int64_t> sessions;
+};
+
+// What a store call run on another thread (throwing()) threw, once `done` is set.
+struct Thrown {
+  std::atomic<bool> done{false};
+  std::string error;  // empty when it returned
+  bool transient = false;
+  bool lock_conflict = false;
+  bool commit_unknown = false;
+};
+
+// Runs `op` on a new thread (see running()), keeping what a StorageError it throws tells.
+std::thread throwing(std::function<void()> op, Thrown& thrown) {
+  return running(
+      [op = std::move(op), &thrown] {
+        try {
+          op();
+        } catch (const StorageError& e) {
+          thrown.transient = e.transient();
+          thrown.lock_conflict = e.lock_conflict();
+          thrown.commit_unknown = dynamic_cast<const mysql::CommitUnknown*>(&e) != nullptr;
+          throw;
+        }
+      },
+      thrown.error, thrown.done);
+}
+
+// A server-wide state that `begin` (statements of the administrator) sets and `undo` ends, at
+// end() or the end of the scope, whatever fails in between.
+class ServerWide {
+ public:
+  ServerWide(const TestDatabase& db, const std::string& begin, std::string undo)
+      : root_(db.root_session()), undo_(std::move(undo)) {
+    root_->run(begin);
+  }
+  ~ServerWide() {
     try {
       end();
     } catch (const std::exception& e) {
-      ADD_FAILURE() << "the server stays read-only: " << e.what();
+      ADD_FAILURE() << "the server stays as it was set (" << undo_ << " failed): " << e.what();
     }
   }
-  ReadOnlyServer(const ReadOnlyServer&) = delete;
-  ReadOnlyServer& operator=(const ReadOnlyServer&) = delete;
-  void end() { root_->one("SET GLOBAL read_only = 0"); }
+  ServerWide(const ServerWide&) = delete;
+  ServerWide& operator=(const ServerWide&) = delete;
+  void end() {
+    if (ended_) return;
+    root_->one(undo_);
+    ended_ = true;
+  }
 
  private:
   std::unique_ptr<mysql::Connection> root_;
+  std::string undo_;
+  bool ended_ = false;
+};
+
+// The server read-only (SET GLOBAL read_only).
+class ReadOnlyServer : public ServerWide {
+ public:
+  explicit ReadOnlyServer(const TestDatabase& db)
+      : ServerWide(db, "SET GLOBAL read_only = 1", "SET GLOBAL read_only = 0") {}
 };
 
 // A primary switched to read-only while a failover is under way refuses every write (1290). The
@@ -2021,19 +2089,15 @@ class ReadOnlyServer {
 // address may reach the new primary. Registered RUN_SERIAL (CMakeLists.txt): read_only is global.
 TEST(MysqlReadOnly, WritesRefusedByAReadOnlyServerAreTransientAndTheSessionIsReplaced) {
   TestDatabase db;
-  auto store = db.open(1);
-  EnqueueResult a = store->enqueue(spec("k"), 1000);
-  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
-  ASSERT_EQ(claimed.size(), 1u);
-  const std::set<int64_t> before = sessions_on(db);
-  ASSERT_EQ(before.size(), 1u);
+  OneSessionRunningAJob job(db);
+  auto& store = job.store;
 
   ReadOnlyServer read_only(db);
 
   Finish done;
   done.kind = Finish::Kind::kComplete;
-  done.id = a.id;
-  done.token = claimed[0].lease_token;
+  done.id = job.id;
+  done.token = job.token;
   done.result_json = "{}";
   std::vector<FinishResult> results = store->finish({done}, 2000);
   ASSERT_EQ(results.size(), 1u);
@@ -2046,7 +2110,7 @@ TEST(MysqlReadOnly, WritesRefusedByAReadOnlyServerAreTransientAndTheSessionIsRep
   } catch (const StorageError& e) {
     EXPECT_TRUE(e.transient()) << e.what();
   }
-  EXPECT_EQ(store->get(a.id)->status, JobStatus::kRunning);  // reads go on
+  EXPECT_EQ(store->get(job.id)->status, JobStatus::kRunning);  // reads go on
 
   read_only.end();
   results = store->finish({done}, 3000);
@@ -2054,7 +2118,7 @@ TEST(MysqlReadOnly, WritesRefusedByAReadOnlyServerAreTransientAndTheSessionIsRep
   EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded)) << results[0].error;
   const std::set<int64_t> after = sessions_on(db);
   ASSERT_EQ(after.size(), 1u);
-  EXPECT_NE(*after.begin(), *before.begin()) << "the session that met read-only was kept";
+  EXPECT_NE(after, job.sessions) << "the session that met read-only was kept";
 }
 
 // The sessions opened on the server so far (one more for asking).
@@ -2152,15 +2216,12 @@ TEST(MysqlReadOnly, ASchedulerReportsItsFailingClaimsUntilTheServerTakesWritesAg
 // as a result that is not UTF-8 is.
 TEST(MysqlStore, AValueLargerThanTheServersPacketLimitIsRefusedNotTakenForALostConnection) {
   TestDatabase db;
-  auto store = db.open(1);
   const int64_t packet = scalar(*db.root_session(), "SELECT @@max_allowed_packet");
   const std::string huge(2 * static_cast<size_t>(packet), 'x');
-  const JobId id = store->enqueue(spec("k"), 1000).id;
-  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
-  ASSERT_EQ(claimed.size(), 1u);
-  const std::string& token = claimed[0].lease_token;
-  const std::set<int64_t> sessions = sessions_on(db);
-  ASSERT_EQ(sessions.size(), 1u);
+  OneSessionRunningAJob job(db);
+  auto& store = job.store;
+  const JobId id = job.id;
+  const std::string& token = job.token;
 
   try {
     store->enqueue(spec("k", "", huge), 2000);
@@ -2187,7 +2248,7 @@ TEST(MysqlStore, AValueLargerThanTheServersPacketLimitIsRefusedNotTakenForALostC
   EXPECT_FALSE(results[0].lease_lost) << results[0].error;
   EXPECT_FALSE(results[0].retryable) << results[0].error;
 
-  EXPECT_EQ(sessions_on(db), sessions) << "the session was dropped as if lost";
+  EXPECT_EQ(sessions_on(db), job.sessions) << "the session was dropped as if lost";
   EXPECT_EQ(store->get(id)->status, JobStatus::kRunning);
   store->complete(id, token, "{}", 4000);
   EXPECT_EQ(store->get(id)->status, JobStatus::kSucceeded);
@@ -2300,6 +2361,96 @@ TEST(MysqlStore, AStatementInterruptedByTheServersTimeLimitIsALockConflict) {
   EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded)) << results[0].error;
 }
 
+// The store's errors as the server words them (mysql::Error from a code and a message, as
+// Connection::fail builds it). A full disk or table (InnoDB cannot extend a tablespace: 1114; an
+// OS errno 28 passed on in 1030 or the write errors) and a statement ended by KILL QUERY (1317)
+// failed a statement that did nothing, on a session that still works: transient, as SQLite's
+// SQLITE_FULL is, neither a lost session nor a lock conflict. They were refusals of the request.
+TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
+  struct Case {
+    unsigned code;
+    std::string text;
+    bool transient;
+  };
+  const Case cases[] = {
+      {1114, "The table 'jobs' is full", true},
+      {1021,
+       "Disk full (/var/tmp/#sql-1.MAI); waiting for someone to free some space... "
+       "(errno: 28 \"No space left on device\")",
+       true},
+      {1030, "Got error 28 \"No space left on device\" from storage engine InnoDB", true},
+      {1030, "Got error 28 - 'No space left on device' from storage engine", true},  // MySQL 8
+      {1026, "Error writing file './binlog.000001' (errno: 28 \"No space left on device\")", true},
+      {1026, "Error writing file 'binlog' (errno: 28 - No space left on device)", true},  // MySQL 8
+      {3, "Error writing file '/tmp/MYfd=42' (Errcode: 28 \"No space left on device\")", true},
+      {3, "Error writing file '/tmp/MYfd=42' (OS errno 28 - No space left on device)", true},
+      {1317, "Query execution was interrupted", true},
+      // Another OS error, or another number than 28, is the request's own as before.
+      {1030, "Got error 122 \"Internal (unspecified) error in handler\" from storage engine",
+       false},
+      {1030, "Got error 280 \"Unknown error 280\" from storage engine InnoDB", false},
+      {1030, "Got error 128 - 'Too many active concurrent transactions' from storage engine",
+       false},
+      {1026, "Error writing file './28' (errno: 13 \"Permission denied\")", false},
+      {3, "Error writing file '/tmp/x' (Errcode: 5 \"Input/output error\")", false},
+      {1064, "You have an error in your SQL syntax near 'Got error 28 \"'", false},
+  };
+  for (const Case& c : cases) {
+    const mysql::Error e("query: " + c.text + " (errno " + std::to_string(c.code) + ")", c.code,
+                         false);
+    EXPECT_EQ(e.transient(), c.transient) << e.what();
+    EXPECT_FALSE(e.lock_conflict()) << e.what();
+    EXPECT_FALSE(e.connection_lost()) << e.what();
+    EXPECT_FALSE(e.needs_new_session()) << e.what();
+  }
+}
+
+// An operator, or a tool such as pt-kill, may end a statement with KILL QUERY: here a failure
+// report waiting for its job's row, which another session holds. The statement did nothing, the
+// store rolled its transaction back, and its session goes on: the error is transient (it was a
+// refusal of the request, and the scheduler turned the report into a failed attempt of its own).
+// It is not run again at once (someone meant it to stop); the caller's next call works.
+TEST(MysqlStore, AStatementKilledByAnOperatorIsTransientAndTheSessionGoesOn) {
+  TestDatabase db;
+  OneSessionRunningAJob job(db);
+  auto& store = job.store;
+  const JobId id = job.id;
+  const std::string& token = job.token;
+  auto holder = holding_row(db, id);
+  const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
+
+  Failure failure;
+  failure.error = "boom";
+  Thrown thrown;
+  std::thread failing = throwing([&] { store->fail(id, token, failure, 2000); }, thrown);
+  const int64_t waiting =
+      session_where(db, "INFO LIKE '%FROM jobs WHERE id = " + std::to_string(id) + " FOR UPDATE%'",
+                    holder_id, thrown.done);
+  if (waiting != 0) db.root_session()->one("KILL QUERY " + std::to_string(waiting));
+  failing.join();
+  holder->one("ROLLBACK");
+  const std::string& error = thrown.error;
+  ASSERT_NE(waiting, 0) << "the failure report never waited for the held row: " << error;
+  EXPECT_NE(error.find("interrupted"), std::string::npos) << error;
+  EXPECT_TRUE(thrown.transient) << error;
+  EXPECT_FALSE(thrown.lock_conflict) << error;
+  EXPECT_FALSE(thrown.commit_unknown) << error;
+
+  const Job after = *store->get(id);
+  EXPECT_EQ(after.status, JobStatus::kRunning);
+  EXPECT_EQ(after.lease_token, std::optional<std::string>(token));
+  EXPECT_EQ(after.last_error, std::nullopt);
+  const std::vector<Attempt> attempts = store->attempts(id);
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].outcome, "running");
+  std::set<int64_t> now = sessions_on(db);
+  now.erase(holder_id);
+  EXPECT_EQ(now, job.sessions) << "the store's session was taken for lost";
+
+  EXPECT_EQ(store->fail(id, token, failure, 3000), JobStatus::kQueued);
+  EXPECT_EQ(store->attempts(id).at(0).outcome, "failed");
+}
+
 // The read timeout (read-timeout=, 120 s by default) is how long the store waits for an answer
 // before it takes the server for gone; a statement waiting for a row lock must end before it, with
 // a lock wait timeout that the caller re-runs. The server's innodb_lock_wait_timeout (50 s by
@@ -2332,6 +2483,48 @@ TEST(MysqlStore, ARowHeldLongerThanTheReadTimeoutIsALockConflictNotALostConnecti
   EXPECT_EQ(
       store->heartbeat(id, claimed[0].lease_token, 3000, 30'000, std::nullopt).lease_expires_ms,
       33'000);
+}
+
+// --- commits held by the backup lock ------------------------------------------------------
+
+// A KILL QUERY that ends the COMMIT itself proves nothing: a server may look for the kill once
+// the statement has run, and answer 1317 for a COMMIT that committed. The store reports it as an
+// unknown outcome (CommitUnknown, transient, for the caller to read back), never as a transient
+// error that says nothing was applied, on which a caller would act. Here the COMMIT of a heartbeat
+// (sent with its UPDATE) waits for the backup lock when it is killed: it did not commit, and the
+// session, rolled back, goes on. Registered RUN_SERIAL (CMakeLists.txt): the lock is global.
+TEST(MysqlBackupLock, ACommitKilledByAnOperatorIsAnUnknownOutcomeAndTheSessionGoesOn) {
+  TestDatabase db;
+  OneSessionRunningAJob job(db);
+  auto& store = job.store;
+
+  // Every COMMIT of a transaction that wrote waits (MariaDB's backup lock, global); statements
+  // still run.
+  ServerWide blocked(db, "BACKUP STAGE START; BACKUP STAGE BLOCK_COMMIT", "BACKUP STAGE END");
+  Thrown thrown;
+  std::thread beating =
+      throwing([&] { store->heartbeat(job.id, job.token, 2000, 30'000, std::nullopt); }, thrown);
+  const int64_t waiting = session_where(
+      db, "STATE = 'Waiting for backup lock' AND INFO LIKE '%COMMIT'", 0, thrown.done);
+  if (waiting != 0) db.root_session()->one("KILL QUERY " + std::to_string(waiting));
+  // The lock is freed once the killed COMMIT has returned: freed before the COMMIT saw the kill,
+  // it would be granted the lock and commit.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (waiting != 0 && !thrown.done && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  blocked.end();
+  beating.join();
+  const std::string& error = thrown.error;
+  ASSERT_NE(waiting, 0) << "the heartbeat's COMMIT never waited for the backup lock: " << error;
+  EXPECT_TRUE(thrown.commit_unknown) << error;
+  EXPECT_TRUE(thrown.transient) << error;
+  EXPECT_NE(error.find("interrupted"), std::string::npos) << error;
+
+  EXPECT_EQ(store->get(job.id)->lease_expires_ms, job.lease_expires_ms) << "applied";
+  EXPECT_EQ(sessions_on(db), job.sessions) << "the store's session was taken for lost";
+  EXPECT_EQ(store->heartbeat(job.id, job.token, 3000, 30'000, std::nullopt).lease_expires_ms,
+            33'000);
 }
 
 }  // namespace
