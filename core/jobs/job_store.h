@@ -293,7 +293,9 @@ class JobStore {
   virtual SweepResult recover_owner(const std::string& owner, int64_t now_ms) = 0;
   // Deletes finished (succeeded, cancelled, dead with a resolved/ignored letter) jobs that
   // finished before `before_ms`, with their attempts, in chunks (one transaction each, so a
-  // large pass never holds the store for long). Returns the number of jobs deleted.
+  // large pass never holds the store for long). Returns the number of jobs deleted. A finish
+  // time of 0 or less (a clock at the epoch; 0 is also "not finished") is never before it. The
+  // jobs' children that stay lose their parent_id.
   virtual int64_t prune(int64_t finished_before_ms) = 0;
 
   // --- cancellation --------------------------------------------------------------------------

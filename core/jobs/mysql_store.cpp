@@ -2292,6 +2292,8 @@ class MysqlStore final : public JobStore {
     int64_t total = 0;
     while (true) {
       auto [found, deleted] = transact("prune", [&](Tx& tx) {
+        // finished_ms > 0 keeps the range off the index's 0 entries, every active job (a
+        // terminal job at 0 is never before the cutoff: JobStore::prune).
         Result candidates = tx.one(
             Sql("SELECT j.id FROM jobs j WHERE j.finished_ms > 0 AND j.finished_ms < ")
             << finished_before_ms
@@ -2323,9 +2325,12 @@ class MysqlStore final : public JobStore {
           std::erase_if(doomed, [&](JobId id) { return open.count(id) > 0; });
         }
         if (!doomed.empty()) {
+          // Children that stay (still active, or finished after the cutoff) lose their parent,
+          // as SQLite's ON DELETE SET NULL does: no parent_id names a job that is gone.
           std::string list = id_list(doomed);
           tx.commit({"DELETE FROM job_attempts WHERE job_id IN (" + list + ")",
-                     "DELETE FROM jobs WHERE id IN (" + list + ")"});
+                     "DELETE FROM jobs WHERE id IN (" + list + ")",
+                     "UPDATE jobs SET parent_id = NULL WHERE parent_id IN (" + list + ")"});
         }
         return std::pair<size_t, int64_t>{ids.size(), static_cast<int64_t>(doomed.size())};
       });

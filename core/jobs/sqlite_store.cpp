@@ -1264,9 +1264,12 @@ SweepResult sweep_jobs(Connection& c, int64_t now) {
 }
 
 constexpr int64_t kPruneChunk = 1000;
+// finished_ms > 0, as in the MySQL store: there, every active job sits at 0 in the finished_ms
+// index, and a range taking in 0 read the whole backlog (or every kept job) for each chunk.
 const std::string kPruneSql =
     "DELETE FROM jobs WHERE id IN (SELECT j.id FROM jobs j "
-    "WHERE j.status IN ('succeeded', 'dead', 'cancelled') AND j.finished_ms < ?1 "
+    "WHERE j.status IN ('succeeded', 'dead', 'cancelled') AND j.finished_ms > 0 "
+    "AND j.finished_ms < ?1 "
     "AND (j.status <> 'dead' OR NOT EXISTS (SELECT 1 FROM dead_letters d "
     "WHERE d.job_id = j.id AND d.status IN ('pending', 'retrying'))) LIMIT ?2)";
 

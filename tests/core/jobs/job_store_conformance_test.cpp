@@ -2726,6 +2726,41 @@ TEST_P(JobStoreConformance, PruneDeletesOnlyFinishedJobsOlderThanTheCutoff) {
   EXPECT_EQ(store().prune(kT0 + kHour), 0);
 }
 
+// The children of a pruned parent that stay (still active, or finished after the cutoff) lose
+// their parent_id, in the prune's transaction: none names a job that is gone (nor, should its id
+// ever be handed out again, another job). SQLite's foreign key set it NULL; MySQL kept it.
+TEST_P(JobStoreConformance, PruneClearsTheParentOfTheChildrenThatStay) {
+  const JobId parent = add(spec("parent"));
+  const JobId active = add_child(parent, "child");
+  const JobId late = add_child(parent, "late");
+  store().complete(parent, claim_job(parent).lease_token, "{}", kT0);
+  store().complete(late, claim_job(late, kT0 + 2 * kHour).lease_token, "{}", kT0 + 2 * kHour);
+
+  EXPECT_EQ(store().prune(kT0 + kHour), 1);
+  EXPECT_EQ(store().get(parent), std::nullopt);
+  for (JobId child : {active, late}) EXPECT_EQ(get_job(child).parent_id, std::nullopt) << child;
+  JobQuery children;
+  children.parent_id = parent;
+  EXPECT_THAT(ids(list_all(children)), ::testing::IsEmpty());
+  store().complete(active, claim_job(active, kT0 + 2 * kHour).lease_token, "{}", kT0 + 2 * kHour);
+  EXPECT_EQ(status_of(active), JobStatus::kSucceeded);
+}
+
+// A finish time of 0 (a clock at the epoch; 0 is also "not finished", the value of every active
+// job) is never before a cutoff: both backends keep the job. SQLite pruned it, MySQL did not
+// (its finished_ms index holds every active job at 0: a range from 0 reads them all).
+TEST_P(JobStoreConformance, PruneKeepsAJobWhoseFinishTimeIsZero) {
+  const JobId at_zero = add(spec(), 0);
+  store().complete(at_zero, claim_job(at_zero, 0).lease_token, "{}", 0);
+  const JobId at_one = add(spec(), 0);
+  store().complete(at_one, claim_job(at_one, 1).lease_token, "{}", 1);
+  ASSERT_EQ(get_job(at_zero).finished_ms, 0);
+
+  EXPECT_EQ(store().prune(2), 1);
+  EXPECT_TRUE(store().get(at_zero).has_value());
+  EXPECT_EQ(store().get(at_one), std::nullopt);
+}
+
 // ===========================================================================================
 // Many workers, many hosts (D3, seed 002 #26)
 // ===========================================================================================
