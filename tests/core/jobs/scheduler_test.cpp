@@ -1534,9 +1534,10 @@ TEST_F(SchedulerTest, ARefusedEndingHandedOverWhileARefusalIsRecordedIsAlsoAFail
   wait_for([&] { return store.complete_refusals.load() >= 2; });  // second's, in that retry
   ASSERT_GE(store.complete_refusals.load(), 2);
   store.failures_down = false;
+  // The finisher counts a failure once the store has recorded it: wait for the count too.
   wait_for([&] {
     return store_->get(first)->status != JobStatus::kRunning &&
-           store_->get(second)->status != JobStatus::kRunning;
+           store_->get(second)->status != JobStatus::kRunning && scheduler.stats().failed >= 2;
   });
   EXPECT_EQ(store_->get(first)->status, JobStatus::kQueued);
   EXPECT_EQ(store_->get(second)->status, JobStatus::kQueued)
