@@ -30,11 +30,13 @@ CircuitRecord begin_probe(const CircuitRecord& r, int64_t now_ms) {
 }
 
 CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const CircuitPolicy& p,
-                           int64_t now_ms) {
-  // A success while open is a call that started before the circuit opened: it says nothing of
-  // the service now (only the half-open probe does), and closing on it would let every caller
-  // through at once.
-  if (event == CircuitEvent::kSuccess && r.state == "open") return r;
+                           int64_t call_started_ms, int64_t now_ms) {
+  // Open: no probe is running, so no success speaks of the service now, and a failure of a call
+  // begun before the opening is the outage that opened it. Half-open: the probe began at
+  // updated_ms (begin_probe), and only calls begun since then speak of the recovery.
+  if (r.state == "open" && (event == CircuitEvent::kSuccess || call_started_ms < r.opened_ms))
+    return r;
+  if (r.state == "half_open" && call_started_ms < r.updated_ms) return r;
   CircuitRecord next = r;
   next.updated_ms = now_ms;
   if (event == CircuitEvent::kSuccess) {

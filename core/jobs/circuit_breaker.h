@@ -1,6 +1,9 @@
 // The circuit breaker of seed 001 as a pure function over a stored CircuitRecord (SPEC E4):
 // closed --(N consecutive failures)--> open --(after open_ms)--> half_open (one probe allowed)
 // half_open --success--> closed ; half_open --failure--> open again.
+// Only results that speak of the state the circuit is in count: a result is reported with the
+// time its call started, and one from a call that started before the circuit opened (or before
+// the current half-open probe began) is ignored -- see record_event.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +29,19 @@ struct CircuitDecision {
 CircuitDecision decide(const CircuitRecord& record, int64_t now_ms);
 // Marks the record half-open when an open circuit's time has come (the probe is about to run).
 CircuitRecord begin_probe(const CircuitRecord& record, int64_t now_ms);
+// The result of a call that started at `call_started_ms` and ended at `now_ms`:
+// - closed: every result counts (a success clears the failures, a failure adds one and the
+//   failure_threshold-th opens the circuit).
+// - open: a success never closes it (only the half-open probe's can); a failure of a call that
+//   started at or after `opened_ms` (a host that had not seen it open yet) opens it again from
+//   now. Results of calls that started before it opened are ignored: they belong to the outage
+//   that opened it, and must not push the probe further away.
+// - half_open: only calls that started at or after the probe began (`updated_ms`) count -- the
+//   probe's success closes it, its failure opens it again. A call that started before (in flight
+//   when the circuit opened, or an earlier probe that did not report back in time) is ignored,
+//   success or failure: it says nothing of the provider's recovery, and the probe decides.
+// An ignored result returns the record unchanged.
 CircuitRecord record_event(const CircuitRecord& record, CircuitEvent event,
-                           const CircuitPolicy& policy, int64_t now_ms);
+                           const CircuitPolicy& policy, int64_t call_started_ms, int64_t now_ms);
 
 }  // namespace backhaul::jobs

@@ -310,8 +310,10 @@ struct Pipeline::Impl {
     return std::nullopt;
   }
 
+  // The result of a call to `name`'s service that began at `started` (host clock): one begun
+  // before the circuit opened or before its half-open probe began does not count (record_event).
   void circuit_event(const std::string& name, jobs::CircuitEvent event,
-                     const jobs::CircuitPolicy& policy, int64_t now) {
+                     const jobs::CircuitPolicy& policy, int64_t started, int64_t now) {
     if (event == jobs::CircuitEvent::kSuccess) {
       std::lock_guard lock(mutex);
       auto it = circuits.find(name);
@@ -320,17 +322,18 @@ struct Pipeline::Impl {
         return;  // nothing to record
     }
     jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
-      return jobs::record_event(r, event, policy, now);
+      return jobs::record_event(r, event, policy, started, now);
     });
     std::lock_guard lock(mutex);
     circuits[name] = {stored, now};
   }
 
-  // Gateway calls: retryable errors count against the gateway circuit and retry the attempt;
-  // others (a 4xx: our request is wrong) are fatal.
-  [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o) {
+  // Gateway calls (begun at `started`): retryable errors count against the gateway circuit and
+  // retry the attempt; others (a 4xx: our request is wrong) are fatal.
+  [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o,
+                                   int64_t started) {
     if (e.retryable()) {
-      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, o.gateway_circuit,
+      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, o.gateway_circuit, started,
                     clock.now_ms());
       throw JobFailure(e.what());
     }
@@ -370,12 +373,13 @@ struct Pipeline::Impl {
     if (!connector) throw JobFailure("no connector plugin for provider: " + request.provider, true);
 
     gateway::Connection connection;
+    const int64_t asked = clock.now_ms();
     try {
       connection = gateway.connection(request.installation_id);
     } catch (const gateway::GatewayError& e) {
       if (e.status() == 404)
         throw JobFailure("connection not found: " + request.installation_id, true);
-      gateway_failed(e, o);
+      gateway_failed(e, o, asked);
     }
     if (connection.status != "active")
       throw JobFailure("connection is not active: " + request.installation_id +
@@ -469,25 +473,24 @@ struct Pipeline::Impl {
     unit.installation_id = connection.installation_id;
     unit.resource_id = connection.resources.front().id;
     unit.resource_name = connection.resources.front().name;
-    try {
-      unit.access_token = gateway.access_token(request.installation_id);
-    } catch (const gateway::GatewayError& e) {
-      gateway_failed(e, o);
-    }
+    unit.access_token = token_for(request.installation_id, o);
     // The provider's answer counts on its circuit, as a page's does (this call may be the
     // half-open probe, which must report back).
     const std::string breaker = provider_circuit(request.provider);
+    const int64_t started = clock.now_ms();
     try {
       connector.validate_scopes(unit);
     } catch (const plugins::ConnectorFailure& e) {
       if (e.status() == BACKHAUL_RETRYABLE) {
-        circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, clock.now_ms());
+        circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, started,
+                      clock.now_ms());
       }
       std::string what = std::string("scope validation failed: ") +
                          std::string(plugins::status_name(e.status())) + ": " + e.what();
       throw JobFailure(what, !e.is_retryable(), e.retry_after_ms());
     }
-    circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, clock.now_ms());
+    circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, started,
+                  clock.now_ms());
   }
 
   std::vector<jobs::Job> children(JobId run_id) {
@@ -695,9 +698,10 @@ struct Pipeline::Impl {
           return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
         }
       }
-      dispatch_page(p, provider, installation, org_id, o);
+      const int64_t dispatching = ctx.now_ms();
+      dispatch_page(p, provider, installation, org_id, o, dispatching);
       if (p.size() > 0)
-        circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit,
+        circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, dispatching,
                       ctx.now_ms());
       ++pages;
       dispatched += static_cast<int64_t>(p.size());
@@ -750,7 +754,7 @@ struct Pipeline::Impl {
   // through gateway_failed(), and the page is not checkpointed, so the retry sends it again.
   void dispatch_page(const plugins::Page& p, const std::string& provider,
                      const std::string& installation, const std::string& org_id,
-                     const PipelineOptions& o) {
+                     const PipelineOptions& o, int64_t started) {
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     std::mutex error_mutex;
@@ -811,14 +815,15 @@ struct Pipeline::Impl {
     for (size_t k = 1; k < threads; ++k) helpers.emplace_back(work);
     work();
     for (std::thread& t : helpers) t.join();
-    if (error) gateway_failed(*error, o);
+    if (error) gateway_failed(*error, o, started);
   }
 
   std::string token_for(const std::string& installation, const PipelineOptions& o) {
+    const int64_t started = clock.now_ms();
     try {
       return gateway.access_token(installation);
     } catch (const gateway::GatewayError& e) {
-      gateway_failed(e, o);
+      gateway_failed(e, o, started);
     }
   }
 
@@ -836,12 +841,13 @@ struct Pipeline::Impl {
                 bool& refreshed, int& retried) {
     const std::string breaker = provider_circuit(connector.info().id);
     auto started = std::chrono::steady_clock::now();
+    const int64_t began = ctx.now_ms();  // host clock, for the circuit
     try {
       plugins::Page page = connector.fetch_page(params);
       note_call(started);
       refreshed = false;
       retried = 0;
-      circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, ctx.now_ms());
+      circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, began, ctx.now_ms());
       return {std::move(page), std::nullopt};
     } catch (const plugins::ConnectorFailure& e) {
       note_call(started);
@@ -861,7 +867,8 @@ struct Pipeline::Impl {
                   Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what)};
         }
         case BACKHAUL_RETRYABLE:
-          circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, ctx.now_ms());
+          circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, began,
+                        ctx.now_ms());
           if (retried >= o.transient_retries || e.retry_after_ms() > o.transient_retry_ms * 4)
             throw JobFailure(what, false, e.retry_after_ms());
           ++retries_in_place;

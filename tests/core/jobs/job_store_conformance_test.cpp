@@ -2369,7 +2369,7 @@ TEST_P(JobStoreConformance, ABreakerKeptInTheStoreOpensAfterItsThreshold) {
   CircuitRecord r;
   for (int i = 0; i < 3; ++i) {
     r = store().update_circuit("stripe-api", [&](const CircuitRecord& current) {
-      return record_event(current, CircuitEvent::kFailure, policy, kT0 + i);
+      return record_event(current, CircuitEvent::kFailure, policy, kT0 + i, kT0 + i);
     });
   }
   EXPECT_EQ(r.state, "open");

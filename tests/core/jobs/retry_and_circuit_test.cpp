@@ -128,7 +128,7 @@ CircuitRecord closed_with(int failures) {
 }
 
 CircuitRecord fail_times(CircuitRecord r, int n, const CircuitPolicy& p, int64_t now) {
-  for (int i = 0; i < n; ++i) r = record_event(r, CircuitEvent::kFailure, p, now);
+  for (int i = 0; i < n; ++i) r = record_event(r, CircuitEvent::kFailure, p, now, now);
   return r;
 }
 
@@ -140,7 +140,8 @@ TEST(CircuitBreakerTest, ANewCircuitIsClosedAndLetsCallsThrough) {
 }
 
 TEST(CircuitBreakerTest, ASuccessWhileClosedResetsTheFailureCount) {
-  const CircuitRecord r = record_event(closed_with(3), CircuitEvent::kSuccess, breaker(5), kNow);
+  const CircuitRecord r =
+      record_event(closed_with(3), CircuitEvent::kSuccess, breaker(5), kNow, kNow);
   EXPECT_EQ(r.state, "closed");
   EXPECT_EQ(r.failures, 0);
   EXPECT_EQ(r.updated_ms, kNow);
@@ -156,7 +157,8 @@ TEST(CircuitBreakerTest, FailuresBelowTheThresholdKeepItClosedAndCount) {
 
 TEST(CircuitBreakerTest, TheThresholdthFailureOpensIt) {
   // Seed 001: closed with 4 failures, threshold 5, one more failure -> open at now.
-  const CircuitRecord r = record_event(closed_with(4), CircuitEvent::kFailure, breaker(5), kNow);
+  const CircuitRecord r =
+      record_event(closed_with(4), CircuitEvent::kFailure, breaker(5), kNow, kNow);
   EXPECT_EQ(r.state, "open");
   EXPECT_EQ(r.opened_ms, kNow);
   EXPECT_EQ(r.retry_at_ms, kNow + 30'000);
@@ -167,7 +169,7 @@ TEST(CircuitBreakerTest, TheThresholdthFailureOpensIt) {
 
 TEST(CircuitBreakerTest, ASuccessBetweenFailuresStartsTheCountAgain) {
   CircuitRecord r = fail_times(CircuitRecord{}, 2, breaker(3), kNow);
-  r = record_event(r, CircuitEvent::kSuccess, breaker(3), kNow);
+  r = record_event(r, CircuitEvent::kSuccess, breaker(3), kNow, kNow);
   r = fail_times(r, 2, breaker(3), kNow);
   EXPECT_EQ(r.state, "closed") << "failures must be consecutive";
 }
@@ -223,7 +225,8 @@ TEST(CircuitBreakerTest, AfterAProbeThatNeverReportedBackOnlyOneMoreProbeGoes) {
 // the circuit stays open until its time, and then its probe decides.
 TEST(CircuitBreakerTest, ALateSuccessWhileOpenLeavesItOpen) {
   const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
-  const CircuitRecord after = record_event(open, CircuitEvent::kSuccess, breaker(5), kNow + 1);
+  const CircuitRecord after =
+      record_event(open, CircuitEvent::kSuccess, breaker(5), kNow - 1, kNow + 1);
   EXPECT_EQ(after.state, "open");
   EXPECT_EQ(after.retry_at_ms, kNow + 30'000);
   EXPECT_FALSE(decide(after, kNow + 2).allowed);
@@ -232,7 +235,8 @@ TEST(CircuitBreakerTest, ALateSuccessWhileOpenLeavesItOpen) {
 TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
   const CircuitRecord probing =
       begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);
-  const CircuitRecord r = record_event(probing, CircuitEvent::kSuccess, breaker(5), kNow + 30'500);
+  const CircuitRecord r =
+      record_event(probing, CircuitEvent::kSuccess, breaker(5), kNow + 30'000, kNow + 30'500);
   EXPECT_EQ(r.state, "closed");
   EXPECT_EQ(r.failures, 0);
   EXPECT_EQ(r.opened_ms, 0);
@@ -243,11 +247,80 @@ TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
 TEST(CircuitBreakerTest, AFailedProbeReopensTheCircuitForAnotherPeriod) {
   const CircuitRecord probing =
       begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);
-  const CircuitRecord r = record_event(probing, CircuitEvent::kFailure, breaker(5), kNow + 30'500);
+  const CircuitRecord r =
+      record_event(probing, CircuitEvent::kFailure, breaker(5), kNow + 30'000, kNow + 30'500);
   EXPECT_EQ(r.state, "open");
   EXPECT_EQ(r.opened_ms, kNow + 30'500);
   EXPECT_EQ(r.retry_at_ms, kNow + 60'500);
   EXPECT_FALSE(decide(r, kNow + 31'000).allowed);
+}
+
+// Task: a call that started before the circuit opened and succeeds once it is half-open is not
+// the probe: it says nothing of the recovery, so the circuit stays half-open (the others keep
+// waiting) until the probe itself reports; the probe's success then closes it.
+TEST(CircuitBreakerTest, ALateSuccessWhileHalfOpenDoesNotCloseItTheProbesOwnDoes) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord probing = begin_probe(open, kNow + 30'000);
+  for (int64_t started : {kNow - 1, kNow + 10'000, kNow + 29'999}) {
+    const CircuitRecord late =
+        record_event(probing, CircuitEvent::kSuccess, breaker(5), started, kNow + 30'500);
+    EXPECT_EQ(late.state, "half_open") << "a call begun at " << started - kNow;
+    EXPECT_EQ(late.retry_at_ms, probing.retry_at_ms);
+    EXPECT_EQ(late.updated_ms, probing.updated_ms) << "still the probe's start";
+    EXPECT_FALSE(decide(late, kNow + 30'501).allowed) << "the others still wait for the probe";
+  }
+  const CircuitRecord probed =
+      record_event(probing, CircuitEvent::kSuccess, breaker(5), kNow + 30'000, kNow + 30'600);
+  EXPECT_EQ(probed.state, "closed");
+  EXPECT_TRUE(decide(probed, kNow + 30'601).allowed);
+}
+
+// A late failure while half-open is no verdict on the recovery either: the probe decides.
+TEST(CircuitBreakerTest, ALateFailureWhileHalfOpenDoesNotReopenItTheProbesOwnDoes) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord probing = begin_probe(open, kNow + 30'000);
+  const CircuitRecord late =
+      record_event(probing, CircuitEvent::kFailure, breaker(5), kNow - 1, kNow + 30'200);
+  EXPECT_EQ(late.state, "half_open");
+  EXPECT_EQ(late.retry_at_ms, probing.retry_at_ms);
+  const CircuitRecord probed =
+      record_event(late, CircuitEvent::kFailure, breaker(5), kNow + 30'000, kNow + 30'500);
+  EXPECT_EQ(probed.state, "open");
+  EXPECT_EQ(probed.retry_at_ms, kNow + 60'500);
+}
+
+// While open, a failure of a call begun before the opening is the outage that opened it: it must
+// not push the probe further away. One begun after (a host that had not seen the circuit open)
+// is news, and opens it again from now.
+TEST(CircuitBreakerTest, ALateFailureWhileOpenDoesNotPushTheProbeBack) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord late =
+      record_event(open, CircuitEvent::kFailure, breaker(5), kNow - 100, kNow + 20'000);
+  EXPECT_EQ(late.opened_ms, kNow);
+  EXPECT_EQ(late.retry_at_ms, kNow + 30'000);
+  EXPECT_TRUE(decide(late, kNow + 30'000).allowed) << "the probe goes on time";
+  const CircuitRecord news =
+      record_event(open, CircuitEvent::kFailure, breaker(5), kNow + 5'000, kNow + 20'000);
+  EXPECT_EQ(news.state, "open");
+  EXPECT_EQ(news.opened_ms, kNow + 20'000);
+  EXPECT_EQ(news.retry_at_ms, kNow + 50'000);
+}
+
+// A probe that did not report back within the open period was replaced by another; when it
+// reports at last, the current probe is the one that decides.
+TEST(CircuitBreakerTest, AReplacedProbesLateResultDoesNotDecide) {
+  const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow);
+  const CircuitRecord first = begin_probe(open, kNow + 30'000);
+  const CircuitRecord second = begin_probe(first, kNow + 60'000);
+  for (CircuitEvent event : {CircuitEvent::kSuccess, CircuitEvent::kFailure}) {
+    const CircuitRecord late =
+        record_event(second, event, breaker(5), kNow + 30'000, kNow + 60'100);
+    EXPECT_EQ(late.state, "half_open");
+    EXPECT_EQ(late.retry_at_ms, kNow + 90'000);
+  }
+  EXPECT_EQ(
+      record_event(second, CircuitEvent::kSuccess, breaker(5), kNow + 60'000, kNow + 60'200).state,
+      "closed");
 }
 
 }  // namespace

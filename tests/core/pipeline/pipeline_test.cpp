@@ -604,6 +604,53 @@ TEST_F(PipelineTest, AnOpenProviderCircuitDefersTheRunsScopeCheckToo) {
   EXPECT_GE(job.run_after_ms, now + 60'000) << "it waits for the half-open probe";
 }
 
+// E4: a page request that began before the provider's circuit opened and comes back, successful,
+// once another worker's half-open probe has begun is not the probe: the circuit stays half-open
+// (the probe decides), and this unit waits for it like the others instead of fetching on.
+TEST_F(PipelineTest, APageThatBeganBeforeTheProbeDoesNotCloseAHalfOpenCircuit) {
+  PipelineOptions options = fast();
+  options.provider_circuit = {3, 60'000};
+  start(data(1, 0, 300), options);
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out
+  // Two failures so far (a success then has something to clear, and is recorded); the clock
+  // moves past the host's cached view so the unit reads this record.
+  store_->update_circuit("provider:github", [](const jobs::CircuitRecord&) {
+    jobs::CircuitRecord r;
+    r.failures = 2;
+    r.updated_ms = kStart;
+    return r;
+  });
+  test_clock().set_ms(kStart + 5'000);
+  const int64_t began = test_clock().now_ms();
+  jobs::CircuitRecord probing;
+  probing.state = "half_open";
+  probing.failures = 3;
+  probing.opened_ms = began + 1;
+  probing.updated_ms = began + 60'001;  // the probe's start
+  probing.retry_at_ms = began + 120'001;
+  // While the unit's first page is in flight, the circuit opens and its probe begins elsewhere.
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n == 1) {
+      store_->update_circuit("provider:github",
+                             [&](const jobs::CircuitRecord&) { return probing; });
+      test_clock().set_ms(began + 60'500);
+    }
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const jobs::CircuitRecord after =
+      store_->update_circuit("provider:github", [](auto& r) { return r; });
+  EXPECT_EQ(after.state, "half_open") << "the late page closed the circuit";
+  EXPECT_EQ(after.updated_ms, probing.updated_ms);
+  EXPECT_EQ(after.retry_at_ms, probing.retry_at_ms);
+  EXPECT_EQ(plugin_transport().urls().size(), 1u) << "one page, then the unit waits for the probe";
+  int deferred = 0;
+  for (const jobs::Job& u : units_of(run.run_id))
+    deferred += u.status == JobStatus::kQueued && u.run_after_ms == probing.retry_at_ms;
+  EXPECT_EQ(deferred, 1) << "the unit that fetched defers until the probe's time is up";
+}
+
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
 // with exact counts: every expected delivery once after dedupe, nothing unexpected.
 TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts) {
