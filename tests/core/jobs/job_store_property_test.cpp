@@ -1,7 +1,8 @@
 // Property tests of the job store (seed 004: persistence round trip, newest-first listing, status
 // filter), run against every backend as part of the conformance suite. Each property runs at
 // least 100 random cases from a seeded PRNG; a failure prints the seed, and
-// BACKHAUL_PROPERTY_SEED=<seed> replays it.
+// BACKHAUL_PROPERTY_SEED=<seed> replays it. The populations include parents waiting for their
+// children (fan-in), with their pending_children and wait_deadline_ms checked too.
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -93,7 +94,7 @@ class Random {
 
 // --- Property 1: persistence round trip ------------------------------------------------------
 
-JobSpec random_spec(Random& rng, int case_index, const std::vector<JobId>& earlier) {
+JobSpec random_spec(Random& rng, size_t job_index, const std::vector<JobId>& earlier) {
   static const std::vector<std::string> kinds = {"backfill.run", "backfill.entity", "x",
                                                  "release.sync", "a.very.long.kind.name.v2"};
   JobSpec s;
@@ -101,8 +102,8 @@ JobSpec random_spec(Random& rng, int case_index, const std::vector<JobId>& earli
   s.payload = R"({"text":")" + rng.text(300, true) + R"(","n":)" +
               std::to_string(rng.between(-1'000'000, 1'000'000)) + "}";
   s.concurrency_key = rng.text(40);
-  // Unique per case: the round trip is not about deduplication.
-  if (rng.chance(0.5)) s.dedupe_key = "d" + std::to_string(case_index) + "-" + rng.text(30);
+  // Unique per job: the round trip is not about deduplication.
+  if (rng.chance(0.5)) s.dedupe_key = "d" + std::to_string(job_index) + "-" + rng.text(30);
   s.priority = static_cast<int>(rng.between(-1000, 1000));
   s.max_attempts = static_cast<int>(rng.between(1, 25));
   s.run_after_ms = kT0 + rng.between(-kDay, 30 * kDay);
@@ -111,43 +112,112 @@ JobSpec random_spec(Random& rng, int case_index, const std::vector<JobId>& earli
   return s;
 }
 
+// The spec's fields as enqueue() stored them (the job's status aside).
+void expect_spec_fields(const Job& j, const JobSpec& s) {
+  EXPECT_EQ(j.kind, s.kind);
+  EXPECT_EQ(j.payload, s.payload);
+  EXPECT_EQ(j.concurrency_key, s.concurrency_key);
+  EXPECT_EQ(j.dedupe_key, s.dedupe_key);
+  EXPECT_EQ(j.priority, s.priority);
+  EXPECT_EQ(j.max_attempts, s.max_attempts);
+  EXPECT_EQ(j.run_after_ms, s.run_after_ms);
+  EXPECT_EQ(j.parent_id, s.parent_id);
+  EXPECT_EQ(j.timeout_ms, s.timeout_ms);
+}
+
+// What a case left behind: a queued job, or a parent that waits for its children.
+struct RoundTrip {
+  JobSpec spec;
+  int64_t created_ms = 0;
+  int64_t waited_ms = 0;  // 0: never claimed, still queued
+  int64_t deadline_ms = 0;
+  std::optional<std::string> checkpoint;
+};
+
+void expect_round_trip(const Job& j, const RoundTrip& t, int children) {
+  expect_spec_fields(j, t.spec);
+  EXPECT_EQ(j.created_ms, t.created_ms);
+  EXPECT_EQ(j.pending_children, children);
+  EXPECT_EQ(j.attempts, 0) << "never claimed, or waiting for children (no failed attempt)";
+  EXPECT_EQ(j.lease_token, std::nullopt);
+  EXPECT_EQ(j.lease_expires_ms, 0);
+  if (t.waited_ms == 0) {
+    EXPECT_EQ(j.status, JobStatus::kQueued);
+    EXPECT_EQ(j.wait_deadline_ms, 0);
+    EXPECT_EQ(j.checkpoint, std::nullopt);
+    EXPECT_EQ(j.started_ms, 0);
+    return;
+  }
+  EXPECT_EQ(j.status, JobStatus::kWaiting);
+  EXPECT_EQ(j.wait_deadline_ms, t.deadline_ms);
+  EXPECT_EQ(j.checkpoint, t.checkpoint);
+  EXPECT_EQ(j.started_ms, t.waited_ms) << "claimed, then waited at once";
+}
+
+// A quarter of the cases become waiting parents: claimed (each under a kind of its own, so the
+// claim takes that job), given 1-3 random children, then waiting for them until a deadline,
+// with a checkpoint or not. Later cases may pick any job as their parent, waiting ones included.
 TEST_P(JobStoreConformance, PropertyEveryEnqueuedSpecRoundTripsThroughGet) {
   const uint64_t seed = property_seed();
   SCOPED_TRACE(seed_note(seed));
   Random rng(seed);
   std::vector<JobId> created;
+  std::map<JobId, RoundTrip> cases;
   std::map<JobId, int> children;
-  for (int i = 0; i < 2 * kCases && !HasFailure(); ++i) {
-    SCOPED_TRACE("case " + std::to_string(i));
-    const JobSpec s = random_spec(rng, i, created);
-    const int64_t now = kT0 + rng.between(0, 10 * kDay);
+  auto enqueue = [&](const JobSpec& s, int64_t now) {
     EnqueueResult r = store().enqueue(s, now);
-    ASSERT_TRUE(r.created);
+    EXPECT_TRUE(r.created);
+    RoundTrip& t = cases[r.id];
+    t.spec = s;
+    t.created_ms = now;
     const Job j = get_job(r.id);
-    EXPECT_EQ(j.kind, s.kind);
-    EXPECT_EQ(j.payload, s.payload);
-    EXPECT_EQ(j.concurrency_key, s.concurrency_key);
-    EXPECT_EQ(j.dedupe_key, s.dedupe_key);
-    EXPECT_EQ(j.priority, s.priority);
-    EXPECT_EQ(j.max_attempts, s.max_attempts);
-    EXPECT_EQ(j.run_after_ms, s.run_after_ms);
-    EXPECT_EQ(j.parent_id, s.parent_id);
-    EXPECT_EQ(j.timeout_ms, s.timeout_ms);
-    EXPECT_EQ(j.status, JobStatus::kQueued);
-    EXPECT_EQ(j.attempts, 0);
-    EXPECT_EQ(j.created_ms, now);
+    expect_round_trip(j, t, 0);
     EXPECT_EQ(j.updated_ms, now);
     created.push_back(r.id);
     if (s.parent_id) ++children[*s.parent_id];
+    return r.id;
+  };
+  for (int i = 0; i < 2 * kCases && !HasFailure(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    JobSpec s = random_spec(rng, created.size(), created);
+    const bool waits = rng.chance(0.25);
+    if (waits) s.kind = "waiting.case" + std::to_string(i);
+    const int64_t now = kT0 + rng.between(0, 10 * kDay);
+    const JobId id = enqueue(s, now);
+    if (!waits) continue;
+
+    const int64_t at = std::max(now, s.run_after_ms);
+    Claimed claimed = claim_job(id, at);
+    for (int64_t k = rng.between(1, 3); k > 0; --k) {
+      JobSpec child = random_spec(rng, created.size(), {});
+      child.parent_id = id;
+      enqueue(child, at);
+    }
+    RoundTrip& t = cases[id];
+    t.waited_ms = at;
+    t.deadline_ms = at + rng.between(1, 30 * kDay);
+    if (rng.chance(0.5)) t.checkpoint = R"({"cursor":")" + rng.text(100, true) + R"("})";
+    store().wait_for_children(id, claimed.lease_token, t.deadline_ms, t.checkpoint, at);
+    const Job j = get_job(id);
+    expect_round_trip(j, t, children[id]);
+    EXPECT_EQ(j.updated_ms, at);
   }
-  for (const auto& [parent, n] : children) {
-    EXPECT_EQ(get_job(parent).pending_children, n) << "parent " << parent;
+  // Every job once more, now that later cases have added children (waiting or not).
+  for (const auto& [id, t] : cases) {
+    SCOPED_TRACE("job " + std::to_string(id));
+    expect_round_trip(get_job(id), t, children[id]);
   }
 }
 
 // --- A random workload with a model of the expected statuses --------------------------------
 
-// Drives one kind's jobs through random transitions and keeps the status each should have.
+// Drives one kind's jobs through random transitions and keeps what each should be: its status,
+// and as a parent its pending_children and wait_deadline_ms. A running job may become a waiting
+// parent: 0-3 children of the same kind are enqueued under it, then it waits for them until a
+// deadline a few seconds away, which a sweep may pass. The fan-in rules it models: a child that
+// ends (succeeded, dead, cancelled) is uncounted from its parent, and a waiting parent whose
+// last child that was is queued; a cancelled job cancels its active children (queued and
+// waiting ones at once, running ones asked to stop).
 class Workload {
  public:
   Workload(JobStoreConformance& test, Random& rng, std::string kind, int64_t start_ms)
@@ -156,11 +226,7 @@ class Workload {
   void run(int jobs) {
     for (int i = 0; i < jobs; ++i) {
       now_ += rng_.between(0, 1000);  // equal creation times happen too
-      JobSpec s = JobStoreConformance::spec(kind_, "inst-" + std::to_string(rng_.between(1, 3)));
-      s.max_attempts = 1000;  // a retryable failure always requeues
-      JobId id = test_.add(s, now_);
-      model_[id] = JobStatus::kQueued;
-      order_.push_back(id);
+      add(std::nullopt);
       const int steps = static_cast<int>(rng_.between(0, 3));
       for (int k = 0; k < steps; ++k) step();
     }
@@ -169,41 +235,81 @@ class Workload {
   const std::vector<JobId>& created() const { return order_; }
   std::set<JobId> expected(JobStatus status) const {
     std::set<JobId> out;
-    for (const auto& [id, st] : model_) {
-      if (st == status) out.insert(id);
+    for (const auto& [id, m] : model_) {
+      if (m.status == status) out.insert(id);
     }
     return out;
   }
+  // Checks a job read back from the store against the model.
+  void check(const Job& j) const {
+    auto it = model_.find(j.id);
+    ASSERT_NE(it, model_.end()) << "not this workload's job: " << describe(j);
+    EXPECT_EQ(j.status, it->second.status) << describe(j);
+    EXPECT_EQ(j.pending_children, it->second.pending_children) << describe(j);
+    EXPECT_EQ(j.wait_deadline_ms, it->second.wait_deadline_ms) << describe(j);
+    EXPECT_EQ(j.parent_id, it->second.parent) << describe(j);
+  }
 
  private:
+  struct Model {
+    JobStatus status = JobStatus::kQueued;
+    std::optional<JobId> parent;
+    bool counted = false;  // in its parent's pending_children
+    int pending_children = 0;
+    int64_t wait_deadline_ms = 0;
+  };
+
   JobStore& store() { return test_.store(); }
+
+  JobId add(std::optional<JobId> parent) {
+    JobSpec s = JobStoreConformance::spec(kind_, "inst-" + std::to_string(rng_.between(1, 3)));
+    s.max_attempts = 1000;  // a retryable failure always requeues
+    s.parent_id = parent;
+    const JobId id = test_.add(s, now_);
+    Model& m = model_[id];
+    m.parent = parent;
+    if (parent && is_active(model_[*parent].status)) {
+      m.counted = true;
+      ++model_[*parent].pending_children;
+    }
+    order_.push_back(id);
+    return id;
+  }
 
   void step() {
     ++now_;
-    switch (rng_.between(0, 6)) {
+    switch (rng_.between(0, 10)) {
       case 0:
+      case 1:
         claim();
         break;
-      case 1:
+      case 2:
         with_running([&](JobId id, const std::string& token) { complete(id, token); });
         break;
-      case 2:
+      case 3:
         with_running([&](JobId id, const std::string& token) { fail(id, token, false); });
         break;
-      case 3:
+      case 4:
         with_running([&](JobId id, const std::string& token) { fail(id, token, true); });
         break;
-      case 4:
+      case 5:
         with_running([&](JobId id, const std::string& token) {
           store().defer(id, token, now_, "throttled", now_);
           back_to_queue(id);
         });
         break;
-      case 5:
+      case 6:
         with_running([&](JobId id, const std::string& token) {
           store().release(id, token, now_);
           back_to_queue(id);
         });
+        break;
+      case 7:
+      case 8:
+        with_running([&](JobId id, const std::string& token) { wait_for_children(id, token); });
+        break;
+      case 9:
+        sweep();
         break;
       default:
         cancel();
@@ -213,7 +319,7 @@ class Workload {
 
   void complete(JobId id, const std::string& token) {
     store().complete(id, token, "{}", now_);
-    model_[id] = JobStatus::kSucceeded;
+    ended(id, JobStatus::kSucceeded);
   }
 
   void fail(JobId id, const std::string& token, bool fatal) {
@@ -228,39 +334,93 @@ class Workload {
     // Dead, or cancelled when a cancel was requested: which one is pinned by the example test
     // AFatalFailureOfACancelRequestedJobStillKillsIt, not by this property.
     if (cancel_requested_.count(id) && st == JobStatus::kCancelled) {
-      model_[id] = st;
+      ended(id, st);
       return;
     }
     EXPECT_EQ(st, JobStatus::kDead) << id;
-    model_[id] = JobStatus::kDead;
+    ended(id, JobStatus::kDead);
+  }
+
+  void wait_for_children(JobId id, const std::string& token) {
+    for (int64_t n = rng_.between(0, 3); n > 0; --n) add(id);
+    const int64_t deadline = now_ + rng_.between(0, 3000);
+    std::optional<std::string> checkpoint;
+    if (rng_.chance(0.5)) checkpoint = R"({"waited_at":)" + std::to_string(now_) + "}";
+    store().wait_for_children(id, token, deadline, checkpoint, now_);
+    Model& m = model_[id];
+    if (cancel_requested_.count(id)) {
+      ended(id, JobStatus::kCancelled);
+    } else if (m.pending_children > 0) {
+      m.status = JobStatus::kWaiting;
+      m.wait_deadline_ms = deadline;
+    } else {
+      m.status = JobStatus::kQueued;  // nothing to wait for
+    }
+  }
+
+  // Waiting parents past their deadline are queued (still counting their children). The sweep
+  // sees every kind; only this workload's jobs are modelled, and only they are checked.
+  void sweep() {
+    store().sweep(now_);
+    for (auto& [id, m] : model_) {
+      if (m.status == JobStatus::kWaiting && m.wait_deadline_ms <= now_) wake(m);
+    }
   }
 
   void claim() {
     ClaimRequest request{
         "prop-worker", static_cast<size_t>(rng_.between(1, 3)), now_, kDay, {kind_}};
     for (const Claimed& c : store().claim(request)) {
-      EXPECT_EQ(model_[c.job.id], JobStatus::kQueued) << "claimed job " << c.job.id;
-      model_[c.job.id] = JobStatus::kRunning;
+      EXPECT_EQ(model_[c.job.id].status, JobStatus::kQueued) << "claimed job " << c.job.id;
+      model_[c.job.id].status = JobStatus::kRunning;
       tokens_[c.job.id] = c.lease_token;
     }
   }
 
   void cancel() {
     const JobId id = rng_.pick(order_);
-    const CancelOutcome outcome = store().cancel(id, now_);
-    switch (model_[id]) {
-      case JobStatus::kQueued:
-        EXPECT_EQ(outcome, CancelOutcome::kCancelled) << id;
-        model_[id] = JobStatus::kCancelled;
-        return;
-      case JobStatus::kRunning:
-        EXPECT_EQ(outcome, CancelOutcome::kRequested) << id;
-        cancel_requested_.insert(id);
-        return;
-      default:
-        EXPECT_EQ(outcome, CancelOutcome::kAlreadyFinished) << id;
-        return;
+    const CancelOutcome expected = cancel_in_model(id);
+    EXPECT_EQ(store().cancel(id, now_), expected) << id;
+  }
+
+  // What cancel() does to `id` (and its active children).
+  CancelOutcome cancel_in_model(JobId id) {
+    const JobStatus st = model_[id].status;
+    if (is_terminal(st)) return CancelOutcome::kAlreadyFinished;
+    if (st == JobStatus::kRunning) {
+      cancel_requested_.insert(id);
+      return CancelOutcome::kRequested;
     }
+    ended(id, JobStatus::kCancelled);
+    return CancelOutcome::kCancelled;
+  }
+
+  // `id` reached `status` (terminal): its parent counts one child less, and a cancellation
+  // reaches its active children, in id order.
+  void ended(JobId id, JobStatus status) {
+    Model& m = model_[id];
+    m.status = status;
+    m.wait_deadline_ms = 0;
+    tokens_.erase(id);
+    if (m.counted) {
+      m.counted = false;
+      Model& parent = model_[*m.parent];
+      if (parent.pending_children > 0 && --parent.pending_children == 0 &&
+          parent.status == JobStatus::kWaiting) {
+        wake(parent);
+      }
+    }
+    if (status != JobStatus::kCancelled) return;
+    std::vector<JobId> children;
+    for (const auto& [child, c] : model_) {
+      if (c.parent == id && is_active(c.status)) children.push_back(child);
+    }
+    for (JobId child : children) cancel_in_model(child);
+  }
+
+  static void wake(Model& m) {
+    m.status = JobStatus::kQueued;
+    m.wait_deadline_ms = 0;
   }
 
   template <typename F>
@@ -276,20 +436,28 @@ class Workload {
 
   // Retry, defer and release requeue, unless a cancel was requested (the cancellation rule).
   JobStatus back_to_queue(JobId id) {
-    JobStatus st = cancel_requested_.count(id) ? JobStatus::kCancelled : JobStatus::kQueued;
-    model_[id] = st;
-    return st;
+    if (cancel_requested_.count(id)) {
+      ended(id, JobStatus::kCancelled);
+    } else {
+      model_[id].status = JobStatus::kQueued;
+    }
+    return model_[id].status;
   }
 
   JobStoreConformance& test_;
   Random& rng_;
   std::string kind_;
   int64_t now_;
-  std::map<JobId, JobStatus> model_;
+  std::map<JobId, Model> model_;
   std::vector<JobId> order_;
   std::map<JobId, std::string> tokens_;
   std::set<JobId> cancel_requested_;
 };
+
+// Waiting parents are part of the populations, not merely possible: about a quarter of the cases
+// end with one, so fewer than this many in kCases means the generator lost them (by chance: less
+// than 1 in 10^7).
+constexpr int kCasesWithWaitingParents = 5;
 
 // --- Property 2: listing is newest first -----------------------------------------------------
 
@@ -297,6 +465,7 @@ TEST_P(JobStoreConformance, PropertyListingIsNewestFirstWhateverHappenedToTheJob
   const uint64_t seed = property_seed();
   SCOPED_TRACE(seed_note(seed));
   Random rng(seed);
+  int with_waiting = 0;
   for (int i = 0; i < kCases && !HasFailure(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
     Workload workload(*this, rng, "list.case" + std::to_string(i), kT0 + i * kDay);
@@ -312,7 +481,10 @@ TEST_P(JobStoreConformance, PropertyListingIsNewestFirstWhateverHappenedToTheJob
     for (size_t k = 1; k < listed.size(); ++k) {
       EXPECT_GE(listed[k - 1].created_ms, listed[k].created_ms) << "position " << k;
     }
+    for (const Job& j : listed) workload.check(j);
+    with_waiting += !workload.expected(JobStatus::kWaiting).empty();
   }
+  EXPECT_GE(with_waiting, kCasesWithWaitingParents);
 }
 
 // --- Property 3: the status filter returns exactly the jobs in that status --------------------
@@ -324,6 +496,7 @@ TEST_P(JobStoreConformance, PropertyStatusFilterReturnsExactlyTheJobsInThatStatu
   const std::vector<JobStatus> statuses = {JobStatus::kQueued,  JobStatus::kRunning,
                                            JobStatus::kWaiting, JobStatus::kSucceeded,
                                            JobStatus::kDead,    JobStatus::kCancelled};
+  int with_waiting = 0;
   for (int i = 0; i < kCases && !HasFailure(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
     const std::string kind = "status.case" + std::to_string(i);
@@ -337,11 +510,14 @@ TEST_P(JobStoreConformance, PropertyStatusFilterReturnsExactlyTheJobsInThatStatu
       std::set<JobId> got;
       for (const Job& j : list_all(query)) {
         EXPECT_EQ(j.status, status) << describe(j);
+        workload.check(j);
         got.insert(j.id);
       }
       EXPECT_EQ(got, workload.expected(status)) << "status " << to_string(status);
     }
+    with_waiting += !workload.expected(JobStatus::kWaiting).empty();
   }
+  EXPECT_GE(with_waiting, kCasesWithWaitingParents);
 }
 
 }  // namespace
