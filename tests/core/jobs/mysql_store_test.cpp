@@ -2375,15 +2375,15 @@ TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
   const Case cases[] = {
       {1114, "The table 'jobs' is full", true},
       {1021,
-       "Disk full (/var/tmp/#sql-1.MAI); waiting for someone to free some space... "
+       "Disk full (#sql-1.MAI); waiting for someone to free some space... "
        "(errno: 28 \"No space left on device\")",
        true},
       {1030, "Got error 28 \"No space left on device\" from storage engine InnoDB", true},
       {1030, "Got error 28 - 'No space left on device' from storage engine", true},  // MySQL 8
       {1026, "Error writing file './binlog.000001' (errno: 28 \"No space left on device\")", true},
       {1026, "Error writing file 'binlog' (errno: 28 - No space left on device)", true},  // MySQL 8
-      {3, "Error writing file '/tmp/MYfd=42' (Errcode: 28 \"No space left on device\")", true},
-      {3, "Error writing file '/tmp/MYfd=42' (OS errno 28 - No space left on device)", true},
+      {3, "Error writing file 'MYfd=42' (Errcode: 28 \"No space left on device\")", true},
+      {3, "Error writing file 'MYfd=42' (OS errno 28 - No space left on device)", true},
       {1317, "Query execution was interrupted", true},
       // Another OS error, or another number than 28, is the request's own as before.
       {1030, "Got error 122 \"Internal (unspecified) error in handler\" from storage engine",
