@@ -64,14 +64,14 @@ std::string with_database(const std::string& connection_string, const std::strin
 
 // A server or client error with its errno. `lost` means the connection is unusable.
 // Transient (StorageError::transient()): a lost connection, a read-only server, a lock conflict,
-// a statement interrupted, a full disk.
+// a statement interrupted, a full disk, a failed COMMIT.
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(
-            message,
-            lost || is_read_only(code) || is_interrupted(code) || is_disk_full(code, message),
-            is_lock_conflict(code)),
+      : StorageError(message,
+                     lost || is_read_only(code) || is_interrupted(code) ||
+                         is_disk_full(code, message) || is_commit_error(code),
+                     is_lock_conflict(code)),
         code_(code),
         lost_(lost) {}
   unsigned code() const noexcept { return code_; }
@@ -90,6 +90,17 @@ class Error : public StorageError {
     return (code == 1030 || code == 1026 || code == 3) && reports_no_space(message);
   }
   bool disk_full() const noexcept { return is_disk_full(code_, what()); }
+  // The storage engine or the binary log failed the COMMIT (1180 ER_ERROR_DURING_COMMIT, "Got
+  // error N during COMMIT"): a full disk or a failed write while committing. Transient; what it
+  // left applied depends on where it failed, so it is an unknown outcome (Tx::send).
+  static bool is_commit_error(unsigned code) noexcept { return code == 1180; }
+  // Met by the COMMIT itself, whether this error leaves the transaction's fate unknown: a lost
+  // connection; a KILL QUERY, which a server may look for once the COMMIT has run (MySQL 8 does)
+  // and answer for a COMMIT that committed; a full disk or a failed write while committing (the
+  // binary log, the redo log), whose effect depends on the server and its settings.
+  bool leaves_commit_unknown() const noexcept {
+    return lost_ || is_interrupted(code_) || disk_full() || is_commit_error(code_);
+  }
   // Whether the text of an error that carries an OS errno gives errno 28: the client has no
   // other trace of it. The number follows "Got error " (1030) or "errno: ", "Errcode: ",
   // "OS errno " (the write errors), and is followed by its description: MariaDB writes

@@ -598,17 +598,13 @@ std::vector<Result> Tx::send(const std::vector<std::string>& statements, bool co
   try {
     results = connection_.run(sql, &completed);
   } catch (const Error& e) {
-    // A lost connection leaves the whole trip's fate unknown. So do the transient errors that
-    // do not prove a COMMIT undone when the COMMIT itself met them (every statement before it
-    // completed): a server may look for a KILL QUERY once the statement has run (MySQL 8 does)
-    // and answer 1317 for a COMMIT that committed; what a full disk met while committing (the
-    // binary log, the redo log) leaves applied depends on the server and its settings. The
-    // caller then reads what happened, after this session's ROLLBACK (the session lives on).
-    // Met by a statement before the COMMIT, either error ended the trip there: nothing
-    // committed, and the error is an ordinary transient one.
+    // A lost connection leaves the whole trip's fate unknown. So do the errors that do not
+    // prove a COMMIT undone when the COMMIT itself met them (every statement before it
+    // completed; Error::leaves_commit_unknown). The caller then reads what happened, after this
+    // session's ROLLBACK (the session lives on). Met by a statement before the COMMIT, such an
+    // error ended the trip there: nothing committed, and it is an ordinary transient error.
     const bool at_commit = commit && completed == skip + statements.size();
-    if (commit && (e.connection_lost() ||
-                   (at_commit && (Error::is_interrupted(e.code()) || e.disk_full())))) {
+    if (commit && (e.connection_lost() || (at_commit && e.leaves_commit_unknown()))) {
       commit_unknown_ = true;
     }
     if (e.connection_lost()) finished_ = true;  // nothing to roll back on a dead session
@@ -1911,8 +1907,13 @@ class MysqlStore final : public JobStore {
                                            int64_t now_ms) override {
     check_specs(specs);
     if (specs.empty()) return {};
-    auto results =
-        transact("enqueue", [&](Tx& tx) { return enqueue_jobs(tx, specs, now_ms, autoinc_); });
+    using Made = std::vector<EnqueueResult>;
+    Made results = transact_settled<Made>(
+        "enqueue",
+        [&](Tx& tx, std::optional<Made>& done) {
+          done = enqueue_jobs(tx, specs, now_ms, autoinc_);
+        },
+        [&](const Made& made) { return enqueued(specs, made, now_ms); });
     notify_runnable();
     return results;
   }
@@ -2567,14 +2568,19 @@ class MysqlStore final : public JobStore {
   }
 
   void retry_dead_letter(int64_t id, int64_t now_ms) override {
-    transact("retry_dead_letter", [&](Tx& tx) {
-      Result r = tx.one(Sql("SELECT ").raw(kLetterColumns).raw(" FROM dead_letters WHERE id = ")
-                        << id << " FOR UPDATE");
-      if (r.rows.empty()) throw JobNotFound("dead letter " + std::to_string(id) + " not found");
-      Writes w;
-      retry_letter(tx, w, read_letter(r.rows[0]), now_ms);
-      commit_retrying_duplicates(tx, w);
-    });
+    transact_settled<LettersRetried>(
+        "retry_dead_letter",
+        [&](Tx& tx, std::optional<LettersRetried>& done) {
+          Result r = tx.one(Sql("SELECT ").raw(kLetterColumns).raw(" FROM dead_letters WHERE id = ")
+                            << id << " FOR UPDATE");
+          if (r.rows.empty()) throw JobNotFound("dead letter " + std::to_string(id) + " not found");
+          const DeadLetter letter = read_letter(r.rows[0]);
+          Writes w;
+          retry_letter(tx, w, letter, now_ms);
+          done = LettersRetried{1, letter.id, letter.retries};
+          commit_retrying_duplicates(tx, w);
+        },
+        [&](const LettersRetried& done) { return letters_retried(done); });
     notify_runnable();
   }
 
@@ -2583,33 +2589,40 @@ class MysqlStore final : public JobStore {
     if (limit == 0) return 0;
     DeadLetterQuery pending = query;
     pending.status = DeadLetterStatus::kPending;
-    const int total = transact("retry_dead_letters", [&](Tx& tx) {
-      // Newest first, a page at a time, until `limit` were retried: a refused letter stays
-      // pending and does not count.
-      DeadLetterQuery page = pending;
-      Writes w;
-      int retried = 0;
-      while (static_cast<size_t>(retried) < limit) {
-        const size_t want = limit - static_cast<size_t>(retried);
-        Result r = tx.one(std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
-                          letter_filter(page) + " ORDER BY id DESC LIMIT " +
-                          std::to_string(page_probe_rows(want) - 1) + " FOR UPDATE");
-        for (const Row& row : r.rows) {
-          try {
-            retry_letter(tx, w, read_letter(row), now_ms);
-            ++retried;
-          } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
-          } catch (const JobNotFound&) {        // the job was pruned
+    const LettersRetried total = transact_settled<LettersRetried>(
+        "retry_dead_letters",
+        [&](Tx& tx, std::optional<LettersRetried>& done) {
+          // Newest first, a page at a time, until `limit` were retried: a refused letter stays
+          // pending and does not count.
+          DeadLetterQuery page = pending;
+          Writes w;
+          LettersRetried retried;
+          while (static_cast<size_t>(retried.count) < limit) {
+            const size_t want = limit - static_cast<size_t>(retried.count);
+            Result r = tx.one(std::string("SELECT ") + kLetterColumns + " FROM dead_letters" +
+                              letter_filter(page) + " ORDER BY id DESC LIMIT " +
+                              std::to_string(page_probe_rows(want) - 1) + " FOR UPDATE");
+            for (const Row& row : r.rows) {
+              const DeadLetter letter = read_letter(row);
+              try {
+                retry_letter(tx, w, letter, now_ms);
+                if (retried.count++ == 0) {
+                  retried.first = letter.id;
+                  retried.first_retries = letter.retries;
+                }
+              } catch (const InvalidTransition&) {  // e.g. a duplicate is active: stays pending
+              } catch (const JobNotFound&) {        // the job was pruned
+              }
+            }
+            if (r.rows.size() < want) break;  // no older pending letter matches
+            page.before_id = to_i64(r.rows.back()[0]);
           }
-        }
-        if (r.rows.size() < want) break;  // no older pending letter matches
-        page.before_id = to_i64(r.rows.back()[0]);
-      }
-      commit_retrying_duplicates(tx, w);
-      return retried;
-    });
-    if (total > 0) notify_runnable();
-    return total;
+          done = retried;
+          commit_retrying_duplicates(tx, w);
+        },
+        [&](const LettersRetried& done) { return letters_retried(done); });
+    if (total.count > 0) notify_runnable();
+    return total.count;
   }
 
   void ignore_dead_letter(int64_t id, int64_t now_ms) override {
@@ -2776,6 +2789,77 @@ class MysqlStore final : public JobStore {
   template <class Body>
   auto transact(const char* what, Body&& body) -> std::invoke_result_t<Body&, Tx&> {
     return mysql::transact(pool_, what, std::forward<Body>(body));
+  }
+
+  // transact() for a change that must not be made twice and that a caller cannot fence (an
+  // enqueue without a dedupe key, a retry of dead letters). `body(tx, done)` sets `done` to what
+  // it did before it commits (or leaves the commit to transact). Should the COMMIT's reply be
+  // lost, `applied(done)` reads back whether that was committed: if so, it is returned; if not,
+  // the transaction runs again. Only when that cannot be told (unset: the server is gone) does
+  // the caller get the CommitUnknown, an error that says the outcome is unknown.
+  template <class R, class Body, class Applied>
+  R transact_settled(const char* what, Body&& body, Applied&& applied) {
+    for (int attempt = 1;; ++attempt) {
+      std::optional<R> done;
+      try {
+        transact(what, [&](Tx& tx) {
+          done.reset();
+          body(tx, done);
+        });
+        return std::move(*done);
+      } catch (const mysql::CommitUnknown&) {
+        if (!done || attempt >= 3) throw;
+        const std::optional<bool> committed = applied(*done);
+        if (!committed) throw;
+        if (*committed) return std::move(*done);
+      }
+    }
+  }
+
+  // Whether the enqueue of `specs` whose body returned `made` committed: its first new job is
+  // there, as made (an id that a server restarted after a crash hands out again would be another
+  // job's). One that made no job changed nothing. Unset when that cannot be read.
+  std::optional<bool> enqueued(const std::vector<JobSpec>& specs,
+                               const std::vector<EnqueueResult>& made, int64_t now) {
+    for (size_t i = 0; i < made.size(); ++i) {
+      if (!made[i].created) continue;
+      const JobSpec& s = specs[i];
+      try {
+        return !read("commit check", [&](mysql::Connection& c) {
+                  return c.one(Sql("SELECT 1 FROM jobs WHERE id = ")
+                               << made[i].id << " AND kind = " << quote(s.kind)
+                               << " AND concurrency_key = " << quote(s.concurrency_key)
+                               << " AND created_ms = " << now
+                               << " AND payload = " << quote(s.payload));
+                }).rows.empty();
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    }
+    return true;
+  }
+
+  // What a retry of dead letters did: how many it retried, and the first of them with the
+  // number of retries it had before.
+  struct LettersRetried {
+    int count = 0;
+    int64_t first = 0;
+    int first_retries = 0;
+  };
+  // Whether the retry that returned `done` committed: its first letter counts one more retry.
+  // One that retried none changed nothing. Unset when that cannot be read (or the letter was
+  // purged since).
+  std::optional<bool> letters_retried(const LettersRetried& done) {
+    if (done.count == 0) return true;
+    try {
+      const Result r = read("commit check", [&](mysql::Connection& c) {
+        return c.one(Sql("SELECT retries FROM dead_letters WHERE id = ") << done.first);
+      });
+      if (r.rows.empty()) return std::nullopt;
+      return to_i64(r.rows[0][0]) > done.first_retries;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
   }
 
   // A read outside any transaction (autocommit, one statement): re-run when the connection was

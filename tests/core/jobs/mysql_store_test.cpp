@@ -2366,6 +2366,7 @@ TEST(MysqlStore, AStatementInterruptedByTheServersTimeLimitIsALockConflict) {
 // OS errno 28 passed on in 1030 or the write errors) and a statement ended by KILL QUERY (1317)
 // failed a statement that did nothing, on a session that still works: transient, as SQLite's
 // SQLITE_FULL is, neither a lost session nor a lock conflict. They were refusals of the request.
+// So is a COMMIT that the engine or the binary log failed (1180).
 TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
   struct Case {
     unsigned code;
@@ -2385,6 +2386,8 @@ TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
       {3, "Error writing file 'MYfd=42' (Errcode: 28 \"No space left on device\")", true},
       {3, "Error writing file 'MYfd=42' (OS errno 28 - No space left on device)", true},
       {1317, "Query execution was interrupted", true},
+      {1180, "Got error 28 \"No space left on device\" during COMMIT", true},
+      {1180, "Got error 1 \"Operation not permitted\" during COMMIT", true},
       // Another OS error, or another number than 28, is the request's own as before.
       {1030, "Got error 122 \"Internal (unspecified) error in handler\" from storage engine",
        false},
@@ -2402,7 +2405,14 @@ TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
     EXPECT_FALSE(e.lock_conflict()) << e.what();
     EXPECT_FALSE(e.connection_lost()) << e.what();
     EXPECT_FALSE(e.needs_new_session()) << e.what();
+    // Met by the COMMIT, each of these may have let it apply: the store reads back what did.
+    EXPECT_EQ(e.leaves_commit_unknown(), c.transient) << e.what();
   }
+  // A lock conflict or a read-only server refused the COMMIT: nothing applied, and it is re-run.
+  for (unsigned code : {1213u, 1205u, 1290u}) {
+    EXPECT_FALSE(mysql::Error("commit refused", code, false).leaves_commit_unknown()) << code;
+  }
+  EXPECT_TRUE(mysql::Error("server has gone away", 2006, true).leaves_commit_unknown());
 }
 
 // An operator, or a tool such as pt-kill, may end a statement with KILL QUERY: here a failure
@@ -2525,6 +2535,144 @@ TEST(MysqlBackupLock, ACommitKilledByAnOperatorIsAnUnknownOutcomeAndTheSessionGo
   EXPECT_EQ(sessions_on(db), job.sessions) << "the store's session was taken for lost";
   EXPECT_EQ(store->heartbeat(job.id, job.token, 3000, 30'000, std::nullopt).lease_expires_ms,
             33'000);
+}
+
+// Runs `call`, a store call through `t.relay` whose transaction writes, while every COMMIT waits
+// for the backup lock. Once its COMMIT waits, the relay holds the replies and the lock is freed;
+// once `committed` (a COUNT) reads 1, the relay cuts the connection: the COMMIT applied, and the
+// store never read its reply. Returns the call's error ("" if none).
+std::string commit_applies_reply_lost(ThroughRelay& t, const std::string& committed,
+                                      std::function<void()> call) {
+  ServerWide blocked(t.db, "BACKUP STAGE START; BACKUP STAGE BLOCK_COMMIT", "BACKUP STAGE END");
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread caller = running(std::move(call), error, done);
+  const bool waited =
+      session_where(t.db, "STATE = 'Waiting for backup lock' AND INFO LIKE '%COMMIT'", 0, done) !=
+      0;
+  if (waited) t.relay.hold_replies();
+  blocked.end();
+  if (waited) {
+    auto check = t.db.app_session();
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (scalar(*check, committed) != 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  t.relay.cut();
+  caller.join();
+  EXPECT_TRUE(waited) << "the call's COMMIT never waited for the backup lock: " << error;
+  return error;
+}
+
+// Calls `op` as a careful client does: once more after an error that says to try again.
+template <class Op>
+auto retrying_a_transient_error(Op op) {
+  try {
+    return op();
+  } catch (const StorageError& e) {
+    if (!e.transient()) throw;
+    return op();
+  }
+}
+
+// An enqueue without a dedupe key cannot be told from its repeat. When its COMMIT applies and the
+// reply is lost, the store reads back its first new job and returns the jobs it made; before, it
+// reported a transient error, and a client that tried again made the jobs twice.
+TEST(MysqlBackupLock, AnEnqueueWhoseCommitAppliedButWhoseReplyWasLostMakesItsJobsOnce) {
+  ThroughRelay t;
+  std::vector<EnqueueResult> made;
+  const std::string error = commit_applies_reply_lost(t, "SELECT COUNT(*) = 2 FROM jobs", [&] {
+    made = retrying_a_transient_error([&] {
+      return t.store->enqueue_batch({spec("k", "a"), spec("k", "b")}, 1000);
+    });
+  });
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs"), 2) << "made twice";
+  ASSERT_EQ(made.size(), 2u);
+  for (const EnqueueResult& r : made) {
+    EXPECT_TRUE(r.created);
+    ASSERT_TRUE(t.direct->get(r.id).has_value()) << "returned a job that is not there: " << r.id;
+  }
+  EXPECT_EQ(t.direct->get(made[0].id)->concurrency_key, "a");
+  EXPECT_EQ(t.direct->get(made[1].id)->concurrency_key, "b");
+}
+
+// The same for a bulk retry of dead letters: run twice, it would retry `limit` more letters.
+TEST(MysqlBackupLock, ARetryOfDeadLettersWhoseCommitAppliedButWhoseReplyWasLostRetriesThemOnce) {
+  ThroughRelay t;
+  std::vector<int64_t> letters;
+  for (int i = 0; i < 3; ++i) letters.push_back(kill_one(*t.direct, spec("k"), 1000));
+  int retried = -1;
+  const std::string error = commit_applies_reply_lost(
+      t, "SELECT COUNT(*) FROM dead_letters WHERE status = 'retrying'", [&] {
+        retried =
+            retrying_a_transient_error([&] { return t.store->retry_dead_letters({}, 1, 2000); });
+      });
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(retried, 1);
+  EXPECT_EQ(
+      scalar(*t.db.app_session(), "SELECT COUNT(*) FROM dead_letters WHERE status = 'retrying'"), 1)
+      << "retried twice";
+  EXPECT_EQ(t.direct->get_dead_letter(letters.back())->status, DeadLetterStatus::kRetrying)
+      << "the newest letter goes first";
+  EXPECT_EQ(t.direct->get_dead_letter(letters.back())->retries, 1);
+}
+
+// One letter: run twice, the second run would find it retrying and report an error for a retry
+// that was made.
+TEST(MysqlBackupLock, ARetryOfOneDeadLetterWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
+  ThroughRelay t;
+  const int64_t letter = kill_one(*t.direct, spec("k"), 1000);
+  const std::string error = commit_applies_reply_lost(
+      t, "SELECT COUNT(*) FROM dead_letters WHERE status = 'retrying'", [&] {
+        retrying_a_transient_error([&] {
+          t.store->retry_dead_letter(letter, 2000);
+          return 0;
+        });
+      });
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(t.direct->get_dead_letter(letter)->status, DeadLetterStatus::kRetrying);
+  EXPECT_EQ(t.direct->get_dead_letter(letter)->retries, 1);
+}
+
+// When the read-back finds that the COMMIT did not apply (an operator's KILL QUERY ended it while
+// it waited), the store runs the enqueue again instead of reporting an unknown outcome.
+TEST(MysqlBackupLock, AnEnqueueWhoseCommitWasKilledBeforeItAppliedIsMadeAgain) {
+  TestDatabase db;
+  auto store = db.open(2);
+  ServerWide blocked(db, "BACKUP STAGE START; BACKUP STAGE BLOCK_COMMIT", "BACKUP STAGE END");
+  std::atomic<bool> done{false};
+  std::string error;
+  EnqueueResult made;
+  std::thread caller = running([&] { made = store->enqueue(spec("k"), 1000); }, error, done);
+  // The first COMMIT waits: kill it. The one that waits next, another statement, is the re-run's.
+  auto root = db.root_session();
+  const std::string waiting_commit =
+      "SELECT ID, QUERY_ID FROM information_schema.PROCESSLIST WHERE DB = '" + db.name() +
+      "' AND STATE = 'Waiting for backup lock' AND INFO LIKE '%COMMIT'";
+  auto wait_for_commit = [&](int64_t other_than_query) -> std::pair<int64_t, int64_t> {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      for (const mysql::Row& row : root->one(waiting_commit).rows) {
+        if (mysql::to_i64(row[1]) != other_than_query)
+          return {mysql::to_i64(row[0]), mysql::to_i64(row[1])};
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    return {0, 0};
+  };
+  const auto [session, first_commit] = wait_for_commit(-1);
+  if (session != 0) root->one("KILL QUERY " + std::to_string(session));
+  const int64_t second_commit = session != 0 ? wait_for_commit(first_commit).second : 0;
+  blocked.end();
+  caller.join();
+  ASSERT_NE(session, 0) << "the enqueue's COMMIT never waited for the backup lock: " << error;
+  EXPECT_NE(second_commit, 0) << "the enqueue was not run again: " << error;
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(scalar(*db.app_session(), "SELECT COUNT(*) FROM jobs"), 1);
+  ASSERT_TRUE(store->get(made.id).has_value()) << made.id;
+  EXPECT_EQ(store->get(made.id)->kind, "k");
 }
 
 }  // namespace
