@@ -37,6 +37,10 @@ CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const Cir
   if (r.state == "open" && (event == CircuitEvent::kSuccess || call_started_ms < r.opened_ms))
     return r;
   if (r.state == "half_open" && call_started_ms < r.updated_ms) return r;
+  // Closed with failures: updated_ms is when the last of them was recorded.
+  if (r.state == "closed" && event == CircuitEvent::kSuccess && r.failures > 0 &&
+      call_started_ms < r.updated_ms)
+    return r;
   CircuitRecord next = r;
   next.updated_ms = now_ms;
   if (event == CircuitEvent::kSuccess) {

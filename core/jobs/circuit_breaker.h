@@ -30,8 +30,10 @@ CircuitDecision decide(const CircuitRecord& record, int64_t now_ms);
 // Marks the record half-open when an open circuit's time has come (the probe is about to run).
 CircuitRecord begin_probe(const CircuitRecord& record, int64_t now_ms);
 // The result of a call that started at `call_started_ms` and ended at `now_ms`:
-// - closed: every result counts (a success clears the failures, a failure adds one and the
-//   failure_threshold-th opens the circuit).
+// - closed: a failure adds one, and the failure_threshold-th opens the circuit. A success
+//   clears the failures, unless its call started before the last of them was recorded
+//   (`updated_ms`): a slow call that began while the service was up says nothing of the failures
+//   that came after it began, and must not keep a failing service's circuit from opening.
 // - open: a success never closes it (only the half-open probe's can); a failure of a call that
 //   started at or after `opened_ms` (a host that had not seen it open yet) opens it again from
 //   now. Results of calls that started before it opened are ignored: they belong to the outage

@@ -174,6 +174,24 @@ TEST(CircuitBreakerTest, ASuccessBetweenFailuresStartsTheCountAgain) {
   EXPECT_EQ(r.state, "closed") << "failures must be consecutive";
 }
 
+// A slow call that began before the failures and succeeds after them says the service was up
+// when it began, not since: it does not clear them. A success of a call begun after the last
+// failure does.
+TEST(CircuitBreakerTest, ALateSuccessWhileClosedDoesNotClearTheFailuresThatCameAfterItBegan) {
+  const CircuitPolicy p = breaker(5);
+  CircuitRecord r = fail_times(CircuitRecord{}, 2, p, kNow);
+  r = fail_times(r, 2, p, kNow + 100);
+  const CircuitRecord late = record_event(r, CircuitEvent::kSuccess, p, kNow + 50, kNow + 200);
+  EXPECT_EQ(late.failures, 4);
+  EXPECT_EQ(late.updated_ms, kNow + 100);
+  EXPECT_EQ(record_event(late, CircuitEvent::kFailure, p, kNow + 150, kNow + 300).state, "open")
+      << "the fifth consecutive failure opens it";
+  const CircuitRecord news = record_event(r, CircuitEvent::kSuccess, p, kNow + 100, kNow + 200);
+  EXPECT_EQ(news.state, "closed");
+  EXPECT_EQ(news.failures, 0);
+  EXPECT_EQ(news.updated_ms, kNow + 200);
+}
+
 TEST(CircuitBreakerTest, AnOpenCircuitFailsFastUntilItsRetryTime) {
   // Seed 001: opened 10 s ago with a 30 s reset: denied, retry in about 20 s.
   const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5), kNow - 10'000);
