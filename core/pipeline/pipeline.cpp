@@ -264,8 +264,10 @@ struct Pipeline::Impl {
 
   // nullopt when a call may go; else when to try again. Reads the shared record at most once per
   // kCircuitRefreshMs; an open circuit whose time has come is turned half-open (this call is the
-  // probe).
-  std::optional<int64_t> circuit_closed_until(const std::string& name, int64_t now) {
+  // probe, and `probe`, when given, is set).
+  std::optional<int64_t> circuit_closed_until(const std::string& name, int64_t now,
+                                              bool* probe = nullptr) {
+    if (probe) *probe = false;
     {
       std::lock_guard lock(mutex);
       auto it = circuits.find(name);
@@ -279,7 +281,9 @@ struct Pipeline::Impl {
     jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
       decision = jobs::decide(r, now);
       // An open circuit's first probe, or the next one after a probe that never reported back.
-      return decision.allowed && r.state != "closed" ? jobs::begin_probe(r, now) : r;
+      const bool probing = decision.allowed && r.state != "closed";
+      if (probe) *probe = probing;
+      return probing ? jobs::begin_probe(r, now) : r;
     });
     {
       std::lock_guard lock(mutex);
@@ -291,12 +295,14 @@ struct Pipeline::Impl {
 
   // Before a provider request (a page, a run's scope check): a deferral while the provider's
   // circuit (`provider_breaker`) or the gateway's is open, or while the installation's throttle
-  // has no token for it; none when it may go (its token taken).
+  // has no token for it; none when it may go (its token taken). `gateway_probe`, when given, is
+  // set when this request is the gateway's half-open probe.
   std::optional<Outcome> hold_back(const std::string& provider_breaker,
                                    const std::string& installation, const PipelineOptions& o,
-                                   int64_t now) {
+                                   int64_t now, bool* gateway_probe = nullptr) {
     for (const std::string& breaker : {provider_breaker, std::string(kGatewayCircuit)}) {
-      if (auto until = circuit_closed_until(breaker, now)) {
+      if (auto until = circuit_closed_until(breaker, now,
+                                            breaker == kGatewayCircuit ? gateway_probe : nullptr)) {
         ++circuit_deferrals;
         return Outcome::defer(*until, "circuit open: " + breaker);
       }
@@ -381,6 +387,8 @@ struct Pipeline::Impl {
         throw JobFailure("connection not found: " + request.installation_id, true);
       gateway_failed(e, o, asked);
     }
+    circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, asked,
+                  clock.now_ms());
     if (connection.status != "active")
       throw JobFailure("connection is not active: " + request.installation_id +
                            " (status: " + connection.status + ")",
@@ -682,7 +690,9 @@ struct Pipeline::Impl {
     while (true) {
       PipelineOptions o = snapshot();
       int64_t now = ctx.now_ms();
-      if (auto wait = hold_back(provider_breaker, installation, o, now)) return std::move(*wait);
+      bool gateway_probe = false;
+      if (auto wait = hold_back(provider_breaker, installation, o, now, &gateway_probe))
+        return std::move(*wait);
       if (!have_token) {
         params.unit.access_token = token_for(installation, o);
         have_token = true;
@@ -692,7 +702,10 @@ struct Pipeline::Impl {
       if (!fetched.page) continue;  // the token was refreshed: fetch the same page again
       const plugins::Page& p = *fetched.page;
 
-      if (p.size() > 0) {
+      // The gateway may have failed while the page was fetched. Not when this page is its
+      // half-open probe (begun by hold_back): the probe must go and report back, or the circuit
+      // would wait for it until the next probe, and that one would wait the same way.
+      if (p.size() > 0 && !gateway_probe) {
         if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms())) {
           ++circuit_deferrals;
           return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
@@ -818,13 +831,19 @@ struct Pipeline::Impl {
     if (error) gateway_failed(*error, o, started);
   }
 
+  // The installation's access token, from the gateway. Its answer counts on the gateway's
+  // circuit, as a dispatch's does: this call may be the half-open probe, which must report back.
   std::string token_for(const std::string& installation, const PipelineOptions& o) {
     const int64_t started = clock.now_ms();
+    std::string token;
     try {
-      return gateway.access_token(installation);
+      token = gateway.access_token(installation);
     } catch (const gateway::GatewayError& e) {
       gateway_failed(e, o, started);
     }
+    circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, started,
+                  clock.now_ms());
+    return token;
   }
 
   // One page, or why there is none: neither (the token was refreshed, or a transient error is

@@ -80,6 +80,17 @@ http::Response status_response(int status, std::string body) {
   return r;
 }
 
+// A circuit record opened at `opened_ms` by 3 failures, whose probe may go from `retry_at_ms`.
+jobs::CircuitRecord open_circuit(int64_t opened_ms, int64_t retry_at_ms) {
+  jobs::CircuitRecord open;
+  open.state = "open";
+  open.failures = 3;
+  open.opened_ms = opened_ms;
+  open.retry_at_ms = retry_at_ms;
+  open.updated_ms = opened_ms;
+  return open;
+}
+
 // A sandbox data set: `repos` GitHub repositories and `projects` Vercel projects per installation,
 // `items` items per entity type per resource.
 sandbox::SandboxOptions data(int repos, int projects, int64_t items, int installations = 1) {
@@ -582,13 +593,7 @@ TEST_F(PipelineTest, AnOpenProviderCircuitDefersTheRunsScopeCheckToo) {
   start(data(2, 0, 300), options);
   const int64_t now = test_clock().now_ms();
   store_->update_circuit("provider:github", [&](const jobs::CircuitRecord&) {
-    jobs::CircuitRecord open;
-    open.state = "open";
-    open.failures = 3;
-    open.opened_ms = now;
-    open.retry_at_ms = now + 60'000;
-    open.updated_ms = now;
-    return open;
+    return open_circuit(now, now + 60'000);
   });
   sandbox::Faults failing;
   failing.fail_rate = 1.0;
@@ -649,6 +654,61 @@ TEST_F(PipelineTest, APageThatBeganBeforeTheProbeDoesNotCloseAHalfOpenCircuit) {
   for (const jobs::Job& u : units_of(run.run_id))
     deferred += u.status == JobStatus::kQueued && u.run_after_ms == probing.retry_at_ms;
   EXPECT_EQ(deferred, 1) << "the unit that fetched defers until the probe's time is up";
+}
+
+// E4: when the gateway's circuit is due for its half-open probe and the first call to go is a
+// run's fan-out (a connection lookup and a token, no dispatch), that call is the probe and
+// reports back: its success closes the circuit, and the units go at once instead of waiting for
+// the next probe a whole open period later.
+TEST_F(PipelineTest, AHalfOpenGatewayProbeThatIsATokenLookupClosesTheCircuit) {
+  PipelineOptions options = fast();
+  options.gateway_circuit = {3, 60'000};
+  start(data(1, 0, 300), options);
+  const int64_t now = test_clock().now_ms();
+  store_->update_circuit(
+      "gateway", [&](const jobs::CircuitRecord&) { return open_circuit(now - 60'000, now); });
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the fan-out: lookup, probe, token, scope check
+  EXPECT_EQ(store_->get(run.run_id)->status, JobStatus::kWaiting)
+      << store_->get(run.run_id)->last_error.value_or("-");
+  const jobs::CircuitRecord after = store_->update_circuit("gateway", [](auto& r) { return r; });
+  EXPECT_EQ(after.state, "closed") << "the probe never reported back";
+  EXPECT_EQ(after.failures, 0);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "units waited for another probe";
+}
+
+// E4: the same when the probe is a page fetched after an error retried in place (the unit has its
+// token already): the page it fetched goes to the gateway and reports back. Before, the check
+// before dispatching found the circuit half-open -- its own probe under way -- and deferred it,
+// and every later probe deferred itself the same way.
+TEST_F(PipelineTest, AGatewayProbeBegunBetweenPagesDispatchesItsPage) {
+  PipelineOptions options = fast();
+  options.gateway_circuit = {3, 60'000};
+  start(data(1, 0, 150), options);
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out
+  const int64_t now = test_clock().now_ms();
+  // The unit's first page fails (retried in place); meanwhile the gateway's circuit opened, its
+  // probe is due, and this host's view of it is stale.
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;
+    store_->update_circuit(
+        "gateway", [&](const jobs::CircuitRecord&) { return open_circuit(now - 60'000, now); });
+    test_clock().set_ms(now + 5'000);
+    return status_response(502, "{}");
+  });
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  const jobs::CircuitRecord after = store_->update_circuit("gateway", [](auto& r) { return r; });
+  EXPECT_EQ(after.state, "closed");
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "the probe deferred itself";
+  const std::optional<RunView> view = pipeline_->get_run(run.run_id, false);
+  ASSERT_TRUE(view.has_value());
+  EXPECT_GT(view->events_dispatched, 0);
+  EXPECT_EQ(view->events_dispatched, view->events_produced);
+  EXPECT_EQ(view->events_dispatched, sandbox_->report("inst-1").gateway.unique);
 }
 
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
