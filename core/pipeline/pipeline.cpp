@@ -945,9 +945,15 @@ RunStart Pipeline::start_run(const RunRequest& request) {
   spec.dedupe_key = request.installation_id;  // one active run per installation (D10)
   spec.max_attempts = o.run_max_attempts;
   jobs::EnqueueResult r = impl_->store.enqueue(spec, impl_->clock.now_ms());
-  if (r.created)
+  if (r.created) {
     impl_->log->info("run {} requested for {} ({}, depth {} days)", r.id, request.installation_id,
                      request.provider, request.depth_days);
+  } else if (std::optional<jobs::Job> active = impl_->store.get(r.id);
+             active && active->cancel_requested && !jobs::is_terminal(active->status)) {
+    // Returned as the active run, it would end cancelled and run nothing of this request.
+    throw jobs::InvalidTransition("run " + std::to_string(r.id) + " of " + request.installation_id +
+                                  " is being cancelled: request a new run once it has stopped");
+  }
   return {r.id, r.created};
 }
 

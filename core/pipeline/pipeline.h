@@ -189,7 +189,8 @@ class Pipeline {
   void register_handlers(jobs::Scheduler& scheduler);
 
   // Validates (provider has a connector, depth in {7,30,90}, entity types supported, ids
-  // non-empty) and enqueues, or returns the active run. Throws InvalidRequest.
+  // non-empty) and enqueues, or returns the active run. Throws InvalidRequest; and
+  // jobs::InvalidTransition when the active run is being cancelled (it would run nothing).
   RunStart start_run(const RunRequest& request);
   // Validates as start_run, then asks the gateway for the connection. Throws InvalidRequest,
   // gateway::GatewayError.

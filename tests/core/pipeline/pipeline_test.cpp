@@ -308,6 +308,34 @@ TEST_F(PipelineTest, VercelRunWithOneProjectIsOneUnit) {
 
 // Seed 000 test 4: cancel mid-run. The running unit stops at its next page boundary, queued units
 // are cancelled at once, and nothing more is fetched.
+// A run requested while the installation's active run is being cancelled (its fan-out under
+// way) is refused with the reason: returned as the active run, it would end cancelled and run
+// nothing of the request. Once the old run has stopped, the request starts a new one.
+TEST_F(PipelineTest, ARunRequestedWhileTheActiveRunIsBeingCancelledIsRefusedWithTheReason) {
+  start(data(1, 0, 50));
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  std::string refusal;
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n == 1) {  // the run's scope check
+      EXPECT_EQ(pipeline_->cancel_run(run.run_id), jobs::CancelOutcome::kRequested);
+      try {
+        RunStart again = start_run("gh-inst-1", "github", {"issue"});
+        ADD_FAILURE() << "returned run " << again.run_id << " (created " << again.created << ")";
+      } catch (const jobs::InvalidTransition& e) {
+        refusal = e.what();
+      }
+    }
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  EXPECT_EQ(refusal, "run " + std::to_string(run.run_id) +
+                         " of gh-inst-1 is being cancelled: request a new run once it has stopped");
+  EXPECT_EQ(store_->get(run.run_id)->status, JobStatus::kCancelled);
+  const RunStart next = start_run("gh-inst-1", "github", {"issue"});
+  EXPECT_TRUE(next.created);
+  EXPECT_NE(next.run_id, run.run_id);
+}
+
 TEST_F(PipelineTest, CancellingARunStopsTheRunningUnitAtThePageBoundaryAndTheRest) {
   start(data(2, 1, 500));
   RunStart run = start_run("gh-inst-1", "github", {"issue", "release"});
