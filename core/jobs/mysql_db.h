@@ -37,7 +37,8 @@ namespace backhaul::jobs::mysql {
 
 // "host=127.0.0.1;port=3306;db=backhaul;user=u;password=p;character-set=utf8mb4" (Poco's keys).
 // Also accepted: socket=PATH (Unix socket), connect-timeout=S, read-timeout=S,
-// lock-wait-timeout=S (how long a statement waits for a row lock; 0 = the server's). Poco-only keys
+// lock-wait-timeout=S (how long a statement waits for a row lock; 0 = the server's),
+// migrate-wait=S (how long opening the store waits for another host's migration). Poco-only keys
 // (auto-reconnect, secure-auth, reset, fail-readonly) are accepted and ignored: this layer
 // reconnects by itself. Any other key is a ConfigError (Poco would silently ignore a typo).
 // Blanks around keys and values are dropped, as Poco drops them; a port is 1..65535.
@@ -52,11 +53,14 @@ struct Config {
   bool compress = false;
   unsigned connect_timeout_s = 10;
   // Longer than innodb_lock_wait_timeout (default 50 s): a statement waiting for a lock is not a
-  // dead server.
+  // dead server. 0 = none (the session of migrate(), whose DDL may run for as long as it needs).
   unsigned read_timeout_s = 120;
   // The sessions' innodb_lock_wait_timeout, in seconds; 0 = the server's (50 s by default).
   // Either way at most read_timeout_s - 1 (see Connection).
   unsigned lock_wait_timeout_s = 0;
+  // How long migrate() waits for the migration lock while another session holds it (another
+  // host migrating: an ALTER of a large jobs table may take minutes). 0 = not at all.
+  unsigned migrate_wait_s = 600;
 };
 Config parse_config(const std::string& connection_string);
 // The connection string with its db= replaced (or added).

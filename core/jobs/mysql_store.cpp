@@ -151,6 +151,8 @@ Config parse_config(const std::string& connection_string) {
       config.read_timeout_s = parse_unsigned(key, value);
     } else if (key == "lock-wait-timeout") {
       config.lock_wait_timeout_s = parse_unsigned(key, value);
+    } else if (key == "migrate-wait") {
+      config.migrate_wait_s = parse_unsigned(key, value);
     } else if (key == "character-set") {
       // The store needs utf8mb4 (4-byte UTF-8) and always uses it.
       if (value != "utf8mb4") {
@@ -3098,10 +3100,75 @@ class MysqlStore final : public JobStore {
   std::map<std::pair<JobId, std::string>, JobStatus> unsettled_endings_;  // see settled_outcome
 };
 
+// The session of migrate(): the store's settings without a read timeout, and without the
+// server's or the account's statement time limit (MariaDB's max_statement_time; MySQL's
+// max_execution_time bounds only SELECTs). A migration's DDL -- an ALTER copying a large jobs
+// table -- may run for minutes without a byte coming back. With the pool's read timeout it was
+// taken for a lost connection: migrate() ran again on a new session and waited there for the
+// migration lock that the old session, its DDL still running on the server, went on holding.
+// Its lock waits are lock-wait-timeout's or the server's, no longer cut to read-timeout - 1.
+std::unique_ptr<mysql::Connection> migration_session(mysql::Config config) {
+  config.read_timeout_s = 0;
+  auto c = std::make_unique<mysql::Connection>(config);
+  try {
+    c->one("SET SESSION max_statement_time = 0");
+  } catch (const mysql::Error& e) {
+    if (e.code() != 1193) throw;  // 1193: unknown system variable -- MySQL
+  }
+  return c;
+}
+
+// The session holding the named lock `name`, for an error: "connection 42 (u@10.0.0.7:5123,
+// Query for 75 s: ALTER TABLE jobs ...)". nullopt when the lock is free. A session of another
+// user shows only with the PROCESS privilege.
+std::optional<std::string> lock_holder(mysql::Connection& c, const std::string& name) {
+  Result r = c.one(
+      "SELECT l.id, p.USER, p.HOST, p.COMMAND, p.TIME, LEFT(p.INFO, 200) FROM (SELECT "
+      "IS_USED_LOCK(" +
+      quote(name) + ") AS id) l LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id");
+  if (r.rows.empty() || !r.rows[0][0]) return std::nullopt;
+  const Row& row = r.rows[0];
+  std::string out = "connection " + *row[0];
+  if (!row[1]) return out + " (not visible in information_schema.PROCESSLIST)";
+  out += " (" + *row[1] + "@" + to_str(row[2]) + ", " + to_str(row[3]) + " for " + to_str(row[4]) +
+         " s";
+  if (row[5]) {
+    std::string statement = *row[5];
+    std::replace(statement.begin(), statement.end(), '\n', ' ');
+    out += ": " + statement;
+  }
+  return out + ")";
+}
+
+// Takes the migration lock `name` on `c`, waiting while another session holds it (another host
+// migrating), at most `wait_s` seconds: a fixed 30 s failed the hosts started together with one
+// whose migration took longer, although nothing was wrong. The holder is a live session: the
+// server releases the locks of a session that ends.
+void take_migration_lock(mysql::Connection& c, const std::string& name, unsigned wait_s) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + std::chrono::seconds(wait_s);
+  while (true) {
+    const int64_t left = std::max<int64_t>(
+        0, std::chrono::ceil<std::chrono::seconds>(deadline - Clock::now()).count());
+    Result got = c.one("SELECT GET_LOCK(" + quote(name) + ", " + std::to_string(left) + ")");
+    if (first_or(got, 0) == 1) return;
+    // Released since the wait ended: tried again.
+    std::optional<std::string> holder = lock_holder(c, name);
+    if (!holder || Clock::now() < deadline) continue;
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start);
+    throw StorageError("mysql: migrate: waited " + std::to_string(waited.count()) +
+                       " s for the migration lock '" + name + "', held by " + *holder +
+                       ": another host may still be migrating; let it finish, or give "
+                       "migrate-wait=S in the connection string to wait longer");
+  }
+}
+
 // Applies what is missing of mysql_migrations() under a server-wide named lock, so that hosts
 // starting together migrate one at a time and the later ones find the work done. DDL commits on
 // its own in MySQL, so a migration is not atomic: its statements are written to be re-run
 // (IF NOT EXISTS) after a crash halfway, and schema_migrations records it only once all ran.
+// It runs on a session of its own (migration_session), closed at the end.
 int MysqlStore::migrate() {
   const std::string lock_name = [&] {
     std::string name = "backhaul_migrate:" + pool_.config().db;
@@ -3109,12 +3176,8 @@ int MysqlStore::migrate() {
   }();
   for (int attempt = 1;; ++attempt) {
     try {
-      Pool::Lease c = pool_.acquire();
-      Result got = c->one("SELECT GET_LOCK(" + quote(lock_name) + ", 30)");
-      if (first_or(got, 0) != 1) {
-        throw StorageError("mysql: migrate: another process held the migration lock '" + lock_name +
-                           "' for 30 s");
-      }
+      std::unique_ptr<mysql::Connection> c = migration_session(pool_.config());
+      take_migration_lock(*c, lock_name, pool_.config().migrate_wait_s);
       struct Release {
         mysql::Connection& c;
         std::string name;

@@ -190,6 +190,29 @@ TEST(MysqlConfig, APortOutsideOneTo65535IsRefusedNamingTheKey) {
   EXPECT_EQ(mysql::parse_config("host=h;db=q;port=1").port, 1u);
 }
 
+// migrate-wait=S bounds how long opening the store waits for another host's migration (600 s by
+// default; 0: not at all). The wait was a fixed 30 s, with no key.
+TEST(MysqlConfig, MigrateWaitIsReadAndABadValueIsRefusedNamingTheKey) {
+  try {
+    EXPECT_EQ(mysql::parse_config("host=h;db=q").migrate_wait_s, 600u);
+    EXPECT_EQ(mysql::parse_config("host=h;db=q;migrate-wait=2").migrate_wait_s, 2u);
+    EXPECT_EQ(mysql::parse_config("host=h;db=q;migrate-wait = 0").migrate_wait_s, 0u);
+  } catch (const ConfigError& e) {
+    ADD_FAILURE() << e.what();
+  }
+  for (const char* wait : {"x", "-1", "2.5", "", "4294967296"}) {
+    try {
+      mysql::parse_config(std::string("host=h;db=q;migrate-wait=") + wait);
+      ADD_FAILURE() << "migrate-wait=" << wait << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("migrate-wait must be a number, not '" +
+                                           std::string(wait) + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // A password holding ';' splits into items; the error about the item after it must not quote it
 // (the daemon logs the error): it names the item by its place.
 TEST(MysqlConfig, AnErrorAboutTheItemAfterAPasswordDoesNotQuoteIt) {
@@ -270,6 +293,175 @@ TEST(MysqlStore, ThreeHostsMigrateAtOnce) {
   EXPECT_EQ(scalar(*c, "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '" +
                            db.name() + "' AND DATA_TYPE IN ('longtext', 'longblob', 'json')"),
             0);
+}
+
+void apply_first_migrations(mysql::Connection& c, size_t count);  // with the upgrade tests below
+
+// The named lock (GET_LOCK) that migrate() takes for `db`'s database.
+std::string migration_lock(const TestDatabase& db) {
+  return ("backhaul_migrate:" + db.name()).substr(0, 64);
+}
+
+// Polls the sessions on `db` (information_schema.PROCESSLIST, as the administrator) on a thread
+// of its own until it is destroyed: how long the longest statement seen had run, and whether one
+// waited for a named lock (GET_LOCK's state "User lock").
+class SessionWatch {
+ public:
+  explicit SessionWatch(const TestDatabase& db)
+      : root_(db.root_session()), db_(db.name()), thread_([this] { run(); }) {}
+  ~SessionWatch() {
+    done_ = true;
+    thread_.join();
+  }
+  int64_t longest_s() const { return longest_s_; }
+  bool saw_lock_wait() const { return lock_wait_; }
+
+ private:
+  void run() {
+    try {
+      while (!done_) {
+        for (const mysql::Row& row :
+             root_
+                 ->one("SELECT TIME, STATE FROM information_schema.PROCESSLIST WHERE COMMAND = "
+                       "'Query' AND DB = " +
+                       mysql::quote(db_))
+                 .rows) {
+          longest_s_ = std::max<int64_t>(longest_s_, mysql::to_i64(row[0]));
+          if (mysql::to_str(row[1]) == "User lock") lock_wait_ = true;
+        }
+        std::this_thread::sleep_for(20ms);
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "watching the sessions: " << e.what();
+    }
+  }
+
+  std::unique_ptr<mysql::Connection> root_;
+  std::string db_;
+  std::atomic<bool> done_{false};
+  std::atomic<int64_t> longest_s_{0};
+  std::atomic<bool> lock_wait_{false};
+  std::thread thread_;  // last: it reads the members above
+};
+
+// A migration statement may run longer than read-timeout: an ALTER copying a large jobs table.
+// It ran on a pooled session, whose read timeout took it for a lost connection: migrate() ran
+// again on a new session, which waited for the migration lock that the old one, its statement
+// still running on the server, went on holding (and failed with "another process held the
+// migration lock" once the statement outlasted that wait by 30 s). Here schema 0003 rewrites
+// 262,144 jobs (its UPDATE and its ALTER run for seconds: about 3.5 s each on the 2-vCPU machine
+// of the project, so that one twice as fast still runs them past the timeout) under
+// read-timeout=1: the store waits for each statement on its one migration session.
+TEST(MysqlStore, AMigrationStatementLongerThanTheReadTimeoutIsWaitedForNotTakenForALostConnection) {
+  TestDatabase db;
+  {
+    auto c = db.app_session();
+    apply_first_migrations(*c, 2);
+    c->one(
+        "INSERT INTO jobs (kind, status, max_attempts, run_after_ms, created_ms, updated_ms, "
+        "payload) VALUES ('k', 'queued', 5, 1, 1, 1, '{}')");
+    for (int doubling = 0; doubling < 18; ++doubling) {
+      c->one(
+          "INSERT INTO jobs (kind, status, max_attempts, run_after_ms, created_ms, updated_ms, "
+          "payload) SELECT kind, status, max_attempts, run_after_ms, created_ms, updated_ms, "
+          "payload FROM jobs");
+    }
+  }
+  SessionWatch watch(db);
+  int version = 0;
+  try {
+    version = open_mysql_store(db.connection() + ";read-timeout=1", 2)->migrate();
+  } catch (const StorageError& e) {
+    ADD_FAILURE() << e.what();
+  }
+  EXPECT_EQ(version, mysql_migrations().back().version);
+  EXPECT_FALSE(watch.saw_lock_wait())
+      << "a new session of the store waited for the migration lock that its abandoned one held";
+  EXPECT_GE(watch.longest_s(), 2)
+      << "no migration statement ran for twice the read timeout: this machine needs more rows";
+}
+
+// A host that starts while another migrates waits for it, within migrate-wait, and then finds the
+// work done. The wait was a fixed 30 s: hosts started together with one migrating a large
+// database failed, although nothing was wrong.
+TEST(MysqlStore, AHostWaitsWhileAnotherMigratesAndFindsTheWorkDone) {
+  TestDatabase db;
+  auto other = db.app_session();  // the other host
+  const std::string lock = mysql::quote(migration_lock(db));
+  ASSERT_EQ(scalar(*other, "SELECT GET_LOCK(" + lock + ", 0)"), 1);
+  int version = 0;
+  std::string error;
+  std::atomic<bool> done{false};
+  std::thread host([&] {
+    try {
+      version = open_mysql_store(db.connection() + ";migrate-wait=60", 2)->migrate();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    done = true;
+  });
+  {
+    SessionWatch watch(db);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!watch.saw_lock_wait() && !done && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_TRUE(watch.saw_lock_wait()) << "the host did not wait for the migration lock";
+  }
+  apply_first_migrations(*other, mysql_migrations().size());
+  other->one("SELECT RELEASE_LOCK(" + lock + ")");
+  host.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(version, mysql_migrations().back().version);
+  EXPECT_EQ(scalar(*other, "SELECT COUNT(*) FROM schema_migrations"),
+            static_cast<int64_t>(mysql_migrations().size()));
+}
+
+// A host gives up after migrate-wait seconds (0: at once), with an error that says how long it
+// waited and which session held the lock, doing what. The old error, after a fixed 30 s, named
+// neither ("another process held the migration lock ... for 30 s").
+TEST(MysqlStore, AHostGivesUpOnTheMigrationLockAfterMigrateWaitNamingItsHolder) {
+  TestDatabase db;
+  auto other = db.app_session();
+  const int64_t other_id = scalar(*other, "SELECT CONNECTION_ID()");
+  const std::string lock = mysql::quote(migration_lock(db));
+  std::thread migrating([&] {
+    try {
+      other->one("SELECT GET_LOCK(" + lock + ", 0), SLEEP(60) AS a_long_migration");
+    } catch (const std::exception&) {  // ended by the KILL QUERY below
+    }
+  });
+  auto root = db.root_session();
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (scalar(*root, "SELECT COALESCE(IS_USED_LOCK(" + lock + "), 0)") != other_id &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  for (int wait : {2, 0}) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      open_mysql_store(db.connection() + ";migrate-wait=" + std::to_string(wait), 1);
+      ADD_FAILURE() << "opened while another session held the migration lock";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const size_t waited = what.find("waited ");
+      EXPECT_NE(waited, std::string::npos) << what;
+      if (waited != std::string::npos) {
+        EXPECT_GE(std::atoi(what.c_str() + waited + 7), wait) << what;
+      }
+      EXPECT_NE(what.find(" s for the migration lock"), std::string::npos) << what;
+      EXPECT_NE(what.find("held by connection " + std::to_string(other_id) + " ("),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("SLEEP(60) AS a_long_migration"), std::string::npos) << what;
+      EXPECT_NE(what.find("migrate-wait="), std::string::npos) << what;
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, std::chrono::seconds(wait));
+    EXPECT_LT(took, std::chrono::seconds(wait + 5));
+  }
+  root->one("KILL QUERY " + std::to_string(other_id));
+  migrating.join();
 }
 
 // --- claiming ------------------------------------------------------------------------------
