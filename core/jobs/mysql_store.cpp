@@ -1672,14 +1672,7 @@ std::string insert_jobs_sql(size_t width) {
   return sql;
 }
 
-struct AutoIncrement {
-  bool consecutive = true;  // innodb_autoinc_lock_mode 0 or 1: a multi-row INSERT's ids are
-                            // insert_id, insert_id + step, ... (not guaranteed in mode 2)
-  int64_t step = 1;         // auto_increment_increment
-};
-
-std::vector<EnqueueResult> enqueue_jobs(Tx& tx, const std::vector<JobSpec>& specs, int64_t now,
-                                        const AutoIncrement& autoinc) {
+std::vector<EnqueueResult> enqueue_jobs(Tx& tx, const std::vector<JobSpec>& specs, int64_t now) {
   const size_t n = specs.size();
   std::vector<EnqueueResult> results(n);
   std::vector<bool> settled(n, false);
@@ -1757,12 +1750,25 @@ std::vector<EnqueueResult> enqueue_jobs(Tx& tx, const std::vector<JobSpec>& spec
   for (size_t i = 0; i < n; ++i) {
     if (!settled[i] && same_as[i] == SIZE_MAX) rows.push_back(i);
   }
+  // The ids of a multi-row INSERT are insert_id, insert_id + step, ... with this session's
+  // auto_increment_increment as the step, when innodb_autoinc_lock_mode is 0 or 1 (in mode 2 they
+  // are not guaranteed consecutive, and each row goes alone). Both are read here, not once when
+  // the store opened: the step may have changed since (an operator's SET GLOBAL, a Galera cluster
+  // resizing), and a session opened later uses the new one; the mode, after a server restart.
+  bool consecutive_ids = false;
+  int64_t step = 1;
+  if (rows.size() > 1) {
+    const Row row =
+        tx.one("SELECT @@SESSION.auto_increment_increment, @@innodb_autoinc_lock_mode").rows.at(0);
+    step = std::max<int64_t>(to_i64(row.at(0)), 1);
+    consecutive_ids = to_i64(row.at(1)) != 2;
+  }
   std::vector<Param> params;
   size_t at = 0;
   while (at < rows.size()) {
     const size_t begin = at;
     size_t bytes = 0;
-    while (at < rows.size() && at - begin < (autoinc.consecutive ? kInsertChunkRows : 1) &&
+    while (at < rows.size() && at - begin < (consecutive_ids ? kInsertChunkRows : 1) &&
            (at == begin || bytes < kInsertChunkBytes)) {
       const JobSpec& s = specs[rows[at]];
       bytes += s.payload.size() + s.kind.size() + s.concurrency_key.size() + 64;
@@ -1792,8 +1798,7 @@ std::vector<EnqueueResult> enqueue_jobs(Tx& tx, const std::vector<JobSpec>& spec
     }
     for (size_t i = begin; i < at; ++i) {
       results[rows[i]] = {
-          static_cast<JobId>(inserted.insert_id) + static_cast<JobId>(i - begin) * autoinc.step,
-          true};
+          static_cast<JobId>(inserted.insert_id) + static_cast<JobId>(i - begin) * step, true};
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -1890,13 +1895,6 @@ class MysqlStore final : public JobStore {
       : pool_(store_config(connection_string), pool_size),
         pool_size_(std::max<size_t>(pool_size, 1)) {
     migrate();
-    Result r = read("open", [](mysql::Connection& c) {
-      return c.one("SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment");
-    });
-    if (!r.rows.empty()) {
-      autoinc_.consecutive = to_i64(r.rows[0][0]) != 2;
-      autoinc_.step = std::max<int64_t>(to_i64(r.rows[0][1]), 1);
-    }
   }
 
   int migrate() override;
@@ -1912,9 +1910,7 @@ class MysqlStore final : public JobStore {
     using Made = std::vector<EnqueueResult>;
     Made results = transact_settled<Made>(
         "enqueue",
-        [&](Tx& tx, std::optional<Made>& done) {
-          done = enqueue_jobs(tx, specs, now_ms, autoinc_);
-        },
+        [&](Tx& tx, std::optional<Made>& done) { done = enqueue_jobs(tx, specs, now_ms); },
         [&](const Made& made) { return enqueued(specs, made, now_ms); });
     notify_runnable();
     return results;
@@ -3084,7 +3080,6 @@ class MysqlStore final : public JobStore {
 
   Pool pool_;
   size_t pool_size_;
-  AutoIncrement autoinc_;
   // One batch in flight per operation: while it runs (statements, then the commit's fsync), the
   // next one fills. Two in flight gave smaller batches and more server CPU per job in the W1
   // measurements, with no clear gain in throughput.

@@ -2867,5 +2867,36 @@ TEST(MysqlBackupLock, AnEnqueueWhoseCommitWasKilledBeforeItAppliedIsMadeAgain) {
   EXPECT_EQ(store->get(made.id)->kind, "k");
 }
 
+// --- server-wide settings -------------------------------------------------------------------
+
+// The ids of a multi-row INSERT step by the session's auto_increment_increment, which the store
+// read once when it opened. An operator's SET GLOBAL (or a Galera cluster that resized) reaches
+// the sessions opened later: a batch enqueued on one returned ids of other jobs, or of none.
+// Registered RUN_SERIAL (CMakeLists.txt): the setting is global.
+TEST(MysqlServerWide, ABatchEnqueuedAfterTheIncrementChangedReturnsTheIdsOfItsJobs) {
+  TestDatabase db;
+  auto store = db.open(2);
+  store->enqueue(spec("k", "before"), 1000);
+  ServerWide increment(db, "SET GLOBAL auto_increment_increment = 3",
+                       "SET GLOBAL auto_increment_increment = 1");
+  auto root = db.root_session();
+  for (const mysql::Row& row :
+       root->one("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = '" + db.name() + "'")
+           .rows) {
+    root->one("KILL CONNECTION " + mysql::to_str(row[0]));  // the store opens new sessions
+  }
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 4; ++i) specs.push_back(spec("k", "key-" + std::to_string(i)));
+  const std::vector<EnqueueResult> made = store->enqueue_batch(specs, 2000);
+  increment.end();
+  ASSERT_EQ(made.size(), specs.size());
+  for (size_t i = 0; i < made.size(); ++i) {
+    const std::optional<Job> job = store->get(made[i].id);
+    ASSERT_TRUE(job.has_value()) << "returned job " << made[i].id << " is not there";
+    EXPECT_EQ(job->concurrency_key, specs[i].concurrency_key) << "returned another job's id";
+  }
+  EXPECT_EQ(made[1].id - made[0].id, 3);
+}
+
 }  // namespace
 }  // namespace backhaul::jobs
