@@ -37,9 +37,11 @@ CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const Cir
   if (r.state == "open" && (event == CircuitEvent::kSuccess || call_started_ms < r.opened_ms))
     return r;
   if (r.state == "half_open" && call_started_ms < r.updated_ms) return r;
-  // Closed with failures: updated_ms is when the last of them was recorded.
-  if (r.state == "closed" && event == CircuitEvent::kSuccess && r.failures > 0 &&
-      call_started_ms < r.updated_ms)
+  // Closed: updated_ms is when the last failure was recorded (failures > 0), or when the circuit
+  // closed or a success cleared the failures (none). A result of a call begun before then is of
+  // the time before that change, and does not undo it.
+  if (r.state == "closed" && call_started_ms < r.updated_ms &&
+      (event == CircuitEvent::kSuccess) == (r.failures > 0))
     return r;
   CircuitRecord next = r;
   next.updated_ms = now_ms;

@@ -33,7 +33,10 @@ CircuitRecord begin_probe(const CircuitRecord& record, int64_t now_ms);
 // - closed: a failure adds one, and the failure_threshold-th opens the circuit. A success
 //   clears the failures, unless its call started before the last of them was recorded
 //   (`updated_ms`): a slow call that began while the service was up says nothing of the failures
-//   that came after it began, and must not keep a failing service's circuit from opening.
+//   that came after it began, and must not keep a failing service's circuit from opening. In the
+//   same way, with no failures, a failure of a call that started before the circuit closed (or
+//   a success cleared the failures, `updated_ms`) is ignored: it belongs to the outage that
+//   ended, and must not count toward opening a circuit that the service's recovery closed.
 // - open: a success never closes it (only the half-open probe's can); a failure of a call that
 //   started at or after `opened_ms` (a host that had not seen it open yet) opens it again from
 //   now. Results of calls that started before it opened are ignored: they belong to the outage

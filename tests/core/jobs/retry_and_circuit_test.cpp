@@ -192,6 +192,25 @@ TEST(CircuitBreakerTest, ALateSuccessWhileClosedDoesNotClearTheFailuresThatCameA
   EXPECT_EQ(news.updated_ms, kNow + 200);
 }
 
+// A call in flight since before the circuit opened that fails after the probe closed it belongs
+// to the outage that ended: it does not count toward opening it again. One begun after does.
+TEST(CircuitBreakerTest, AFailureOfACallBegunBeforeTheCircuitClosedDoesNotCount) {
+  const CircuitPolicy p = breaker(2, 30'000);
+  const CircuitRecord open = fail_times(CircuitRecord{}, 2, p, kNow);
+  const CircuitRecord closed = record_event(
+      begin_probe(open, kNow + 30'000), CircuitEvent::kSuccess, p, kNow + 30'000, kNow + 30'100);
+  ASSERT_EQ(closed.state, "closed");
+  CircuitRecord r = closed;
+  for (int i = 0; i < 2; ++i)
+    r = record_event(r, CircuitEvent::kFailure, p, kNow - 100, kNow + 30'200 + i);
+  EXPECT_EQ(r.state, "closed");
+  EXPECT_EQ(r.failures, 0);
+  r = record_event(r, CircuitEvent::kFailure, p, kNow + 30'150, kNow + 30'300);
+  EXPECT_EQ(r.failures, 1);
+  EXPECT_EQ(record_event(r, CircuitEvent::kFailure, p, kNow - 100, kNow + 30'400).state, "open")
+      << "once a new failure counts, the failures are consecutive again";
+}
+
 TEST(CircuitBreakerTest, AnOpenCircuitFailsFastUntilItsRetryTime) {
   // Seed 001: opened 10 s ago with a 30 s reset: denied, retry in about 20 s.
   const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5), kNow - 10'000);
