@@ -2806,10 +2806,10 @@ class MysqlStore final : public JobStore {
         });
         return std::move(*done);
       } catch (const mysql::CommitUnknown&) {
-        if (!done || attempt >= 3) throw;
+        if (!done) throw;
         const std::optional<bool> committed = applied(*done);
-        if (!committed) throw;
-        if (*committed) return std::move(*done);
+        if (committed == true) return std::move(*done);
+        if (!committed || attempt >= 3) throw;
       }
     }
   }
