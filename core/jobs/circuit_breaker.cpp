@@ -29,6 +29,15 @@ CircuitRecord begin_probe(const CircuitRecord& r, int64_t now_ms) {
   return next;
 }
 
+CircuitRecord give_back_probe(const CircuitRecord& current, const CircuitRecord& before,
+                              const CircuitRecord& begun) {
+  const bool unchanged = current.state == begun.state && current.failures == begun.failures &&
+                         current.opened_ms == begun.opened_ms &&
+                         current.retry_at_ms == begun.retry_at_ms &&
+                         current.updated_ms == begun.updated_ms;
+  return unchanged && begun.state == "half_open" ? before : current;
+}
+
 CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const CircuitPolicy& p,
                            int64_t call_started_ms, int64_t now_ms) {
   // Open: no probe is running, so no success speaks of the service now, and a failure of a call

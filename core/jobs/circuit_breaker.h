@@ -29,6 +29,13 @@ struct CircuitDecision {
 CircuitDecision decide(const CircuitRecord& record, int64_t now_ms);
 // Marks the record half-open when an open circuit's time has come (the probe is about to run).
 CircuitRecord begin_probe(const CircuitRecord& record, int64_t now_ms);
+// Undoes begin_probe for a probe whose call ended without an answer that speaks of the service
+// (it was deferred before it went, or it had nothing to send): `current` goes back to `before`
+// (the record begin_probe was given) while it is still the record begin_probe made (`begun`), so
+// the next call probes at once rather than a whole open period later. Anything recorded since
+// (the probe's own report, another host's) stands.
+CircuitRecord give_back_probe(const CircuitRecord& current, const CircuitRecord& before,
+                              const CircuitRecord& begun);
 // The result of a call that started at `call_started_ms` and ended at `now_ms`:
 // - closed: a failure adds one, and the failure_threshold-th opens the circuit. A success
 //   clears the failures, unless its call started before the last of them was recorded

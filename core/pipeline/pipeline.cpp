@@ -262,12 +262,44 @@ struct Pipeline::Impl {
 
   // --- circuit breakers (E4) -------------------------------------------------------------------
 
+  // The half-open probes one call began (circuit_closed_until), given back when the guard ends,
+  // at whichever exit: a probe whose call reported back (closed or reopened its circuit) stands;
+  // one whose call ended without an answer that speaks of the service -- deferred before it went
+  // (the other circuit, the throttle), a page with nothing to dispatch, a page retried in place
+  // or rate limited before its dispatch, a token lookup that failed before the page -- would
+  // otherwise hold its circuit half-open for a whole open period, every other call waiting for a
+  // report that never comes (and this unit too, finding its own probe under way).
+  class Probes {
+   public:
+    explicit Probes(Impl& impl) : impl_(impl) {}
+    Probes(const Probes&) = delete;
+    Probes& operator=(const Probes&) = delete;
+    ~Probes() {
+      for (const Begun& b : begun_) impl_.give_back(b.name, b.before, b.begun);
+    }
+    void add(const std::string& name, const jobs::CircuitRecord& before,
+             const jobs::CircuitRecord& begun) {
+      begun_.push_back({name, before, begun});
+    }
+    bool began(const std::string& name) const {
+      return std::any_of(begun_.begin(), begun_.end(),
+                         [&](const Begun& b) { return b.name == name; });
+    }
+
+   private:
+    struct Begun {
+      std::string name;
+      jobs::CircuitRecord before, begun;
+    };
+    Impl& impl_;
+    std::vector<Begun> begun_;
+  };
+
   // nullopt when a call may go; else when to try again. Reads the shared record at most once per
   // kCircuitRefreshMs; an open circuit whose time has come is turned half-open (this call is the
-  // probe, and `probe`, when given, is set).
+  // probe, and is added to `probes`, when given, to be given back unless it reports).
   std::optional<int64_t> circuit_closed_until(const std::string& name, int64_t now,
-                                              bool* probe = nullptr) {
-    if (probe) *probe = false;
+                                              Probes* probes = nullptr) {
     {
       std::lock_guard lock(mutex);
       auto it = circuits.find(name);
@@ -278,31 +310,33 @@ struct Pipeline::Impl {
       }
     }
     jobs::CircuitDecision decision;
+    bool probing = false;
+    jobs::CircuitRecord before;
     jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
       decision = jobs::decide(r, now);
       // An open circuit's first probe, or the next one after a probe that never reported back.
-      const bool probing = decision.allowed && r.state != "closed";
-      if (probe) *probe = probing;
+      probing = decision.allowed && r.state != "closed";
+      before = r;
       return probing ? jobs::begin_probe(r, now) : r;
     });
     {
       std::lock_guard lock(mutex);
       circuits[name] = {stored, now};
     }
+    if (probing && probes) probes->add(name, before, stored);
     if (!decision.allowed) return decision.retry_at_ms;
     return std::nullopt;
   }
 
   // Before a provider request (a page, a run's scope check): a deferral while the provider's
   // circuit (`provider_breaker`) or the gateway's is open, or while the installation's throttle
-  // has no token for it; none when it may go (its token taken). `gateway_probe`, when given, is
-  // set when this request is the gateway's half-open probe.
+  // has no token for it; none when it may go (its token taken). The half-open probes it begins
+  // are added to `probes`, which gives them back if the request defers or ends without reporting.
   std::optional<Outcome> hold_back(const std::string& provider_breaker,
                                    const std::string& installation, const PipelineOptions& o,
-                                   int64_t now, bool* gateway_probe = nullptr) {
+                                   int64_t now, Probes& probes) {
     for (const std::string& breaker : {provider_breaker, std::string(kGatewayCircuit)}) {
-      if (auto until = circuit_closed_until(breaker, now,
-                                            breaker == kGatewayCircuit ? gateway_probe : nullptr)) {
+      if (auto until = circuit_closed_until(breaker, now, &probes)) {
         ++circuit_deferrals;
         return Outcome::defer(*until, "circuit open: " + breaker);
       }
@@ -314,6 +348,23 @@ struct Pipeline::Impl {
       return Outcome::defer(now + wait, "throttled: " + installation);
     }
     return std::nullopt;
+  }
+
+  // Puts `name`'s record back as it was before this host began a probe (`before`), unless the
+  // probe reported back or anything else was recorded since (give_back_probe). Never throws: a
+  // store that fails here leaves the probe to run out its period, as one whose host crashed.
+  void give_back(const std::string& name, const jobs::CircuitRecord& before,
+                 const jobs::CircuitRecord& begun) noexcept {
+    try {
+      jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
+        return jobs::give_back_probe(r, before, begun);
+      });
+      std::lock_guard lock(mutex);
+      circuits[name] = {stored, clock.now_ms()};
+    } catch (const std::exception& e) {
+      log->warn("circuit {}: the probe that did not report back was not given back: {}", name,
+                e.what());
+    }
   }
 
   // The result of a call to `name`'s service that began at `started` (host clock): one begun
@@ -343,7 +394,18 @@ struct Pipeline::Impl {
                     clock.now_ms());
       throw JobFailure(e.what());
     }
+    gateway_answered(e, o, started);
     throw JobFailure(e.what(), true);
+  }
+
+  // A gateway error that is an answer about our request (a 4xx) says the gateway is up: it counts
+  // as a success, as the half-open probe it may be must report back (a failure would keep a
+  // gateway that answers shut). One that is no answer (a payload refused before it was sent,
+  // status 0) says nothing of the gateway.
+  void gateway_answered(const gateway::GatewayError& e, const PipelineOptions& o, int64_t started) {
+    if (e.status() >= 400 && e.status() < 500)
+      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, started,
+                    clock.now_ms());
   }
 
   // --- the orchestrator (E1, E3) ---------------------------------------------------------------
@@ -383,8 +445,10 @@ struct Pipeline::Impl {
     try {
       connection = gateway.connection(request.installation_id);
     } catch (const gateway::GatewayError& e) {
-      if (e.status() == 404)
+      if (e.status() == 404) {
+        gateway_answered(e, o, asked);
         throw JobFailure("connection not found: " + request.installation_id, true);
+      }
       gateway_failed(e, o, asked);
     }
     circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, asked,
@@ -412,8 +476,9 @@ struct Pipeline::Impl {
       // The scope check is a provider request like every page (and asks the gateway for the
       // token): it waits for the circuits and the throttle, rather than burning the run's
       // attempts.
-      if (auto wait =
-              hold_back(provider_circuit(request.provider), request.installation_id, o, now)) {
+      Probes probes(*this);
+      if (auto wait = hold_back(provider_circuit(request.provider), request.installation_id, o, now,
+                                probes)) {
         return std::move(*wait);
       }
       validate_scopes(*connector, connection, request, o);
@@ -491,6 +556,9 @@ struct Pipeline::Impl {
     } catch (const plugins::ConnectorFailure& e) {
       if (e.status() == BACKHAUL_RETRYABLE) {
         circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, started,
+                      clock.now_ms());
+      } else if (provider_answered(e.status())) {
+        circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, started,
                       clock.now_ms());
       }
       std::string what = std::string("scope validation failed: ") +
@@ -690,8 +758,8 @@ struct Pipeline::Impl {
     while (true) {
       PipelineOptions o = snapshot();
       int64_t now = ctx.now_ms();
-      bool gateway_probe = false;
-      if (auto wait = hold_back(provider_breaker, installation, o, now, &gateway_probe))
+      Probes probes(*this);  // given back at the end of this page unless they reported
+      if (auto wait = hold_back(provider_breaker, installation, o, now, probes))
         return std::move(*wait);
       if (!have_token) {
         params.unit.access_token = token_for(installation, o);
@@ -705,8 +773,8 @@ struct Pipeline::Impl {
       // The gateway may have failed while the page was fetched. Not when this page is its
       // half-open probe (begun by hold_back): the probe must go and report back, or the circuit
       // would wait for it until the next probe, and that one would wait the same way.
-      if (p.size() > 0 && !gateway_probe) {
-        if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms())) {
+      if (p.size() > 0 && !probes.began(kGatewayCircuit)) {
+        if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms(), &probes)) {
           ++circuit_deferrals;
           return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
         }
@@ -872,6 +940,11 @@ struct Pipeline::Impl {
       note_call(started);
       const std::string what =
           std::string(plugins::status_name(e.status())) + ": " + std::string(e.what());
+      // The provider answered, about our token or our rate: it is up (and this may be its
+      // half-open probe, which must report back).
+      if (provider_answered(e.status()))
+        circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, began,
+                      ctx.now_ms());
       switch (e.status()) {
         case BACKHAUL_AUTH_EXPIRED:
           if (refreshed) throw JobFailure("token refreshed but still rejected: " + what);
@@ -897,6 +970,13 @@ struct Pipeline::Impl {
           throw JobFailure(what, true);
       }
     }
+  }
+
+  // Whether a connector error is the provider's own answer about us (an expired token, a rate
+  // limit): the provider is up. A FATAL error may be the plugin's own (a malformed page) and says
+  // nothing certain; a probe that ends with it is given back (Probes).
+  static bool provider_answered(backhaul_status_t status) {
+    return status == BACKHAUL_AUTH_EXPIRED || status == BACKHAUL_RATE_LIMITED;
   }
 
   // The short real wait before an in-place retry of a transient error (0 in tests).

@@ -230,10 +230,35 @@ class PipelineTest : public ::testing::Test {
 
   jobs::Job unit_linking(std::function<std::string(const std::string&)> next_url);
 
+  // With `options`, both circuits opening after 3 failures for 60 s: a run of gh-inst-1's `types`
+  // (150 items each, one repository) that has fanned out.
+  RunStart fanned_out(std::vector<std::string> types = {"issue"},
+                      PipelineOptions options = fast()) {
+    options.provider_circuit = {3, 60'000};
+    options.gateway_circuit = {3, 60'000};
+    start(data(1, 0, 150), options);
+    RunStart run = start_run("gh-inst-1", "github", std::move(types));
+    EXPECT_EQ(scheduler_->run_once(1), 1u);  // fan-out
+    return run;
+  }
+
+  // `name`'s circuit opened a period (60 s) ago and its probe is due; the clock moves past this
+  // host's cached view of it. Returns the time the probe became due.
+  int64_t probe_due(const std::string& name, int64_t period_ms = 60'000) {
+    test_clock().set_ms(test_clock().now_ms() + 5'000);
+    const int64_t now = test_clock().now_ms();
+    store_->update_circuit(
+        name, [&](const jobs::CircuitRecord&) { return open_circuit(now - period_ms, now); });
+    return now;
+  }
+  jobs::CircuitRecord circuit(const std::string& name) {
+    return store_->update_circuit(name, [](const jobs::CircuitRecord& r) { return r; });
+  }
+
   fs::path db_;
   std::unique_ptr<jobs::JobStore> store_;
   std::unique_ptr<sandbox::Sandbox> sandbox_;
-  http::PocoTransport gateway_transport_;
+  HookTransport gateway_transport_;  // the gateway's HTTP, with a hook like the plugins'
   std::unique_ptr<gateway::GatewayClient> gateway_;
   std::map<std::string, plugins::Connector> connectors_;
   std::unique_ptr<Pipeline> pipeline_;
@@ -737,6 +762,199 @@ TEST_F(PipelineTest, AGatewayProbeBegunBetweenPagesDispatchesItsPage) {
   EXPECT_GT(view->events_dispatched, 0);
   EXPECT_EQ(view->events_dispatched, view->events_produced);
   EXPECT_EQ(view->events_dispatched, sandbox_->report("inst-1").gateway.unique);
+}
+
+// E4: a provider's half-open probe answered with a 429 reports back: the provider answered (it
+// is up; it limits our rate, which the unit waits for). Before, the probe never reported: the
+// circuit stayed half-open for a whole period, and the unit, back after the 429's second, found
+// its own probe under way and deferred itself until the period ended.
+TEST_F(PipelineTest, AProviderProbeAnsweredWithA429ReportsTheProviderUp) {
+  RunStart run = fanned_out();
+  probe_due("provider:github");
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;
+    http::Response r = status_response(429, R"({"message":"slow down"})");
+    r.headers.emplace_back("retry-after", "1");
+    return r;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the probe's page: 429, the unit waits a second
+  EXPECT_EQ(circuit("provider:github").state, "closed") << "the probe never reported back";
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "the unit waited for its own probe";
+  EXPECT_EQ(pipeline_->metrics().rate_limit_waits, 1);
+}
+
+// E4: the same for a probe answered with a 401: the provider answered (our token expired), the
+// unit refreshes it and fetches the page again at once. Before, it found its own probe under way
+// and deferred itself for the whole period.
+TEST_F(PipelineTest, AProviderProbeAnsweredWithA401RefreshesTheTokenAndFetchesAgain) {
+  RunStart run = fanned_out();
+  probe_due("provider:github");
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;
+    return status_response(401, R"({"message":"Bad credentials"})");
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  EXPECT_EQ(pipeline_->metrics().token_refreshes, 1);
+  EXPECT_EQ(circuit("provider:github").state, "closed");
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "the unit waited for its own probe";
+  EXPECT_EQ(units_of(run.run_id).at(0).status, JobStatus::kSucceeded);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+}
+
+// E4: a page that began the gateway's probe but failed at the provider (retried in place) sent
+// nothing to the gateway: its probe is given back, and the page fetched again is the probe.
+// Before, the retry found the gateway half-open -- its own probe, which never reported -- and
+// deferred the unit for the whole period.
+TEST_F(PipelineTest, AGatewayProbeWhosePageIsRetriedInPlaceDoesNotWaitForItself) {
+  RunStart run = fanned_out();
+  // The first page fails; meanwhile the gateway's probe falls due. The page fetched again (the
+  // probe) fails too, and the third try goes.
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n == 1) probe_due("gateway");
+    if (n <= 2) return status_response(502, "{}");
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  EXPECT_EQ(circuit("gateway").state, "closed");
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "the unit waited for its own probe";
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(run_result(run.run_id)["eventsDispatched"].get<int64_t>(),
+            sandbox_->report("inst-1").gateway.unique);
+}
+
+// E4: a page that began the gateway's probe and has no events sends nothing to the gateway: the
+// probe is given back, and the next unit's gateway call is the probe. Before, the circuit stayed
+// half-open for the whole period, and the next unit waited for a report that never came.
+TEST_F(PipelineTest, AGatewayProbeWhosePageIsEmptyIsGivenBack) {
+  RunStart run = fanned_out({"issue", "release"});  // 2 units
+  // The first unit's first page fails and the gateway's probe falls due; fetched again, the page
+  // is empty and the last.
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n == 1) {
+      probe_due("gateway");
+      return status_response(502, "{}");
+    }
+    if (n == 2) return status_response(200, "[]");
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const jobs::CircuitRecord after = circuit("gateway");
+  EXPECT_EQ(after.state, "open") << "the probe that sent nothing was not given back";
+  EXPECT_TRUE(jobs::decide(after, test_clock().now_ms()).allowed);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(circuit("gateway").state, "closed");
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "a unit waited for a probe that was over";
+}
+
+// E4: a page whose provider probe began while the gateway's circuit is open (not yet due) waits
+// for the gateway, and gives its provider probe back: when it comes back it probes both at once.
+// Before, the provider's circuit stayed half-open for its whole period, and the unit, back when
+// the gateway's probe fell due, deferred itself again until then.
+TEST_F(PipelineTest, AProviderProbeDeferredByTheOpenGatewayIsGivenBack) {
+  RunStart run = fanned_out();
+  const int64_t due = probe_due("provider:github");
+  store_->update_circuit("gateway", [&](const jobs::CircuitRecord&) {
+    return open_circuit(due - 30'000, due + 30'000);
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // deferred by the gateway
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 1);
+  EXPECT_EQ(circuit("provider:github").state, "open") << "the provider's probe was kept";
+  EXPECT_EQ(units_of(run.run_id).at(0).run_after_ms, due + 30'000);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 1) << "the unit waited for its own probe";
+  EXPECT_EQ(circuit("provider:github").state, "closed");
+  EXPECT_EQ(circuit("gateway").state, "closed");
+  EXPECT_LT(units_of(run.run_id).at(0).finished_ms, due + 60'000);
+}
+
+// E4: a page that began the provider's probe and then found the installation's throttle empty
+// waits for a token, and gives its probe back: the page that goes with the token is the probe.
+// Before, the circuit stayed half-open for the whole period, and the unit, back with its token a
+// second later, deferred itself until the period ended.
+TEST_F(PipelineTest, AProviderProbeDeferredByTheThrottleIsGivenBack) {
+  PipelineOptions options = fast();
+  options.throttle_per_hour = 3600;  // one request per second
+  options.throttle_burst = 5;
+  RunStart run = fanned_out({"issue"}, options);
+  const int64_t due = probe_due("provider:github");
+  // The installation's bucket is empty: the page that begins the probe is throttled.
+  ASSERT_EQ(store_->take_tokens("throttle:gh-inst-1", 5, 5, 3600, due), 0);
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  EXPECT_EQ(pipeline_->metrics().throttle_waits, 1);
+  EXPECT_EQ(circuit("provider:github").state, "open") << "the probe was kept";
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "the unit waited for its own probe";
+  EXPECT_EQ(circuit("provider:github").state, "closed");
+}
+
+// E4: a run's scope check that is the provider's probe and fails for good (the token cannot read
+// the repository) gives the probe back: another installation's run probes at once. Before, the
+// circuit stayed half-open for the whole period and that run waited for it.
+TEST_F(PipelineTest, AScopeCheckProbeThatFailsFatallyIsGivenBack) {
+  PipelineOptions options = fast();
+  options.provider_circuit = {3, 60'000};
+  start(data(1, 0, 150, 2), options);
+  probe_due("provider:github");
+  RunStart first = start_run("gh-inst-1", "github", {"issue"});
+  RunStart second = start_run("gh-inst-2", "github", {"issue"});
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;
+    return status_response(404, R"({"message":"Not Found"})");
+  });
+  drive();
+  const std::optional<jobs::Job> failed = store_->get(first.run_id);
+  EXPECT_EQ(failed->status, JobStatus::kDead) << failed->last_error.value_or("-");
+  EXPECT_EQ(run_result(second.run_id)["success"], true);
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "a run waited for a probe that was over";
+  EXPECT_EQ(circuit("provider:github").state, "closed");
+}
+
+// E4: a gateway probe answered with a 4xx (here the token lookup: our request was wrong) reports
+// the gateway up. Before, the unit failed for good and the circuit stayed half-open for the whole
+// period, every other unit waiting for it.
+TEST_F(PipelineTest, AGatewayProbeAnsweredWithA4xxReportsTheGatewayUp) {
+  RunStart run = fanned_out({"issue", "release"});  // 2 units
+  probe_due("gateway");
+  std::atomic<int> tokens{0};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.ends_with("/token") && tokens++ == 0) return status_response(400, "{}");
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the first unit: its token lookup is the probe
+  EXPECT_EQ(circuit("gateway").state, "closed") << "the gateway's answer was not reported";
+  drive();
+  std::vector<jobs::Job> units = units_of(run.run_id);
+  EXPECT_EQ(std::count_if(units.begin(), units.end(),
+                          [](const jobs::Job& u) { return u.status == JobStatus::kDead; }),
+            1);
+  EXPECT_EQ(circuit("gateway").state, "closed");
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "a unit waited for a probe that was over";
+}
+
+// E4: a page whose provider probe began but whose token lookup failed at the gateway never went
+// to the provider: the probe is given back, and the retry probes. Before, the circuit stayed
+// half-open for the whole period.
+TEST_F(PipelineTest, AProviderProbeWhoseTokenLookupFailsIsGivenBack) {
+  RunStart run = fanned_out();
+  probe_due("provider:github");
+  std::atomic<int> tokens{0};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.ends_with("/token") && tokens++ == 0) return status_response(503, "{}");
+    return std::nullopt;
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the token lookup fails: the attempt fails
+  EXPECT_EQ(circuit("provider:github").state, "open") << "the probe was kept";
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  EXPECT_EQ(pipeline_->metrics().circuit_deferrals, 0) << "the unit waited for its own probe";
+  EXPECT_EQ(circuit("provider:github").state, "closed");
 }
 
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
