@@ -441,18 +441,29 @@ struct Pipeline::Impl {
     if (!connector) throw JobFailure("no connector plugin for provider: " + request.provider, true);
 
     gateway::Connection connection;
-    const int64_t asked = clock.now_ms();
-    try {
-      connection = gateway.connection(request.installation_id);
-    } catch (const gateway::GatewayError& e) {
-      if (e.status() == 404) {
-        gateway_answered(e, o, asked);
-        throw JobFailure("connection not found: " + request.installation_id, true);
+    {
+      // The lookup is a gateway call: while the gateway's circuit is open the run waits for the
+      // probe (a run-after, no attempt burnt), as a page's dispatch does, rather than failing its
+      // attempts on a gateway known to be down and reopening the circuit with each failure, which
+      // pushes every unit's probe further away. Once the probe is due, the lookup is the probe.
+      Probes probes(*this);
+      if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms(), &probes)) {
+        ++circuit_deferrals;
+        return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
       }
-      gateway_failed(e, o, asked);
+      const int64_t asked = clock.now_ms();
+      try {
+        connection = gateway.connection(request.installation_id);
+      } catch (const gateway::GatewayError& e) {
+        if (e.status() == 404) {
+          gateway_answered(e, o, asked);
+          throw JobFailure("connection not found: " + request.installation_id, true);
+        }
+        gateway_failed(e, o, asked);
+      }
+      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, asked,
+                    clock.now_ms());
     }
-    circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, asked,
-                  clock.now_ms());
     if (connection.status != "active")
       throw JobFailure("connection is not active: " + request.installation_id +
                            " (status: " + connection.status + ")",

@@ -957,6 +957,36 @@ TEST_F(PipelineTest, AProviderProbeWhoseTokenLookupFailsIsGivenBack) {
   EXPECT_EQ(circuit("provider:github").state, "closed");
 }
 
+// E4: while the gateway's circuit is open, the run's connection lookup (a gateway call) waits for
+// the probe like a page's dispatch does, and once it is due, the lookup is the probe. Before, the
+// lookup went to the gateway known to be down: each failure burnt one of the run's attempts (it
+// died within its backoffs, long before the probe) and reopened the circuit from then, pushing
+// every unit's probe further away.
+TEST_F(PipelineTest, AnOpenGatewayCircuitDefersTheRunsConnectionLookup) {
+  PipelineOptions options = fast();
+  options.gateway_circuit = {3, 60'000};
+  start(data(1, 0, 150), options);
+  const int64_t opened = test_clock().now_ms();
+  store_->update_circuit(
+      "gateway", [&](const jobs::CircuitRecord&) { return open_circuit(opened, opened + 60'000); });
+  // The gateway is down until the probe falls due.
+  gateway_transport_.reset([&](const http::Request&, size_t) -> std::optional<http::Response> {
+    if (test_clock().now_ms() < opened + 60'000) return status_response(503, "{}");
+    return std::nullopt;
+  });
+  test_clock().set_ms(opened + 10'000);
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  EXPECT_EQ(circuit("gateway").retry_at_ms, opened + 60'000) << "the probe was pushed away";
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true)
+      << store_->get(run.run_id)->last_error.value_or("-");
+  int failed = 0;
+  for (const jobs::Attempt& a : store_->attempts(run.run_id)) failed += a.outcome == "failed";
+  EXPECT_EQ(failed, 0) << "the run burnt attempts on a gateway whose circuit was open";
+  EXPECT_EQ(circuit("gateway").state, "closed");
+}
+
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
 // with exact counts: every expected delivery once after dedupe, nothing unexpected.
 TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts) {
