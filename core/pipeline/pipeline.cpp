@@ -345,7 +345,9 @@ struct Pipeline::Impl {
                                          o.throttle_per_hour, now);
         wait > 0) {
       ++throttle_waits;
-      return Outcome::defer(now + wait, "throttled: " + installation);
+      // A wait beyond the clock's range (a very slow refill) is "never", not a sum wrapped into
+      // the past, where the unit would be claimed again at once, without end.
+      return Outcome::defer(jobs::later_by(now, wait), "throttled: " + installation);
     }
     return std::nullopt;
   }

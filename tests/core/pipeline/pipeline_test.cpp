@@ -987,6 +987,24 @@ TEST_F(PipelineTest, AnOpenGatewayCircuitDefersTheRunsConnectionLookup) {
   EXPECT_EQ(circuit("gateway").state, "closed");
 }
 
+// D8: a throttle so slow that its next token is further away than the clock can count defers the
+// unit for good ("never", until an operator acts), rather than to a time wrapped into the past,
+// where it would be claimed again at once, and again, without end.
+TEST_F(PipelineTest, AThrottleWhoseNextTokenIsBeyondTheClockDoesNotWrapIntoThePast) {
+  PipelineOptions options = fast();
+  options.throttle_per_hour = 1e-13;
+  options.throttle_burst = 1;
+  start(data(1, 0, 150), options);
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out: its scope check takes the only token
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the unit: throttled
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.run_after_ms, INT64_MAX);
+  EXPECT_EQ(scheduler_->run_once(1), 0u) << "the throttled unit was claimed again at once";
+  EXPECT_EQ(pipeline_->metrics().throttle_waits, 1);
+}
+
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes
 // with exact counts: every expected delivery once after dedupe, nothing unexpected.
 TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts) {
