@@ -211,6 +211,27 @@ TEST(CircuitBreakerTest, AFailureOfACallBegunBeforeTheCircuitClosedDoesNotCount)
       << "once a new failure counts, the failures are consecutive again";
 }
 
+// A probe whose call ended without an answer is given back: the record is as before the probe,
+// so the next call probes at once. Anything recorded since -- the probe's own report, a later
+// probe's start, another host's -- stands.
+TEST(CircuitBreakerTest, AProbeIsGivenBackOnlyWhileNothingWasRecordedSince) {
+  const CircuitPolicy p = breaker(2, 30'000);
+  const CircuitRecord open = fail_times(CircuitRecord{}, 2, p, kNow);
+  const CircuitRecord begun = begin_probe(open, kNow + 30'000);
+  ASSERT_EQ(begun.state, "half_open");
+  const CircuitRecord back = give_back_probe(begun, open, begun);
+  EXPECT_EQ(back.state, "open");
+  EXPECT_EQ(back.retry_at_ms, open.retry_at_ms);
+  EXPECT_TRUE(decide(back, kNow + 30'001).allowed) << "the next call probes at once";
+
+  const CircuitRecord reported =
+      record_event(begun, CircuitEvent::kSuccess, p, kNow + 30'000, kNow + 30'050);
+  EXPECT_EQ(give_back_probe(reported, open, begun).state, "closed");
+  const CircuitRecord next_probe = begin_probe(begun, kNow + 60'000);
+  EXPECT_EQ(give_back_probe(next_probe, open, begun).updated_ms, kNow + 60'000);
+  EXPECT_EQ(give_back_probe(open, open, open).state, "open") << "no probe was begun";
+}
+
 TEST(CircuitBreakerTest, AnOpenCircuitFailsFastUntilItsRetryTime) {
   // Seed 001: opened 10 s ago with a 30 s reset: denied, retry in about 20 s.
   const CircuitRecord open = fail_times(CircuitRecord{}, 5, breaker(5), kNow - 10'000);
