@@ -270,7 +270,41 @@ void Scheduler::heartbeat_loop() {
     if (!failed && !failing) note_store("heartbeat", nullptr);
     wait_ms = heartbeat_wait_ms(now, next_due, interval);
     lock.lock();
+    hand_back_cancelled(lock);
   }
+}
+
+void Scheduler::hand_back_cancelled(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::shared_ptr<JobContext>> cancelled;
+  for (auto it = ready_.begin(); it != ready_.end();) {
+    if ((*it)->cancelled_ && !(*it)->lease_lost_) {
+      unlease_locked(*it);
+      cancelled.push_back(std::move(*it));
+      it = ready_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (cancelled.empty()) return;
+  lock.unlock();
+  // Handed over before their places are given up (busy_), as a worker hands over its job's
+  // ending: a drain that finds nothing in hand finds their endings with the finisher.
+  for (const auto& c : cancelled) {
+    ++interrupted_;
+    end(released(*c));
+  }
+  lock.lock();
+  busy_ -= static_cast<int>(cancelled.size());
+  wake_.notify_all();
+}
+
+Scheduler::Ending Scheduler::released(const JobContext& c) const {
+  Finish f;
+  f.kind = Finish::Kind::kRelease;
+  f.id = c.job_.id;
+  f.token = c.token_;
+  return {std::move(f), c.job_.kind, c.job_.attempts, c.job_.max_attempts,
+          c.last_beat_ms_ + options_.lease_ms};
 }
 
 void Scheduler::sweep_loop() {
@@ -350,12 +384,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
       // lease ran out unrenewed goes back too, without an attempt, unless the store gave it to
       // another meanwhile (then the release finds the lease lost): left to the sweep, the
       // attempt that never started would count.
-      Finish f;
-      f.kind = Finish::Kind::kRelease;
-      f.id = context->job_.id;
-      f.token = context->token_;
-      ending = Ending{std::move(f), context->job_.kind, context->job_.attempts,
-                      context->job_.max_attempts};
+      ending = released(*context);
     } else {
       log_->warn("job {} lost its lease; another worker owns it now", context->job_.id);
     }
@@ -624,13 +653,7 @@ void Scheduler::release_unstarted(const std::vector<std::shared_ptr<JobContext>>
     std::lock_guard lock(mutex_);
     for (const auto& c : jobs) unlease_locked(c);
   }
-  for (const auto& c : jobs) {
-    Finish f;
-    f.kind = Finish::Kind::kRelease;
-    f.id = c->job_.id;
-    f.token = c->token_;
-    endings.push_back({std::move(f), c->job_.kind, c->job_.attempts, c->job_.max_attempts});
-  }
+  for (const auto& c : jobs) endings.push_back(released(*c));
   // Tried like any ending (5 times over a failing store): a release that fails leaves the job to
   // its lease, and the sweep that takes it back counts an attempt that never started.
   std::vector<FinishResult> results = record(endings, false);

@@ -235,6 +235,13 @@ class Scheduler {
   // claim, whether or not a worker is free).
   std::vector<std::shared_ptr<JobContext>> lease(std::vector<Claimed> claimed, int64_t now_ms);
   void execute(std::shared_ptr<JobContext> context);
+  // After a heartbeat round, under `lock` (released meanwhile): jobs waiting for a worker whose
+  // cancellation the round learnt of go back now (the store cancels them, no attempt counted),
+  // not when a worker is free. That may be hours away, behind long jobs, while the job stays
+  // running in the store, its parent waits for it, and it holds a place in hand.
+  void hand_back_cancelled(std::unique_lock<std::mutex>& lock);
+  // The ending that hands `context`'s job back to the queue without an attempt.
+  Ending released(const JobContext& context) const;
   Ending finish(JobContext& context, const Outcome& outcome);
   Ending fail(JobContext& context, const std::string& error, bool fatal, int64_t retry_after_ms);
   // Hands the ending to the finisher thread (the worker is free at once), or, without threads

@@ -1174,6 +1174,38 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesRanOutAreHandedBackWithoutAnAttempt) {
   EXPECT_EQ(scheduler.stats().released, 3);
 }
 
+// A job cancelled while it waits for a worker is handed back (cancelled) once its heartbeat tells
+// of the request, not when a worker is free: the worker may be held for hours by a long job, and
+// the cancelled job would stay running in the store (its parent waiting for it) and hold its
+// place in hand meanwhile (found by review).
+TEST_F(PrefetchedJobs, ACancelledJobIsHandedBackWithoutWaitingForAWorker) {
+  const SchedulerOptions o = one_worker_three_ahead();
+  Scheduler scheduler(*store_, clock_, o);
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  SetOnExit release{release_};
+  ASSERT_EQ(store_->cancel(ids[1], clock_.now_ms()), CancelOutcome::kRequested);
+  clock_.advance_ms(o.heartbeat_interval_ms);  // its beat is due: the store tells of the request
+  EXPECT_TRUE(wait_for([&] { return store_->get(ids[1])->status == JobStatus::kCancelled; }))
+      << "job " << ids[1] << " is " << to_string(store_->get(ids[1])->status)
+      << " while the worker is held";
+  EXPECT_TRUE(wait_for([&] { return scheduler.stats().in_flight == 3; }))
+      << "in flight: " << scheduler.stats().in_flight;
+  // The finisher counts the release once the store has recorded it.
+  EXPECT_TRUE(wait_for([&] { return scheduler.stats().released == 1; }))
+      << "released: " << scheduler.stats().released;
+  release_ = true;
+  EXPECT_TRUE(wait_for([&] {
+    for (JobId id : {ids[0], ids[2], ids[3]}) {
+      if (store_->get(id)->status != JobStatus::kSucceeded) return false;
+    }
+    return true;
+  }));
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_EQ(calls(ids[1]), 0);
+  EXPECT_EQ(store_->get(ids[1])->status, JobStatus::kCancelled);
+  EXPECT_EQ(store_->get(ids[1])->attempts, 0);
+}
+
 // A heartbeat round on a store that is down makes one call, not one per job in hand: each call
 // to such a store can take seconds (connect timeouts and the store's own retries), and a round
 // of them would hold up the next round and a stop. The others are tried again with the next.
