@@ -297,9 +297,9 @@ struct Pipeline::Impl {
 
   // nullopt when a call may go; else when to try again. Reads the shared record at most once per
   // kCircuitRefreshMs; an open circuit whose time has come is turned half-open (this call is the
-  // probe, and is added to `probes`, when given, to be given back unless it reports).
+  // probe, and is added to `probes`, to be given back unless it reports).
   std::optional<int64_t> circuit_closed_until(const std::string& name, int64_t now,
-                                              Probes* probes = nullptr) {
+                                              Probes& probes) {
     {
       std::lock_guard lock(mutex);
       auto it = circuits.find(name);
@@ -323,9 +323,18 @@ struct Pipeline::Impl {
       std::lock_guard lock(mutex);
       circuits[name] = {stored, now};
     }
-    if (probing && probes) probes->add(name, before, stored);
+    if (probing) probes.add(name, before, stored);
     if (!decision.allowed) return decision.retry_at_ms;
     return std::nullopt;
+  }
+
+  // A deferral until `name`'s circuit lets a call go; none when it may go now
+  // (circuit_closed_until: the probe this call may begin goes into `probes`).
+  std::optional<Outcome> wait_for_circuit(const std::string& name, int64_t now, Probes& probes) {
+    std::optional<int64_t> until = circuit_closed_until(name, now, probes);
+    if (!until) return std::nullopt;
+    ++circuit_deferrals;
+    return Outcome::defer(*until, "circuit open: " + name);
   }
 
   // Before a provider request (a page, a run's scope check): a deferral while the provider's
@@ -336,10 +345,7 @@ struct Pipeline::Impl {
                                    const std::string& installation, const PipelineOptions& o,
                                    int64_t now, Probes& probes) {
     for (const std::string& breaker : {provider_breaker, std::string(kGatewayCircuit)}) {
-      if (auto until = circuit_closed_until(breaker, now, &probes)) {
-        ++circuit_deferrals;
-        return Outcome::defer(*until, "circuit open: " + breaker);
-      }
+      if (auto wait = wait_for_circuit(breaker, now, probes)) return wait;
     }
     if (int64_t wait = store.take_tokens(throttle_key(installation), 1, o.throttle_burst,
                                          o.throttle_per_hour, now);
@@ -449,10 +455,8 @@ struct Pipeline::Impl {
       // attempts on a gateway known to be down and reopening the circuit with each failure, which
       // pushes every unit's probe further away. Once the probe is due, the lookup is the probe.
       Probes probes(*this);
-      if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms(), &probes)) {
-        ++circuit_deferrals;
-        return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
-      }
+      if (auto wait = wait_for_circuit(kGatewayCircuit, ctx.now_ms(), probes))
+        return std::move(*wait);
       const int64_t asked = clock.now_ms();
       try {
         connection = gateway.connection(request.installation_id);
@@ -787,10 +791,8 @@ struct Pipeline::Impl {
       // half-open probe (begun by hold_back): the probe must go and report back, or the circuit
       // would wait for it until the next probe, and that one would wait the same way.
       if (p.size() > 0 && !probes.began(kGatewayCircuit)) {
-        if (auto until = circuit_closed_until(kGatewayCircuit, ctx.now_ms(), &probes)) {
-          ++circuit_deferrals;
-          return Outcome::defer(*until, std::string("circuit open: ") + kGatewayCircuit);
-        }
+        if (auto wait = wait_for_circuit(kGatewayCircuit, ctx.now_ms(), probes))
+          return std::move(*wait);
       }
       const int64_t dispatching = ctx.now_ms();
       dispatch_page(p, provider, installation, org_id, o, dispatching);
