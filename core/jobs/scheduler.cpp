@@ -64,6 +64,7 @@ Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions optio
   }
   options_.workers = std::max(options_.workers, 1);
   options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
+  options_.heartbeat_lanes = std::max(options_.heartbeat_lanes, 1);
 }
 
 Scheduler::~Scheduler() { drain(std::chrono::milliseconds(0)); }
@@ -112,6 +113,7 @@ void Scheduler::start() {
   std::lock_guard lock(mutex_);
   claiming_ = true;
   stopped_ = false;
+  beats_.clear();     // what a drain left queued: its jobs went back
   stopping_ = false;  // a start after a drain past its grace runs handlers to their end again
   hurried_ = false;
   finisher_running_ = true;
@@ -119,6 +121,9 @@ void Scheduler::start() {
   threads_.emplace_back([this] { claim_loop(); });
   threads_.emplace_back([this] { finisher_loop(); });
   threads_.emplace_back([this] { heartbeat_loop(); });
+  for (int i = 0; i < options_.heartbeat_lanes; ++i) {
+    threads_.emplace_back([this] { heartbeat_lane(); });
+  }
   threads_.emplace_back([this] { sweep_loop(); });
 }
 
@@ -207,6 +212,14 @@ int64_t heartbeat_wait_ms(int64_t now_ms, std::optional<int64_t> next_due_ms, in
   return std::clamp<int64_t>(*next_due_ms - now_ms, 10, most);
 }
 
+// When the heartbeat loop next beats `c`: one interval after its last beat, or, once a beat failed
+// when it was due (the loop's own, or a handler's), half an interval after that failure.
+int64_t Scheduler::beat_due_ms(const JobContext& c, int64_t interval_ms) {
+  const int64_t due = c.last_beat_ms_ + interval_ms;
+  const int64_t failed_ms = c.beat_failed_ms_;
+  return failed_ms >= due ? failed_ms + interval_ms / 2 : due;
+}
+
 void Scheduler::heartbeat_loop() {
   const int64_t interval = options_.heartbeat_interval_ms;
   int64_t wait_ms = heartbeat_wait_ms(0, std::nullopt, interval);
@@ -214,64 +227,92 @@ void Scheduler::heartbeat_loop() {
   while (!stopped_) {
     sleep_unless_stopped(lock, wait_ms);
     if (stopped_) break;
-    std::vector<std::shared_ptr<JobContext>> in_hand = leased_;
-    lock.unlock();
-    int64_t now = clock_.now_ms();
-    std::optional<int64_t> next_due;
-    // Once the store is unavailable (a transient failure other than a lock conflict), the rest of
-    // the round waits for the next one: a call to a store that is down can take seconds (connect
-    // timeouts, its own retries), and a round of such calls, one per job in hand, would hold up
-    // the next round and a stop. The jobs whose last beat failed (here or in their handler) go
-    // after the others, the one that failed longest ago first, so neither one nor several
-    // failing rows (held by other transactions) keep the others, or each other, from being
-    // renewed. Keys are read once: a handler may change its job's meanwhile.
+    const int64_t now = clock_.now_ms();
+    // The round hands the due beats to the lanes and does not wait for them: a beat that waits for
+    // a row another transaction holds (on MySQL up to the lock wait, run twice) holds up its lane
+    // only. The jobs whose last beat failed (here or in their handler) go after the others, the
+    // one that failed longest ago first, so neither one nor several failing rows keep the others,
+    // or each other, from being renewed. Keys are read once: a handler may change its job's
+    // meanwhile.
     std::vector<std::pair<int64_t, std::shared_ptr<JobContext>>> order;
-    for (auto& c : in_hand) {
+    for (const auto& c : leased_) {
       const int64_t failed_ms = c->beat_failed_ms_;
-      order.emplace_back(failed_ms ? failed_ms : std::numeric_limits<int64_t>::min(), std::move(c));
+      order.emplace_back(failed_ms ? failed_ms : std::numeric_limits<int64_t>::min(), c);
     }
     std::stable_sort(order.begin(), order.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
-    bool store_down = false;
-    bool failed = false;   // a beat of this round
     bool failing = false;  // a job in hand whose last beat failed
-    for (const auto& [failed_ms, context] : order) {
+    bool beating = false;  // a job in hand with a beat queued or under way
+    std::optional<int64_t> next_due;
+    for (auto& [failed_ms, context] : order) {
       if (context->lease_lost_) continue;  // nothing left to renew
-      int64_t due = context->last_beat_ms_ + interval;
-      if (now >= due && (store_down || loops_stopped())) {
-        due = now + interval / 2;
-      } else if (now >= due) {
-        try {
-          HeartbeatResult r = store_.heartbeat(context->job_.id, context->token_, now,
-                                               options_.lease_ms, std::nullopt);
-          context->last_beat_ms_ = now;
-          context->note_beat(now, nullptr);
-          due = now + interval;
-          if (r.cancel_requested) context->cancelled_ = true;
-        } catch (const LeaseLost&) {
-          context->lease_lost_ = true;
-          context->note_beat(now, nullptr);  // the store answered
-          continue;
-        } catch (const std::exception& e) {
-          log_->warn("heartbeat of job {} failed: {}", context->job_.id, e.what());
-          context->note_beat(now, e.what());
-          failed = true;
-          due = now + interval / 2;  // a failing store is retried at half-interval pace
-          const auto* storage = dynamic_cast<const StorageError*>(&e);
-          // Locked rows (held by other transactions) are no store outage: go on with the others.
-          store_down = storage && storage->transient() && !storage->lock_conflict();
-        }
+      failing = failing || failed_ms != std::numeric_limits<int64_t>::min();
+      if (context->beat_queued_) {  // one beat at a time per job: the next round sees how it went
+        beating = true;
+        continue;
       }
-      failing = failing || context->beat_failed_ms_ != 0;
+      const int64_t due = beat_due_ms(*context, interval);
+      if (now >= due) {
+        context->beat_queued_ = true;
+        beats_.emplace_back(std::move(context), now);
+        beating = true;
+        continue;
+      }
       next_due = std::min(next_due.value_or(std::numeric_limits<int64_t>::max()), due);
     }
-    // No job whose last beat failed is in hand any more: heartbeats are not failing, even if none
-    // was due this round.
-    if (!failed && !failing) note_store("heartbeat", nullptr);
+    if (!beats_.empty()) beats_ready_.notify_all();
     wait_ms = heartbeat_wait_ms(now, next_due, interval);
-    lock.lock();
     hand_back_cancelled(lock);
+    // No job whose last beat failed is in hand any more, and none is being beaten: heartbeats are
+    // not failing, even if none was due this round.
+    if (!failing && !beating) {
+      lock.unlock();
+      note_store("heartbeat", nullptr);
+      lock.lock();
+    }
   }
+}
+
+void Scheduler::heartbeat_lane() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    beats_ready_.wait(lock, [this] { return stopped_ || !beats_.empty(); });
+    if (stopped_) return;
+    auto [context, now] = std::move(beats_.front());
+    beats_.pop_front();
+    lock.unlock();
+    const bool store_down = beat(*context, now);
+    lock.lock();
+    context->beat_queued_ = false;
+    if (store_down) {
+      // A call to a store that is down can take seconds (connect timeouts, its own retries): the
+      // beats queued behind this one wait for the next round rather than hold up the lanes and a
+      // stop. A round makes at most one call per lane to such a store, not one per job in hand.
+      for (auto& [queued, at] : beats_) queued->beat_queued_ = false;
+      beats_.clear();
+    }
+    if (context->cancelled_) hand_back_cancelled(lock);
+  }
+}
+
+bool Scheduler::beat(JobContext& context, int64_t now) {
+  try {
+    HeartbeatResult r =
+        store_.heartbeat(context.job_.id, context.token_, now, options_.lease_ms, std::nullopt);
+    context.last_beat_ms_ = now;
+    context.note_beat(now, nullptr);
+    if (r.cancel_requested) context.cancelled_ = true;
+  } catch (const LeaseLost&) {
+    context.lease_lost_ = true;
+    context.note_beat(now, nullptr);  // the store answered
+  } catch (const std::exception& e) {
+    log_->warn("heartbeat of job {} failed: {}", context.job_.id, e.what());
+    context.note_beat(now, e.what());
+    const auto* storage = dynamic_cast<const StorageError*>(&e);
+    // Locked rows (held by other transactions) are no store outage: the others go on.
+    return storage && storage->transient() && !storage->lock_conflict();
+  }
+  return false;
 }
 
 void Scheduler::hand_back_cancelled(std::unique_lock<std::mutex>& lock) {
@@ -711,6 +752,7 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   lock.unlock();
   wake_.notify_all();
   stop_.notify_all();
+  beats_ready_.notify_all();
   work_ready_.notify_all();
   endings_ready_.notify_all();
   for (auto& t : threads_) t.join();

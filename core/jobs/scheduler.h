@@ -119,6 +119,7 @@ class JobContext {
   std::atomic<bool> lease_lost_{false};
   std::atomic<int64_t> last_beat_ms_{0};
   std::atomic<int64_t> beat_failed_ms_{0};  // when its last beat failed; 0: it did not
+  bool beat_queued_ = false;  // a heartbeat lane has it to beat, or beats it [Scheduler::mutex_]
 };
 
 using Handler = std::function<Outcome(JobContext&)>;
@@ -132,6 +133,9 @@ struct SchedulerOptions {
   int prefetch = 0;
   int64_t lease_ms = 30'000;
   int64_t heartbeat_interval_ms = 10'000;
+  // Heartbeats under way at once, at most. One that waits (on MySQL, for a row another
+  // transaction holds: up to the lock wait, run twice) holds up its lane, not the others' beats.
+  int heartbeat_lanes = 4;
   int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
   int64_t sweep_interval_ms = 5'000;
   int64_t retention_ms = 0;  // prune finished jobs older than this; 0 = keep forever
@@ -221,7 +225,13 @@ class Scheduler {
   friend class JobContext;  // note_store()
   void claim_loop();
   void worker_loop();
+  // Each round queues the beats that are due for the heartbeat lanes, and does not wait for them.
   void heartbeat_loop();
+  void heartbeat_lane();
+  // One beat of the heartbeat loop's, at its round's time `now`. Returns true when the store is
+  // down, as far as a beat can tell: a transient error other than a lock conflict.
+  bool beat(JobContext& context, int64_t now);
+  static int64_t beat_due_ms(const JobContext& context, int64_t interval_ms);
   void sweep_loop();
   // How a job's attempt ended, on its way to the store.
   struct Ending {
@@ -280,9 +290,12 @@ class Scheduler {
   std::map<std::string, Handler> handlers_;
 
   mutable std::mutex mutex_;
-  std::condition_variable wake_;        // the claim loop and drain(): every job's end fires it
-  std::condition_variable stop_;        // heartbeat and sweep loops: only drain() fires it
-  std::condition_variable work_ready_;  // workers
+  std::condition_variable wake_;  // the claim loop and drain(): every job's end fires it
+  std::condition_variable stop_;  // heartbeat and sweep loops: only drain() fires it
+  // Beats for the heartbeat lanes, each with its round's time, and what fires when there are.
+  std::deque<std::pair<std::shared_ptr<JobContext>, int64_t>> beats_;
+  std::condition_variable beats_ready_;
+  std::condition_variable work_ready_;             // workers
   std::deque<std::shared_ptr<JobContext>> ready_;  // claimed, waiting for a worker
   std::vector<Ending> endings_;                    // handed over by workers, not yet written
   std::condition_variable endings_ready_;

@@ -2396,6 +2396,78 @@ TEST(MysqlReadOnly, ASchedulerReportsItsFailingClaimsUntilTheServerTakesWritesAg
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
+// A scheduler over MySQL, one of whose running jobs has its row held by another session (an
+// operator's open transaction, say): that job's heartbeat waits for the lock (the server's lock
+// wait, 50 s by default, more than the lease here), and the other jobs' beats go on meanwhile, so
+// their leases do not run out (found by review: beats went one after another, and the ones behind
+// the waiting beat lost their leases; the sweep would count an attempt and run them twice).
+TEST(MysqlScheduler, AHeartbeatWaitingForAHeldRowHoldsUpNoOtherJobsBeats) {
+  TestDatabase db;
+  auto store = db.open();
+  FakeClock clock(1'000'000);
+  std::vector<JobId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(store->enqueue(spec("k"), clock.now_ms()).id);
+  SchedulerOptions o;
+  o.owner = "w";
+  o.workers = 3;
+  o.lease_ms = 1'000;
+  o.heartbeat_interval_ms = 200;
+  o.sweep_interval_ms = 3'600'000;
+  Scheduler scheduler(*store, clock, o);
+  std::atomic<int> running{0};
+  std::atomic<bool> release{false};
+  scheduler.register_handler("k", [&](JobContext&) {
+    ++running;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Outcome::complete();
+  });
+  auto wait_until = [](auto&& done) {
+    for (int i = 0; i < 200 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  };
+  std::unique_ptr<mysql::Connection> holder;
+  struct Release {  // before the scheduler is joined, whatever fails below
+    std::atomic<bool>& handlers;
+    std::unique_ptr<mysql::Connection>& holder;
+    ~Release() {
+      if (holder) holder->one("ROLLBACK");
+      handlers = true;
+    }
+  } let_go{release, holder};
+  scheduler.start();
+  ASSERT_TRUE(wait_until([&] { return running.load() == 3; }));
+  const int64_t claimed_ms = clock.now_ms();
+  holder = holding_row(db, ids[0]);
+  for (int step = 1; step <= 4; ++step) {  // 800 ms of the 1 s leases
+    clock.advance_ms(o.heartbeat_interval_ms);
+    for (JobId id : {ids[1], ids[2]}) {
+      ASSERT_TRUE(wait_until([&] {
+        return store->get(id)->lease_expires_ms == clock.now_ms() + o.lease_ms;
+      })) << "job "
+          << id << " was not renewed at step " << step << " while job " << ids[0]
+          << "'s beat waited for its row";
+    }
+  }
+  EXPECT_EQ(store->get(ids[0])->lease_expires_ms, claimed_ms + o.lease_ms) << "its beat waits";
+  holder->one("ROLLBACK");
+  holder.reset();
+  // Its beat goes through now, and the next ones find the job's lease theirs.
+  clock.advance_ms(o.heartbeat_interval_ms);
+  EXPECT_TRUE(wait_until(
+      [&] { return store->get(ids[0])->lease_expires_ms == clock.now_ms() + o.lease_ms; }));
+  release = true;
+  EXPECT_TRUE(wait_until([&] {
+    for (JobId id : ids) {
+      if (store->get(id)->status != JobStatus::kSucceeded) return false;
+    }
+    return true;
+  }));
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  for (JobId id : ids) EXPECT_EQ(store->get(id)->attempts, 1) << "job " << id;
+}
+
 // --- values and limits the server refuses -----------------------------------------------------
 
 // A value larger than the server's max_allowed_packet (64 MiB on the test server; 16 MiB by
