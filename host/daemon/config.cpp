@@ -160,6 +160,7 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(scheduler, "idle_poll_ms", &config.scheduler.idle_poll_ms);
   read(scheduler, "lease_ms", &config.scheduler.lease_ms);
   read(scheduler, "heartbeat_ms", &config.scheduler.heartbeat_ms);
+  read(scheduler, "heartbeat_lanes", &config.scheduler.heartbeat_lanes);
   read(scheduler, "sweep_ms", &config.scheduler.sweep_ms);
   read(scheduler, "retention_days", &config.scheduler.retention_days);
   read(scheduler, "retry_initial_ms", &config.scheduler.retry_initial_ms);

@@ -70,6 +70,7 @@ struct DaemonConfig {
     int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
     int64_t lease_ms = 30'000;
     int64_t heartbeat_ms = 10'000;
+    int heartbeat_lanes = 4;  // heartbeats under way at once, at most
     int64_t sweep_ms = 5'000;
     int retention_days = 30;
     int64_t retry_initial_ms = 1'000;  // backoff of failed attempts (jobs::RetryPolicy)

@@ -123,6 +123,7 @@ void Daemon::Impl::start_pipeline() {
   scheduler_options.idle_poll_ms = s.idle_poll_ms;
   scheduler_options.lease_ms = s.lease_ms;
   scheduler_options.heartbeat_interval_ms = s.heartbeat_ms;
+  scheduler_options.heartbeat_lanes = s.heartbeat_lanes;
   scheduler_options.sweep_interval_ms = s.sweep_ms;
   scheduler_options.retention_ms = int64_t{s.retention_days} * 86'400'000;
   scheduler_options.recover_own_leases = s.recover_own_leases;

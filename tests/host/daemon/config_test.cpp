@@ -57,6 +57,7 @@ TEST(ConfigTest, MinimalConfigGetsDefaultsAndSecretsFromTheEnvironment) {
   EXPECT_EQ(c.scheduler.claim_batch, 16);
   EXPECT_EQ(c.scheduler.prefetch, 0);
   EXPECT_EQ(c.scheduler.idle_poll_ms, 200);
+  EXPECT_EQ(c.scheduler.heartbeat_lanes, 4);
   EXPECT_EQ(c.pipeline.transient_retries, 2);
   EXPECT_FALSE(c.scheduler.owner.empty());
   EXPECT_EQ(c.pipeline.entity_caps.per_installation, 5);
@@ -79,7 +80,8 @@ TEST(ConfigTest, FullConfigLoads) {
   config["admin"].update({{"port", 0}, {"max_connections", 4}, {"audit_log", "/var/log/a.log"}});
   config["scheduler"] = {{"workers", 2},           {"lease_ms", 5000},    {"heartbeat_ms", 1000},
                          {"retry_initial_ms", 50}, {"retry_max_ms", 400}, {"owner", "host-a"},
-                         {"claim_batch", 64},      {"prefetch", 128},     {"idle_poll_ms", 20}};
+                         {"claim_batch", 64},      {"prefetch", 128},     {"idle_poll_ms", 20},
+                         {"heartbeat_lanes", 2}};
   config["pipeline"] = {{"entity_caps", {{"per_installation", 2}, {"global", 4}}},
                         {"rate_limit_floor", 0.2},
                         {"transient_retries", 0},
@@ -105,6 +107,7 @@ TEST(ConfigTest, FullConfigLoads) {
   EXPECT_EQ(c.scheduler.claim_batch, 64);
   EXPECT_EQ(c.scheduler.prefetch, 128);
   EXPECT_EQ(c.scheduler.idle_poll_ms, 20);
+  EXPECT_EQ(c.scheduler.heartbeat_lanes, 2);
   EXPECT_EQ(c.pipeline.transient_retries, 0);
   EXPECT_EQ(c.pipeline.transient_retry_ms, 5);
   EXPECT_EQ(c.pipeline.dispatch_concurrency, 2);
@@ -146,6 +149,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: scheduler.workers: must be an integer"},
         BadField{"NegativePrefetch", [](json& c) { c["scheduler"]["prefetch"] = -1; },
                  "config: scheduler.prefetch: must be an integer between 0 and 65536 (got -1)"},
+        BadField{"ZeroHeartbeatLanes", [](json& c) { c["scheduler"]["heartbeat_lanes"] = 0; },
+                 "config: scheduler.heartbeat_lanes: must be an integer between 1 and 64 (got 0)"},
         BadField{"NegativeAbandonMs", [](json& c) { c["shutdown"]["abandon_ms"] = -5; },
                  "config: shutdown.abandon_ms: must be an integer between 0 and 3600000 (got -5)"},
         BadField{"ZeroClaimBatch", [](json& c) { c["scheduler"]["claim_batch"] = 0; },
