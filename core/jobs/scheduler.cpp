@@ -62,6 +62,12 @@ Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions optio
     throw std::invalid_argument("scheduler: heartbeat_interval_ms must be positive (got " +
                                 std::to_string(options_.heartbeat_interval_ms) + ")");
   }
+  // Fewer jobs in hand than workers would claim nothing once workers + prefetch <= 0: a queue that
+  // never moves, with no error anywhere.
+  if (options_.prefetch < 0) {
+    throw std::invalid_argument("scheduler: prefetch must not be negative (got " +
+                                std::to_string(options_.prefetch) + ")");
+  }
   options_.workers = std::max(options_.workers, 1);
   options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
   options_.heartbeat_lanes = std::max(options_.heartbeat_lanes, 1);
@@ -170,6 +176,7 @@ void Scheduler::claim_loop() {
     }
     const size_t n = claimed.size();
     std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), claimed_at);
+    claimed_ += static_cast<int64_t>(n);  // the ones handed back below too: they count released
     lock.lock();
     if (!claiming_) {
       // Drain started while we were claiming: hand these back untouched.
@@ -178,7 +185,6 @@ void Scheduler::claim_loop() {
       lock.lock();
       break;
     }
-    claimed_ += static_cast<int64_t>(n);
     busy_ += static_cast<int>(n);
     for (auto& c : leased) ready_.push_back(std::move(c));
     if (n > 0) work_ready_.notify_all();
@@ -403,6 +409,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
   const int64_t started_ms = clock_.now_ms();
   std::optional<Ending> ending;
   bool ran_out = false;  // the lease, by the clock: its heartbeats failed while it waited
+  bool started = false;  // its handler was called
   try {
     // What the heartbeats learnt while the job waited for a worker, or, when they failed (the
     // store unreachable), what the clock says: a lease not renewed in time may be another's now.
@@ -417,6 +424,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
     if (context->cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "cancelled");
     if (!handler) throw JobFailure("no handler for job kind '" + context->job_.kind + "'", true);
     if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
+    started = true;
     ending = finish(*context, handler(*context));
   } catch (const JobInterrupted& e) {
     ++interrupted_;
@@ -443,10 +451,13 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
     const Job& job = context->job_;
     std::lock_guard lock(mutex_);
     unlease_locked(context);
-    KindLatency& l = latency_[job.kind];
-    ++l.runs;
-    l.wait_ms_sum += std::max<int64_t>(0, started_ms - std::max(job.created_ms, job.run_after_ms));
-    l.run_ms_sum += std::max<int64_t>(0, clock_.now_ms() - started_ms);
+    if (started) {  // a job not started (its lease lost, cancelled, draining) is no handler run
+      KindLatency& l = latency_[job.kind];
+      ++l.runs;
+      l.wait_ms_sum +=
+          std::max<int64_t>(0, started_ms - std::max(job.created_ms, job.run_after_ms));
+      l.run_ms_sum += std::max<int64_t>(0, clock_.now_ms() - started_ms);
+    }
   }
   if (ending) {
     ending->lease_until_ms = context->last_beat_ms_ + options_.lease_ms;

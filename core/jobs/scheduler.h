@@ -190,7 +190,7 @@ struct SchedulerStats {
 class Scheduler {
  public:
   // `store` and `clock` must outlive the scheduler. Throws std::invalid_argument for a lease or
-  // heartbeat interval that is not positive.
+  // heartbeat interval that is not positive, or a negative prefetch.
   Scheduler(JobStore& store, const Clock& clock, SchedulerOptions options);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;

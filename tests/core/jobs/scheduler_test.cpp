@@ -1146,6 +1146,8 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesWereTakenWhileWaitingAreNotStarted) {
   finish_all(scheduler);
   EXPECT_EQ(calls(ids[0]), 2) << "the running one: before the recovery, and again after it";
   for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(calls(ids[i]), 1) << "job " << ids[i];
+  // The three dropped unstarted are no handler runs in the latency figures (before, they were).
+  EXPECT_EQ(scheduler.stats().latency["work"].runs, 5);
 }
 
 // Jobs whose leases ran out while they waited, their heartbeats failing on a store that was down
@@ -1700,6 +1702,20 @@ TEST_F(SchedulerTest, ALeaseOrHeartbeatIntervalThatIsNotPositiveIsRefused) {
   SchedulerOptions no_beat = options();
   no_beat.heartbeat_interval_ms = -1;
   EXPECT_THROW(Scheduler(*store_, clock_, no_beat), std::invalid_argument);
+}
+
+// A negative prefetch would leave fewer places than workers, none at all from -workers on: the
+// claim loop would claim nothing and the queue would never move, with no error (the daemon's
+// config refuses it; a library user is told too).
+TEST_F(SchedulerTest, ANegativePrefetchIsRefused) {
+  SchedulerOptions o = options();
+  o.prefetch = -4;
+  try {
+    Scheduler scheduler(*store_, clock_, o);
+    ADD_FAILURE() << "a prefetch of -4 was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "scheduler: prefetch must not be negative (got -4)");
+  }
 }
 
 // start() on a running scheduler does nothing: with recover_own_leases, it used to expire the
