@@ -6,14 +6,42 @@
 
 namespace backhaul::jobs {
 
-void check_not_newer(const char* backend, const std::set<int>& applied,
-                     const std::vector<Migration>& known) {
+void check_history(const char* backend, const std::map<int, std::string>& applied,
+                   const std::vector<Migration>& known) {
+  if (applied.empty()) return;
+  const std::string b(backend);
   const int latest = known.empty() ? 0 : known.back().version;
-  if (applied.empty() || *applied.rbegin() <= latest) return;
-  throw StorageError(std::string(backend) + ": the database is at schema version " +
-                     std::to_string(*applied.rbegin()) + ", newer than this build's " +
-                     std::to_string(latest) +
-                     ": run the newer backhaul (every process on one store runs the same version)");
+  const int highest = applied.rbegin()->first;
+  if (highest > latest) {
+    throw StorageError(b + ": the database is at schema version " + std::to_string(highest) +
+                       ", newer than this build's " + std::to_string(latest) +
+                       ": run the newer backhaul (every process on one store runs the same "
+                       "version)");
+  }
+  std::map<int, const Migration*> by_version;
+  for (const Migration& m : known) by_version[m.version] = &m;
+  for (const auto& [version, name] : applied) {
+    auto it = by_version.find(version);
+    if (it == by_version.end()) {
+      throw StorageError(b + ": the database records schema migration " + std::to_string(version) +
+                         " ('" + name +
+                         "'), which this build does not have: another build of backhaul made it");
+    }
+    if (name != it->second->name) {
+      throw StorageError(b + ": the database records schema migration " + std::to_string(version) +
+                         " as '" + name + "', but this build's is '" + it->second->name +
+                         "': another build of backhaul made it");
+    }
+  }
+  for (const Migration& m : known) {
+    if (m.version > highest) break;
+    if (!applied.count(m.version)) {
+      throw StorageError(b + ": the database records schema migration " + std::to_string(highest) +
+                         " but not " + std::to_string(m.version) + " ('" + m.name +
+                         "'), which comes before it: schema_migrations was edited, and this "
+                         "build does not apply a migration out of order");
+    }
+  }
 }
 
 std::vector<std::string> split_sql_statements(const std::string& sql) {

@@ -3188,18 +3188,18 @@ int MysqlStore::migrate() {
       // even when the table exists).
       Result recorded;
       try {
-        recorded = c->one("SELECT version FROM schema_migrations");
+        recorded = c->one("SELECT version, name FROM schema_migrations");
       } catch (const mysql::Error& e) {
         if (e.code() != 1146) throw;  // 1146: no such table -- a new database
         c->one(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INT NOT NULL PRIMARY KEY, "
             "name VARCHAR(255) NOT NULL, applied_ms BIGINT NOT NULL) ENGINE = InnoDB DEFAULT "
             "CHARSET = utf8mb4");
-        recorded = c->one("SELECT version FROM schema_migrations");
+        recorded = c->one("SELECT version, name FROM schema_migrations");
       }
-      std::set<int> applied;
-      for (const Row& row : recorded.rows) applied.insert(to_int(row[0]));
-      check_not_newer("mysql", applied, mysql_migrations());
+      std::map<int, std::string> applied;
+      for (const Row& row : recorded.rows) applied.emplace(to_int(row[0]), to_str(row[1]));
+      check_history("mysql", applied, mysql_migrations());
       for (const Migration& m : mysql_migrations()) {
         if (applied.count(m.version)) continue;
         for (const std::string& statement : split_sql_statements(m.sql)) {

@@ -1487,12 +1487,12 @@ int migrate_schema(Connection& c) {
   c.exec(
       "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
       "name TEXT NOT NULL, applied_ms INTEGER NOT NULL)");
-  std::set<int> applied;
+  std::map<int, std::string> applied;
   {
-    Query q = c.query("SELECT version FROM schema_migrations");
-    while (q.step()) applied.insert(q.i32(0));
+    Query q = c.query("SELECT version, name FROM schema_migrations");
+    while (q.step()) applied.emplace(q.i32(0), q.text(1));
   }
-  check_not_newer("sqlite", applied, sqlite_migrations());
+  check_history("sqlite", applied, sqlite_migrations());
   for (const Migration& m : sqlite_migrations()) {
     if (applied.count(m.version)) continue;
     for (const std::string& statement : split_sql_statements(m.sql)) c.exec(statement);

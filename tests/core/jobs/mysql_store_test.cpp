@@ -464,25 +464,46 @@ TEST(MysqlStore, AHostGivesUpOnTheMigrationLockAfterMigrateWaitNamingItsHolder) 
   migrating.join();
 }
 
-// --- claiming ------------------------------------------------------------------------------
-
-// Two store instances (two "hosts"), eight threads each, claim 2000 jobs with random batch
-// sizes: every job is claimed exactly once and ends succeeded with one attempt.
-TEST(MysqlStore, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
-  TestDatabase db;
+// What opening `db` throws once `edit` ran on it, migrated, or "" when it opens.
+std::string refusal_after(const TestDatabase& db, const std::string& edit) {
   db.open(2).reset();
-  auto c = db.app_session();
-  c->one("INSERT INTO schema_migrations (version, name, applied_ms) VALUES (999, 'future', 1)");
+  db.app_session()->one(edit);
   try {
     db.open(2);
-    FAIL() << "opened a database at a schema version this build does not know";
+    return "";
   } catch (const StorageError& e) {
-    EXPECT_NE(std::string(e.what()).find("schema version 999, newer than this build's " +
-                                         std::to_string(mysql_migrations().back().version)),
-              std::string::npos)
-        << e.what();
+    return e.what();
   }
 }
+
+// A database a newer build migrated is refused, naming its version: this build would misread it.
+TEST(MysqlStore, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
+  TestDatabase db;
+  const std::string error = refusal_after(
+      db, "INSERT INTO schema_migrations (version, name, applied_ms) VALUES (999, 'future', 1)");
+  EXPECT_NE(error.find("schema version 999, newer than this build's " +
+                       std::to_string(mysql_migrations().back().version)),
+            std::string::npos)
+      << error;
+}
+
+// A database whose recorded history this build cannot stand behind is refused before any
+// migration runs, naming the migration: here one recorded under another name (another build's
+// migration 2), which this build would take for its own.
+TEST(MysqlStore, ADatabaseWithAMigrationRecordedUnderAnotherNameIsRefusedNamingIt) {
+  TestDatabase db;
+  const std::string error =
+      refusal_after(db, "UPDATE schema_migrations SET name = '0002_elsewhere' WHERE version = 2");
+  EXPECT_NE(error.find("mysql: the database records schema migration 2 as '0002_elsewhere', but "
+                       "this build's is '" +
+                       std::string(mysql_migrations().at(1).name) + "'"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(scalar(*db.app_session(), "SELECT COUNT(*) FROM schema_migrations"),
+            static_cast<int64_t>(mysql_migrations().size()));
+}
+
+// --- claiming ------------------------------------------------------------------------------
 
 // Brings a new database to the schema of an older build: its first `count` migrations, recorded
 // as the runner records them.

@@ -125,6 +125,21 @@ class SqliteStoreTest : public ::testing::Test {
     return holder;
   }
 
+  // What opening the store throws once `edit` ran on a migrated database, or "" when it opens.
+  std::string refusal_after(const char* edit) {
+    open().reset();
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db, edit, nullptr, nullptr, nullptr), SQLITE_OK) << edit;
+    sqlite3_close(db);
+    try {
+      open();
+      return "";
+    } catch (const StorageError& e) {
+      return e.what();
+    }
+  }
+
   TempDir dir_;
   std::string path_ = dir_.file("jobs.db");
 };
@@ -417,24 +432,23 @@ TEST_F(SqliteStoreTest, AJobRunningAcrossTheAttemptRowUpgradeKeepsOneRowPerAttem
 }
 
 TEST_F(SqliteStoreTest, ADatabaseFromANewerBuildIsRefusedWithItsVersion) {
-  open().reset();
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, "INSERT INTO schema_migrations VALUES (999, 'future', 1)", nullptr,
-                           nullptr, nullptr),
-              SQLITE_OK);
-    sqlite3_close(db);
-  }
-  try {
-    open();
-    FAIL() << "opened a database at a schema version this build does not know";
-  } catch (const StorageError& e) {
-    EXPECT_NE(std::string(e.what()).find("schema version 999, newer than this build's " +
-                                         std::to_string(sqlite_migrations().back().version)),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string error =
+      refusal_after("INSERT INTO schema_migrations VALUES (999, 'future', 1)");
+  EXPECT_NE(error.find("schema version 999, newer than this build's " +
+                       std::to_string(sqlite_migrations().back().version)),
+            std::string::npos)
+      << error;
+}
+
+// A database whose recorded history has a gap (migration 2 deleted from schema_migrations by
+// hand) is refused, naming the missing one, rather than having migration 2 applied after 3.
+TEST_F(SqliteStoreTest, ADatabaseWhoseMigrationHistoryHasAGapIsRefusedNamingTheMissingOne) {
+  const std::string error = refusal_after("DELETE FROM schema_migrations WHERE version = 2");
+  EXPECT_NE(error.find("sqlite: the database records schema migration " +
+                       std::to_string(sqlite_migrations().back().version) + " but not 2 ('" +
+                       sqlite_migrations().at(1).name + "')"),
+            std::string::npos)
+      << error;
 }
 
 // A store.path that holds something else (a file that is not a database) stops the start: the
