@@ -1,7 +1,7 @@
-// Runs jobs from a JobStore: a claim loop feeding a worker pool, a heartbeat loop that renews the
-// leases of running jobs, and a sweeper that recovers expired leases (SPEC D3-D6, F6). Handlers
-// are registered by job kind. Job time comes from the injected Clock; only the loops' own pacing
-// uses real waiting.
+// Runs jobs from a JobStore: a claim loop feeding a worker pool, a heartbeat loop whose lanes renew
+// the leases of the jobs in hand, and a sweeper that recovers expired leases (SPEC D3-D6, F6).
+// Handlers are registered by job kind. Job time comes from the injected Clock; only the loops' own
+// pacing uses real waiting.
 #pragma once
 
 #include <atomic>
