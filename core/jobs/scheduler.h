@@ -278,10 +278,6 @@ class Scheduler {
   void sleep_unless_stopped(std::unique_lock<std::mutex>& lock, int64_t ms);
   // Records how a store call of `operation` went: `error` null when it succeeded.
   void note_store(const char* operation, const char* error);
-  bool loops_stopped() const {
-    std::lock_guard lock(mutex_);
-    return stopped_;
-  }
 
   JobStore& store_;
   const Clock& clock_;
