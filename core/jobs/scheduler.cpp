@@ -15,23 +15,32 @@ namespace backhaul::jobs {
 
 bool JobContext::stopping() const noexcept { return stopping_.load(); }
 
+void JobContext::renew(int64_t now_ms, const std::optional<std::string>& checkpoint) {
+  try {
+    HeartbeatResult r = store_.heartbeat(job_.id, token_, now_ms, lease_ms_, checkpoint);
+    last_beat_ms_ = now_ms;
+    note_beat(now_ms, nullptr);
+    if (r.cancel_requested) cancelled_ = true;
+  } catch (const LeaseLost&) {
+    lease_lost_ = true;
+    note_beat(now_ms, nullptr);  // the store answered
+    throw;
+  } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
+    note_beat(now_ms, e.what());
+    throw;
+  }
+}
+
 void JobContext::beat(const std::optional<std::string>& checkpoint) {
   if (lease_lost_) throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost");
-  const int64_t now = clock_.now_ms();
   try {
-    HeartbeatResult r = store_.heartbeat(job_.id, token_, now, lease_ms_, checkpoint);
-    last_beat_ms_ = now;
-    note_beat(now, nullptr);
-    if (r.cancel_requested) cancelled_ = true;
+    renew(clock_.now_ms(), checkpoint);
     // A checkpoint is progress: the store counts the running attempt as the first (SPEC D11), and
     // a failure from here on is retried after the first attempt's delay.
     if (checkpoint) job_.attempts = 1;
   } catch (const LeaseLost& e) {
-    lease_lost_ = true;
-    note_beat(now, nullptr);  // the store answered
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
-  } catch (const StorageError& e) {  // not a checkpoint the store refuses as invalid
-    note_beat(now, e.what());
+  } catch (const StorageError& e) {
     // Draining, the job goes back without an attempt (SPEC F6) whether or not its last beat went
     // through: it resumes from the last checkpoint that did.
     if (stopping_) {
@@ -303,20 +312,15 @@ void Scheduler::heartbeat_lane() {
 
 bool Scheduler::beat(JobContext& context, int64_t now) {
   try {
-    HeartbeatResult r =
-        store_.heartbeat(context.job_.id, context.token_, now, options_.lease_ms, std::nullopt);
-    context.last_beat_ms_ = now;
-    context.note_beat(now, nullptr);
-    if (r.cancel_requested) context.cancelled_ = true;
-  } catch (const LeaseLost&) {
-    context.lease_lost_ = true;
-    context.note_beat(now, nullptr);  // the store answered
-  } catch (const std::exception& e) {
+    context.renew(now, std::nullopt);
+  } catch (const LeaseLost&) {  // noted: the job is dropped from the rounds
+  } catch (const StorageError& e) {
+    log_->warn("heartbeat of job {} failed: {}", context.job_.id, e.what());
+    // Locked rows (held by other transactions) are no store outage: the others go on.
+    return e.transient() && !e.lock_conflict();
+  } catch (const std::exception& e) {  // not the store's answer: noted here, not by renew()
     log_->warn("heartbeat of job {} failed: {}", context.job_.id, e.what());
     context.note_beat(now, e.what());
-    const auto* storage = dynamic_cast<const StorageError*>(&e);
-    // Locked rows (held by other transactions) are no store outage: the others go on.
-    return storage && storage->transient() && !storage->lock_conflict();
   }
   return false;
 }

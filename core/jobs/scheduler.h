@@ -104,6 +104,9 @@ class JobContext {
         lease_ms_(lease_ms),
         stopping_(stopping) {}
   void beat(const std::optional<std::string>& checkpoint);
+  // One heartbeat at `now_ms`, and what it tells (cancel requested, lease lost, the store failing)
+  // recorded for the rounds and the stats. Rethrows the store's errors once recorded. [any-thread]
+  void renew(int64_t now_ms, const std::optional<std::string>& checkpoint);
   // Records how a beat at `now_ms` went (`error` null: it went through) for the heartbeat order
   // and SchedulerStats::store_failures.
   void note_beat(int64_t now_ms, const char* error);
