@@ -269,7 +269,7 @@ void Scheduler::heartbeat_loop() {
       const int64_t due = beat_due_ms(*context, interval);
       if (now >= due) {
         context->beat_queued_ = true;
-        beats_.emplace_back(std::move(context), now);
+        beats_.push_back(std::move(context));
         beating = true;
         continue;
       }
@@ -293,24 +293,27 @@ void Scheduler::heartbeat_lane() {
   while (true) {
     beats_ready_.wait(lock, [this] { return stopped_ || !beats_.empty(); });
     if (stopped_) return;
-    auto [context, now] = std::move(beats_.front());
+    std::shared_ptr<JobContext> context = std::move(beats_.front());
     beats_.pop_front();
     lock.unlock();
-    const bool store_down = beat(*context, now);
+    const bool store_down = beat(*context);
     lock.lock();
     context->beat_queued_ = false;
     if (store_down) {
       // A call to a store that is down can take seconds (connect timeouts, its own retries): the
       // beats queued behind this one wait for the next round rather than hold up the lanes and a
       // stop. A round makes at most one call per lane to such a store, not one per job in hand.
-      for (auto& [queued, at] : beats_) queued->beat_queued_ = false;
+      for (auto& queued : beats_) queued->beat_queued_ = false;
       beats_.clear();
     }
     if (context->cancelled_) hand_back_cancelled(lock);
   }
 }
 
-bool Scheduler::beat(JobContext& context, int64_t now) {
+bool Scheduler::beat(JobContext& context) {
+  // The lease runs from now, not from the round that queued the beat: lanes busy with beats that
+  // wait may have held it up for longer than a lease.
+  const int64_t now = clock_.now_ms();
   try {
     context.renew(now, std::nullopt);
   } catch (const LeaseLost&) {  // noted: the job is dropped from the rounds

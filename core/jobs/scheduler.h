@@ -231,9 +231,9 @@ class Scheduler {
   // Each round queues the beats that are due for the heartbeat lanes, and does not wait for them.
   void heartbeat_loop();
   void heartbeat_lane();
-  // One beat of the heartbeat loop's, at its round's time `now`. Returns true when the store is
-  // down, as far as a beat can tell: a transient error other than a lock conflict.
-  bool beat(JobContext& context, int64_t now);
+  // One beat of the heartbeat loop's. Returns true when the store is down, as far as a beat can
+  // tell: a transient error other than a lock conflict.
+  bool beat(JobContext& context);
   static int64_t beat_due_ms(const JobContext& context, int64_t interval_ms);
   void sweep_loop();
   // How a job's attempt ended, on its way to the store.
@@ -291,8 +291,8 @@ class Scheduler {
   mutable std::mutex mutex_;
   std::condition_variable wake_;  // the claim loop and drain(): every job's end fires it
   std::condition_variable stop_;  // heartbeat and sweep loops: only drain() fires it
-  // Beats for the heartbeat lanes, each with its round's time, and what fires when there are.
-  std::deque<std::pair<std::shared_ptr<JobContext>, int64_t>> beats_;
+  // Beats for the heartbeat lanes, and what fires when there are.
+  std::deque<std::shared_ptr<JobContext>> beats_;
   std::condition_variable beats_ready_;
   std::condition_variable work_ready_;             // workers
   std::deque<std::shared_ptr<JobContext>> ready_;  // claimed, waiting for a worker

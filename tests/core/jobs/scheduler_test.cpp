@@ -1396,6 +1396,62 @@ TEST_F(PrefetchedJobs, ABeatThatWaitsHoldsUpNoOtherJobsBeats) {
   }
 }
 
+// A beat queued behind one that waits (one lane here, held by the test) is made later than the
+// round that queued it, and renews the lease from when it is made. From the round's time, a beat
+// held up longer than a lease (lanes waiting for rows: up to the lock wait, run twice) would renew
+// a lease that had already run out, for the sweep to take back (found by review).
+TEST_F(PrefetchedJobs, ABeatHeldUpInItsQueueRenewsTheLeaseFromWhenItIsMade) {
+  struct FirstBeatWaits : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint) override {
+      {
+        std::unique_lock lock(gate.mutex);
+        if (armed && held == 0) {
+          held = id;
+          gate.pass(lock);
+        } else if (armed) {
+          made_ms.try_emplace(id, now_ms);
+        }
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    }
+    JobId held_job() {
+      std::lock_guard lock(gate.mutex);
+      return held;
+    }
+    std::map<JobId, int64_t> made() {
+      std::lock_guard lock(gate.mutex);
+      return made_ms;
+    }
+    Gate gate;
+    bool armed = false;                // [gate.mutex]
+    JobId held = 0;                    // the job whose beat waits [gate.mutex]
+    std::map<JobId, int64_t> made_ms;  // the others' first beats since: the lease's start
+  } store(*store_);
+  SchedulerOptions o = one_worker_three_ahead();  // lease 1 s, beats every 200 ms
+  o.heartbeat_lanes = 1;
+  Scheduler scheduler(store, clock_, o);
+  LetGo let_go{store.gate};
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  {
+    std::lock_guard lock(store.gate.mutex);
+    store.armed = true;
+  }
+  clock_.advance_ms(o.heartbeat_interval_ms);  // a round queues the four beats; the first waits
+  ASSERT_TRUE(wait_for([&] { return store.held_job() != 0; }));
+  const JobId held = store.held_job();
+  clock_.advance_ms(4 * o.heartbeat_interval_ms);  // held up for most of a lease
+  store.gate.let_go();
+  ASSERT_TRUE(wait_for([&] { return store.made().size() == ids.size() - 1; }));
+  for (const auto& [id, from_ms] : store.made()) {
+    EXPECT_EQ(from_ms, clock_.now_ms())
+        << "job " << id << ": its lease ran from " << from_ms << ", the time of the round that "
+        << "queued its beat behind job " << held << "'s, not from " << clock_.now_ms();
+  }
+  finish_all(scheduler);
+}
+
 // A host restarting under a stable owner name takes back at once what its previous process left
 // running (the lease has 30 s to go), with the attempt counted; without the option it waits for
 // the lease to expire.
