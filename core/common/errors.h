@@ -24,8 +24,11 @@ class PluginLoadError : public Error {
 class StorageError : public Error {
  public:
   explicit StorageError(const std::string& message, bool transient = false,
-                        bool lock_conflict = false)
-      : Error(message), transient_(transient || lock_conflict), lock_conflict_(lock_conflict) {}
+                        bool lock_conflict = false, bool interrupted = false)
+      : Error(message),
+        transient_(transient || lock_conflict || interrupted),
+        lock_conflict_(lock_conflict),
+        interrupted_(interrupted) {}
   // The store failed for a reason of its own that may pass (its server unreachable, the
   // connection lost, lock conflicts that outlasted their retries), not because of the request:
   // the same call made again later may succeed.
@@ -33,10 +36,17 @@ class StorageError : public Error {
   // Transient because rows the call needed were locked by other transactions (a lock wait
   // timeout, a deadlock): the store itself works, and calls on other rows may succeed now.
   bool lock_conflict() const noexcept { return lock_conflict_; }
+  // Transient because someone stopped the call's statement (on MySQL, KILL QUERY by an operator or
+  // a tool such as pt-kill): the store itself works, and other calls may succeed now.
+  bool interrupted() const noexcept { return interrupted_; }
+  // The store itself failing, as far as one call can tell (its server unreachable, the connection
+  // lost, the disk full): transient, and not because of this call's rows or statement.
+  bool outage() const noexcept { return transient_ && !lock_conflict_ && !interrupted_; }
 
  private:
   bool transient_;
   bool lock_conflict_;
+  bool interrupted_;
 };
 
 }  // namespace backhaul

@@ -72,10 +72,10 @@ std::string with_database(const std::string& connection_string, const std::strin
 class Error : public StorageError {
  public:
   Error(const std::string& message, unsigned code, bool lost)
-      : StorageError(message,
-                     lost || is_read_only(code) || is_interrupted(code) ||
-                         is_disk_full(code, message) || is_commit_error(code),
-                     is_lock_conflict(code)),
+      : StorageError(
+            message,
+            lost || is_read_only(code) || is_disk_full(code, message) || is_commit_error(code),
+            is_lock_conflict(code), is_interrupted(code)),
         code_(code),
         lost_(lost) {}
   unsigned code() const noexcept { return code_; }
@@ -390,7 +390,7 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         continue;
       }
       throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient(),
-                         e.lock_conflict());
+                         e.lock_conflict(), e.interrupted());
     } catch (const RetryTransaction& e) {
       if (++conflicts < limits.lock_conflicts) {
         backoff(conflicts, std::chrono::milliseconds(2), std::chrono::milliseconds(200));

@@ -2874,7 +2874,7 @@ class MysqlStore final : public JobStore {
           continue;
         }
         throw StorageError(std::string("mysql: ") + what + ": " + e.what(), e.transient(),
-                           e.lock_conflict());
+                           e.lock_conflict(), e.interrupted());
       }
     }
   }

@@ -319,8 +319,9 @@ bool Scheduler::beat(JobContext& context) {
   } catch (const LeaseLost&) {  // noted: the job is dropped from the rounds
   } catch (const StorageError& e) {
     log_->warn("heartbeat of job {} failed: {}", context.job_.id, e.what());
-    // Locked rows (held by other transactions) are no store outage: the others go on.
-    return e.transient() && !e.lock_conflict();
+    // Locked rows (held by other transactions) or a statement someone stopped are no store
+    // outage: the others go on.
+    return e.outage();
   } catch (const std::exception& e) {  // not the store's answer: noted here, not by renew()
     log_->warn("heartbeat of job {} failed: {}", context.job_.id, e.what());
     context.note_beat(now, e.what());

@@ -232,7 +232,7 @@ class Scheduler {
   void heartbeat_loop();
   void heartbeat_lane();
   // One beat of the heartbeat loop's. Returns true when the store is down, as far as a beat can
-  // tell: a transient error other than a lock conflict.
+  // tell (StorageError::outage).
   bool beat(JobContext& context);
   static int64_t beat_due_ms(const JobContext& context, int64_t interval_ms);
   void sweep_loop();

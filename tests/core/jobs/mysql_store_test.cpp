@@ -2241,6 +2241,8 @@ struct Thrown {
   std::string error;  // empty when it returned
   bool transient = false;
   bool lock_conflict = false;
+  bool interrupted = false;
+  bool outage = false;
   bool commit_unknown = false;
 };
 
@@ -2253,6 +2255,8 @@ std::thread throwing(std::function<void()> op, Thrown& thrown) {
         } catch (const StorageError& e) {
           thrown.transient = e.transient();
           thrown.lock_conflict = e.lock_conflict();
+          thrown.interrupted = e.interrupted();
+          thrown.outage = e.outage();
           thrown.commit_unknown = dynamic_cast<const mysql::CommitUnknown*>(&e) != nullptr;
           throw;
         }
@@ -2688,6 +2692,9 @@ TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
                          false);
     EXPECT_EQ(e.transient(), c.transient) << e.what();
     EXPECT_FALSE(e.lock_conflict()) << e.what();
+    // A killed statement is no outage of the store: a heartbeat round's other beats go on.
+    EXPECT_EQ(e.interrupted(), c.code == 1317) << e.what();
+    EXPECT_EQ(e.outage(), c.transient && c.code != 1317) << e.what();
     EXPECT_FALSE(e.connection_lost()) << e.what();
     EXPECT_FALSE(e.needs_new_session()) << e.what();
     // Met by the COMMIT, each of these may have let it apply: the store reads back what did.
@@ -2698,6 +2705,11 @@ TEST(MysqlErrors, AFullDiskAndAKilledStatementAreTransientOnASessionThatStays) {
     EXPECT_FALSE(mysql::Error("commit refused", code, false).leaves_commit_unknown()) << code;
   }
   EXPECT_TRUE(mysql::Error("server has gone away", 2006, true).leaves_commit_unknown());
+  // Rows another transaction holds are no outage either; a server gone or read-only is.
+  EXPECT_FALSE(mysql::Error("Deadlock found", 1213, false).outage());
+  EXPECT_FALSE(mysql::Error("Lock wait timeout exceeded", 1205, false).outage());
+  EXPECT_TRUE(mysql::Error("read-only", 1290, false).outage());
+  EXPECT_TRUE(mysql::Error("server has gone away", 2006, true).outage());
 }
 
 // An operator, or a tool such as pt-kill, may end a statement with KILL QUERY: here a failure
@@ -2729,6 +2741,8 @@ TEST(MysqlStore, AStatementKilledByAnOperatorIsTransientAndTheSessionGoesOn) {
   EXPECT_NE(error.find("interrupted"), std::string::npos) << error;
   EXPECT_TRUE(thrown.transient) << error;
   EXPECT_FALSE(thrown.lock_conflict) << error;
+  EXPECT_TRUE(thrown.interrupted) << error;
+  EXPECT_FALSE(thrown.outage) << error << ": the store works";
   EXPECT_FALSE(thrown.commit_unknown) << error;
 
   const Job after = *store->get(id);
