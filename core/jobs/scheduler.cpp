@@ -136,8 +136,9 @@ void Scheduler::start() {
   threads_.emplace_back([this] { claim_loop(); });
   threads_.emplace_back([this] { finisher_loop(); });
   threads_.emplace_back([this] { heartbeat_loop(); });
-  for (int i = 0; i < options_.heartbeat_lanes; ++i) {
-    threads_.emplace_back([this] { heartbeat_lane(); });
+  lane_beats_.assign(static_cast<size_t>(options_.heartbeat_lanes), LaneBeat{});
+  for (size_t lane = 0; lane < lane_beats_.size(); ++lane) {
+    threads_.emplace_back([this, lane] { heartbeat_lane(lane); });
   }
   threads_.emplace_back([this] { sweep_loop(); });
 }
@@ -243,6 +244,7 @@ void Scheduler::heartbeat_loop() {
     sleep_unless_stopped(lock, wait_ms);
     if (stopped_) break;
     const int64_t now = clock_.now_ms();
+    report_waiting_beats(now);  // before this round queues more
     // The round hands the due beats to the lanes and does not wait for them: a beat that waits for
     // a row another transaction holds (on MySQL up to the lock wait, run twice) holds up its lane
     // only. The jobs whose last beat failed (here or in their handler) go after the others, the
@@ -288,16 +290,25 @@ void Scheduler::heartbeat_loop() {
   }
 }
 
-void Scheduler::heartbeat_lane() {
+void Scheduler::heartbeat_lane(size_t lane) {
   std::unique_lock lock(mutex_);
   while (true) {
     beats_ready_.wait(lock, [this] { return stopped_ || !beats_.empty(); });
     if (stopped_) return;
     std::shared_ptr<JobContext> context = std::move(beats_.front());
     beats_.pop_front();
+    // The lease runs from now, not from the round that queued the beat: lanes busy with beats
+    // that wait may have held it up for longer than a lease.
+    const int64_t now = clock_.now_ms();
+    lane_beats_[lane] = {true, context->job_.id, now, false};
     lock.unlock();
-    const bool store_down = beat(*context);
+    const bool store_down = beat(*context, now);
     lock.lock();
+    if (lane_beats_[lane].reported) {
+      log_->info("heartbeat of job {} is over after {} ms", context->job_.id,
+                 clock_.now_ms() - now);
+    }
+    lane_beats_[lane] = LaneBeat{};
     context->beat_queued_ = false;
     if (store_down) {
       // A call to a store that is down can take seconds (connect timeouts, its own retries): the
@@ -310,10 +321,20 @@ void Scheduler::heartbeat_lane() {
   }
 }
 
-bool Scheduler::beat(JobContext& context) {
-  // The lease runs from now, not from the round that queued the beat: lanes busy with beats that
-  // wait may have held it up for longer than a lease.
-  const int64_t now = clock_.now_ms();
+void Scheduler::report_waiting_beats(int64_t now_ms) {
+  const int busy = static_cast<int>(std::count_if(lane_beats_.begin(), lane_beats_.end(),
+                                                  [](const LaneBeat& b) { return b.busy; }));
+  for (LaneBeat& b : lane_beats_) {
+    if (!b.busy || b.reported || now_ms - b.since_ms < options_.heartbeat_interval_ms) continue;
+    b.reported = true;
+    log_->warn(
+        "heartbeat of job {} has waited {} ms for the store (on MySQL, a row another transaction "
+        "holds?); {} of {} heartbeat lanes busy, {} beats waiting for one",
+        b.job, now_ms - b.since_ms, busy, lane_beats_.size(), beats_.size());
+  }
+}
+
+bool Scheduler::beat(JobContext& context, int64_t now) {
   try {
     context.renew(now, std::nullopt);
   } catch (const LeaseLost&) {  // noted: the job is dropped from the rounds
@@ -824,6 +845,18 @@ SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
   s.in_flight = busy_;
   s.latency = latency_;
+  s.heartbeats.lanes = static_cast<int>(lane_beats_.size());
+  s.heartbeats.queued = static_cast<int64_t>(beats_.size());
+  const LaneBeat* oldest = nullptr;
+  for (const LaneBeat& b : lane_beats_) {
+    if (!b.busy) continue;
+    ++s.heartbeats.busy;
+    if (!oldest || b.since_ms < oldest->since_ms) oldest = &b;
+  }
+  if (oldest) {
+    s.heartbeats.oldest_ms = std::max<int64_t>(clock_.now_ms() - oldest->since_ms, 0);
+    s.heartbeats.oldest_job = oldest->job;
+  }
   std::lock_guard failures_lock(failures_mutex_);
   s.store_failures = store_failures_;
   return s;

@@ -174,6 +174,16 @@ struct StoreFailure {
   int64_t evidence_ms = 0;
 };
 
+// The heartbeat lanes now: a beat that has been under way long waits for the store (on MySQL,
+// for a row another transaction holds), and beats queued while every lane is busy wait for one.
+struct HeartbeatLanes {
+  int lanes = 0;
+  int busy = 0;           // lanes making a beat
+  int64_t queued = 0;     // beats due, waiting for a lane
+  int64_t oldest_ms = 0;  // how long the beat under way longest has been, by the clock; 0: none
+  JobId oldest_job = 0;   // its job
+};
+
 struct SchedulerStats {
   int64_t claimed = 0;
   int64_t succeeded = 0;
@@ -188,6 +198,7 @@ struct SchedulerStats {
   // still answers reads but refuses writes (a MySQL server turned read-only) shows here. One
   // successful call clears its operation; so does having nothing left to retry (see note_store).
   std::map<std::string, StoreFailure> store_failures;
+  HeartbeatLanes heartbeats;  // the lanes of a scheduler started at least once
 };
 
 class Scheduler {
@@ -230,10 +241,13 @@ class Scheduler {
   void worker_loop();
   // Each round queues the beats that are due for the heartbeat lanes, and does not wait for them.
   void heartbeat_loop();
-  void heartbeat_lane();
-  // One beat of the heartbeat loop's. Returns true when the store is down, as far as a beat can
-  // tell (StorageError::outage).
-  bool beat(JobContext& context);
+  void heartbeat_lane(size_t lane);
+  // At the start of a round at `now_ms`, under mutex_: logs each beat that has been under way for
+  // an interval or longer, once.
+  void report_waiting_beats(int64_t now_ms);
+  // One beat of the heartbeat loop's, made at `now_ms`. Returns true when the store is down, as
+  // far as a beat can tell (StorageError::outage).
+  bool beat(JobContext& context, int64_t now_ms);
   static int64_t beat_due_ms(const JobContext& context, int64_t interval_ms);
   void sweep_loop();
   // How a job's attempt ended, on its way to the store.
@@ -294,6 +308,13 @@ class Scheduler {
   // Beats for the heartbeat lanes, and what fires when there are.
   std::deque<std::shared_ptr<JobContext>> beats_;
   std::condition_variable beats_ready_;
+  struct LaneBeat {  // the beat a lane makes
+    bool busy = false;
+    JobId job = 0;
+    int64_t since_ms = 0;
+    bool reported = false;  // logged as waiting long
+  };
+  std::vector<LaneBeat> lane_beats_;               // by lane
   std::condition_variable work_ready_;             // workers
   std::deque<std::shared_ptr<JobContext>> ready_;  // claimed, waiting for a worker
   std::vector<Ending> endings_;                    // handed over by workers, not yet written

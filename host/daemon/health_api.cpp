@@ -189,6 +189,19 @@ Response handle_metrics(Call& call) {
       out << "backhaul_scheduler_store_failing_seconds{operation=\"" << operation << "\"} "
           << static_cast<double>(for_ms) / 1000 << '\n';
     }
+    const jobs::HeartbeatLanes& beats = stats.heartbeats;
+    family(out, "backhaul_scheduler_heartbeat_lanes", "gauge",
+           "The scheduler's heartbeat lanes: busy making a beat, or idle.");
+    out << "backhaul_scheduler_heartbeat_lanes{state=\"busy\"} " << beats.busy << '\n'
+        << "backhaul_scheduler_heartbeat_lanes{state=\"idle\"} " << beats.lanes - beats.busy
+        << '\n';
+    family(out, "backhaul_scheduler_heartbeats_queued", "gauge",
+           "Heartbeats due and waiting for a free lane.");
+    out << "backhaul_scheduler_heartbeats_queued " << beats.queued << '\n';
+    family(out, "backhaul_scheduler_heartbeat_oldest_seconds", "gauge",
+           "How long the heartbeat under way longest has been waiting for the store; 0 if none.");
+    out << "backhaul_scheduler_heartbeat_oldest_seconds "
+        << static_cast<double>(beats.oldest_ms) / 1000 << '\n';
     family(out, "backhaul_job_wait_seconds", "summary",
            "Time from due (created or run-after) to the start of a handler run, by kind.");
     for (const auto& [kind, l] : stats.latency) {

@@ -645,31 +645,46 @@ TEST_F(DaemonTest, OneFailedSweepDoesNotFailReadiness) {
   EXPECT_EQ(ready.status, 200) << "one failed sweep, then a healthy store: " << ready.body;
 }
 
+// The admin API of a process whose scheduler stats the test makes up, over a real SQLite store.
+class MadeUpSchedulerStats : public ::testing::Test {
+ protected:
+  MadeUpSchedulerStats() {
+    options_.store_failure_grace_ms = 1'000;
+    api_ = std::make_unique<AdminApi>(
+        AdminApiDeps{*store_, clock, registry_, audit_, [this] { return stats; }, nullptr, {}},
+        options_);
+  }
+  ~MadeUpSchedulerStats() override { std::filesystem::remove_all(dir_); }
+  host::Response get(const std::string& path) {
+    host::Request request;
+    request.method = "GET";
+    request.path = path;
+    return api_->handle(request);
+  }
+
+  const std::filesystem::path dir_ = [] {
+    auto dir = std::filesystem::temp_directory_path() /
+               ("backhaul-made-up-stats-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    return dir;
+  }();
+  FakeClock clock;
+  std::unique_ptr<jobs::JobStore> store_ = jobs::open_sqlite_store((dir_ / "jobs.db").string());
+  http::ReplayTransport offline_;
+  plugins::PluginRegistry registry_{{offline_, clock}};
+  AuditLog audit_{dir_ / "audit.log"};
+  AdminApiOptions options_;
+  jobs::SchedulerStats stats;
+  std::unique_ptr<AdminApi> api_;
+};
+
 // The readiness rule on made-up scheduler stats: a failing operation is "degraded" until its
 // failures span (first to last) health.store_failure_ms, and for heartbeats also their
 // evidence_ms (one heartbeat interval); then the store is "unhealthy" and named in `failing`.
-TEST(ReadinessRule, AStoreOperationFailsReadinessOnceItsFailuresSpanTheGraceAndItsEvidence) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("backhaul-readiness-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct Remove {
-    std::filesystem::path dir;
-    ~Remove() { std::filesystem::remove_all(dir); }
-  } remove{dir};
-  FakeClock clock;
-  auto store = jobs::open_sqlite_store((dir / "jobs.db").string());
-  http::ReplayTransport offline;
-  plugins::PluginRegistry registry({offline, clock});
-  AuditLog audit(dir / "audit.log");
-  jobs::SchedulerStats stats;
-  AdminApiOptions options;
-  options.store_failure_grace_ms = 1'000;
-  AdminApi api({*store, clock, registry, audit, [&] { return stats; }, nullptr, {}}, options);
+TEST_F(MadeUpSchedulerStats,
+       AStoreOperationFailsReadinessOnceItsFailuresSpanTheGraceAndItsEvidence) {
   auto store_status = [&](bool* failing) {
-    host::Request request;
-    request.method = "GET";
-    request.path = "/health/ready";
-    const json body = json::parse(api.handle(request).body);
+    const json body = json::parse(get("/health/ready").body);
     const json names = body.value("failing", json::array());
     *failing = std::find(names.begin(), names.end(), "store") != names.end();
     return body["components"]["store"]["status"].get<std::string>();
@@ -697,6 +712,28 @@ TEST(ReadinessRule, AStoreOperationFailsReadinessOnceItsFailuresSpanTheGraceAndI
   stats.store_failures.clear();
   EXPECT_EQ(store_status(&failing), "healthy");
   EXPECT_FALSE(failing);
+}
+
+// A heartbeat that waits for the store (on MySQL, a row another transaction holds) shows in
+// /metrics: the lanes busy, the beats queued behind them, and how long the oldest has waited.
+TEST_F(MadeUpSchedulerStats, MetricsShowTheHeartbeatLanes) {
+  stats.heartbeats = {4, 4, 7, 61'500, 12};
+  const std::string text = get("/metrics").body;
+  for (const char* series : {"# TYPE backhaul_scheduler_heartbeat_lanes gauge\n",
+                             "backhaul_scheduler_heartbeat_lanes{state=\"busy\"} 4\n",
+                             "backhaul_scheduler_heartbeat_lanes{state=\"idle\"} 0\n",
+                             "backhaul_scheduler_heartbeats_queued 7\n",
+                             "backhaul_scheduler_heartbeat_oldest_seconds 61.5\n"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
+  }
+  stats.heartbeats = {4, 0, 0, 0, 0};
+  const std::string idle = get("/metrics").body;
+  for (const char* series : {"backhaul_scheduler_heartbeat_lanes{state=\"busy\"} 0\n",
+                             "backhaul_scheduler_heartbeat_lanes{state=\"idle\"} 4\n",
+                             "backhaul_scheduler_heartbeats_queued 0\n",
+                             "backhaul_scheduler_heartbeat_oldest_seconds 0\n"}) {
+    EXPECT_NE(idle.find(series), std::string::npos) << series << "\n" << idle;
+  }
 }
 
 TEST_F(DaemonTest, MetricsExposeQueueDepthDeadLettersAndCircuits) {
