@@ -69,9 +69,10 @@ Response ready(Call& call) {
   // grace (a failure at least that long after the first: one failure then a long wait for the
   // next try, a sweep's say, is no evidence of an outage).
   if (readable && call.deps.scheduler_stats) {
+    const jobs::SchedulerStats stats = call.deps.scheduler_stats();
     json operations = json::object();
     std::string error;
-    for (const auto& [operation, f] : call.deps.scheduler_stats().store_failures) {
+    for (const auto& [operation, f] : stats.store_failures) {
       const int64_t for_ms = f.last_ms - f.since_ms;
       operations[operation] = {{"failing_for_ms", for_ms},
                                {"failures", f.failures},
@@ -88,6 +89,18 @@ Response ready(Call& call) {
         failing.push_back("store");
       }
       components["store"]["failing_operations"] = std::move(operations);
+    }
+    // Every heartbeat lane held by a beat that waits (on MySQL, rows other transactions hold) and
+    // beats queued for one: the jobs behind them lose their leases unless a lane comes free. Not
+    // a reason to restart; "degraded", naming the job whose beat has waited longest.
+    const jobs::HeartbeatLanes& beats = stats.heartbeats;
+    if (beats.lanes > 0 && beats.busy == beats.lanes && beats.queued > 0 &&
+        beats.oldest_ms >= call.options.store_failure_grace_ms) {
+      if (components["store"]["status"] == "healthy") components["store"]["status"] = "degraded";
+      components["store"]["heartbeat_lanes"] = {{"busy", beats.busy},
+                                                {"queued", beats.queued},
+                                                {"oldest_ms", beats.oldest_ms},
+                                                {"oldest_job", beats.oldest_job}};
     }
   }
   const size_t loaded = call.deps.plugins.plugins().size();

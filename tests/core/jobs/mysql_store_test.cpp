@@ -2476,6 +2476,10 @@ TEST(MysqlScheduler, AHeartbeatWaitingForAHeldRowHoldsUpNoOtherJobsBeats) {
     }
   }
   EXPECT_EQ(store->get(ids[0])->lease_expires_ms, claimed_ms + o.lease_ms) << "its beat waits";
+  const HeartbeatLanes lanes = scheduler.stats().heartbeats;  // what /metrics shows
+  EXPECT_GE(lanes.busy, 1);  // another lane may not have cleared its finished beat yet
+  EXPECT_EQ(lanes.oldest_job, ids[0]);
+  EXPECT_GE(lanes.oldest_ms, 2 * o.heartbeat_interval_ms) << "made at step 1 or 2, now step 4";
   holder->one("ROLLBACK");
   holder.reset();
   // Its beat goes through now, and the next ones find the job's lease theirs.

@@ -714,6 +714,31 @@ TEST_F(MadeUpSchedulerStats,
   EXPECT_FALSE(failing);
 }
 
+// Every heartbeat lane held by a beat that has waited the grace or longer, with beats queued for
+// a lane: the store is "degraded" (still ready; a restart would not free the rows), naming the job
+// whose beat has waited longest. One lane free, or nothing queued, is no stall.
+TEST_F(MadeUpSchedulerStats, HeartbeatLanesAllHeldWithBeatsQueuedDegradeTheStore) {
+  auto store_component = [&] {
+    const json body = json::parse(get("/health/ready").body);
+    const json names = body.value("failing", json::array());
+    EXPECT_EQ(std::find(names.begin(), names.end(), "store"), names.end()) << body;
+    return body["components"]["store"];
+  };
+  stats.heartbeats = {2, 2, 5, 1'000, 12};
+  json store = store_component();
+  EXPECT_EQ(store["status"], "degraded") << store;
+  EXPECT_EQ(store["heartbeat_lanes"],
+            json({{"busy", 2}, {"queued", 5}, {"oldest_ms", 1'000}, {"oldest_job", 12}}));
+  for (const jobs::HeartbeatLanes& no_stall :
+       {jobs::HeartbeatLanes{2, 1, 5, 1'000, 12}, jobs::HeartbeatLanes{2, 2, 0, 1'000, 12},
+        jobs::HeartbeatLanes{2, 2, 5, 999, 12}}) {
+    stats.heartbeats = no_stall;
+    store = store_component();
+    EXPECT_EQ(store["status"], "healthy") << store;
+    EXPECT_FALSE(store.contains("heartbeat_lanes")) << store;
+  }
+}
+
 // A heartbeat that waits for the store (on MySQL, a row another transaction holds) shows in
 // /metrics: the lanes busy, the beats queued behind them, and how long the oldest has waited.
 TEST_F(MadeUpSchedulerStats, MetricsShowTheHeartbeatLanes) {
