@@ -128,7 +128,6 @@ void Scheduler::start() {
   std::lock_guard lock(mutex_);
   claiming_ = true;
   stopped_ = false;
-  beats_.clear();     // what a drain left queued: its jobs went back
   stopping_ = false;  // a start after a drain past its grace runs handlers to their end again
   hurried_ = false;
   finisher_running_ = true;
@@ -305,8 +304,7 @@ void Scheduler::heartbeat_lane(size_t lane) {
     const bool store_down = beat(*context, now);
     lock.lock();
     if (lane_beats_[lane].reported) {
-      log_->info("heartbeat of job {} is over after {} ms", context->job_.id,
-                 clock_.now_ms() - now);
+      log_->info("heartbeat of job {} ended after {} ms", context->job_.id, clock_.now_ms() - now);
     }
     lane_beats_[lane] = LaneBeat{};
     context->beat_queued_ = false;
@@ -798,6 +796,7 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   for (auto& t : threads_) t.join();
   lock.lock();
   threads_.clear();
+  beats_.clear();  // their jobs went back
 }
 
 void Scheduler::hurry() {
