@@ -651,10 +651,9 @@ class MadeUpSchedulerStats : public ::testing::Test {
   MadeUpSchedulerStats() {
     options_.store_failure_grace_ms = 1'000;
     api_ = std::make_unique<AdminApi>(
-        AdminApiDeps{*store_, clock, registry_, audit_, [this] { return stats; }, nullptr, {}},
+        AdminApiDeps{*store_, clock_, registry_, audit_, [this] { return stats_; }, nullptr, {}},
         options_);
   }
-  ~MadeUpSchedulerStats() override { std::filesystem::remove_all(dir_); }
   host::Response get(const std::string& path) {
     host::Request request;
     request.method = "GET";
@@ -662,19 +661,21 @@ class MadeUpSchedulerStats : public ::testing::Test {
     return api_->handle(request);
   }
 
-  const std::filesystem::path dir_ = [] {
-    auto dir = std::filesystem::temp_directory_path() /
-               ("backhaul-made-up-stats-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    return dir;
-  }();
-  FakeClock clock;
-  std::unique_ptr<jobs::JobStore> store_ = jobs::open_sqlite_store((dir_ / "jobs.db").string());
+  struct TempDir {
+    TempDir() { std::filesystem::create_directories(path); }
+    ~TempDir() { std::filesystem::remove_all(path); }
+    const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                       ("backhaul-made-up-stats-" + std::to_string(::getpid()));
+  };
+  TempDir dir_;  // first: removed once what is in it is closed
+  FakeClock clock_;
+  std::unique_ptr<jobs::JobStore> store_ =
+      jobs::open_sqlite_store((dir_.path / "jobs.db").string());
   http::ReplayTransport offline_;
-  plugins::PluginRegistry registry_{{offline_, clock}};
-  AuditLog audit_{dir_ / "audit.log"};
+  plugins::PluginRegistry registry_{{offline_, clock_}};
+  AuditLog audit_{dir_.path / "audit.log"};
   AdminApiOptions options_;
-  jobs::SchedulerStats stats;
+  jobs::SchedulerStats stats_;
   std::unique_ptr<AdminApi> api_;
 };
 
@@ -689,27 +690,27 @@ TEST_F(MadeUpSchedulerStats,
     *failing = std::find(names.begin(), names.end(), "store") != names.end();
     return body["components"]["store"]["status"].get<std::string>();
   };
-  const int64_t t = clock.now_ms();
+  const int64_t t = clock_.now_ms();
   bool failing = false;
 
-  stats.store_failures["heartbeat"] = {t, t + 5'000, 3, "lock wait timeout", 10'000};
+  stats_.store_failures["heartbeat"] = {t, t + 5'000, 3, "lock wait timeout", 10'000};
   EXPECT_EQ(store_status(&failing), "degraded") << "5 s of failures, under one interval";
   EXPECT_FALSE(failing);
-  stats.store_failures["heartbeat"].last_ms = t + 10'000;
+  stats_.store_failures["heartbeat"].last_ms = t + 10'000;
   EXPECT_EQ(store_status(&failing), "unhealthy");
   EXPECT_TRUE(failing);
 
-  stats.store_failures.clear();
-  stats.store_failures["claim"] = {t, t + 999, 4, "read-only", 0};
+  stats_.store_failures.clear();
+  stats_.store_failures["claim"] = {t, t + 999, 4, "read-only", 0};
   EXPECT_EQ(store_status(&failing), "degraded");
   EXPECT_FALSE(failing);
-  clock.advance_ms(60'000);  // time alone is no evidence: no failure since
+  clock_.advance_ms(60'000);  // time alone is no evidence: no failure since
   EXPECT_EQ(store_status(&failing), "degraded");
-  stats.store_failures["claim"].last_ms = t + 1'000;
+  stats_.store_failures["claim"].last_ms = t + 1'000;
   EXPECT_EQ(store_status(&failing), "unhealthy");
   EXPECT_TRUE(failing);
 
-  stats.store_failures.clear();
+  stats_.store_failures.clear();
   EXPECT_EQ(store_status(&failing), "healthy");
   EXPECT_FALSE(failing);
 }
@@ -724,7 +725,7 @@ TEST_F(MadeUpSchedulerStats, HeartbeatLanesAllHeldWithBeatsQueuedDegradeTheStore
     EXPECT_EQ(std::find(names.begin(), names.end(), "store"), names.end()) << body;
     return body["components"]["store"];
   };
-  stats.heartbeats = {2, 2, 5, 1'000, 12};
+  stats_.heartbeats = {2, 2, 5, 1'000, 12};
   json store = store_component();
   EXPECT_EQ(store["status"], "degraded") << store;
   EXPECT_EQ(store["heartbeat_lanes"],
@@ -732,7 +733,7 @@ TEST_F(MadeUpSchedulerStats, HeartbeatLanesAllHeldWithBeatsQueuedDegradeTheStore
   for (const jobs::HeartbeatLanes& no_stall :
        {jobs::HeartbeatLanes{2, 1, 5, 1'000, 12}, jobs::HeartbeatLanes{2, 2, 0, 1'000, 12},
         jobs::HeartbeatLanes{2, 2, 5, 999, 12}}) {
-    stats.heartbeats = no_stall;
+    stats_.heartbeats = no_stall;
     store = store_component();
     EXPECT_EQ(store["status"], "healthy") << store;
     EXPECT_FALSE(store.contains("heartbeat_lanes")) << store;
@@ -742,7 +743,7 @@ TEST_F(MadeUpSchedulerStats, HeartbeatLanesAllHeldWithBeatsQueuedDegradeTheStore
 // A heartbeat that waits for the store (on MySQL, a row another transaction holds) shows in
 // /metrics: the lanes busy, the beats queued behind them, and how long the oldest has waited.
 TEST_F(MadeUpSchedulerStats, MetricsShowTheHeartbeatLanes) {
-  stats.heartbeats = {4, 4, 7, 61'500, 12};
+  stats_.heartbeats = {4, 4, 7, 61'500, 12};
   const std::string text = get("/metrics").body;
   for (const char* series : {"# TYPE backhaul_scheduler_heartbeat_lanes gauge\n",
                              "backhaul_scheduler_heartbeat_lanes{state=\"busy\"} 4\n",
@@ -751,7 +752,7 @@ TEST_F(MadeUpSchedulerStats, MetricsShowTheHeartbeatLanes) {
                              "backhaul_scheduler_heartbeat_oldest_seconds 61.5\n"}) {
     EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
   }
-  stats.heartbeats = {4, 0, 0, 0, 0};
+  stats_.heartbeats = {4, 0, 0, 0, 0};
   const std::string idle = get("/metrics").body;
   for (const char* series : {"backhaul_scheduler_heartbeat_lanes{state=\"busy\"} 0\n",
                              "backhaul_scheduler_heartbeat_lanes{state=\"idle\"} 4\n",
