@@ -331,7 +331,8 @@ class CommitUnknown : public StorageError {
 struct RetryLimits {
   int lock_conflicts = 25;  // deadlocks / RetryTransaction: found at once, cheap to re-run
   // Lock wait timeouts: each run waited innodb_lock_wait_timeout (50 s by default) for a row
-  // held all that time; re-run once, not 25 times (about 20 minutes of waiting).
+  // held all that time; re-run once, not 25 times (about 20 minutes of waiting). Heartbeats: not
+  // re-run (the scheduler beats again half an interval later).
   int lock_waits = 2;
   int connection = 5;  // lost or refused connections (server restart, "gone away")
 };

@@ -1980,17 +1980,25 @@ class MysqlStore final : public JobStore {
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
                             const std::optional<std::string>& checkpoint) override {
     check_lease_ms("heartbeat", lease_ms);
-    return transact("heartbeat", [&](Tx& tx) {
-      JobState s = lock_running(tx, id, token);
-      HeartbeatResult result{later_by(now_ms, lease_ms), s.cancel_requested};
-      Sql sql("UPDATE jobs SET lease_expires_ms = ");
-      sql << result.lease_expires_ms << ", updated_ms = " << now_ms;
-      // Progress: the running attempt is the first since it (see JobStore::heartbeat).
-      if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint) << ", attempts = 1";
-      sql << " WHERE id = " << id;
-      tx.commit({std::move(sql)});
-      return result;
-    });
+    // A row held through one lock wait (50 s by default, often more than the lease) is not waited
+    // for again: the scheduler beats the job again half an interval later, after the others, and a
+    // second wait would hold a heartbeat lane and a pooled connection as long again.
+    mysql::RetryLimits once;
+    once.lock_waits = 1;
+    return transact(
+        "heartbeat",
+        [&](Tx& tx) {
+          JobState s = lock_running(tx, id, token);
+          HeartbeatResult result{later_by(now_ms, lease_ms), s.cancel_requested};
+          Sql sql("UPDATE jobs SET lease_expires_ms = ");
+          sql << result.lease_expires_ms << ", updated_ms = " << now_ms;
+          // Progress: the running attempt is the first since it (see JobStore::heartbeat).
+          if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint) << ", attempts = 1";
+          sql << " WHERE id = " << id;
+          tx.commit({std::move(sql)});
+          return result;
+        },
+        once);
   }
 
   // Group-committed: concurrent completions share a transaction (set-based statements).
@@ -2785,8 +2793,9 @@ class MysqlStore final : public JobStore {
   }
 
   template <class Body>
-  auto transact(const char* what, Body&& body) -> std::invoke_result_t<Body&, Tx&> {
-    return mysql::transact(pool_, what, std::forward<Body>(body));
+  auto transact(const char* what, Body&& body, mysql::RetryLimits limits = {})
+      -> std::invoke_result_t<Body&, Tx&> {
+    return mysql::transact(pool_, what, std::forward<Body>(body), limits);
   }
 
   // transact() for a change that must not be made twice and that a caller cannot fence (an

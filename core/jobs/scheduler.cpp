@@ -245,7 +245,7 @@ void Scheduler::heartbeat_loop() {
     const int64_t now = clock_.now_ms();
     report_waiting_beats(now);  // before this round queues more
     // The round hands the due beats to the lanes and does not wait for them: a beat that waits for
-    // a row another transaction holds (on MySQL up to the lock wait, run twice) holds up its lane
+    // a row another transaction holds (on MySQL up to the lock wait) holds up its lane
     // only. The jobs whose last beat failed (here or in their handler) go after the others, the
     // one that failed longest ago first, so neither one nor several failing rows keep the others,
     // or each other, from being renewed. Keys are read once: a handler may change its job's

@@ -137,7 +137,7 @@ struct SchedulerOptions {
   int64_t lease_ms = 30'000;
   int64_t heartbeat_interval_ms = 10'000;
   // Heartbeats under way at once, at most. One that waits (on MySQL, for a row another
-  // transaction holds: up to the lock wait, run twice) holds up its lane, not the others' beats.
+  // transaction holds: up to the lock wait) holds up its lane, not the others' beats.
   int heartbeat_lanes = 4;
   int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
   int64_t sweep_interval_ms = 5'000;

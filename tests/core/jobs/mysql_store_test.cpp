@@ -2798,6 +2798,65 @@ TEST(MysqlStore, ARowHeldLongerThanTheReadTimeoutIsALockConflictNotALostConnecti
       33'000);
 }
 
+// How many locking reads (FOR UPDATE) of `db`'s sessions other than `except_id` were seen waiting
+// while `done` was false, polled every 5 ms: a statement run again shows as its time (TIME_MS)
+// starting over, however short the pause between the runs (a lock wait here lasts a second). Not
+// from INNODB_TRX: InnoDB refreshes that table only after 100 ms without a read.
+int lock_waits_until(const TestDatabase& db, int64_t except_id, const std::atomic<bool>& done) {
+  auto root = db.root_session();
+  const std::string sql = "SELECT TIME_MS FROM information_schema.PROCESSLIST WHERE DB = '" +
+                          db.name() + "' AND ID <> " + std::to_string(except_id) +
+                          " AND COMMAND = 'Query' AND INFO LIKE '%FOR UPDATE%'";
+  int waits = 0;
+  double last_ms = -1;
+  while (!done) {
+    mysql::Result r = root->one(sql);
+    if (!r.rows.empty()) {
+      const double ms = std::stod(mysql::to_str(r.rows[0][0]));
+      if (last_ms < 0 || ms < last_ms) ++waits;
+      last_ms = ms;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return waits;
+}
+
+// A heartbeat waits for a row another transaction holds once, not twice like other operations: a
+// lock wait (50 s by default) already outlasts most leases, the scheduler beats the job again half
+// an interval later, after the other jobs, and a second wait held its heartbeat lane and a pooled
+// connection as long again (found by review). A failure report, for contrast, waits twice: so the
+// count below does see a second wait.
+TEST(MysqlStore, AHeartbeatWaitsForAHeldRowOnceWhereAnEndingWaitsTwice) {
+  TestDatabase db;
+  auto store = open_mysql_store(db.connection() + ";lock-wait-timeout=1", 1);
+  const JobId id = store->enqueue(spec("k"), 1000).id;
+  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
+  ASSERT_EQ(claimed.size(), 1u);
+  const std::string& token = claimed[0].lease_token;
+  auto holder = holding_row(db, id);
+  const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
+
+  Thrown beat;
+  std::thread beating =
+      throwing([&] { store->heartbeat(id, token, 2000, 30'000, std::nullopt); }, beat);
+  const int beat_waits = lock_waits_until(db, holder_id, beat.done);
+  beating.join();
+  EXPECT_TRUE(beat.lock_conflict) << beat.error;
+  EXPECT_EQ(beat_waits, 1) << "the heartbeat waited for its row " << beat_waits << " times";
+
+  Failure failure;
+  failure.error = "boom";
+  Thrown ending;
+  std::thread failing = throwing([&] { store->fail(id, token, failure, 3000); }, ending);
+  const int ending_waits = lock_waits_until(db, holder_id, ending.done);
+  failing.join();
+  holder->one("ROLLBACK");
+  EXPECT_TRUE(ending.lock_conflict) << ending.error;
+  EXPECT_EQ(ending_waits, 2) << "the failure report waited for its row " << ending_waits
+                             << " times";
+  EXPECT_EQ(store->get(id)->status, JobStatus::kRunning) << "neither went through";
+}
+
 // --- commits held by the backup lock ------------------------------------------------------
 
 // A KILL QUERY that ends the COMMIT itself proves nothing: a server may look for the kill once

@@ -1377,7 +1377,7 @@ TEST_F(PrefetchedJobs, TwoJobsWhoseHeartbeatsKeepFailingDoNotStarveTheOthers) {
 }
 
 // A beat that waits, here for as long as the test holds it (on MySQL: for a row another
-// transaction holds, up to the lock wait, 50 s by default, run twice), holds up its lane only: the
+// transaction holds, up to the lock wait, 50 s by default), holds up its lane only: the
 // other jobs in hand are renewed on time meanwhile, so their leases do not run out (the sweep would
 // take them back, count an attempt and run them twice), and the waiting job gets no second beat
 // while its first is under way (found by review: beats went one after another).
@@ -1434,7 +1434,7 @@ TEST_F(PrefetchedJobs, ABeatThatWaitsHoldsUpNoOtherJobsBeats) {
 // A beat queued behind one that waits (one lane here, held by the test; on MySQL, a row another
 // transaction holds) is made later than the round that queued it, and renews the lease from when
 // it is made. From the round's time, a beat held up longer than a lease (lanes waiting for rows:
-// up to the lock wait, run twice) would renew a lease that had already run out, for the sweep to
+// up to the lock wait each) would renew a lease that had already run out, for the sweep to
 // take back (found by review). Meanwhile the stats show what an operator needs to see: the lane
 // busy, with which job and since when, and the beats queued behind it; none of it once it is over.
 TEST_F(PrefetchedJobs, ABeatHeldUpInItsQueueRenewsTheLeaseFromWhenItIsMadeAndStatsShowIt) {
