@@ -2217,7 +2217,9 @@ std::set<int64_t> sessions_on(const TestDatabase& db) {
 // A store of one session on `db` (its id: `sessions`, checked to be the only one) with job `id`,
 // of kind "k", that "w" claimed at 1000 under `token` (its lease until `lease_expires_ms`).
 struct OneSessionRunningAJob {
-  explicit OneSessionRunningAJob(const TestDatabase& db) : store(db.open(1)) {
+  // `options`: more keys for the connection string (";read-timeout=2").
+  explicit OneSessionRunningAJob(const TestDatabase& db, const std::string& options = "")
+      : store(open_mysql_store(db.connection() + options, 1)) {
     id = store->enqueue(spec("k"), 1000).id;
     std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
     sessions = sessions_on(db);
@@ -2773,17 +2775,15 @@ TEST(MysqlStore, AStatementKilledByAnOperatorIsTransientAndTheSessionGoesOn) {
 // one that carried its COMMIT could still apply after the store had found it not applied.
 TEST(MysqlStore, ARowHeldLongerThanTheReadTimeoutIsALockConflictNotALostConnection) {
   TestDatabase db;
-  auto store = open_mysql_store(db.connection() + ";read-timeout=2", 1);
-  const JobId id = store->enqueue(spec("k"), 1000).id;
-  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
-  ASSERT_EQ(claimed.size(), 1u);
-  const std::set<int64_t> sessions = sessions_on(db);
-  ASSERT_EQ(sessions.size(), 1u);
+  OneSessionRunningAJob job(db, ";read-timeout=2");
+  auto& store = job.store;
+  const JobId id = job.id;
+  const std::set<int64_t>& sessions = job.sessions;
   auto holder = holding_row(db, id);
   const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
 
   try {
-    store->heartbeat(id, claimed[0].lease_token, 2000, 30'000, std::nullopt);
+    store->heartbeat(id, job.token, 2000, 30'000, std::nullopt);
     ADD_FAILURE() << "a heartbeat went through a held row";
   } catch (const StorageError& e) {
     EXPECT_TRUE(e.lock_conflict()) << e.what();
@@ -2793,9 +2793,7 @@ TEST(MysqlStore, ARowHeldLongerThanTheReadTimeoutIsALockConflictNotALostConnecti
   EXPECT_EQ(now, sessions) << "the store's session was taken for lost";
 
   holder->one("ROLLBACK");
-  EXPECT_EQ(
-      store->heartbeat(id, claimed[0].lease_token, 3000, 30'000, std::nullopt).lease_expires_ms,
-      33'000);
+  EXPECT_EQ(store->heartbeat(id, job.token, 3000, 30'000, std::nullopt).lease_expires_ms, 33'000);
 }
 
 // How many locking reads (FOR UPDATE) of `db`'s sessions other than `except_id` were seen waiting
@@ -2828,11 +2826,10 @@ int lock_waits_until(const TestDatabase& db, int64_t except_id, const std::atomi
 // count below does see a second wait.
 TEST(MysqlStore, AHeartbeatWaitsForAHeldRowOnceWhereAnEndingWaitsTwice) {
   TestDatabase db;
-  auto store = open_mysql_store(db.connection() + ";lock-wait-timeout=1", 1);
-  const JobId id = store->enqueue(spec("k"), 1000).id;
-  std::vector<Claimed> claimed = store->claim(claim_of("w", 1, 1000, {"k"}));
-  ASSERT_EQ(claimed.size(), 1u);
-  const std::string& token = claimed[0].lease_token;
+  OneSessionRunningAJob job(db, ";lock-wait-timeout=1");
+  auto& store = job.store;
+  const JobId id = job.id;
+  const std::string& token = job.token;
   auto holder = holding_row(db, id);
   const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
 
