@@ -1668,7 +1668,12 @@ TEST_F(PrefetchedJobs, JobsWhoseHeartbeatsStartFailingTogetherDoNotStarveTheOthe
   for (int round = 0; round < 5; ++round) {
     const int refusals = store.refusals;
     clock_.advance_ms(round == 0 ? o.heartbeat_interval_ms : o.heartbeat_interval_ms / 2);
-    ASSERT_TRUE(wait_for([&] { return store.refusals.load() > refusals; })) << "round " << round;
+    // The round came, and the lanes made all its beats (each at the clock's time when made).
+    ASSERT_TRUE(wait_for([&] {
+      const HeartbeatLanes lanes = scheduler.stats().heartbeats;
+      return store.refusals.load() > refusals && lanes.busy == 0 && lanes.queued == 0;
+    })) << "round "
+        << round;
   }
   // The healthy job was due at 200 ms: renewed in that round, with the five refusals.
   ASSERT_TRUE(wait_for([&] { return store.first_renewal(healthy).has_value(); }));
