@@ -611,7 +611,12 @@ TEST_F(SchedulerTest, OneRowRefusingItsBeatsWhileOthersGoThroughIsNoEvidenceOfAn
   for (int step = 0; step < 8; ++step) {
     clock_.advance_ms(step == 0 ? o.heartbeat_interval_ms : o.heartbeat_interval_ms / 2);
     const int64_t now = clock_.now_ms();
-    wait_for([&] { return store.refused_at.load() == now; });  // A goes last in its round
+    // A goes last in its round; the clock moves on once the lanes have made all the round's beats
+    // (each at the clock's time when made).
+    wait_for([&] {
+      const HeartbeatLanes lanes = scheduler.stats().heartbeats;
+      return store.refused_at.load() == now && lanes.busy == 0 && lanes.queued == 0;
+    });
     ASSERT_EQ(store.refused_at.load(), now) << "step " << step;
     if (const auto f = store_failure(scheduler, "heartbeat")) {
       widest = std::max(widest, f->last_ms - f->since_ms);
