@@ -321,10 +321,12 @@ class Tx {
 
 // Thrown by transact() when the connection was lost while the COMMIT was in flight, or the
 // COMMIT was interrupted or met a full disk (Tx::commit): the transaction may have applied. Never
-// re-run by transact().
+// re-run by transact(). `interrupted`: by KILL QUERY, so it says nothing of the server's health
+// (StorageError::outage).
 class CommitUnknown : public StorageError {
  public:
-  explicit CommitUnknown(const std::string& message) : StorageError(message, true) {}
+  explicit CommitUnknown(const std::string& message, bool interrupted = false)
+      : StorageError(message, true, false, interrupted) {}
 };
 
 // Retry rules shared by the store's operations.
@@ -371,8 +373,9 @@ auto transact(Pool& pool, const char* what, Body&& body, RetryLimits limits = {}
         if (tx.commit_unknown()) {
           throw CommitUnknown(
               std::string("mysql: ") + what +
-              (e.connection_lost() ? ": connection lost during commit" : ": commit failed") +
-              ", outcome unknown: " + e.what());
+                  (e.connection_lost() ? ": connection lost during commit" : ": commit failed") +
+                  ", outcome unknown: " + e.what(),
+              e.interrupted());
         }
         throw;
       }

@@ -2889,6 +2889,9 @@ TEST(MysqlBackupLock, ACommitKilledByAnOperatorIsAnUnknownOutcomeAndTheSessionGo
   EXPECT_TRUE(thrown.commit_unknown) << error;
   EXPECT_TRUE(thrown.transient) << error;
   EXPECT_NE(error.find("interrupted"), std::string::npos) << error;
+  // Killed, the server works: no outage, so a heartbeat round's other beats go on.
+  EXPECT_TRUE(thrown.interrupted) << error;
+  EXPECT_FALSE(thrown.outage) << error;
 
   EXPECT_EQ(store->get(job.id)->lease_expires_ms, job.lease_expires_ms) << "applied";
   EXPECT_EQ(sessions_on(db), job.sessions) << "the store's session was taken for lost";
