@@ -1982,7 +1982,8 @@ class MysqlStore final : public JobStore {
     check_lease_ms("heartbeat", lease_ms);
     // A row held through one lock wait (50 s by default, often more than the lease) is not waited
     // for again: the scheduler beats the job again half an interval later, after the others, and a
-    // second wait would hold a heartbeat lane and a pooled connection as long again.
+    // second wait would hold a heartbeat lane and a pooled connection as long again. (A handler's
+    // checkpoint gets the error: its attempt fails, to resume from the last checkpoint stored.)
     mysql::RetryLimits once;
     once.lock_waits = 1;
     return transact(
