@@ -2827,15 +2827,12 @@ int lock_waits_until(const TestDatabase& db, int64_t except_id, const std::atomi
 TEST(MysqlStore, AHeartbeatWaitsForAHeldRowOnceWhereAnEndingWaitsTwice) {
   TestDatabase db;
   OneSessionRunningAJob job(db, ";lock-wait-timeout=1");
-  auto& store = job.store;
-  const JobId id = job.id;
-  const std::string& token = job.token;
-  auto holder = holding_row(db, id);
+  auto holder = holding_row(db, job.id);
   const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
 
   Thrown beat;
   std::thread beating =
-      throwing([&] { store->heartbeat(id, token, 2000, 30'000, std::nullopt); }, beat);
+      throwing([&] { job.store->heartbeat(job.id, job.token, 2000, 30'000, std::nullopt); }, beat);
   const int beat_waits = lock_waits_until(db, holder_id, beat.done);
   beating.join();
   EXPECT_TRUE(beat.lock_conflict) << beat.error;
@@ -2844,14 +2841,15 @@ TEST(MysqlStore, AHeartbeatWaitsForAHeldRowOnceWhereAnEndingWaitsTwice) {
   Failure failure;
   failure.error = "boom";
   Thrown ending;
-  std::thread failing = throwing([&] { store->fail(id, token, failure, 3000); }, ending);
+  std::thread failing =
+      throwing([&] { job.store->fail(job.id, job.token, failure, 3000); }, ending);
   const int ending_waits = lock_waits_until(db, holder_id, ending.done);
   failing.join();
   holder->one("ROLLBACK");
   EXPECT_TRUE(ending.lock_conflict) << ending.error;
   EXPECT_EQ(ending_waits, 2) << "the failure report waited for its row " << ending_waits
                              << " times";
-  EXPECT_EQ(store->get(id)->status, JobStatus::kRunning) << "neither went through";
+  EXPECT_EQ(job.store->get(job.id)->status, JobStatus::kRunning) << "neither went through";
 }
 
 // --- commits held by the backup lock ------------------------------------------------------
