@@ -1242,11 +1242,17 @@ void Pipeline::set_rate_limits(const RateLimitSettings& s) {
 
 PipelineMetrics Pipeline::metrics() const {
   const Impl& i = *impl_;
-  return {i.pages.load(),           i.dispatched.load(),
-          i.duplicates.load(),      i.rate_limit_waits.load(),
-          i.throttle_waits.load(),  i.circuit_deferrals.load(),
-          i.token_refreshes.load(), i.plugin_calls.load(),
-          i.plugin_call_us.load()};
+  // Designated, so that a counter added to PipelineMetrics cannot shift the others.
+  return {.pages = i.pages.load(),
+          .events_dispatched = i.dispatched.load(),
+          .events_duplicate = i.duplicates.load(),
+          .rate_limit_waits = i.rate_limit_waits.load(),
+          .throttle_waits = i.throttle_waits.load(),
+          .circuit_deferrals = i.circuit_deferrals.load(),
+          .token_refreshes = i.token_refreshes.load(),
+          .transient_retries = i.retries_in_place.load(),
+          .plugin_calls = i.plugin_calls.load(),
+          .plugin_call_us = i.plugin_call_us.load()};
 }
 
 }  // namespace backhaul::pipeline

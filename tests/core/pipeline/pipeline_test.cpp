@@ -1033,7 +1033,12 @@ TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts
   EXPECT_EQ(gh.unexpected, 0);
   EXPECT_EQ(result["eventsDispatched"].get<int64_t>(), gh.unique)
       << "a page fetched again after a failed attempt is not counted twice";
-  EXPECT_GT(pipeline_->metrics().transient_retries, 0);
+  const PipelineMetrics m = pipeline_->metrics();
+  EXPECT_GT(m.transient_retries, 0);
+  // Every call is a page or a failure the sandbox injected (a 5xx, a 429).
+  EXPECT_GE(m.plugin_calls, m.pages);
+  EXPECT_LE(m.plugin_calls,
+            m.pages + report.faults_injected["provider_5xx"] + report.faults_injected["burst_429"]);
 }
 
 // A run that fans out again (it crashed after enqueuing, or its checkpoint was reset) adopts the
