@@ -571,7 +571,9 @@ struct Pipeline::Impl {
     try {
       connector.validate_scopes(unit);
     } catch (const plugins::ConnectorFailure& e) {
-      if (e.status() == BACKHAUL_RETRYABLE) {
+      if (dynamic_cast<const plugins::PluginCrashed*>(&e)) {
+        // The plugin's own end in its worker process: nothing about the provider.
+      } else if (e.status() == BACKHAUL_RETRYABLE) {
         circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, started,
                       clock.now_ms());
       } else if (provider_answered(e.status())) {
@@ -951,6 +953,11 @@ struct Pipeline::Impl {
       retried = 0;
       circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, began, ctx.now_ms());
       return {std::move(page), std::nullopt};
+    } catch (const plugins::PluginCrashed& e) {
+      // The plugin crashed, exited or hung in its worker process: an attempt of the job, and
+      // nothing about the provider (no circuit event, no retry in place).
+      note_call(started);
+      throw JobFailure(std::string("RETRYABLE: ") + e.what());
     } catch (const plugins::ConnectorFailure& e) {
       note_call(started);
       const std::string what =

@@ -8,6 +8,7 @@
 
 #include "core/common/json_check.h"
 #include "core/common/logging.h"
+#include "core/plugins/isolation.h"
 #include "core/plugins/loaded_library.h"
 
 namespace backhaul::plugins {
@@ -150,9 +151,13 @@ Page::Page(std::shared_ptr<const LoadedLibrary> library,
            std::shared_ptr<backhaul_instance_t> instance, backhaul_page_t* page) noexcept
     : library_(std::move(library)), instance_(std::move(instance)), page_(page) {}
 
+Page::Page(std::shared_ptr<OwnedPage> owned) noexcept
+    : owned_(std::move(owned)), page_(&owned_->page) {}
+
 Page::Page(Page&& other) noexcept
     : library_(std::move(other.library_)),
       instance_(std::move(other.instance_)),
+      owned_(std::move(other.owned_)),
       page_(std::exchange(other.page_, nullptr)) {}
 
 Page& Page::operator=(Page&& other) noexcept {
@@ -160,13 +165,14 @@ Page& Page::operator=(Page&& other) noexcept {
     Page old(std::move(*this));
     library_ = std::move(other.library_);
     instance_ = std::move(other.instance_);
+    owned_ = std::move(other.owned_);
     page_ = std::exchange(other.page_, nullptr);
   }
   return *this;
 }
 
 Page::~Page() {
-  if (page_) {
+  if (page_ && instance_) {
     guarded_noexcept(library_->info(), "release_page",
                      [&] { library_->entry().release_page(instance_.get(), page_); });
   }
@@ -196,9 +202,14 @@ Connector::Connector(std::shared_ptr<const LoadedLibrary> library,
                      std::shared_ptr<backhaul_instance_t> instance) noexcept
     : library_(std::move(library)), instance_(std::move(instance)) {}
 
+Connector::Connector(std::shared_ptr<const LoadedLibrary> library,
+                     std::shared_ptr<WorkerPool> workers) noexcept
+    : library_(std::move(library)), workers_(std::move(workers)) {}
+
 const PluginInfo& Connector::info() const noexcept { return library_->info(); }
 
 Page Connector::fetch_page(const FetchParams& params) const {
+  if (workers_) return Page(workers_->fetch_page(params));  // checked in the worker
   backhaul_fetch_request_t request{};
   request.struct_size = sizeof(request);
   request.unit = c_unit(params.unit);
@@ -250,6 +261,7 @@ Page Connector::fetch_page(const FetchParams& params) const {
 }
 
 void Connector::validate_scopes(const Unit& unit) const {
+  if (workers_) return workers_->validate_scopes(unit);
   backhaul_unit_t c = c_unit(unit);
   backhaul_error_t error{};
   backhaul_status_t status = guarded(library_->info(), "validate_scopes", [&] {
@@ -290,6 +302,12 @@ Connector Plugin::create(std::string_view config_json) const {
     guarded_noexcept(library->info(), "destroy", [&] { library->entry().destroy(p); });
   });
   return Connector(library_, std::move(owned));
+}
+
+Connector Plugin::create_isolated(std::string_view config_json,
+                                  const IsolationOptions& options) const {
+  return Connector(
+      library_, std::make_shared<WorkerPool>(library_->info(), std::string(config_json), options));
 }
 
 const void* Plugin::extension(const char* id) const {

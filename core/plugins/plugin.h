@@ -22,9 +22,12 @@ namespace backhaul::plugins {
 // such a page (a FATAL failure of the job); `backhaul plugin validate` reports every problem.
 std::vector<std::string> page_problems(const backhaul_page_t& page);
 
-class LoadedLibrary;  // the mapped library and its checked entry (loaded_library.h)
-struct HostServices;  // plugin_loader.h
-struct LoadOptions;   // plugin_loader.h
+class LoadedLibrary;      // the mapped library and its checked entry (loaded_library.h)
+struct HostServices;      // plugin_loader.h
+struct LoadOptions;       // plugin_loader.h
+struct IsolationOptions;  // isolation.h
+struct OwnedPage;         // isolation.h
+class WorkerPool;         // isolation.h
 
 // A library the plugin brings along, found through $ORIGIN in its RUNPATH/RPATH and loaded with
 // it (plugin_loader.h).
@@ -65,6 +68,15 @@ class ConnectorFailure : public Error {
   int64_t retry_after_ms_;
 };
 
+// A call that ended the worker process it ran in (isolation.h): the plugin crashed, exited or
+// hung there. RETRYABLE, as another attempt runs in a new worker; it says nothing about the
+// provider, so it is no failure on the provider's circuit and no transient error to retry in place.
+class PluginCrashed final : public ConnectorFailure {
+ public:
+  explicit PluginCrashed(const std::string& message)
+      : ConnectorFailure(BACKHAUL_RETRYABLE, message, 0) {}
+};
+
 // "OK", "RETRYABLE", ... for messages and reports.
 std::string_view status_name(backhaul_status_t status);
 
@@ -88,8 +100,9 @@ struct EventView {
   std::string_view payload_json;
 };
 
-// A page returned by fetch_page; released back to the plugin when destroyed. Move-only.
-// [thread-safe] to read from several threads; destroy on any thread.
+// A page returned by fetch_page; released back to the plugin when destroyed (a page from a worker
+// process is the host's own copy). Move-only. [thread-safe] to read from several threads; destroy
+// on any thread.
 class Page {
  public:
   Page(Page&&) noexcept;
@@ -108,13 +121,16 @@ class Page {
   friend class Connector;
   Page(std::shared_ptr<const LoadedLibrary> library, std::shared_ptr<backhaul_instance_t> instance,
        backhaul_page_t* page) noexcept;
+  explicit Page(std::shared_ptr<OwnedPage> owned) noexcept;
   std::shared_ptr<const LoadedLibrary> library_;
-  std::shared_ptr<backhaul_instance_t> instance_;
+  std::shared_ptr<backhaul_instance_t> instance_;  // null for a page from a worker process
+  std::shared_ptr<OwnedPage> owned_;               // only for a page from a worker process
   backhaul_page_t* page_;
 };
 
-// One connector instance (a config applied to a plugin). [thread-safe]: fetch_page and
-// validate_scopes may be called from many threads at once, as the ABI promises.
+// One connector instance (a config applied to a plugin), in this process or in worker processes
+// (Plugin::create_isolated). [thread-safe]: fetch_page and validate_scopes may be called from many
+// threads at once, as the ABI promises.
 class Connector {
  public:
   // Throws ConnectorFailure with the plugin's message.
@@ -126,8 +142,11 @@ class Connector {
   friend class Plugin;
   Connector(std::shared_ptr<const LoadedLibrary> library,
             std::shared_ptr<backhaul_instance_t> instance) noexcept;
+  Connector(std::shared_ptr<const LoadedLibrary> library,
+            std::shared_ptr<WorkerPool> workers) noexcept;
   std::shared_ptr<const LoadedLibrary> library_;
-  std::shared_ptr<backhaul_instance_t> instance_;
+  std::shared_ptr<backhaul_instance_t> instance_;  // null when isolated
+  std::shared_ptr<WorkerPool> workers_;            // only when isolated
 };
 
 // A plugin library that passed every check and whose init() succeeded. Cheap to copy (shared).
@@ -137,6 +156,10 @@ class Plugin {
   // Throws ConnectorFailure (INVALID_ARGUMENT) with the plugin's message on a bad config.
   void validate_config(std::string_view config_json) const;
   Connector create(std::string_view config_json) const;
+  // The same instance in worker processes (isolation.h, SPEC B4): its calls cannot crash this
+  // process. Starts the first worker; throws ConnectorFailure as create() does, or FATAL when the
+  // worker cannot start or load the plugin.
+  Connector create_isolated(std::string_view config_json, const IsolationOptions& options) const;
   // Non-null iff the plugin is ABI >= 1.1 and has the extension.
   const void* extension(const char* id) const;
 

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/common/signal_name.h"
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -307,13 +308,6 @@ std::string where(const std::string& activity) {
 }
 
 }  // namespace
-
-std::string signal_description(int signal) {
-  const char* abbrev = ::sigabbrev_np(signal);
-  const char* text = ::strsignal(signal);
-  std::string name = abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
-  return text ? name + " (" + text + ")" : name;
-}
 
 std::string ChildOutcome::describe(const ChildLimits& limits) const {
   const int64_t limit_mb = static_cast<int64_t>(limits.memory_bytes >> 20);

@@ -60,7 +60,4 @@ ChildOutcome run_in_child(const std::function<std::string()>& body, const ChildL
 // allocation, safe to call often. Does nothing outside run_in_child.
 void note_activity(const char* what) noexcept;
 
-// "SIGSEGV (Segmentation fault)".
-std::string signal_description(int signal);
-
 }  // namespace backhaul::validate

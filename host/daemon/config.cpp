@@ -1,6 +1,8 @@
 #include "host/daemon/config.h"
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -55,6 +57,8 @@ void read_circuit(const json& object, const char* key, CircuitConfig* circuit) {
   read(object[key], "failure_threshold", &circuit->failure_threshold);
   read(object[key], "open_ms", &circuit->open_ms);
 }
+
+constexpr const char* kPluginWorker = "backhaul-plugin-worker";
 
 std::string default_owner() {
   char host[256] = {};
@@ -126,6 +130,23 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     for (const auto& [id, settings] : plugins["connectors"].items()) {
       config.plugins.connectors[id] = settings;
     }
+  }
+  const json& isolation = section(plugins, "isolation");
+  DaemonConfig::Plugins::Isolation& iso = config.plugins.isolation;
+  read(isolation, "mode", &iso.mode);
+  read(isolation, "workers", &iso.workers);
+  read(isolation, "call_timeout_ms", &iso.call_timeout_ms);
+  if (isolation.contains("worker_path")) {
+    iso.worker_path = resolve(base_dir, isolation["worker_path"].get<std::string>());
+  } else {
+    std::error_code ec;
+    iso.worker_path = fs::read_symlink("/proc/self/exe", ec).parent_path() / kPluginWorker;
+  }
+  if (iso.mode == "process" && ::access(iso.worker_path.c_str(), X_OK) != 0) {
+    problems.add(isolation.contains("worker_path") ? "plugins.isolation.worker_path"
+                                                   : "plugins.isolation.mode",
+                 iso.worker_path.string() + " is not an executable file (" + std::strerror(errno) +
+                     "): process isolation needs " + kPluginWorker);
   }
 
   const json& gateway = section(root, "gateway");

@@ -41,6 +41,14 @@ struct DaemonConfig {
     std::vector<std::filesystem::path> directories;
     std::vector<std::string> allowed_sha256;
     std::map<std::string, nlohmann::json> connectors;  // by provider id
+    // SPEC B4: "process" runs every fetch_page and validate_scopes call in worker processes
+    // (core/plugins/isolation.h); "none" runs them in the daemon.
+    struct Isolation {
+      std::string mode = "none";
+      int workers = 0;  // per connector; 0: scheduler.workers
+      int64_t call_timeout_ms = 120'000;
+      std::filesystem::path worker_path;  // default: backhaul-plugin-worker beside the daemon
+    } isolation;
   } plugins;
 
   struct Gateway {

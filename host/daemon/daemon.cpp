@@ -12,6 +12,7 @@
 #include "core/http/poco_transport.h"
 #include "core/jobs/scheduler.h"
 #include "core/pipeline/pipeline.h"
+#include "core/plugins/isolation.h"
 #include "host/daemon/admin_api.h"
 #include "host/daemon/admin_server.h"
 #include "host/daemon/audit_log.h"
@@ -69,18 +70,32 @@ void Daemon::Impl::load_plugins() {
       log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
     }
   }
+  std::optional<plugins::IsolationOptions> isolation;
+  if (config.plugins.isolation.mode == "process") {
+    const DaemonConfig::Plugins::Isolation& c = config.plugins.isolation;
+    isolation.emplace();
+    isolation->worker_path = c.worker_path;
+    isolation->max_workers =
+        static_cast<size_t>(c.workers > 0 ? c.workers : config.scheduler.workers);
+    isolation->call_timeout = std::chrono::milliseconds(c.call_timeout_ms);
+    isolation->http_timeout = std::chrono::milliseconds(config.gateway.timeout_ms);
+    isolation->ca_file = config.gateway.ca_file;
+    isolation->log_level = config.logging.level;
+    isolation->log_json = config.logging.format == "json";
+  }
   for (const plugins::Plugin& plugin : registry->plugins()) {
     const std::string& id = plugin.info().id;
     auto settings = config.plugins.connectors.find(id);
     const std::string json =
         settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
     try {
-      connectors.emplace(id, plugin.create(json));
+      connectors.emplace(
+          id, isolation ? plugin.create_isolated(json, *isolation) : plugin.create(json));
     } catch (const plugins::ConnectorFailure& e) {
       throw ConfigError("config: plugins.connectors." + id + ": " + e.what());
     }
-    log->info("plugin {} {} loaded from {}", id, plugin.info().version,
-              plugin.info().path.string());
+    log->info("plugin {} {} loaded from {}{}", id, plugin.info().version,
+              plugin.info().path.string(), isolation ? " (its calls run in worker processes)" : "");
   }
   for (const auto& [id, settings] : config.plugins.connectors) {
     if (!registry->find(id)) log->warn("plugins.connectors.{}: no such plugin is loaded", id);

@@ -20,6 +20,7 @@
 #include "core/http/poco_transport.h"
 #include "core/jobs/job_store.h"
 #include "core/jobs/scheduler.h"
+#include "core/plugins/isolation.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/sandbox/sandbox.h"
 
@@ -312,6 +313,69 @@ TEST_F(PipelineTest, GithubRunFansOutNineUnitsAndDeliversEveryEventOnce) {
   EXPECT_EQ(view->events_dispatched, gh.unique);
   EXPECT_EQ(view->units.size(), 9u);
   EXPECT_GT(pipeline_->metrics().pages, 0);
+}
+
+plugins::IsolationOptions isolation() {
+  plugins::IsolationOptions o;
+  o.worker_path = BACKHAUL_PLUGIN_WORKER;
+  o.max_workers = 2;
+  o.log_level = "warn";
+  return o;
+}
+
+// SPEC B4: the GitHub connector in worker processes (their own HTTP to the sandbox) delivers
+// every event once, as it does in this process.
+TEST_F(PipelineTest, AGithubRunWithTheConnectorInWorkerProcessesDeliversEveryEventOnce) {
+  start(data(2, 0, 120));
+  json config = {{"base_url", sandbox_->base_url() + "/github"}};
+  connectors_.erase("github");
+  connectors_.emplace("github",
+                      registry().find("github")->create_isolated(config.dump(), isolation()));
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+
+  const sandbox::DeliveryCounts gh = sandbox_->report("inst-1").gateway_by_provider["github"];
+  EXPECT_GT(gh.expected, 0);
+  EXPECT_EQ(gh.missing, 0);
+  EXPECT_EQ(gh.unexpected, 0);
+  EXPECT_EQ(gh.duplicates, 0);
+  std::optional<RunView> view = pipeline_->get_run(run.run_id);
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->status, "succeeded");
+  EXPECT_EQ(view->units_done, 6);
+  EXPECT_EQ(view->events_dispatched, gh.unique);
+}
+
+// SPEC B4: a plugin that aborts in fetch_page ends its worker, not this process. Each crash is an
+// attempt of the unit; when they run out the unit is a dead letter that says how the worker died.
+TEST_F(PipelineTest, APluginThatCrashesInAWorkerCostsAttemptsAndEndsInADeadLetter) {
+  static const plugins::Plugin fake =
+      plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
+  PipelineOptions options = fast();
+  options.provider_circuit = {3, 60'000};
+  start(data(1, 0, 10), options);
+  connectors_.erase("github");
+  connectors_.emplace("github", fake.create_isolated(R"({"crash_on_page": 1})", isolation()));
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+
+  std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].status, JobStatus::kDead);
+  EXPECT_GT(units[0].max_attempts, 1);
+  EXPECT_EQ(units[0].attempts, units[0].max_attempts) << "every crash was an attempt";
+  ASSERT_TRUE(units[0].last_error);
+  EXPECT_THAT(*units[0].last_error, HasSubstr("ended during fetch_page: it was killed by SIGABRT"));
+  const jobs::DeadLetterPage letters = store_->list_dead_letters({});
+  ASSERT_EQ(letters.items.size(), 1u);
+  EXPECT_EQ(letters.items[0].job_id, units[0].id);
+  EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "failed");
+  // A crash is the plugin's, not the provider's: no retry in place, no failure on its circuit
+  // (which, open, would defer every installation's units).
+  EXPECT_EQ(pipeline_->metrics().transient_retries, 0);
+  EXPECT_EQ(pipeline_->metrics().plugin_calls, units[0].max_attempts);
+  EXPECT_EQ(circuit("provider:fake").failures, 0);
+  EXPECT_EQ(circuit("provider:fake").state, "closed");
 }
 
 // Seed 000 test 2: Vercel, one project, one entity type: one unit.

@@ -3,6 +3,7 @@
 #include "host/daemon/config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +11,7 @@
 
 #include "core/common/errors.h"
 #include "host/daemon/json_schema.h"
+#include <unistd.h>
 
 namespace backhaul::daemon {
 namespace {
@@ -68,6 +70,33 @@ TEST(ConfigTest, MinimalConfigGetsDefaultsAndSecretsFromTheEnvironment) {
   EXPECT_EQ(c.shutdown.abandon_ms, 30'000);
   EXPECT_EQ(c.logging.format, "text");
   EXPECT_FALSE(c.gateway.api_key.has_value());
+}
+
+// SPEC B4. The worker executable is looked for beside the daemon's own (this test's, here), and
+// a relative worker_path is the config directory's.
+TEST(ConfigTest, IsolationDefaultsToNoneAndFindsTheWorkerBesideTheDaemon) {
+  const DaemonConfig none = parse_config(minimal().dump(), "/srv/backhaul", kEnv);
+  EXPECT_EQ(none.plugins.isolation.mode, "none");
+  EXPECT_EQ(none.plugins.isolation.workers, 0);
+  EXPECT_EQ(none.plugins.isolation.call_timeout_ms, 120'000);
+  EXPECT_EQ(
+      none.plugins.isolation.worker_path,
+      std::filesystem::read_symlink("/proc/self/exe").parent_path() / "backhaul-plugin-worker");
+
+  json config = minimal();
+  config["plugins"]["isolation"] = {
+      {"mode", "process"}, {"workers", 3}, {"call_timeout_ms", 5000}, {"worker_path", "w/worker"}};
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("backhaul-config-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "w");
+  std::filesystem::copy_file(BACKHAUL_PLUGIN_WORKER_PATH, dir / "w" / "worker",
+                             std::filesystem::copy_options::overwrite_existing);
+  const DaemonConfig c = parse_config(config.dump(), dir, kEnv);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(c.plugins.isolation.mode, "process");
+  EXPECT_EQ(c.plugins.isolation.workers, 3);
+  EXPECT_EQ(c.plugins.isolation.call_timeout_ms, 5000);
+  EXPECT_EQ(c.plugins.isolation.worker_path, dir / "w" / "worker");
 }
 
 TEST(ConfigTest, FullConfigLoads) {
@@ -217,7 +246,21 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: scheduler.recover_own_leases: needs scheduler.owner: the default owner "
                  "(hostname:pid) changes every start"},
         BadField{"SectionNotObject", [](json& c) { c["health"] = 5; },
-                 "config: health: must be an object (got 5)"}),
+                 "config: health: must be an object (got 5)"},
+        BadField{"IsolationMode", [](json& c) { c["plugins"]["isolation"]["mode"] = "thread"; },
+                 "config: plugins.isolation.mode: must be one of \"none\", \"process\""},
+        BadField{"IsolationWorkerMissing",
+                 [](json& c) {
+                   c["plugins"]["isolation"] = {{"mode", "process"},
+                                                {"worker_path", "/nonexistent/worker"}};
+                 },
+                 "config: plugins.isolation.worker_path: /nonexistent/worker is not an executable "
+                 "file (No such file or directory): process isolation needs "
+                 "backhaul-plugin-worker"},
+        BadField{"IsolationCallTimeout",
+                 [](json& c) { c["plugins"]["isolation"]["call_timeout_ms"] = 10; },
+                 "config: plugins.isolation.call_timeout_ms: must be an integer between 100 and "
+                 "3600000 (got 10)"}),
     [](const ::testing::TestParamInfo<BadField>& param) { return param.param.name; });
 
 // The MySQL connection string is configuration too: one the store will refuse at open (an unknown

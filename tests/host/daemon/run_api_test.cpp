@@ -2,6 +2,8 @@
 // gateway on 127.0.0.1), the daemon runs in-process with the real connector plugins and a temp
 // SQLite store. The run must end succeeded with counts that match what the sandbox's gateway
 // received.
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include "host/daemon/config.h"
 #include "host/daemon/daemon.h"
 #include "tests/host/daemon/process_fixture.h"
+#include <unistd.h>
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -33,6 +36,7 @@ class RunApiTest : public ProcessTest {
     config["scheduler"] = {{"workers", 4}, {"heartbeat_ms", 1000}, {"sweep_ms", 1000}};
     config["pipeline"] = json::object();  // the defaults: RateLimitsReadAndReplace reads them
     config["shutdown"] = {{"grace_ms", 5000}};
+    configure(config);
     auto env = [](const std::string& name) -> std::optional<std::string> {
       if (name == kTokenEnv) return std::string(kToken);
       return std::nullopt;
@@ -48,6 +52,8 @@ class RunApiTest : public ProcessTest {
     local_daemon_.reset();
     ProcessTest::TearDown();
   }
+
+  virtual void configure(json& /*config*/) {}
 
   HttpResult call(const std::string& method, const std::string& target,
                   const std::string& body = "") {
@@ -219,6 +225,60 @@ TEST_F(RunApiTest, RateLimitsReadAndReplace) {
   EXPECT_EQ(bad.json()["error"]["details"]["field"], "rateLimitFloor");
   EXPECT_EQ(call("PUT", "/v1/rate-limits", R"({"speed":1})").json()["error"]["details"]["field"],
             "speed");
+}
+
+// SPEC B4: the same daemon with its plugins' calls in worker processes.
+class IsolatedRunApiTest : public RunApiTest {
+ protected:
+  void configure(json& config) override {
+    config["plugins"]["isolation"] = {{"mode", "process"}, {"workers", 2}};
+  }
+
+  // This process's children that run backhaul-plugin-worker.
+  static std::vector<pid_t> plugin_workers() {
+    std::vector<pid_t> found;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t open = line.find('('), close = line.rfind(')');
+      if (open == std::string::npos || close == std::string::npos) continue;
+      std::istringstream rest(line.substr(close + 2));
+      char state = 0;
+      pid_t parent = 0;
+      rest >> state >> parent;
+      // comm is cut to 15 characters
+      if (parent == ::getpid() && line.substr(open + 1, close - open - 1) == "backhaul-plugin")
+        found.push_back(std::stoi(name));
+    }
+    return found;
+  }
+};
+
+TEST_F(IsolatedRunApiTest, AGithubRunSucceedsWithCountsMatchingTheGatewayAndTheWorkersEndWithIt) {
+  const std::vector<pid_t> at_start = plugin_workers();
+  EXPECT_EQ(at_start.size(), 2u) << "one per connector (github, vercel), started with the daemon";
+  const HttpResult started =
+      call("POST", "/v1/runs", R"({"installationId":"gh-inst-1","provider":"github","depth":30})");
+  ASSERT_EQ(started.status, 202) << started.body;
+  const json run = wait_finished(started.json()["runId"]);
+  ASSERT_EQ(run["status"], "succeeded") << run.dump(2);
+  EXPECT_EQ(run["unitsFailed"], 0);
+  const json gateway_report = report("inst-1");
+  const json& github = gateway_report["gateway"]["by_provider"]["github"];
+  EXPECT_EQ(github["missing"], 0) << gateway_report.dump(2);
+  EXPECT_EQ(github["unexpected"], 0) << gateway_report.dump(2);
+  EXPECT_EQ(run["eventsDispatched"], github["unique"]);
+  EXPECT_GT(github["unique"].get<int64_t>(), 0);
+  const size_t during = plugin_workers().size();
+  EXPECT_GE(during, 2u);
+  EXPECT_LE(during, 4u) << "at most 2 per connector";
+
+  client_.reset();
+  local_daemon_.reset();
+  EXPECT_TRUE(plugin_workers().empty()) << "a stopped daemon leaves no worker behind";
 }
 
 }  // namespace

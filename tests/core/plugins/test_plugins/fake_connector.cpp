@@ -1,12 +1,18 @@
 // A configurable connector built with the C++ SDK layer, for the loader and host-service tests.
 //
 // Config (all optional): {"pages": 3, "per_page": 2, "fail": "<mode>", "http_url": "<url>",
-//                         "rate_limit_remaining": N}
+//                         "rate_limit_remaining": N, "crash_on_page": N}
 //   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
-//         "unknown_exception" — every fetch_page fails that way.
+//         "unknown_exception" — every fetch_page fails that way; "abort" | "exit" | "hang" |
+//         "stdout" — every fetch_page calls abort(), calls _Exit(3), never returns, or prints to
+//         stdout first (for isolation mode: a host running it in-process ends or hangs too).
+//   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "backhaul/connector.hpp"
 
@@ -53,6 +59,8 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "rate_limit_remaining"); !v.empty())
       remaining_ = std::atoi(v.c_str());
+    if (auto v = config_value(config, "crash_on_page"); !v.empty())
+      crash_on_page_ = std::atoi(v.c_str());
     fail_ = config_value(config, "fail");
     http_url_ = config_value(config, "http_url");
   }
@@ -82,6 +90,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
                   std::string(response.final_url()) + "\"}";
     }
     int page = request.cursor ? std::atoi(std::string(*request.cursor).c_str()) : 1;
+    if (page == crash_on_page_) std::abort();
     if (page < 1 || page > pages_) throw Error(BACKHAUL_INVALID_ARGUMENT, "cursor out of range");
     backhaul::sdk::Page out;
     for (int i = 0; i < per_page_; ++i) {
@@ -111,11 +120,21 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (fail_ == "invalid") throw Error(BACKHAUL_INVALID_ARGUMENT, "bad cursor");
     if (fail_ == "std_exception") throw std::logic_error("bug in connector");
     if (fail_ == "unknown_exception") throw 42;
+    if (fail_ == "abort") std::abort();
+    if (fail_ == "exit") std::_Exit(3);
+    if (fail_ == "hang") {
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    if (fail_ == "stdout") {
+      std::fputs("a plugin's stray print\n", stdout);
+      std::fflush(stdout);
+    }
   }
 
   int pages_ = 3;
   int per_page_ = 2;
   int64_t remaining_ = -1;
+  int crash_on_page_ = 0;
   std::string fail_;
   std::string http_url_;
 };

@@ -1,0 +1,578 @@
+#include "core/plugins/isolation.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "core/common/logging.h"
+#include "core/common/signal_name.h"
+#include "core/plugins/plugin_loader.h"
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace backhaul::plugins {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// --- worker_wire: frames and their fields -------------------------------------------------------
+
+enum class Op : uint8_t { kCreate = 1, kFetch = 2, kValidateScopes = 3 };
+
+// A frame body bigger than this is refused (no page of a real provider comes near it).
+constexpr size_t kMaxFrame = size_t{1} << 30;
+
+struct MalformedFrame : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Writer {
+ public:
+  Writer() : bytes_(4, '\0') {}
+  Writer& u8(uint8_t v) {
+    bytes_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  Writer& i64(int64_t v) {
+    char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+    bytes_.append(b, 8);
+    return *this;
+  }
+  Writer& str(std::string_view s) {
+    i64(static_cast<int64_t>(s.size()));
+    bytes_.append(s);
+    return *this;
+  }
+  Writer& opt(std::optional<std::string_view> s) {
+    u8(s ? 1 : 0);
+    return s ? str(*s) : *this;
+  }
+  // The frame: the body's length in front of it.
+  std::string finish() && {
+    const auto n = static_cast<uint32_t>(bytes_.size() - 4);
+    for (int i = 0; i < 4; ++i) bytes_[i] = static_cast<char>(n >> (8 * i));
+    return std::move(bytes_);
+  }
+
+ private:
+  std::string bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view body) : rest_(body) {}
+  uint8_t u8() {
+    need(1);
+    const auto v = static_cast<uint8_t>(rest_[0]);
+    rest_.remove_prefix(1);
+    return v;
+  }
+  int64_t i64() {
+    need(8);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(rest_[i])} << (8 * i);
+    rest_.remove_prefix(8);
+    return static_cast<int64_t>(v);
+  }
+  std::string_view str() {
+    const int64_t n = i64();
+    if (n < 0) throw MalformedFrame("a negative string length");
+    need(static_cast<uint64_t>(n));
+    std::string_view s = rest_.substr(0, static_cast<size_t>(n));
+    rest_.remove_prefix(static_cast<size_t>(n));
+    return s;
+  }
+  std::optional<std::string_view> opt() { return u8() ? std::optional(str()) : std::nullopt; }
+  size_t left() const noexcept { return rest_.size(); }
+  void end() const {
+    if (!rest_.empty()) throw MalformedFrame(std::to_string(rest_.size()) + " bytes too many");
+  }
+
+ private:
+  void need(uint64_t n) const {
+    if (rest_.size() < n) throw MalformedFrame("the frame ends early");
+  }
+  std::string_view rest_;
+};
+
+std::optional<std::string_view> view(const std::optional<std::string>& s) {
+  return s ? std::optional<std::string_view>(*s) : std::nullopt;
+}
+
+void write_unit(Writer& w, const Unit& unit) {
+  w.str(unit.installation_id).str(unit.resource_id).opt(view(unit.resource_name));
+  w.str(unit.access_token);
+}
+
+Unit read_unit(Reader& r) {
+  Unit unit;
+  unit.installation_id = r.str();
+  unit.resource_id = r.str();
+  if (auto name = r.opt()) unit.resource_name = std::string(*name);
+  unit.access_token = r.str();
+  return unit;
+}
+
+// A failed call's answer: the status, the message and the wait a RATE_LIMITED asks for.
+std::string failure_frame(backhaul_status_t status, std::string_view message,
+                          int64_t retry_after_ms) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(status)).str(message).i64(retry_after_ms);
+  return std::move(w).finish();
+}
+
+std::string ok_frame() {
+  Writer w;
+  w.u8(BACKHAUL_OK);
+  return std::move(w).finish();
+}
+
+// Reads an answer's status; a failure is thrown as the plugin's own ConnectorFailure.
+void throw_if_failed(Reader& r) {
+  const auto status = static_cast<backhaul_status_t>(r.u8());
+  if (status == BACKHAUL_OK) return;
+  const std::string message(r.str());
+  const int64_t retry_after_ms = r.i64();
+  r.end();
+  throw ConnectorFailure(status, message, retry_after_ms);
+}
+
+// False when the other end is gone. MSG_NOSIGNAL: no SIGPIPE.
+bool send_frame(int fd, std::string_view frame) {
+  while (!frame.empty()) {
+    const ssize_t n = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    frame.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+enum class ReadEnd { kFrame, kClosed, kTimedOut, kTooBig };
+
+ReadEnd read_exact(int fd, char* out, size_t size,
+                   std::optional<SteadyClock::time_point> deadline) {
+  while (size > 0) {
+    if (deadline) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
+      if (left.count() <= 0) return ReadEnd::kTimedOut;
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
+      if (ready < 0 && errno != EINTR) return ReadEnd::kClosed;
+      if (ready <= 0) continue;
+    }
+    const ssize_t n = ::recv(fd, out, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ReadEnd::kClosed;
+    out += n;
+    size -= static_cast<size_t>(n);
+  }
+  return ReadEnd::kFrame;
+}
+
+ReadEnd read_frame(int fd, std::string* body, std::optional<SteadyClock::time_point> deadline) {
+  unsigned char header[4];
+  if (ReadEnd end = read_exact(fd, reinterpret_cast<char*>(header), 4, deadline);
+      end != ReadEnd::kFrame) {
+    return end;
+  }
+  const size_t size = size_t{header[0]} | size_t{header[1]} << 8 | size_t{header[2]} << 16 |
+                      size_t{header[3]} << 24;
+  if (size > kMaxFrame) return ReadEnd::kTooBig;
+  body->resize(size);
+  return read_exact(fd, body->data(), size, deadline);
+}
+
+std::shared_ptr<OwnedPage> read_page(std::string body) {
+  auto owned = std::make_shared<OwnedPage>();
+  owned->body = std::move(body);  // the views below point into it, and it never moves again
+  Reader r(owned->body);
+  throw_if_failed(r);
+  backhaul_page_t& page = owned->page;
+  page.struct_size = sizeof(page);
+  page.raw_count = static_cast<uint64_t>(r.i64());
+  if (auto cursor = r.opt()) page.next_cursor = {cursor->data(), cursor->size()};
+  page.has_rate_limit = r.u8();
+  if (page.has_rate_limit) page.rate_limit = {r.i64(), r.i64(), r.i64()};
+  const int64_t count = r.i64();
+  // Each event takes at least three lengths: a count beyond that is garbage, not a reservation.
+  if (count < 0 || static_cast<uint64_t>(count) > r.left() / 24) {
+    throw MalformedFrame("an event count of " + std::to_string(count));
+  }
+  owned->events.reserve(static_cast<size_t>(count));
+  auto c = [](std::string_view s) { return backhaul_string_t{s.data(), s.size()}; };
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string_view id = r.str(), type = r.str(), payload = r.str();
+    owned->events.push_back({c(id), c(type), c(payload)});
+  }
+  r.end();
+  page.events = owned->events.data();
+  page.event_count = owned->events.size();
+  return owned;
+}
+
+std::string page_frame(const Page& page) {
+  Writer w;
+  w.u8(BACKHAUL_OK).i64(static_cast<int64_t>(page.raw_count())).opt(page.next_cursor());
+  const std::optional<backhaul_rate_limit_t> limit = page.rate_limit();
+  w.u8(limit ? 1 : 0);
+  if (limit) w.i64(limit->remaining).i64(limit->limit).i64(limit->reset_at_unix_ms);
+  w.i64(static_cast<int64_t>(page.size()));
+  for (size_t i = 0; i < page.size(); ++i) {
+    const EventView e = page.event(i);
+    w.str(e.delivery_id).str(e.event_type).str(e.payload_json);
+  }
+  return std::move(w).finish();
+}
+
+std::string describe_end(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "was killed by " + signal_description(WTERMSIG(status));
+  return "ended (wait status " + std::to_string(status) + ")";
+}
+
+// Waits for `pid` to end and says how. The end of its socket normally means it has exited, but a
+// plugin could close the descriptor and live on: after a second it is killed.
+std::string reap(pid_t pid, bool kill_now) {
+  if (kill_now) ::kill(pid, SIGKILL);
+  const auto give_up = SteadyClock::now() + std::chrono::seconds(1);
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return describe_end(status);
+    if (r < 0 && errno != EINTR)
+      return "ended (waitpid: " + std::string(std::strerror(errno)) + ")";
+    if (SteadyClock::now() >= give_up) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return "closed its socket and was killed";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// The files the worker may load, by SHA-256: those the daemon loaded, plugin and bundled libraries.
+std::string sha256_list(const PluginInfo& info) {
+  std::string list = info.sha256;
+  for (const BundledLibrary& library : info.bundled_libraries) list += "," + library.sha256;
+  return list;
+}
+
+// True when an idle worker's socket already reads end-of-file (or anything: it has no business
+// talking unasked): it died between calls.
+bool went_away(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
+}  // namespace
+
+// --- WorkerPool (the daemon's side) -------------------------------------------------------------
+
+// A worker that has to go: how it ended, for the failure's message.
+struct WorkerPool::WorkerLost {
+  std::string how;
+  bool kill = false;  // still running (hung, or talking nonsense): kill it first
+};
+
+WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options)
+    : info_(std::move(info)), config_json_(std::move(config_json)), options_(std::move(options)) {
+  if (options_.max_workers == 0) throw std::invalid_argument("IsolationOptions: max_workers is 0");
+  give_back(acquire());
+}
+
+WorkerPool::~WorkerPool() {
+  std::vector<std::unique_ptr<Worker>> idle = std::move(idle_);
+  for (auto& worker : idle) worker->socket.reset();  // each reads end-of-file and exits
+  for (auto& worker : idle) reap(worker->pid, false);
+}
+
+size_t WorkerPool::live() const {
+  std::lock_guard lock(mutex_);
+  return live_;
+}
+
+std::vector<pid_t> WorkerPool::idle_pids() const {
+  std::lock_guard lock(mutex_);
+  std::vector<pid_t> pids;
+  for (const auto& worker : idle_) pids.push_back(worker->pid);
+  return pids;
+}
+
+std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
+  const std::string who = "plugin '" + info_.id + "': ";
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    throw ConnectorFailure(BACKHAUL_RETRYABLE,
+                           who + "socketpair for a worker: " + std::strerror(errno), 0);
+  }
+  UniqueFd mine(pair[0]), theirs(pair[1]);
+  // dup2 onto descriptor 3 clears close-on-exec only when the numbers differ.
+  if (theirs.get() == 3) theirs = UniqueFd(::fcntl(3, F_DUPFD_CLOEXEC, 4));
+
+  std::vector<std::string> args = {options_.worker_path.string(),
+                                   "--plugin",
+                                   info_.path.string(),
+                                   "--sha256",
+                                   sha256_list(info_),
+                                   "--http-timeout-ms",
+                                   std::to_string(options_.http_timeout.count()),
+                                   "--log-level",
+                                   options_.log_level,
+                                   "--log-format",
+                                   options_.log_json ? "json" : "text"};
+  if (!options_.ca_file.empty()) {
+    args.push_back("--ca-file");
+    args.push_back(options_.ca_file);
+  }
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attributes;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawnattr_init(&attributes);
+  // No stdin; a plugin's prints go to stderr, beside its logs; the socket is descriptor 3.
+  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  ::posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  ::posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  // Default signal actions and no blocked signals; its own process group, so a terminal's Ctrl-C
+  // reaches the daemon (which drains) and not the workers its calls still need.
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  ::posix_spawnattr_setsigmask(&attributes, &none);
+  ::posix_spawnattr_setsigdefault(&attributes, &all);
+  ::posix_spawnattr_setpgroup(&attributes, 0);
+  ::posix_spawnattr_setflags(
+      &attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::posix_spawnattr_destroy(&attributes);
+  if (rc != 0) {
+    throw ConnectorFailure(
+        BACKHAUL_FATAL,
+        who + "cannot start the worker " + options_.worker_path.string() + ": " + std::strerror(rc),
+        0);
+  }
+  auto worker = std::make_unique<Worker>();
+  worker->pid = pid;
+  worker->socket = std::move(mine);
+  theirs.reset();
+
+  Writer request;
+  request.u8(static_cast<uint8_t>(Op::kCreate)).str(config_json_);
+  try {
+    std::string body = call(*worker, std::move(request).finish(), "create");
+    Reader answer(body);
+    throw_if_failed(answer);
+    answer.end();
+  } catch (const WorkerLost& e) {
+    const std::string end = reap(worker->pid, e.kill);
+    throw ConnectorFailure(BACKHAUL_FATAL,
+                           who + "worker process " + std::to_string(pid) + " " + e.how +
+                               " while starting (" + end + ")",
+                           0);
+  } catch (const std::exception&) {  // the plugin refused the config, or a malformed answer
+    worker->socket.reset();
+    reap(worker->pid, false);
+    throw;
+  }
+  logging::get("plugins")->debug("plugin '{}': worker process {} started", info_.id, pid);
+  return worker;
+}
+
+std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (!idle_.empty()) {
+      std::unique_ptr<Worker> worker = std::move(idle_.back());
+      idle_.pop_back();
+      if (!went_away(worker->socket.get())) return worker;
+      --live_;
+      lock.unlock();
+      const std::string end = reap(worker->pid, true);
+      logging::get("plugins")->warn("plugin '{}': idle worker process {} {}", info_.id, worker->pid,
+                                    end);
+      lock.lock();
+      continue;
+    }
+    if (live_ < options_.max_workers) {
+      ++live_;
+      lock.unlock();
+      try {
+        return start();
+      } catch (...) {
+        lock.lock();
+        --live_;
+        idle_changed_.notify_one();
+        throw;
+      }
+    }
+    idle_changed_.wait(lock);
+  }
+}
+
+void WorkerPool::give_back(std::unique_ptr<Worker> worker) {
+  {
+    std::lock_guard lock(mutex_);
+    idle_.push_back(std::move(worker));
+  }
+  idle_changed_.notify_one();
+}
+
+std::string WorkerPool::call(Worker& worker, const std::string& request, const char* what) {
+  if (!send_frame(worker.socket.get(), request)) {
+    throw WorkerLost{std::string("closed its socket before ") + what};
+  }
+  std::string body;
+  switch (read_frame(worker.socket.get(), &body, SteadyClock::now() + options_.call_timeout)) {
+    case ReadEnd::kFrame:
+      return body;
+    case ReadEnd::kClosed:
+      throw WorkerLost{std::string("ended during ") + what};
+    case ReadEnd::kTimedOut:
+      throw WorkerLost{std::string("did not answer ") + what + " within " +
+                           std::to_string(options_.call_timeout.count()) + " ms",
+                       true};
+    case ReadEnd::kTooBig:
+      break;
+  }
+  throw WorkerLost{std::string("answered ") + what + " with an oversized frame", true};
+}
+
+template <class Decode>
+auto WorkerPool::run(const std::string& request, const char* what, Decode&& decode) {
+  std::unique_ptr<Worker> worker = acquire();
+  try {
+    auto result = decode(call(*worker, request, what));
+    give_back(std::move(worker));
+    return result;
+  } catch (const ConnectorFailure&) {  // the plugin's own answer: the worker is fine
+    give_back(std::move(worker));
+    throw;
+  } catch (const WorkerLost& e) {
+    lost(std::move(worker), e);
+  } catch (const MalformedFrame& e) {
+    lost(std::move(worker),
+         WorkerLost{std::string("answered ") + what + " with a malformed frame (" + e.what() + ")",
+                    true});
+  }
+}
+
+void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e) {
+  const std::string end = reap(worker->pid, e.kill);
+  {
+    std::lock_guard lock(mutex_);
+    --live_;
+  }
+  idle_changed_.notify_one();
+  std::string message =
+      "plugin '" + info_.id + "': worker process " + std::to_string(worker->pid) + " " + e.how;
+  if (e.kill) {
+    message += " and was killed";
+  } else {
+    message += ": it " + end;
+  }
+  logging::get("plugins")->error("{}", message);
+  throw PluginCrashed(message);
+}
+
+std::shared_ptr<OwnedPage> WorkerPool::fetch_page(const FetchParams& params) {
+  Writer request;
+  request.u8(static_cast<uint8_t>(Op::kFetch));
+  write_unit(request, params.unit);
+  request.str(params.entity_type).i64(params.since_unix_ms).opt(view(params.cursor));
+  return run(std::move(request).finish(), "fetch_page",
+             [](std::string body) { return read_page(std::move(body)); });
+}
+
+void WorkerPool::validate_scopes(const Unit& unit) {
+  Writer request;
+  request.u8(static_cast<uint8_t>(Op::kValidateScopes));
+  write_unit(request, unit);
+  run(std::move(request).finish(), "validate_scopes", [](std::string body) {
+    Reader answer(body);
+    throw_if_failed(answer);
+    answer.end();
+    return true;
+  });
+}
+
+// --- the worker's side --------------------------------------------------------------------------
+
+int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
+                        const std::set<std::string>& sha256, const HostServices& services) {
+  std::optional<Plugin> plugin;
+  std::string load_error;
+  try {
+    LoadOptions options;
+    options.allowed_sha256 = sha256;
+    plugin = load_plugin(plugin_path, services, options);
+  } catch (const std::exception& e) {
+    load_error =
+        std::string("a worker process could not load the files the daemon loaded: ") + e.what();
+  }
+  std::optional<Connector> connector;
+  for (;;) {
+    std::string body;
+    if (read_frame(fd, &body, std::nullopt) != ReadEnd::kFrame) return 0;  // the daemon is done
+    std::string answer;
+    try {
+      Reader r(body);
+      const auto op = static_cast<Op>(r.u8());
+      if (op == Op::kCreate) {
+        const std::string_view config = r.str();
+        r.end();
+        if (!plugin) throw ConnectorFailure(BACKHAUL_FATAL, load_error, 0);
+        connector = plugin->create(config);
+        answer = ok_frame();
+      } else if (op == Op::kFetch) {
+        FetchParams params;
+        params.unit = read_unit(r);
+        params.entity_type = r.str();
+        params.since_unix_ms = r.i64();
+        if (auto cursor = r.opt()) params.cursor = std::string(*cursor);
+        r.end();
+        if (!connector) throw MalformedFrame("fetch_page before create");
+        answer = page_frame(connector->fetch_page(params));
+      } else if (op == Op::kValidateScopes) {
+        const Unit unit = read_unit(r);
+        r.end();
+        if (!connector) throw MalformedFrame("validate_scopes before create");
+        connector->validate_scopes(unit);
+        answer = ok_frame();
+      } else {
+        throw MalformedFrame("unknown request " + std::to_string(static_cast<int>(op)));
+      }
+    } catch (const ConnectorFailure& e) {
+      answer = failure_frame(e.status(), e.what(), e.retry_after_ms());
+    } catch (const MalformedFrame& e) {
+      logging::get("plugins")->error("plugin worker: a malformed request: {}", e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      answer = failure_frame(BACKHAUL_FATAL, std::string("plugin worker: ") + e.what(), 0);
+    }
+    if (!send_frame(fd, answer)) return 0;
+  }
+}
+
+}  // namespace backhaul::plugins

@@ -1,0 +1,105 @@
+// Isolation mode (SPEC B4): a connector whose calls run in worker processes, so that a plugin that
+// crashes, exits or hangs in fetch_page() or validate_scopes() ends a worker, never the daemon.
+// The call fails RETRYABLE (an attempt of the job, and in the end a dead letter), and the next
+// call starts a new worker.
+//
+// A worker is the backhaul-plugin-worker executable: it loads the same plugin file (refusing one
+// whose SHA-256 is not the daemon's), creates one instance from the connector's config, and
+// answers one call at a time over a UNIX socket on its descriptor 3. Each message is a frame: a
+// 4-byte little-endian length, then the body (worker_wire in isolation.cpp).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backhaul/backhaul.h"
+
+#include "core/common/unique_fd.h"
+#include "core/plugins/plugin.h"
+#include <sys/types.h>
+
+namespace backhaul::plugins {
+
+struct HostServices;
+
+struct IsolationOptions {
+  std::filesystem::path worker_path;  // the backhaul-plugin-worker executable
+  size_t max_workers = 4;             // processes per connector, started as calls need them
+  // A call that has not answered by then: its worker is killed (SIGKILL, by PID) and the call
+  // fails RETRYABLE.
+  std::chrono::milliseconds call_timeout{120'000};
+  std::chrono::milliseconds http_timeout{30'000};  // the worker's default for plugin HTTP calls
+  std::string ca_file;                             // passed on to the worker's HTTP transport
+  std::string log_level = "info";                  // the worker logs to the daemon's stderr,
+  bool log_json = false;                           // as text or JSON lines
+};
+
+// A page that came from a worker: the answer's bytes and the C page pointing into them.
+struct OwnedPage {
+  std::string body;
+  std::vector<backhaul_event_t> events;
+  backhaul_page_t page{};
+};
+
+// The worker processes of one connector. [thread-safe]: calls from many threads each take an idle
+// worker, or start one while fewer than max_workers live, or wait for one.
+class WorkerPool {
+ public:
+  // Starts the first worker and creates the instance in it: throws ConnectorFailure with the
+  // plugin's message on a bad config, or FATAL when the worker cannot start or load the plugin.
+  WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options);
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  // Idle workers get end-of-file and exit; one that has not after a second is killed.
+  ~WorkerPool();
+
+  std::shared_ptr<OwnedPage> fetch_page(const FetchParams& params);
+  void validate_scopes(const Unit& unit);
+
+  // Live worker processes, and the PIDs of the idle ones (for tests and metrics).
+  size_t live() const;
+  std::vector<pid_t> idle_pids() const;
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    UniqueFd socket;
+  };
+
+  struct WorkerLost;
+
+  std::unique_ptr<Worker> start();
+  std::unique_ptr<Worker> acquire();
+  void give_back(std::unique_ptr<Worker> worker);
+  // Sends `request` and returns the answer's body; throws WorkerLost when the worker dies, hangs
+  // or answers what is not a frame.
+  std::string call(Worker& worker, const std::string& request, const char* what);
+  // One call on an idle worker; `decode` turns the answer's body into the result. A lost worker is
+  // reaped and the call throws ConnectorFailure (RETRYABLE) saying how it ended.
+  template <class Decode>
+  auto run(const std::string& request, const char* what, Decode&& decode);
+  [[noreturn]] void lost(std::unique_ptr<Worker> worker, const WorkerLost& e);
+
+  const PluginInfo info_;
+  const std::string config_json_;
+  const IsolationOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable idle_changed_;
+  std::vector<std::unique_ptr<Worker>> idle_;
+  size_t live_ = 0;
+};
+
+// The worker's side: loads `plugin` (refused unless the SHA-256 of the file and of each library it
+// brings along is in `sha256`), then answers the frames on `fd` until the other end closes it.
+// Returns the process's exit status.
+int serve_plugin_worker(int fd, const std::filesystem::path& plugin,
+                        const std::set<std::string>& sha256, const HostServices& services);
+
+}  // namespace backhaul::plugins

@@ -1,0 +1,70 @@
+// backhaul-plugin-worker: one worker process of a connector in isolation mode (SPEC B4). The
+// daemon starts it with a UNIX socket on descriptor 3 and talks to it as core/plugins/isolation.h
+// says; it is not meant to be run by hand.
+//
+//   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] [--http-timeout-ms N] [--ca-file
+//   PEM]
+//                          [--log-level LEVEL] [--log-format text|json]
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "core/common/logging.h"
+#include "core/http/poco_transport.h"
+#include "core/plugins/isolation.h"
+#include "core/plugins/plugin_loader.h"
+#include <unistd.h>
+
+namespace {
+
+constexpr int kSocket = 3;
+
+int usage(const std::string& problem) {
+  std::fprintf(stderr, "backhaul-plugin-worker: %s\n", problem.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> args = {
+      {"--http-timeout-ms", "30000"}, {"--log-level", "info"}, {"--log-format", "text"}};
+  for (int i = 1; i < argc; i += 2) {
+    const std::string name = argv[i];
+    if (i + 1 >= argc) return usage(name + " needs a value");
+    if (name != "--plugin" && name != "--sha256" && !args.count(name) && name != "--ca-file") {
+      return usage("unknown option " + name);
+    }
+    args[name] = argv[i + 1];
+  }
+  if (!args.count("--plugin") || !args.count("--sha256")) {
+    return usage("--plugin and --sha256 are required");
+  }
+  char* end = nullptr;
+  const long long http_timeout_ms = std::strtoll(args["--http-timeout-ms"].c_str(), &end, 10);
+  if (*end != '\0' || http_timeout_ms <= 0) return usage("--http-timeout-ms must be a number > 0");
+  // Nothing of the daemon's but the socket: descriptors it opened without close-on-exec (a
+  // library's sockets, say) are not the plugin's to hold open.
+  ::close_range(kSocket + 1, ~0U, 0);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  namespace logging = backhaul::logging;
+  logging::configure(
+      args["--log-format"] == "json" ? logging::Format::kJson : logging::Format::kText,
+      args["--log-level"]);
+  backhaul::http::PocoTransportOptions transport_options;
+  if (args.count("--ca-file")) transport_options.ca_file = args["--ca-file"];
+  backhaul::http::PocoTransport transport(transport_options);
+  const backhaul::plugins::HostServices services{transport, backhaul::SystemClock::instance(),
+                                                 std::chrono::milliseconds(http_timeout_ms)};
+  std::set<std::string> sha256;
+  std::stringstream list(args["--sha256"]);
+  for (std::string hex; std::getline(list, hex, ',');) sha256.insert(hex);
+  return backhaul::plugins::serve_plugin_worker(kSocket, args["--plugin"], sha256, services);
+}

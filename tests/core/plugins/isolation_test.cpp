@@ -1,0 +1,264 @@
+// Isolation mode (SPEC B4): the fake plugin's calls run in real backhaul-plugin-worker processes.
+#include "core/plugins/isolation.h"
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/http/replay_transport.h"
+#include "core/plugins/plugin_loader.h"
+#include <sys/wait.h>
+
+namespace backhaul::plugins {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+fs::path plugin_path(const std::string& name) { return fs::path(TEST_PLUGIN_DIR) / (name + ".so"); }
+
+FetchParams params(std::optional<std::string> cursor = std::nullopt,
+                   std::string token = "secret-token") {
+  FetchParams p;
+  p.unit = {"inst-1", "repo-9", "org/repo", std::move(token)};
+  p.entity_type = "item";
+  p.cursor = std::move(cursor);
+  return p;
+}
+
+// True while a process with this PID exists (a reaped worker does not).
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+// True once the process has ended and waits to be reaped.
+bool zombie(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z';
+}
+
+ConnectorFailure failure_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const ConnectorFailure& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a ConnectorFailure";
+  return ConnectorFailure(BACKHAUL_OK, "", 0);
+}
+
+class IsolatedConnector : public ::testing::Test {
+ protected:
+  http::ReplayTransport transport_;
+  FakeClock clock_{1'700'000'123'456};
+  HostServices services_{transport_, clock_};
+  Plugin plugin_ = load_plugin(plugin_path("fake"), services_);
+
+  static IsolationOptions options(size_t max_workers = 2) {
+    IsolationOptions o;
+    o.worker_path = PLUGIN_WORKER;
+    o.max_workers = max_workers;
+    o.call_timeout = std::chrono::milliseconds(10'000);
+    o.log_level = "warn";
+    return o;
+  }
+  std::unique_ptr<WorkerPool> pool(const std::string& config, IsolationOptions o = options()) {
+    return std::make_unique<WorkerPool>(plugin_.info(), config, o);
+  }
+};
+
+TEST_F(IsolatedConnector, ServesTheSamePagesAsTheConnectorInThisProcess) {
+  const std::string config = R"({"pages": 3, "per_page": 2, "rate_limit_remaining": 7})";
+  const Connector here = plugin_.create(config);
+  const Connector isolated = plugin_.create_isolated(config, options());
+  std::optional<std::string> cursor;
+  int pages = 0;
+  do {
+    const Page a = here.fetch_page(params(cursor));
+    const Page b = isolated.fetch_page(params(cursor));
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a.event(i).delivery_id, b.event(i).delivery_id);
+      EXPECT_EQ(a.event(i).event_type, b.event(i).event_type);
+      nlohmann::json pa = nlohmann::json::parse(a.event(i).payload_json);
+      nlohmann::json pb = nlohmann::json::parse(b.event(i).payload_json);
+      // The worker's plugin reads the worker's clock, the system's; the rest is the same.
+      EXPECT_EQ(pa["now_ms"], 1'700'000'123'456);
+      EXPECT_GT(pb["now_ms"].get<int64_t>(), 1'700'000'123'456);
+      pa.erase("now_ms");
+      pb.erase("now_ms");
+      EXPECT_EQ(pa, pb);
+    }
+    EXPECT_EQ(a.next_cursor(), b.next_cursor());
+    EXPECT_EQ(a.raw_count(), b.raw_count());
+    ASSERT_TRUE(b.rate_limit());
+    EXPECT_EQ(b.rate_limit()->remaining, 7);
+    EXPECT_EQ(b.rate_limit()->limit, 5000);
+    EXPECT_EQ(b.rate_limit()->reset_at_unix_ms, 1234000);
+    cursor = b.next_cursor() ? std::optional<std::string>(*b.next_cursor()) : std::nullopt;
+    ++pages;
+  } while (cursor);
+  EXPECT_EQ(pages, 3);
+}
+
+TEST_F(IsolatedConnector, APluginFailureComesBackWithItsOwnStatusAndKeepsTheWorker) {
+  auto workers = pool(R"({"fail": "rate_limited"})");
+  const std::vector<pid_t> before = workers->idle_pids();
+  ASSERT_EQ(before.size(), 1u);
+  ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_STREQ(e.what(), "slow down");
+  EXPECT_EQ(e.retry_after_ms(), 5000);
+  EXPECT_EQ(workers->idle_pids(), before);
+
+  e = failure_of([&] { pool(R"({"fail": "fatal"})")->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+  EXPECT_STREQ(e.what(), "repository is gone");
+}
+
+TEST_F(IsolatedConnector, AnAbortInAPluginCostsTheCallNotTheCallerAndTheNextCallGetsANewWorker) {
+  auto workers = pool(R"({"pages": 3, "crash_on_page": 2})");
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
+  const pid_t first = workers->idle_pids().at(0);
+
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params("2")); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("plugin 'fake': worker process " + std::to_string(first) +
+                                  " ended during fetch_page: it was killed by SIGABRT"));
+  EXPECT_EQ(workers->live(), 0u);
+  EXPECT_FALSE(alive(first));
+
+  EXPECT_EQ(workers->fetch_page(params("3"))->events.size(), 2u);
+  ASSERT_EQ(workers->idle_pids().size(), 1u);
+  EXPECT_NE(workers->idle_pids()[0], first);
+}
+
+TEST_F(IsolatedConnector, AnExitInAPluginIsReportedWithItsStatus) {
+  auto workers = pool(R"({"fail": "exit"})");
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("ended during fetch_page: it exited with status 3"));
+}
+
+TEST_F(IsolatedConnector, ACallThatDoesNotReturnIsKilledAtTheCallTimeout) {
+  IsolationOptions o = options();
+  o.call_timeout = std::chrono::milliseconds(300);
+  auto workers = pool(R"({"fail": "hang"})", o);
+  const pid_t pid = workers->idle_pids().at(0);
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("worker process " + std::to_string(pid) +
+                                  " did not answer fetch_page within 300 ms and was killed"));
+  EXPECT_FALSE(alive(pid));
+  EXPECT_EQ(workers->live(), 0u);
+}
+
+TEST_F(IsolatedConnector, WhatAPluginPrintsToStdoutDoesNotCorruptTheAnswers) {
+  auto workers = pool(R"({"fail": "stdout", "pages": 2})");
+  const auto page = workers->fetch_page(params());
+  ASSERT_EQ(page->events.size(), 2u);
+  EXPECT_EQ(std::string_view(page->page.next_cursor.data, page->page.next_cursor.size), "2");
+}
+
+TEST_F(IsolatedConnector, ValidateScopesRunsInTheWorker) {
+  auto workers = pool("{}");
+  workers->validate_scopes(params().unit);
+  const ConnectorFailure e =
+      failure_of([&] { workers->validate_scopes(params(std::nullopt, "bad-token").unit); });
+  EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+  EXPECT_STREQ(e.what(), "token cannot read resource");
+  EXPECT_EQ(workers->idle_pids().size(), 1u);
+}
+
+TEST_F(IsolatedConnector, ABadConfigIsRefusedAtCreateWithThePluginsMessage) {
+  const ConnectorFailure e =
+      failure_of([&] { plugin_.create_isolated(R"({"pages": 0})", options()); });
+  EXPECT_EQ(e.status(), BACKHAUL_INVALID_ARGUMENT);
+  EXPECT_STREQ(e.what(), "config.pages must be >= 1");
+}
+
+TEST_F(IsolatedConnector, AWorkerThatCannotStartIsAClearError) {
+  IsolationOptions o = options();
+  o.worker_path = "/nonexistent/backhaul-plugin-worker";
+  const ConnectorFailure e = failure_of([&] { plugin_.create_isolated("{}", o); });
+  EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+  EXPECT_STREQ(e.what(),
+               "plugin 'fake': cannot start the worker /nonexistent/backhaul-plugin-worker: No "
+               "such file or directory");
+}
+
+TEST_F(IsolatedConnector, AWorkerRefusesAPluginFileThatChangedSinceTheDaemonLoadedIt) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("backhaul-isolation-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path copy = dir / "fake.so";
+  fs::copy_file(plugin_path("fake"), copy, fs::copy_options::overwrite_existing);
+  const Plugin loaded = load_plugin(copy, services_);
+  fs::copy_file(plugin_path("c_current"), copy, fs::copy_options::overwrite_existing);
+  std::string message;
+  try {
+    loaded.create_isolated("{}", options());
+  } catch (const ConnectorFailure& e) {
+    EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+    message = e.what();
+  }
+  fs::remove_all(dir);
+  EXPECT_THAT(message, HasSubstr("a worker process could not load the files the daemon loaded: "));
+  EXPECT_THAT(message, HasSubstr("is not in the plugin allow-list"));
+}
+
+TEST_F(IsolatedConnector, ManyThreadsShareAtMostMaxWorkersAndEachGetsItsOwnAnswer) {
+  auto workers = pool(R"({"pages": 5, "per_page": 3})", options(3));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        const int page = 1 + (t + i) % 5;
+        const auto got = workers->fetch_page(params(std::to_string(page)));
+        const std::string first(got->events.at(0).delivery_id.data,
+                                got->events.at(0).delivery_id.size);
+        if (first != "fake-inst-1-repo-9-item-" + std::to_string((page - 1) * 3 + 1)) ++wrong;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LE(workers->live(), 3u);
+  EXPECT_GE(workers->live(), 1u);
+  EXPECT_EQ(workers->idle_pids().size(), workers->live());
+}
+
+TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
+  auto workers = pool("{}");
+  const pid_t pid = workers->idle_pids().at(0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  while (!zombie(pid)) std::this_thread::yield();  // dead, and left to the pool to reap
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
+  ASSERT_EQ(workers->idle_pids().size(), 1u);
+  EXPECT_NE(workers->idle_pids()[0], pid);
+}
+
+TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {
+  auto workers = pool("{}", options(3));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) threads.emplace_back([&] { workers->fetch_page(params()); });
+  for (auto& thread : threads) thread.join();
+  const std::vector<pid_t> pids = workers->idle_pids();
+  ASSERT_FALSE(pids.empty());
+  workers.reset();
+  for (pid_t pid : pids) EXPECT_FALSE(alive(pid)) << pid;
+}
+
+}  // namespace
+}  // namespace backhaul::plugins
