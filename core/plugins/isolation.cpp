@@ -303,6 +303,11 @@ WorkerPool::~WorkerPool() {
   for (auto& worker : idle) reap(worker->pid, false);
 }
 
+WorkerStats WorkerPool::stats() const {
+  std::lock_guard lock(mutex_);
+  return {live_ - idle_.size(), idle_.size(), lost_};
+}
+
 size_t WorkerPool::live() const {
   std::lock_guard lock(mutex_);
   return live_;
@@ -408,6 +413,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
       idle_.pop_back();
       if (!went_away(worker->socket.get())) return worker;
       --live_;
+      ++lost_;
       lock.unlock();
       const std::string end = reap(worker->pid, true);
       logging::get("plugins")->warn("plugin '{}': idle worker process {} {}", info_.id, worker->pid,
@@ -483,6 +489,7 @@ void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e) {
   {
     std::lock_guard lock(mutex_);
     --live_;
+    ++lost_;
   }
   idle_changed_.notify_one();
   std::string message =

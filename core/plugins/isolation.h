@@ -63,7 +63,8 @@ class WorkerPool {
   std::shared_ptr<OwnedPage> fetch_page(const FetchParams& params);
   void validate_scopes(const Unit& unit);
 
-  // Live worker processes, and the PIDs of the idle ones (for tests and metrics).
+  WorkerStats stats() const;
+  // Live worker processes, and the PIDs of the idle ones (for tests).
   size_t live() const;
   std::vector<pid_t> idle_pids() const;
 
@@ -94,6 +95,7 @@ class WorkerPool {
   std::condition_variable idle_changed_;
   std::vector<std::unique_ptr<Worker>> idle_;
   size_t live_ = 0;
+  uint64_t lost_ = 0;
 };
 
 // The worker's side: loads `plugin` (refused unless the SHA-256 of the file and of each library it

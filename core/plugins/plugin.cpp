@@ -208,6 +208,11 @@ Connector::Connector(std::shared_ptr<const LoadedLibrary> library,
 
 const PluginInfo& Connector::info() const noexcept { return library_->info(); }
 
+std::optional<WorkerStats> Connector::worker_stats() const {
+  if (!workers_) return std::nullopt;
+  return workers_->stats();
+}
+
 Page Connector::fetch_page(const FetchParams& params) const {
   if (workers_) return Page(workers_->fetch_page(params));  // checked in the worker
   backhaul_fetch_request_t request{};

@@ -128,6 +128,13 @@ class Page {
   backhaul_page_t* page_;
 };
 
+// The worker processes of a connector in isolation mode (isolation.h), for /metrics.
+struct WorkerStats {
+  size_t busy = 0;    // running a call
+  size_t idle = 0;    // waiting for one
+  uint64_t lost = 0;  // ended in a call (crash, exit, hang, garbage) or found dead while idle
+};
+
 // One connector instance (a config applied to a plugin), in this process or in worker processes
 // (Plugin::create_isolated). [thread-safe]: fetch_page and validate_scopes may be called from many
 // threads at once, as the ABI promises.
@@ -137,6 +144,8 @@ class Connector {
   Page fetch_page(const FetchParams& params) const;
   void validate_scopes(const Unit& unit) const;
   const PluginInfo& info() const noexcept;
+  // Its worker processes; nullopt when its calls run in this process.
+  std::optional<WorkerStats> worker_stats() const;
 
  private:
   friend class Plugin;

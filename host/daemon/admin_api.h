@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,8 @@ struct AdminApiDeps {
   // The job kinds this process runs (its scheduler's); empty: /health/ready does not report
   // queued jobs of other kinds.
   std::function<std::vector<std::string>()> handled_kinds;
+  // Worker processes of the connectors in isolation mode, by plugin id; empty: none.
+  std::function<std::map<std::string, plugins::WorkerStats>()> plugin_workers;
 };
 
 class AdminApi {

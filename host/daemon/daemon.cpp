@@ -181,7 +181,14 @@ void Daemon::start() {
   api_options.max_header_bytes = static_cast<size_t>(d.config.admin.max_header_bytes);
   d.api = std::make_unique<AdminApi>(
       AdminApiDeps{*d.store, d.clock, *d.registry, *d.audit, [&d] { return d.scheduler->stats(); },
-                   d.pipeline.get(), [&d] { return d.scheduler->kinds(); }},
+                   d.pipeline.get(), [&d] { return d.scheduler->kinds(); },
+                   [&d] {
+                     std::map<std::string, plugins::WorkerStats> workers;
+                     for (const auto& [id, connector] : d.connectors) {
+                       if (auto stats = connector.worker_stats()) workers.emplace(id, *stats);
+                     }
+                     return workers;
+                   }},
       api_options);
   d.server = std::make_unique<AdminServer>(
       *d.api, AdminServerOptions{d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port),

@@ -233,6 +233,23 @@ Response handle_metrics(Call& call) {
   const std::vector<plugins::Plugin> loaded = call.deps.plugins.plugins();
   family(out, "backhaul_plugins_loaded", "gauge", "Connector plugins loaded.");
   out << "backhaul_plugins_loaded " << loaded.size() << '\n';
+  if (call.deps.plugin_workers) {
+    const std::map<std::string, plugins::WorkerStats> workers = call.deps.plugin_workers();
+    family(out, "backhaul_plugin_workers", "gauge",
+           "Worker processes of a connector in isolation mode, busy with a call or idle.");
+    for (const auto& [id, w] : workers) {
+      out << "backhaul_plugin_workers{plugin=\"" << label(id) << "\",state=\"busy\"} " << w.busy
+          << '\n'
+          << "backhaul_plugin_workers{plugin=\"" << label(id) << "\",state=\"idle\"} " << w.idle
+          << '\n';
+    }
+    family(out, "backhaul_plugin_workers_lost_total", "counter",
+           "Worker processes that crashed, exited or hung in a call, or were found dead idle.");
+    for (const auto& [id, w] : workers) {
+      out << "backhaul_plugin_workers_lost_total{plugin=\"" << label(id) << "\"} " << w.lost
+          << '\n';
+    }
+  }
 
   // Circuit records are shared by every host.
   family(out, "backhaul_circuit_state", "gauge",

@@ -120,6 +120,7 @@ TEST_F(IsolatedConnector, APluginFailureComesBackWithItsOwnStatusAndKeepsTheWork
   EXPECT_STREQ(e.what(), "slow down");
   EXPECT_EQ(e.retry_after_ms(), 5000);
   EXPECT_EQ(workers->idle_pids(), before);
+  EXPECT_EQ(workers->stats().lost, 0u) << "the plugin's own failure ends no worker";
 
   e = failure_of([&] { pool(R"({"fail": "fatal"})")->fetch_page(params()); });
   EXPECT_EQ(e.status(), BACKHAUL_FATAL);
@@ -137,6 +138,7 @@ TEST_F(IsolatedConnector, AnAbortInAPluginCostsTheCallNotTheCallerAndTheNextCall
                                   " ended during fetch_page: it was killed by SIGABRT"));
   EXPECT_EQ(workers->live(), 0u);
   EXPECT_FALSE(alive(first));
+  EXPECT_EQ(workers->stats().lost, 1u);
 
   EXPECT_EQ(workers->fetch_page(params("3"))->events.size(), 2u);
   ASSERT_EQ(workers->idle_pids().size(), 1u);
@@ -161,6 +163,7 @@ TEST_F(IsolatedConnector, ACallThatDoesNotReturnIsKilledAtTheCallTimeout) {
                                   " did not answer fetch_page within 300 ms and was killed"));
   EXPECT_FALSE(alive(pid));
   EXPECT_EQ(workers->live(), 0u);
+  EXPECT_EQ(workers->stats().lost, 1u);
 }
 
 TEST_F(IsolatedConnector, WhatAPluginPrintsToStdoutDoesNotCorruptTheAnswers) {
@@ -237,6 +240,10 @@ TEST_F(IsolatedConnector, ManyThreadsShareAtMostMaxWorkersAndEachGetsItsOwnAnswe
   EXPECT_LE(workers->live(), 3u);
   EXPECT_GE(workers->live(), 1u);
   EXPECT_EQ(workers->idle_pids().size(), workers->live());
+  const WorkerStats stats = workers->stats();
+  EXPECT_EQ(stats.busy, 0u);
+  EXPECT_EQ(stats.idle, workers->live());
+  EXPECT_EQ(stats.lost, 0u);
 }
 
 TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
@@ -247,6 +254,7 @@ TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
   EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
   ASSERT_EQ(workers->idle_pids().size(), 1u);
   EXPECT_NE(workers->idle_pids()[0], pid);
+  EXPECT_EQ(workers->stats().lost, 1u);
 }
 
 TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {

@@ -762,6 +762,35 @@ TEST_F(MadeUpSchedulerStats, MetricsShowTheHeartbeatLanes) {
   }
 }
 
+TEST_F(MadeUpSchedulerStats, MetricsShowTheWorkerProcessesOfIsolatedConnectors) {
+  EXPECT_EQ(get("/metrics").body.find("backhaul_plugin_workers"), std::string::npos)
+      << "no connector in isolation mode: no series";
+  api_ =
+      std::make_unique<AdminApi>(AdminApiDeps{*store_,
+                                              clock_,
+                                              registry_,
+                                              audit_,
+                                              [this] { return stats_; },
+                                              nullptr,
+                                              {},
+                                              [] {
+                                                return std::map<std::string, plugins::WorkerStats>{
+                                                    {"github", {2, 1, 3}}, {"vercel", {0, 1, 0}}};
+                                              }},
+                                 options_);
+  const std::string text = get("/metrics").body;
+  for (const char* series : {"# TYPE backhaul_plugin_workers gauge\n",
+                             "backhaul_plugin_workers{plugin=\"github\",state=\"busy\"} 2\n",
+                             "backhaul_plugin_workers{plugin=\"github\",state=\"idle\"} 1\n",
+                             "backhaul_plugin_workers{plugin=\"vercel\",state=\"busy\"} 0\n",
+                             "backhaul_plugin_workers{plugin=\"vercel\",state=\"idle\"} 1\n",
+                             "# TYPE backhaul_plugin_workers_lost_total counter\n",
+                             "backhaul_plugin_workers_lost_total{plugin=\"github\"} 3\n",
+                             "backhaul_plugin_workers_lost_total{plugin=\"vercel\"} 0\n"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
+  }
+}
+
 TEST_F(DaemonTest, MetricsExposeQueueDepthDeadLettersAndCircuits) {
   start();
   enqueue("kind.a");

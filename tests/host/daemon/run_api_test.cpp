@@ -275,6 +275,13 @@ TEST_F(IsolatedRunApiTest, AGithubRunSucceedsWithCountsMatchingTheGatewayAndTheW
   const size_t during = plugin_workers().size();
   EXPECT_GE(during, 2u);
   EXPECT_LE(during, 4u) << "at most 2 per connector";
+  const std::string metrics = client_->get("/metrics").body;
+  EXPECT_NE(metrics.find("backhaul_plugin_workers{plugin=\"github\",state=\"busy\"} 0\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("backhaul_plugin_workers_lost_total{plugin=\"github\"} 0\n"),
+            std::string::npos)
+      << metrics;
 
   client_.reset();
   local_daemon_.reset();
