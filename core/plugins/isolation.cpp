@@ -303,6 +303,15 @@ WorkerPool::~WorkerPool() {
   for (auto& worker : idle) reap(worker->pid, false);
 }
 
+size_t WorkerPool::interrupt() {
+  std::lock_guard lock(mutex_);  // a PID in busy_ is not reaped (lost() takes it out first)
+  for (pid_t pid : busy_) {
+    ::kill(pid, SIGKILL);
+    interrupted_.insert(pid);
+  }
+  return busy_.size();
+}
+
 WorkerStats WorkerPool::stats() const {
   std::lock_guard lock(mutex_);
   return {live_ - idle_.size(), idle_.size(), lost_};
@@ -411,7 +420,10 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
     if (!idle_.empty()) {
       std::unique_ptr<Worker> worker = std::move(idle_.back());
       idle_.pop_back();
-      if (!went_away(worker->socket.get())) return worker;
+      if (!went_away(worker->socket.get())) {
+        busy_.insert(worker->pid);
+        return worker;
+      }
       --live_;
       ++lost_;
       lock.unlock();
@@ -425,7 +437,10 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
       ++live_;
       lock.unlock();
       try {
-        return start();
+        std::unique_ptr<Worker> worker = start();
+        lock.lock();
+        busy_.insert(worker->pid);
+        return worker;
       } catch (...) {
         lock.lock();
         --live_;
@@ -440,6 +455,8 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
 void WorkerPool::give_back(std::unique_ptr<Worker> worker) {
   {
     std::lock_guard lock(mutex_);
+    busy_.erase(worker->pid);
+    interrupted_.erase(worker->pid);  // it answered first: found dead when next taken
     idle_.push_back(std::move(worker));
   }
   idle_changed_.notify_one();
@@ -476,15 +493,22 @@ auto WorkerPool::run(const std::string& request, const char* what, Decode&& deco
     give_back(std::move(worker));
     throw;
   } catch (const WorkerLost& e) {
-    lost(std::move(worker), e);
+    lost(std::move(worker), e, what);
   } catch (const MalformedFrame& e) {
     lost(std::move(worker),
          WorkerLost{std::string("answered ") + what + " with a malformed frame (" + e.what() + ")",
-                    true});
+                    true},
+         what);
   }
 }
 
-void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e) {
+void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e, const char* what) {
+  bool interrupted = false;
+  {
+    std::lock_guard lock(mutex_);
+    busy_.erase(worker->pid);
+    interrupted = interrupted_.erase(worker->pid) > 0;
+  }
   const std::string end = reap(worker->pid, e.kill);
   {
     std::lock_guard lock(mutex_);
@@ -492,12 +516,15 @@ void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e) {
     ++lost_;
   }
   idle_changed_.notify_one();
-  std::string message =
-      "plugin '" + info_.id + "': worker process " + std::to_string(worker->pid) + " " + e.how;
-  if (e.kill) {
-    message += " and was killed";
+  const std::string who =
+      "plugin '" + info_.id + "': worker process " + std::to_string(worker->pid) + " ";
+  std::string message;
+  if (interrupted) {
+    message = who + "was stopped during " + what + ": the daemon could not wait for it any longer";
+  } else if (e.kill) {
+    message = who + e.how + " and was killed";
   } else {
-    message += ": it " + end;
+    message = who + e.how + ": it " + end;
   }
   logging::get("plugins")->error("{}", message);
   throw PluginCrashed(message);

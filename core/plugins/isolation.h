@@ -63,6 +63,10 @@ class WorkerPool {
   std::shared_ptr<OwnedPage> fetch_page(const FetchParams& params);
   void validate_scopes(const Unit& unit);
 
+  // Kills (SIGKILL, by PID) the workers that are running a call: each call fails at once with
+  // PluginCrashed saying the daemon stopped it. For a stop that cannot wait for a plugin any
+  // longer. Returns how many were killed.
+  size_t interrupt();
   WorkerStats stats() const;
   // Live worker processes, and the PIDs of the idle ones (for tests).
   size_t live() const;
@@ -86,7 +90,7 @@ class WorkerPool {
   // reaped and the call throws ConnectorFailure (RETRYABLE) saying how it ended.
   template <class Decode>
   auto run(const std::string& request, const char* what, Decode&& decode);
-  [[noreturn]] void lost(std::unique_ptr<Worker> worker, const WorkerLost& e);
+  [[noreturn]] void lost(std::unique_ptr<Worker> worker, const WorkerLost& e, const char* what);
 
   const PluginInfo info_;
   const std::string config_json_;
@@ -96,6 +100,8 @@ class WorkerPool {
   std::vector<std::unique_ptr<Worker>> idle_;
   size_t live_ = 0;
   uint64_t lost_ = 0;
+  std::set<pid_t> busy_;         // running a call: what interrupt() kills
+  std::set<pid_t> interrupted_;  // killed by interrupt(), not yet reaped
 };
 
 // The worker's side: loads `plugin` (refused unless the SHA-256 of the file and of each library it

@@ -208,6 +208,8 @@ Connector::Connector(std::shared_ptr<const LoadedLibrary> library,
 
 const PluginInfo& Connector::info() const noexcept { return library_->info(); }
 
+size_t Connector::interrupt_calls() const { return workers_ ? workers_->interrupt() : 0; }
+
 std::optional<WorkerStats> Connector::worker_stats() const {
   if (!workers_) return std::nullopt;
   return workers_->stats();

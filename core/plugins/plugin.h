@@ -146,6 +146,8 @@ class Connector {
   const PluginInfo& info() const noexcept;
   // Its worker processes; nullopt when its calls run in this process.
   std::optional<WorkerStats> worker_stats() const;
+  // Kills the worker processes running its calls (WorkerPool::interrupt); 0 in this process.
+  size_t interrupt_calls() const;
 
  private:
   friend class Plugin;

@@ -216,6 +216,12 @@ void Daemon::hurry() {
   if (impl_->scheduler) impl_->scheduler->hurry();
 }
 
+size_t Daemon::interrupt_plugin_calls() {
+  size_t killed = 0;
+  for (const auto& [id, connector] : impl_->connectors) killed += connector.interrupt_calls();
+  return killed;
+}
+
 const char* Daemon::start_step() const { return impl_->start_step; }
 
 int64_t Daemon::in_flight() const {

@@ -35,6 +35,12 @@ class Daemon {
   // only after start() has returned. [thread-safe]
   void hurry();
 
+  // Isolation mode: kills the plugin worker processes that are running a call, so that the
+  // handlers waiting on them get a failure (an attempt) and return. For a stop that cannot wait for
+  // a plugin any longer. Returns how many were killed; 0 without isolation. Call it only after
+  // start() has returned. [thread-safe]
+  size_t interrupt_plugin_calls();
+
   // What start() is doing ("opening the audit log", "opening the store", "loading plugins",
   // "starting the scheduler", "starting the admin API"), for a log line when it takes too long; ""
   // when it is not running. [thread-safe]

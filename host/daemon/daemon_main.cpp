@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <Poco/Exception.h>
@@ -22,16 +23,19 @@ namespace {
 
 // Stops and destroys the daemon. A handler learns of the stop at its next page boundary; one
 // stuck in a call into a plugin never gets there, and stop() would wait for it forever. So if jobs
-// are still in a handler once the grace and then shutdown.abandon_ms have passed, this logs them
-// and ends the process with status 1, as a crash would: those jobs keep their leases until they
-// expire, and the sweep of any host takes them back (attempt counted); an ending the finisher had
-// not written yet (a store failing at that moment) is lost the same way. Once no job is in a
-// handler, stop() is only writing and releasing, and is left to finish. Destroying the daemon
-// then unloads the plugins, whose deinit() may not return either: that gets shutdown.abandon_ms
-// of its own (at least 1 s), after which the process ends with status 1 too. Also after a start
-// that failed, once plugins may be loaded. A second signal meanwhile ends the grace at once (an
-// operator who will not wait): the jobs still in a handler are asked to stop at their next page
-// boundary and released. Idempotent: `daemon` is null afterwards.
+// are still in a handler once the grace and then shutdown.abandon_ms have passed:
+// - in isolation mode, this kills the plugin worker processes running calls. Those calls fail
+//   (an attempt each) and their handlers get shutdown.abandon_ms (at least 1 s) more to return;
+// - otherwise, or when they still have not, this logs them and ends the process with status 1,
+//   as a crash would. Those jobs keep their leases until they expire, and the sweep of any host
+//   takes them back (attempt counted). An ending the finisher had not written yet (a store failing
+//   at that moment) is lost the same way.
+// Once no job is in a handler, stop() is only writing and releasing, and is left to finish.
+// Destroying the daemon then unloads the plugins, whose deinit() may not return either: that gets
+// shutdown.abandon_ms of its own (at least 1 s), after which the process ends with status 1 too.
+// Also after a start that failed, once plugins may be loaded. A second signal meanwhile ends the
+// grace at once (an operator who will not wait): the jobs still in a handler are asked to stop at
+// their next page boundary and released. Idempotent: `daemon` is null afterwards.
 void stop_and_unload(std::unique_ptr<Daemon>& daemon, const sigset_t& signals,
                      spdlog::logger& log) {
   if (!daemon) return;
@@ -41,6 +45,20 @@ void stop_and_unload(std::unique_ptr<Daemon>& daemon, const sigset_t& signals,
     Watchdog stop(limit, [&] {
       const int64_t running = daemon->in_flight();
       if (running == 0) return;
+      if (const size_t killed = daemon->interrupt_plugin_calls(); killed > 0) {
+        // Isolation mode: the calls the handlers wait on fail now (an attempt each), and the
+        // handlers return. They get abandon_ms (at least 1 s) more for that.
+        log.warn(
+            "stop: {} jobs still in a handler {} ms after the signal; killed the {} plugin worker "
+            "processes running their calls",
+            running, limit.count(), killed);
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(std::max<int64_t>(abandon_ms, 1'000));
+        while (daemon->in_flight() > 0 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (daemon->in_flight() == 0) return;
+      }
       log.error(
           "stop: {} jobs still in a handler {} ms after the signal (a call into a plugin that "
           "does not return?); exiting without them: their leases expire and the sweep takes "

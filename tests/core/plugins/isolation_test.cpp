@@ -166,6 +166,33 @@ TEST_F(IsolatedConnector, ACallThatDoesNotReturnIsKilledAtTheCallTimeout) {
   EXPECT_EQ(workers->stats().lost, 1u);
 }
 
+// For a stop that cannot wait any longer: the workers running a call are killed, and each call
+// says the daemon stopped it; idle workers are left alone.
+TEST_F(IsolatedConnector, InterruptKillsTheWorkersRunningACallAndTheirCallsSaySo) {
+  IsolationOptions o = options(2);
+  o.call_timeout = std::chrono::milliseconds(120'000);
+  auto workers = pool(R"({"fail": "hang"})", o);
+  EXPECT_EQ(workers->interrupt(), 0u) << "no call under way";
+  std::string message;
+  std::thread caller([&] {
+    try {
+      workers->fetch_page(params());
+    } catch (const PluginCrashed& e) {
+      message = e.what();
+    }
+  });
+  while (workers->stats().busy == 0) std::this_thread::yield();
+  const pid_t busy = workers->idle_pids().empty() ? 0 : workers->idle_pids()[0];
+  EXPECT_EQ(busy, 0) << "the pool's one worker runs the call";
+  EXPECT_EQ(workers->interrupt(), 1u);
+  caller.join();
+  EXPECT_THAT(message, HasSubstr("was stopped during fetch_page: the daemon could not wait for it "
+                                 "any longer"));
+  EXPECT_EQ(workers->stats().busy, 0u);
+  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(workers->live(), 0u);
+}
+
 TEST_F(IsolatedConnector, WhatAPluginPrintsToStdoutDoesNotCorruptTheAnswers) {
   auto workers = pool(R"({"fail": "stdout", "pages": 2})");
   const auto page = workers->fetch_page(params());

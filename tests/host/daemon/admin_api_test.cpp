@@ -651,7 +651,8 @@ class MadeUpSchedulerStats : public ::testing::Test {
   MadeUpSchedulerStats() {
     options_.store_failure_grace_ms = 1'000;
     api_ = std::make_unique<AdminApi>(
-        AdminApiDeps{*store_, clock_, registry_, audit_, [this] { return stats_; }, nullptr, {}},
+        AdminApiDeps{
+            *store_, clock_, registry_, audit_, [this] { return stats_; }, nullptr, {}, {}},
         options_);
   }
   host::Response get(const std::string& path) {

@@ -64,6 +64,35 @@ class DaemonProcessTest : public ProcessTest {
   }
 
   // SIGTERM, then the daemon exits with status 1 within 10 s.
+  // A run against a provider that takes 20 s per answer, with shutdown.grace_ms 100 and
+  // abandon_ms 400, and the plugins' calls in worker processes when `isolated`: returns once a
+  // handler is inside a plugin call, where no drain reaches it.
+  void start_a_run_stuck_in_plugin_calls(bool isolated) {
+    ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20", "--slow-ms", "20000"}), 0)
+        << sandbox_->stderr_text();
+    json config = daemon_config();
+    if (isolated) config["plugins"]["isolation"] = {{"mode", "process"}};
+    config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 400}};
+    ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+    ASSERT_NE(start_run("gh-inst-1", "github"), 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (metric("backhaul_scheduler_in_flight") < 1 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE(metric("backhaul_scheduler_in_flight"), 1) << daemon_->stderr_text();
+  }
+
+  // Jobs left running (under a lease) in the stopped daemon's store.
+  int64_t running_jobs() const {
+    auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
+    int64_t running = 0;
+    for (const auto& [key, count] : store->counts()) {
+      if (key.second == jobs::JobStatus::kRunning) running += count;
+    }
+    return running;
+  }
+
   void expect_exit_1_within_10s_of_sigterm() {
     const auto signalled = std::chrono::steady_clock::now();
     ASSERT_TRUE(daemon_->signal(SIGTERM));
@@ -258,30 +287,48 @@ TEST_F(DaemonProcessTest, ASecondSigtermEndsTheGraceAtOnce) {
 // reaches it. SIGTERM still ends the daemon after shutdown.grace_ms + abandon_ms, with status 1,
 // the job left running under its lease for a sweep to take back.
 TEST_F(DaemonProcessTest, AHandlerStuckInAPluginCallHoldsTheStopNoLongerThanGraceAndAbandon) {
-  ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20", "--slow-ms", "20000"}), 0)
-      << sandbox_->stderr_text();
-  json config = daemon_config();
-  config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", 400}};
-  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
-  ASSERT_NE(start_run("gh-inst-1", "github"), 0);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (metric("backhaul_scheduler_in_flight") < 1 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GE(metric("backhaul_scheduler_in_flight"), 1) << daemon_->stderr_text();
+  start_a_run_stuck_in_plugin_calls(false);
+  if (HasFatalFailure()) return;
 
   // Well before the provider answers (20 s); the bound is the point, not a speed goal.
   expect_exit_1_within_10s_of_sigterm();
   EXPECT_NE(daemon_->stderr_text().find("exiting without them"), std::string::npos)
       << daemon_->stderr_text();
 
+  EXPECT_GE(running_jobs(), 1) << "the abandoned job keeps its lease until it expires";
+}
+
+// The same stuck calls in isolation mode: after shutdown.grace_ms + abandon_ms the daemon kills the
+// worker processes running them. Each call fails (an attempt of its job), every handler returns,
+// and the daemon stops cleanly (status 0) with no job left running under a lease.
+TEST_F(DaemonProcessTest, InIsolationModeAStopKillsTheWorkersOfCallsThatOutlastGraceAndAbandon) {
+  start_a_run_stuck_in_plugin_calls(true);
+  if (HasFatalFailure()) return;
+
+  const auto signalled = std::chrono::steady_clock::now();
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(60));
+  // Well before the provider answers (20 s); the bound is the point, not a speed goal.
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(10));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+  EXPECT_NE(daemon_->stderr_text().find("plugin worker processes running their calls"),
+            std::string::npos)
+      << daemon_->stderr_text();
+  EXPECT_EQ(daemon_->stderr_text().find("exiting without them"), std::string::npos)
+      << daemon_->stderr_text();
+
+  EXPECT_EQ(running_jobs(), 0) << "every stopped call ended its job's attempt";
   auto store = jobs::open_sqlite_store((dir_ / "jobs.db").string());
-  int64_t running = 0;
-  for (const auto& [key, count] : store->counts()) {
-    if (key.second == jobs::JobStatus::kRunning) running += count;
+  jobs::JobQuery stopped;
+  stopped.limit = 100;
+  int with_the_reason = 0;
+  for (const jobs::Job& job : store->list(stopped).jobs) {
+    with_the_reason += job.last_error && job.last_error->find(
+                                             "the daemon could not wait for it "
+                                             "any longer") != std::string::npos;
   }
-  EXPECT_GE(running, 1) << "the abandoned job keeps its lease until it expires";
+  EXPECT_GE(with_the_reason, 1) << daemon_->stderr_text();
 }
 
 // A plugin whose deinit() never returns would hold the exit forever, after a stop that released
