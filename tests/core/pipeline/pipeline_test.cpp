@@ -378,6 +378,32 @@ TEST_F(PipelineTest, APluginThatCrashesInAWorkerCostsAttemptsAndEndsInADeadLette
   EXPECT_EQ(circuit("provider:fake").state, "closed");
 }
 
+// The same for the run's scope check: each crash is an attempt of the run, which ends dead with
+// how the worker died, and the provider's circuit has seen no failure.
+TEST_F(PipelineTest, APluginThatCrashesInItsScopeCheckCostsTheRunsAttempts) {
+  static const plugins::Plugin fake =
+      plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
+  PipelineOptions options = fast();
+  options.provider_circuit = {3, 60'000};
+  start(data(1, 0, 10), options);
+  connectors_.erase("github");
+  connectors_.emplace("github", fake.create_isolated(R"({"scopes": "abort"})", isolation()));
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+
+  const std::optional<jobs::Job> job = store_->get(run.run_id);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->status, JobStatus::kDead);
+  EXPECT_GT(job->max_attempts, 1);
+  EXPECT_EQ(job->attempts, job->max_attempts);
+  ASSERT_TRUE(job->last_error);
+  EXPECT_THAT(*job->last_error,
+              HasSubstr("ended during validate_scopes: it was killed by SIGABRT"));
+  EXPECT_TRUE(units_of(run.run_id).empty());
+  EXPECT_EQ(circuit("provider:github").failures, 0);
+  EXPECT_EQ(circuit("provider:github").state, "closed");
+}
+
 // Seed 000 test 2: Vercel, one project, one entity type: one unit.
 TEST_F(PipelineTest, VercelRunWithOneProjectIsOneUnit) {
   start(data(0, 1, 120));

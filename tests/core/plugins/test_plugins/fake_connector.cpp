@@ -1,12 +1,13 @@
 // A configurable connector built with the C++ SDK layer, for the loader and host-service tests.
 //
 // Config (all optional): {"pages": 3, "per_page": 2, "fail": "<mode>", "http_url": "<url>",
-//                         "rate_limit_remaining": N, "crash_on_page": N}
+//                         "rate_limit_remaining": N, "crash_on_page": N, "scopes": "abort"}
 //   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
 //         "unknown_exception" — every fetch_page fails that way; "abort" | "exit" | "hang" |
 //         "stdout" — every fetch_page calls abort(), calls _Exit(3), never returns, or prints to
 //         stdout first (for isolation mode: a host running it in-process ends or hangs too).
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
+//   scopes: "abort" — validate_scopes calls abort().
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
 #include <chrono>
 #include <cstdio>
@@ -62,6 +63,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (auto v = config_value(config, "crash_on_page"); !v.empty())
       crash_on_page_ = std::atoi(v.c_str());
     fail_ = config_value(config, "fail");
+    abort_in_scopes_ = config_value(config, "scopes") == "abort";
     http_url_ = config_value(config, "http_url");
   }
 
@@ -75,6 +77,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   }
 
   void validate_scopes(const backhaul::sdk::Unit& unit) override {
+    if (abort_in_scopes_) std::abort();
     if (unit.access_token == "bad-token") throw Error(BACKHAUL_FATAL, "token cannot read resource");
   }
 
@@ -135,6 +138,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   int per_page_ = 2;
   int64_t remaining_ = -1;
   int crash_on_page_ = 0;
+  bool abort_in_scopes_ = false;
   std::string fail_;
   std::string http_url_;
 };
