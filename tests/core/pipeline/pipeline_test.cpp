@@ -231,6 +231,27 @@ class PipelineTest : public ::testing::Test {
 
   jobs::Job unit_linking(std::function<std::string(const std::string&)> next_url);
 
+  static plugins::IsolationOptions isolation() {
+    plugins::IsolationOptions o;
+    o.worker_path = BACKHAUL_PLUGIN_WORKER;
+    o.max_workers = 2;
+    o.log_level = "warn";
+    return o;
+  }
+
+  // A run of gh-inst-1 (one repository) whose "github" connector is the fake test plugin with
+  // `config`, in worker processes; the provider circuit opens after 3 failures.
+  RunStart run_with_the_fake_plugin_isolated_as_github(const std::string& config) {
+    static const plugins::Plugin fake =
+        plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
+    PipelineOptions options = fast();
+    options.provider_circuit = {3, 60'000};
+    start(data(1, 0, 10), options);
+    connectors_.erase("github");
+    connectors_.emplace("github", fake.create_isolated(config, isolation()));
+    return start_run("gh-inst-1", "github");
+  }
+
   // With `options`, both circuits opening after 3 failures for 60 s: a run of gh-inst-1's `types`
   // (150 items each, one repository) that has fanned out.
   RunStart fanned_out(std::vector<std::string> types = {"issue"},
@@ -315,14 +336,6 @@ TEST_F(PipelineTest, GithubRunFansOutNineUnitsAndDeliversEveryEventOnce) {
   EXPECT_GT(pipeline_->metrics().pages, 0);
 }
 
-plugins::IsolationOptions isolation() {
-  plugins::IsolationOptions o;
-  o.worker_path = BACKHAUL_PLUGIN_WORKER;
-  o.max_workers = 2;
-  o.log_level = "warn";
-  return o;
-}
-
 // SPEC B4: the GitHub connector in worker processes (their own HTTP to the sandbox) delivers
 // every event once, as it does in this process.
 TEST_F(PipelineTest, AGithubRunWithTheConnectorInWorkerProcessesDeliversEveryEventOnce) {
@@ -349,14 +362,7 @@ TEST_F(PipelineTest, AGithubRunWithTheConnectorInWorkerProcessesDeliversEveryEve
 // SPEC B4: a plugin that aborts in fetch_page ends its worker, not this process. Each crash is an
 // attempt of the unit; when they run out the unit is a dead letter that says how the worker died.
 TEST_F(PipelineTest, APluginThatCrashesInAWorkerCostsAttemptsAndEndsInADeadLetter) {
-  static const plugins::Plugin fake =
-      plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
-  PipelineOptions options = fast();
-  options.provider_circuit = {3, 60'000};
-  start(data(1, 0, 10), options);
-  connectors_.erase("github");
-  connectors_.emplace("github", fake.create_isolated(R"({"crash_on_page": 1})", isolation()));
-  RunStart run = start_run("gh-inst-1", "github");
+  const RunStart run = run_with_the_fake_plugin_isolated_as_github(R"({"crash_on_page": 1})");
   drive();
 
   std::vector<jobs::Job> units = units_of(run.run_id);
@@ -381,14 +387,7 @@ TEST_F(PipelineTest, APluginThatCrashesInAWorkerCostsAttemptsAndEndsInADeadLette
 // The same for the run's scope check: each crash is an attempt of the run, which ends dead with
 // how the worker died, and the provider's circuit has seen no failure.
 TEST_F(PipelineTest, APluginThatCrashesInItsScopeCheckCostsTheRunsAttempts) {
-  static const plugins::Plugin fake =
-      plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
-  PipelineOptions options = fast();
-  options.provider_circuit = {3, 60'000};
-  start(data(1, 0, 10), options);
-  connectors_.erase("github");
-  connectors_.emplace("github", fake.create_isolated(R"({"scopes": "abort"})", isolation()));
-  RunStart run = start_run("gh-inst-1", "github");
+  const RunStart run = run_with_the_fake_plugin_isolated_as_github(R"({"scopes": "abort"})");
   drive();
 
   const std::optional<jobs::Job> job = store_->get(run.run_id);
