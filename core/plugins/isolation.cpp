@@ -399,16 +399,19 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
     Reader answer(body);
     throw_if_failed(answer);
     answer.end();
-  } catch (const WorkerLost& e) {
-    const std::string end = reap(worker->pid, e.kill);
-    throw ConnectorFailure(BACKHAUL_FATAL,
-                           who + "worker process " + std::to_string(pid) + " " + e.how +
-                               " while starting (" + end + ")",
-                           0);
-  } catch (const std::exception&) {  // the plugin refused the config, or a malformed answer
+  } catch (const ConnectorFailure&) {  // the plugin refused the config, or could not load
     worker->socket.reset();
     reap(worker->pid, false);
     throw;
+  } catch (const WorkerLost& e) {  // it crashed in init() or create(), say: another try may do
+    const std::string end = reap(worker->pid, e.kill);
+    throw PluginCrashed(who + "worker process " + std::to_string(pid) + " " + e.how +
+                        " while starting: it " + end);
+  } catch (const MalformedFrame& e) {
+    reap(worker->pid, true);
+    throw PluginCrashed(who + "worker process " + std::to_string(pid) +
+                        " answered create with a malformed frame (" + e.what() +
+                        ") and was killed");
   }
   logging::get("plugins")->debug("plugin '{}': worker process {} started", info_.id, pid);
   return worker;

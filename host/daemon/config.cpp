@@ -142,11 +142,20 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     std::error_code ec;
     iso.worker_path = fs::read_symlink("/proc/self/exe", ec).parent_path() / kPluginWorker;
   }
-  if (iso.mode == "process" && ::access(iso.worker_path.c_str(), X_OK) != 0) {
-    problems.add(isolation.contains("worker_path") ? "plugins.isolation.worker_path"
-                                                   : "plugins.isolation.mode",
-                 iso.worker_path.string() + " is not an executable file (" + std::strerror(errno) +
-                     "): process isolation needs " + kPluginWorker);
+  if (iso.mode == "process") {
+    std::error_code ec;
+    std::string why;
+    if (::access(iso.worker_path.c_str(), X_OK) != 0) {
+      why = std::strerror(errno);
+    } else if (!fs::is_regular_file(iso.worker_path, ec)) {
+      why = "not a regular file";
+    }
+    if (!why.empty()) {
+      problems.add(isolation.contains("worker_path") ? "plugins.isolation.worker_path"
+                                                     : "plugins.isolation.mode",
+                   iso.worker_path.string() + " is not an executable file (" + why +
+                       "): process isolation needs " + kPluginWorker);
+    }
   }
 
   const json& gateway = section(root, "gateway");

@@ -284,6 +284,27 @@ TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
   EXPECT_EQ(workers->stats().lost, 1u);
 }
 
+// A worker that dies while it starts (in the plugin's init() or create()) is a crash like any
+// other, RETRYABLE, and not taken for a refused config: the next call may start one that lives.
+TEST_F(IsolatedConnector, AWorkerThatCrashesWhileStartingFailsTheCallRetryable) {
+  const fs::path marker =
+      fs::temp_directory_path() / ("backhaul-abort-in-create-" + std::to_string(::getpid()));
+  fs::remove(marker);
+  auto workers = pool(R"({"abort_in_create_if": ")" + marker.string() + R"("})", options(1));
+  const pid_t pid = workers->idle_pids().at(0);
+  std::ofstream(marker) << "abort";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  while (!zombie(pid)) std::this_thread::yield();
+
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr(" ended during create while starting: it was killed by SIGABRT"));
+  EXPECT_EQ(workers->live(), 0u);
+
+  fs::remove(marker);
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
+}
+
 TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {
   auto workers = pool("{}", options(3));
   std::vector<std::thread> threads;

@@ -257,6 +257,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: plugins.isolation.worker_path: /nonexistent/worker is not an executable "
                  "file (No such file or directory): process isolation needs "
                  "backhaul-plugin-worker"},
+        BadField{"IsolationWorkerIsADirectory",
+                 [](json& c) {
+                   c["plugins"]["isolation"] = {{"mode", "process"}, {"worker_path", "/"}};
+                 },
+                 "config: plugins.isolation.worker_path: / is not an executable file (not a "
+                 "regular file): process isolation needs backhaul-plugin-worker"},
         BadField{"IsolationCallTimeout",
                  [](json& c) { c["plugins"]["isolation"]["call_timeout_ms"] = 10; },
                  "config: plugins.isolation.call_timeout_ms: must be an integer between 100 and "

@@ -8,6 +8,7 @@
 //         stdout first (for isolation mode: a host running it in-process ends or hangs too).
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
+//   abort_in_create_if: create() calls abort() while a file of that path exists.
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
 #include <chrono>
 #include <cstdio>
@@ -56,6 +57,12 @@ class FakeConnector final : public backhaul::sdk::Connector {
  public:
   explicit FakeConnector(std::string_view config) {
     validate_config(config);
+    if (auto path = config_value(config, "abort_in_create_if"); !path.empty()) {
+      if (std::FILE* marker = std::fopen(path.c_str(), "r")) {
+        std::fclose(marker);
+        std::abort();
+      }
+    }
     if (auto v = config_value(config, "pages"); !v.empty()) pages_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "rate_limit_remaining"); !v.empty())
