@@ -121,6 +121,7 @@ struct PipelineOptions {
   int64_t items = 2000;  // per entity type per repository: 20 pages of 100
   int workers = 8;
   int per_installation = 5;
+  std::string isolation = "none";
   int wrk_seconds = 5;
   std::string bin_dir;
   std::string plugin_dir = BACKHAUL_BENCH_PLUGIN_DIR;
@@ -199,7 +200,8 @@ void run(const PipelineOptions& o) {
   json config = {{"store", {{"backend", "sqlite"}, {"path", (dir / "backhaul.db").string()}}},
                  {"plugins",
                   {{"directories", {o.plugin_dir}},
-                   {"connectors", {{"github", {{"base_url", sandbox_url + "/github"}}}}}}},
+                   {"connectors", {{"github", {{"base_url", sandbox_url + "/github"}}}}},
+                   {"isolation", {{"mode", o.isolation}}}}},
                  {"gateway", {{"url", sandbox_url + "/gateway"}}},
                  {"admin",
                   {{"port", 0},
@@ -239,6 +241,13 @@ void run(const PipelineOptions& o) {
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const int64_t idle_rss_kb = proc_status_kb(daemon.pid(), "VmRSS");
   const double cpu_before = proc_cpu_s(daemon.pid());
+  // Isolation mode: the plugin worker processes' CPU counts too (they live until the stop).
+  auto workers_cpu_s = [&] {
+    double sum = 0;
+    for (pid_t child : child_pids(daemon.pid())) sum += proc_cpu_s(child);
+    return sum;
+  };
+  const double workers_cpu_before = workers_cpu_s();
 
   int status = 0;
   json start =
@@ -260,6 +269,9 @@ void run(const PipelineOptions& o) {
   }
   const double run_s = seconds_since(t_run);
   const double cpu_s = proc_cpu_s(daemon.pid()) - cpu_before;
+  const double workers_cpu = workers_cpu_s() - workers_cpu_before;
+  int64_t workers_rss_kb = 0;
+  for (pid_t child : child_pids(daemon.pid())) workers_rss_kb += proc_status_kb(child, "VmRSS");
   peak_rss_kb = std::max(peak_rss_kb, proc_status_kb(daemon.pid(), "VmHWM"));
   const int64_t pages = view.value("pages", int64_t{0});
   const int64_t events = view.value("eventsDispatched", int64_t{0});
@@ -295,6 +307,9 @@ void run(const PipelineOptions& o) {
       {"events_per_s", events / run_s},
       {"daemon_cpu_s", cpu_s},
       {"cpu_s_per_1000_events", events > 0 ? cpu_s * 1000 / static_cast<double>(events) : 0},
+      {"isolation", o.isolation},
+      {"plugin_workers_cpu_s", workers_cpu},
+      {"plugin_workers_rss_kb", workers_rss_kb},
       {"daemon_startup_to_ready_ms", ready_ms},
       {"daemon_idle_rss_kb", idle_rss_kb},
       {"daemon_peak_rss_kb", peak_rss_kb},
@@ -319,6 +334,10 @@ void add_pipeline_bench(CLI::App& app) {
   cmd->add_option("--items", o->items, "items per entity type per repository")
       ->capture_default_str();
   cmd->add_option("--workers", o->workers, "daemon workers")->capture_default_str();
+  cmd->add_option("--isolation", o->isolation,
+                  "plugins.isolation.mode: none, or process (plugin calls in worker processes)")
+      ->check(CLI::IsMember({"none", "process"}))
+      ->capture_default_str();
   cmd->add_option("--per-installation", o->per_installation, "entity jobs per installation")
       ->capture_default_str();
   cmd->add_option("--wrk-seconds", o->wrk_seconds, "length of the raw webhook measurement")
