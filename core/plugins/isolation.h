@@ -52,8 +52,9 @@ struct OwnedPage {
 // worker, or start one while fewer than max_workers live, or wait for one.
 class WorkerPool {
  public:
-  // Starts the first worker and creates the instance in it: throws ConnectorFailure with the
-  // plugin's message on a bad config, or FATAL when the worker cannot start or load the plugin.
+  // Starts the first worker and creates the instance in it. Throws ConnectorFailure with the
+  // plugin's message on a bad config, FATAL when the worker cannot be started or cannot load the
+  // plugin, and PluginCrashed when it dies while starting (as a later start does in a call).
   WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;

@@ -168,8 +168,7 @@ class Plugin {
   void validate_config(std::string_view config_json) const;
   Connector create(std::string_view config_json) const;
   // The same instance in worker processes (isolation.h, SPEC B4): its calls cannot crash this
-  // process. Starts the first worker; throws ConnectorFailure as create() does, or FATAL when the
-  // worker cannot start or load the plugin.
+  // process. Starts the first worker; throws as WorkerPool's constructor does.
   Connector create_isolated(std::string_view config_json, const IsolationOptions& options) const;
   // Non-null iff the plugin is ABI >= 1.1 and has the extension.
   const void* extension(const char* id) const;

@@ -2,9 +2,8 @@
 // daemon starts it with a UNIX socket on descriptor 3 and talks to it as core/plugins/isolation.h
 // says; it is not meant to be run by hand.
 //
-//   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] [--http-timeout-ms N] [--ca-file
-//   PEM]
-//                          [--log-level LEVEL] [--log-format text|json]
+//   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] [--http-timeout-ms N]
+//       [--ca-file PEM] [--log-level LEVEL] [--log-format text|json]
 #include <chrono>
 #include <csignal>
 #include <cstdio>
