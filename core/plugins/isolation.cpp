@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/common/logging.h"
+#include "core/common/proc.h"
 #include "core/common/signal_name.h"
 #include "core/plugins/plugin_loader.h"
 #include <fcntl.h>
@@ -288,7 +289,7 @@ bool went_away(int fd) {
 // A worker that has to go: how it ended, for the failure's message.
 struct WorkerPool::WorkerLost {
   std::string how;
-  bool kill = false;  // still running (hung, or talking nonsense): kill it first
+  bool kill = false;  // still running (hung, too big, or talking nonsense): kill it first
 };
 
 WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options)
@@ -391,6 +392,10 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   worker->pid = pid;
   worker->socket = std::move(mine);
   theirs.reset();
+  {
+    std::lock_guard lock(mutex_);  // a stop may kill it while the plugin starts
+    busy_.insert(pid);
+  }
 
   Writer request;
   request.u8(static_cast<uint8_t>(Op::kCreate)).str(config_json_);
@@ -401,14 +406,22 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
     answer.end();
   } catch (const ConnectorFailure&) {  // the plugin refused the config, or could not load
     worker->socket.reset();
-    reap(worker->pid, false);
+    settle(pid);
+    reap(pid, false);
     throw;
   } catch (const WorkerLost& e) {  // it crashed in init() or create(), say: another try may do
-    const std::string end = reap(worker->pid, e.kill);
+    const bool interrupted = settle(pid);
+    const std::string end = reap(pid, e.kill);
+    if (interrupted) {
+      throw PluginCrashed(who + "worker process " + std::to_string(pid) +
+                          " was stopped while starting: the daemon could not wait for it any "
+                          "longer");
+    }
     throw PluginCrashed(who + "worker process " + std::to_string(pid) + " " + e.how +
                         " while starting: it " + end);
   } catch (const MalformedFrame& e) {
-    reap(worker->pid, true);
+    settle(pid);
+    reap(pid, true);
     throw PluginCrashed(who + "worker process " + std::to_string(pid) +
                         " answered create with a malformed frame (" + e.what() +
                         ") and was killed");
@@ -440,10 +453,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
       ++live_;
       lock.unlock();
       try {
-        std::unique_ptr<Worker> worker = start();
-        lock.lock();
-        busy_.insert(worker->pid);
-        return worker;
+        return start();  // busy from its spawn on
       } catch (...) {
         lock.lock();
         --live_;
@@ -465,12 +475,40 @@ void WorkerPool::give_back(std::unique_ptr<Worker> worker) {
   idle_changed_.notify_one();
 }
 
+bool WorkerPool::settle(pid_t pid) {
+  std::lock_guard lock(mutex_);
+  busy_.erase(pid);
+  return interrupted_.erase(pid) > 0;
+}
+
+void WorkerPool::watch_memory(const Worker& worker, SteadyClock::time_point deadline,
+                              const char* what) const {
+  constexpr auto kTick = std::chrono::milliseconds(10);
+  const int64_t limit_kb = static_cast<int64_t>(options_.memory_limit_mb) * 1024;
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) return;
+    pollfd p{worker.socket.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min(left, kTick).count()));
+    if (ready < 0 && errno != EINTR) return;  // read_frame meets the same error and says so
+    if (ready > 0) return;
+    if (const int64_t used_kb = resident_kb(worker.pid); used_kb > limit_kb) {
+      throw WorkerLost{"used " + std::to_string(used_kb / 1024) + " MB during " + what +
+                           ", over the memory limit of " +
+                           std::to_string(options_.memory_limit_mb) + " MB,",
+                       true};
+    }
+  }
+}
+
 std::string WorkerPool::call(Worker& worker, const std::string& request, const char* what) {
   if (!send_frame(worker.socket.get(), request)) {
     throw WorkerLost{std::string("closed its socket before ") + what};
   }
+  const auto deadline = SteadyClock::now() + options_.call_timeout;
+  if (options_.memory_limit_mb > 0) watch_memory(worker, deadline, what);
   std::string body;
-  switch (read_frame(worker.socket.get(), &body, SteadyClock::now() + options_.call_timeout)) {
+  switch (read_frame(worker.socket.get(), &body, deadline)) {
     case ReadEnd::kFrame:
       return body;
     case ReadEnd::kClosed:
@@ -506,12 +544,7 @@ auto WorkerPool::run(const std::string& request, const char* what, Decode&& deco
 }
 
 void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e, const char* what) {
-  bool interrupted = false;
-  {
-    std::lock_guard lock(mutex_);
-    busy_.erase(worker->pid);
-    interrupted = interrupted_.erase(worker->pid) > 0;
-  }
+  const bool interrupted = settle(worker->pid);
   const std::string end = reap(worker->pid, e.kill);
   {
     std::lock_guard lock(mutex_);

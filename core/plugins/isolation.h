@@ -35,6 +35,10 @@ struct IsolationOptions {
   // A call that has not answered by then: its worker is killed (SIGKILL, by PID) and the call
   // fails RETRYABLE.
   std::chrono::milliseconds call_timeout{120'000};
+  // A worker whose resident memory passes this during a call is killed (SIGKILL, by PID) and the
+  // call fails RETRYABLE; 0: no limit. Watched from here, every few milliseconds of the call, so a
+  // plugin that allocates fast may overshoot it by what it allocates in that time.
+  size_t memory_limit_mb = 0;
   std::chrono::milliseconds http_timeout{30'000};  // the worker's default for plugin HTTP calls
   std::string ca_file;                             // passed on to the worker's HTTP transport
   std::string log_level = "info";                  // the worker logs to the daemon's stderr,
@@ -64,9 +68,9 @@ class WorkerPool {
   std::shared_ptr<OwnedPage> fetch_page(const FetchParams& params);
   void validate_scopes(const Unit& unit);
 
-  // Kills (SIGKILL, by PID) the workers that are running a call: each call fails at once with
-  // PluginCrashed saying the daemon stopped it. For a stop that cannot wait for a plugin any
-  // longer. Returns how many were killed.
+  // Kills (SIGKILL, by PID) the workers that are running a call or starting for one: each such
+  // call fails at once with PluginCrashed saying the daemon stopped it. For a stop that cannot
+  // wait for a plugin any longer. Returns how many were killed.
   size_t interrupt();
   WorkerStats stats() const;
   // Live worker processes, and the PIDs of the idle ones (for tests).
@@ -84,9 +88,15 @@ class WorkerPool {
   std::unique_ptr<Worker> start();
   std::unique_ptr<Worker> acquire();
   void give_back(std::unique_ptr<Worker> worker);
-  // Sends `request` and returns the answer's body; throws WorkerLost when the worker dies, hangs
-  // or answers what is not a frame.
+  // Sends `request` and returns the answer's body; throws WorkerLost when the worker dies, hangs,
+  // outgrows the memory limit or answers what is not a frame.
   std::string call(Worker& worker, const std::string& request, const char* what);
+  // Waits until the worker's answer starts or the deadline passes; throws WorkerLost when the
+  // worker's memory passes the limit first.
+  void watch_memory(const Worker& worker, std::chrono::steady_clock::time_point deadline,
+                    const char* what) const;
+  // Takes `pid` out of the busy set once its call has ended; true when interrupt() killed it.
+  bool settle(pid_t pid);
   // One call on an idle worker; `decode` turns the answer's body into the result. A lost worker is
   // reaped and the call throws ConnectorFailure (RETRYABLE) saying how it ended.
   template <class Decode>
@@ -101,7 +111,7 @@ class WorkerPool {
   std::vector<std::unique_ptr<Worker>> idle_;
   size_t live_ = 0;
   uint64_t lost_ = 0;
-  std::set<pid_t> busy_;         // running a call: what interrupt() kills
+  std::set<pid_t> busy_;         // starting, or running a call: what interrupt() kills
   std::set<pid_t> interrupted_;  // killed by interrupt(), not yet reaped
 };
 

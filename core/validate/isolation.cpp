@@ -5,12 +5,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "core/common/proc.h"
 #include "core/common/signal_name.h"
 #include <fcntl.h>
 #include <poll.h>
@@ -128,14 +128,6 @@ void redirect_stdio(int err_fd) {
 }
 
 // --- parent side --------------------------------------------------------------------------------
-
-int64_t resident_kb(pid_t pid) {
-  std::ifstream statm("/proc/" + std::to_string(pid) + "/statm");
-  int64_t size_pages = 0;
-  int64_t resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * (::sysconf(_SC_PAGESIZE) / 1024);
-}
 
 // Reads whatever is available; returns false at EOF or on error.
 bool drain(int fd, std::string& into) {

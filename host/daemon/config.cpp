@@ -136,6 +136,14 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(isolation, "mode", &iso.mode);
   read(isolation, "workers", &iso.workers);
   read(isolation, "call_timeout_ms", &iso.call_timeout_ms);
+  read(isolation, "memory_limit_mb", &iso.memory_limit_mb);
+  // Below this a worker that has only loaded its plugin would be over the limit at its first call.
+  constexpr int64_t kLeastMemoryLimitMb = 32;
+  if (iso.memory_limit_mb > 0 && iso.memory_limit_mb < kLeastMemoryLimitMb) {
+    problems.add("plugins.isolation.memory_limit_mb",
+                 "must be 0 (no limit) or at least " + std::to_string(kLeastMemoryLimitMb) +
+                     " (got " + std::to_string(iso.memory_limit_mb) + ")");
+  }
   if (isolation.contains("worker_path")) {
     iso.worker_path = resolve(base_dir, isolation["worker_path"].get<std::string>());
   } else {

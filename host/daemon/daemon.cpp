@@ -55,6 +55,21 @@ void Daemon::Impl::open_store() {
   log->info("store: {} (schema migrated)", store->backend());
 }
 
+std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& config) {
+  const DaemonConfig::Plugins::Isolation& c = config.plugins.isolation;
+  if (c.mode != "process") return std::nullopt;
+  plugins::IsolationOptions options;
+  options.worker_path = c.worker_path;
+  options.max_workers = static_cast<size_t>(c.workers > 0 ? c.workers : config.scheduler.workers);
+  options.call_timeout = std::chrono::milliseconds(c.call_timeout_ms);
+  options.memory_limit_mb = static_cast<size_t>(c.memory_limit_mb);
+  options.http_timeout = std::chrono::milliseconds(config.gateway.timeout_ms);
+  options.ca_file = config.gateway.ca_file;
+  options.log_level = config.logging.level;
+  options.log_json = config.logging.format == "json";
+  return options;
+}
+
 void Daemon::Impl::load_plugins() {
   http::PocoTransportOptions transport_options;
   transport_options.ca_file = config.gateway.ca_file;
@@ -70,19 +85,7 @@ void Daemon::Impl::load_plugins() {
       log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
     }
   }
-  std::optional<plugins::IsolationOptions> isolation;
-  if (config.plugins.isolation.mode == "process") {
-    const DaemonConfig::Plugins::Isolation& c = config.plugins.isolation;
-    isolation.emplace();
-    isolation->worker_path = c.worker_path;
-    isolation->max_workers =
-        static_cast<size_t>(c.workers > 0 ? c.workers : config.scheduler.workers);
-    isolation->call_timeout = std::chrono::milliseconds(c.call_timeout_ms);
-    isolation->http_timeout = std::chrono::milliseconds(config.gateway.timeout_ms);
-    isolation->ca_file = config.gateway.ca_file;
-    isolation->log_level = config.logging.level;
-    isolation->log_json = config.logging.format == "json";
-  }
+  const std::optional<plugins::IsolationOptions> isolation = isolation_options(config);
   for (const plugins::Plugin& plugin : registry->plugins()) {
     const std::string& id = plugin.info().id;
     auto settings = config.plugins.connectors.find(id);

@@ -5,13 +5,19 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/common/clock.h"
 #include "core/jobs/job_store.h"
+#include "core/plugins/isolation.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/daemon/config.h"
 
 namespace backhaul::daemon {
+
+// The options of each connector's worker pool, from plugins.isolation and the settings the workers
+// share with the daemon (log, HTTP timeout, CA file); nullopt when the mode is "none".
+std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& config);
 
 class Daemon {
  public:

@@ -57,6 +57,23 @@ ConnectorFailure failure_of(const std::function<void()>& call) {
   return ConnectorFailure(BACKHAUL_OK, "", 0);
 }
 
+// A fetch_page on another thread; `message` gets what its PluginCrashed says.
+std::thread fetch_in_background(WorkerPool& workers, std::string* message) {
+  return std::thread([&workers, message] {
+    try {
+      workers.fetch_page(params());
+    } catch (const PluginCrashed& e) {
+      *message = e.what();
+    }
+  });
+}
+
+// Kills an idle worker and returns once it has ended, left to its pool to reap.
+void kill_idle_worker(pid_t pid) {
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  while (!zombie(pid)) std::this_thread::yield();
+}
+
 class IsolatedConnector : public ::testing::Test {
  protected:
   http::ReplayTransport transport_;
@@ -174,13 +191,7 @@ TEST_F(IsolatedConnector, InterruptKillsTheWorkersRunningACallAndTheirCallsSaySo
   auto workers = pool(R"({"fail": "hang"})", o);
   EXPECT_EQ(workers->interrupt(), 0u) << "no call under way";
   std::string message;
-  std::thread caller([&] {
-    try {
-      workers->fetch_page(params());
-    } catch (const PluginCrashed& e) {
-      message = e.what();
-    }
-  });
+  std::thread caller = fetch_in_background(*workers, &message);
   while (workers->stats().busy == 0) std::this_thread::yield();
   const pid_t busy = workers->idle_pids().empty() ? 0 : workers->idle_pids()[0];
   EXPECT_EQ(busy, 0) << "the pool's one worker runs the call";
@@ -191,6 +202,56 @@ TEST_F(IsolatedConnector, InterruptKillsTheWorkersRunningACallAndTheirCallsSaySo
   EXPECT_EQ(workers->stats().busy, 0u);
   EXPECT_EQ(workers->stats().lost, 1u);
   EXPECT_EQ(workers->live(), 0u);
+}
+
+// A stop may come while a call waits for a new worker whose plugin is still starting (its init()
+// or create() stuck on the network, say): that worker is killed too, not left to the call timeout.
+TEST_F(IsolatedConnector, InterruptKillsAWorkerStillStartingForACall) {
+  const fs::path marker =
+      fs::temp_directory_path() / ("backhaul-hang-in-create-" + std::to_string(::getpid()));
+  fs::remove(marker);
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::milliseconds(15'000);  // not reached: the caller's end comes first
+  auto workers = pool(R"({"hang_in_create_if": ")" + marker.string() + R"("})", o);
+  const pid_t first = workers->idle_pids().at(0);
+  std::ofstream(marker) << "hang";
+  kill_idle_worker(first);
+
+  std::string message;
+  std::thread caller = fetch_in_background(*workers, &message);
+  size_t killed = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (killed == 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    killed = workers->interrupt();  // 0 until the new worker is spawned
+  }
+  EXPECT_EQ(killed, 1u) << "the worker starting for the call";
+  caller.join();
+  EXPECT_THAT(message, HasSubstr("was stopped while starting: the daemon could not wait for it "
+                                 "any longer"));
+  EXPECT_EQ(workers->live(), 0u);
+  EXPECT_EQ(workers->stats().busy, 0u);
+
+  fs::remove(marker);
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u) << "the next call starts a worker";
+}
+
+TEST_F(IsolatedConnector, AWorkerThatOutgrowsTheMemoryLimitIsKilledAndTheCallFailsRetryable) {
+  IsolationOptions o = options(1);
+  o.memory_limit_mb = 256;
+  EXPECT_EQ(pool("{}", o)->fetch_page(params())->events.size(), 2u) << "a call within the limit";
+
+  auto workers = pool(R"({"grow_mb": 512})", o);
+  const pid_t pid = workers->idle_pids().at(0);
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(),
+              HasSubstr("plugin 'fake': worker process " + std::to_string(pid) + " used "));
+  EXPECT_THAT(e.what(),
+              HasSubstr(" MB during fetch_page, over the memory limit of 256 MB, and was killed"));
+  EXPECT_FALSE(alive(pid));
+  EXPECT_EQ(workers->live(), 0u);
+  EXPECT_EQ(workers->stats().lost, 1u);
 }
 
 TEST_F(IsolatedConnector, WhatAPluginPrintsToStdoutDoesNotCorruptTheAnswers) {
@@ -276,8 +337,7 @@ TEST_F(IsolatedConnector, ManyThreadsShareAtMostMaxWorkersAndEachGetsItsOwnAnswe
 TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
   auto workers = pool("{}");
   const pid_t pid = workers->idle_pids().at(0);
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  while (!zombie(pid)) std::this_thread::yield();  // dead, and left to the pool to reap
+  kill_idle_worker(pid);
   EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
   ASSERT_EQ(workers->idle_pids().size(), 1u);
   EXPECT_NE(workers->idle_pids()[0], pid);
@@ -293,8 +353,7 @@ TEST_F(IsolatedConnector, AWorkerThatCrashesWhileStartingFailsTheCallRetryable) 
   auto workers = pool(R"({"abort_in_create_if": ")" + marker.string() + R"("})", options(1));
   const pid_t pid = workers->idle_pids().at(0);
   std::ofstream(marker) << "abort";
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  while (!zombie(pid)) std::this_thread::yield();
+  kill_idle_worker(pid);
 
   const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
   EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "core/common/errors.h"
+#include "host/daemon/daemon.h"
 #include "host/daemon/json_schema.h"
 #include <unistd.h>
 
@@ -79,13 +80,17 @@ TEST(ConfigTest, IsolationDefaultsToNoneAndFindsTheWorkerBesideTheDaemon) {
   EXPECT_EQ(none.plugins.isolation.mode, "none");
   EXPECT_EQ(none.plugins.isolation.workers, 0);
   EXPECT_EQ(none.plugins.isolation.call_timeout_ms, 120'000);
+  EXPECT_EQ(none.plugins.isolation.memory_limit_mb, 1024);
   EXPECT_EQ(
       none.plugins.isolation.worker_path,
       std::filesystem::read_symlink("/proc/self/exe").parent_path() / "backhaul-plugin-worker");
 
   json config = minimal();
-  config["plugins"]["isolation"] = {
-      {"mode", "process"}, {"workers", 3}, {"call_timeout_ms", 5000}, {"worker_path", "w/worker"}};
+  config["plugins"]["isolation"] = {{"mode", "process"},
+                                    {"workers", 3},
+                                    {"call_timeout_ms", 5000},
+                                    {"memory_limit_mb", 0},
+                                    {"worker_path", "w/worker"}};
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("backhaul-config-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir / "w");
@@ -96,7 +101,35 @@ TEST(ConfigTest, IsolationDefaultsToNoneAndFindsTheWorkerBesideTheDaemon) {
   EXPECT_EQ(c.plugins.isolation.mode, "process");
   EXPECT_EQ(c.plugins.isolation.workers, 3);
   EXPECT_EQ(c.plugins.isolation.call_timeout_ms, 5000);
+  EXPECT_EQ(c.plugins.isolation.memory_limit_mb, 0) << "no limit";
   EXPECT_EQ(c.plugins.isolation.worker_path, dir / "w" / "worker");
+}
+
+// What each connector's worker pool gets: plugins.isolation, and the settings the workers share
+// with the daemon.
+TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
+  EXPECT_FALSE(isolation_options(parse_config(minimal().dump(), "/srv/backhaul", kEnv)));
+
+  json config = minimal();
+  config["plugins"]["isolation"] = {{"mode", "process"}, {"memory_limit_mb", 300}};
+  config["scheduler"] = {{"workers", 6}};
+  config["gateway"]["timeout_ms"] = 7000;
+  config["gateway"]["ca_file"] = "/etc/ca.pem";
+  config["logging"] = {{"level", "debug"}, {"format", "json"}};
+  const DaemonConfig c = parse_config(config.dump(), "/srv/backhaul", kEnv);
+  const std::optional<plugins::IsolationOptions> o = isolation_options(c);
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->worker_path, c.plugins.isolation.worker_path);
+  EXPECT_EQ(o->max_workers, 6u) << "workers 0: scheduler.workers";
+  EXPECT_EQ(o->call_timeout, std::chrono::milliseconds(120'000));
+  EXPECT_EQ(o->memory_limit_mb, 300u);
+  EXPECT_EQ(o->http_timeout, std::chrono::milliseconds(7000));
+  EXPECT_EQ(o->ca_file, "/etc/ca.pem");
+  EXPECT_EQ(o->log_level, "debug");
+  EXPECT_TRUE(o->log_json);
+
+  config["plugins"]["isolation"]["workers"] = 2;
+  EXPECT_EQ(isolation_options(parse_config(config.dump(), "/srv/backhaul", kEnv))->max_workers, 2u);
 }
 
 TEST(ConfigTest, FullConfigLoads) {
@@ -266,7 +299,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"IsolationCallTimeout",
                  [](json& c) { c["plugins"]["isolation"]["call_timeout_ms"] = 10; },
                  "config: plugins.isolation.call_timeout_ms: must be an integer between 100 and "
-                 "3600000 (got 10)"}),
+                 "3600000 (got 10)"},
+        BadField{"IsolationMemoryLimitTooSmall",
+                 [](json& c) { c["plugins"]["isolation"]["memory_limit_mb"] = 8; },
+                 "config: plugins.isolation.memory_limit_mb: must be 0 (no limit) or at least 32 "
+                 "(got 8)"},
+        BadField{"IsolationMemoryLimitNegative",
+                 [](json& c) { c["plugins"]["isolation"]["memory_limit_mb"] = -1; },
+                 "config: plugins.isolation.memory_limit_mb: must be an integer between 0 and "
+                 "1048576 (got -1)"}),
     [](const ::testing::TestParamInfo<BadField>& param) { return param.param.name; });
 
 // The MySQL connection string is configuration too: one the store will refuse at open (an unknown

@@ -8,13 +8,18 @@
 //         stdout first (for isolation mode: a host running it in-process ends or hangs too).
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
-//   abort_in_create_if: create() calls abort() while a file of that path exists.
+//   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
+//   abort_in_create_if / hang_in_create_if: create() calls abort() / never returns while a file of
+//   that path exists.
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backhaul/connector.hpp"
 
@@ -53,22 +58,30 @@ std::string config_value(std::string_view config, std::string_view key) {
   return std::string(config.substr(start, end - start));
 }
 
+bool exists(const std::string& path) {
+  if (path.empty()) return false;
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  if (file) std::fclose(file);
+  return file != nullptr;
+}
+
+[[noreturn]] void hang() {
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 class FakeConnector final : public backhaul::sdk::Connector {
  public:
   explicit FakeConnector(std::string_view config) {
     validate_config(config);
-    if (auto path = config_value(config, "abort_in_create_if"); !path.empty()) {
-      if (std::FILE* marker = std::fopen(path.c_str(), "r")) {
-        std::fclose(marker);
-        std::abort();
-      }
-    }
+    if (exists(config_value(config, "abort_in_create_if"))) std::abort();
+    if (exists(config_value(config, "hang_in_create_if"))) hang();
     if (auto v = config_value(config, "pages"); !v.empty()) pages_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "rate_limit_remaining"); !v.empty())
       remaining_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "crash_on_page"); !v.empty())
       crash_on_page_ = std::atoi(v.c_str());
+    if (auto v = config_value(config, "grow_mb"); !v.empty()) grow_mb_ = std::atoi(v.c_str());
     fail_ = config_value(config, "fail");
     abort_in_scopes_ = config_value(config, "scopes") == "abort";
     http_url_ = config_value(config, "http_url");
@@ -90,6 +103,15 @@ class FakeConnector final : public backhaul::sdk::Connector {
 
   backhaul::sdk::Page fetch_page(const backhaul::sdk::FetchRequest& request) override {
     fail_if_asked();
+    if (grow_mb_ > 0) {
+      // Written, so that it is resident; kept in a static, so that it stays.
+      static std::vector<std::unique_ptr<char[]>> hoard;
+      for (int i = 0; i < grow_mb_; ++i) {
+        hoard.push_back(std::make_unique<char[]>(size_t{1} << 20));
+        std::memset(hoard.back().get(), 1, size_t{1} << 20);
+      }
+      hang();
+    }
     std::string http_note = "null";
     if (!http_url_.empty()) {
       backhaul::sdk::HttpRequest get;
@@ -132,9 +154,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (fail_ == "unknown_exception") throw 42;
     if (fail_ == "abort") std::abort();
     if (fail_ == "exit") std::_Exit(3);
-    if (fail_ == "hang") {
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
+    if (fail_ == "hang") hang();
     if (fail_ == "stdout") {
       std::fputs("a plugin's stray print\n", stdout);
       std::fflush(stdout);
@@ -145,6 +165,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   int per_page_ = 2;
   int64_t remaining_ = -1;
   int crash_on_page_ = 0;
+  int grow_mb_ = 0;
   bool abort_in_scopes_ = false;
   std::string fail_;
   std::string http_url_;
