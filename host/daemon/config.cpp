@@ -199,6 +199,15 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(scheduler, "lease_ms", &config.scheduler.lease_ms);
   read(scheduler, "heartbeat_ms", &config.scheduler.heartbeat_ms);
   read(scheduler, "heartbeat_lanes", &config.scheduler.heartbeat_lanes);
+  // On MySQL a beat that waits for a row another transaction holds keeps its connection the while:
+  // with as many lanes as connections, claims and completions could find none.
+  if (config.store.backend == "mysql" &&
+      config.scheduler.heartbeat_lanes >= config.store.pool_size) {
+    problems.add("scheduler.heartbeat_lanes",
+                 "must be less than store.pool_size (" + std::to_string(config.store.pool_size) +
+                     ") with the mysql backend: a heartbeat that waits for a row holds a "
+                     "connection, and claims and completions need one too");
+  }
   read(scheduler, "sweep_ms", &config.scheduler.sweep_ms);
   read(scheduler, "retention_days", &config.scheduler.retention_days);
   read(scheduler, "retry_initial_ms", &config.scheduler.retry_initial_ms);

@@ -300,6 +300,15 @@ INSTANTIATE_TEST_SUITE_P(
                  [](json& c) { c["plugins"]["isolation"]["call_timeout_ms"] = 10; },
                  "config: plugins.isolation.call_timeout_ms: must be an integer between 100 and "
                  "3600000 (got 10)"},
+        BadField{"HeartbeatLanesTakeEveryConnection",
+                 [](json& c) {
+                   c["store"] = {
+                       {"backend", "mysql"}, {"connection_env", "MYSQL_DSN"}, {"pool_size", 4}};
+                   c["scheduler"]["heartbeat_lanes"] = 4;
+                 },
+                 "config: scheduler.heartbeat_lanes: must be less than store.pool_size (4) with "
+                 "the mysql backend: a heartbeat that waits for a row holds a connection, and "
+                 "claims and completions need one too"},
         BadField{"IsolationMemoryLimitTooSmall",
                  [](json& c) { c["plugins"]["isolation"]["memory_limit_mb"] = 8; },
                  "config: plugins.isolation.memory_limit_mb: must be 0 (no limit) or at least 32 "
