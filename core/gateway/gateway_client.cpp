@@ -1,9 +1,13 @@
 #include "core/gateway/gateway_client.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <ctime>
 
+#include <Poco/DateTime.h>
+#include <Poco/DateTimeFormat.h>
+#include <Poco/DateTimeParser.h>
 #include <nlohmann/json.hpp>
 
 #include "core/common/json_check.h"
@@ -30,13 +34,6 @@ std::string url_segment(std::string_view s) {
 
 bool is_retryable_status(int status) { return status >= 500 || status == 429 || status == 408; }
 
-[[noreturn]] void fail(const std::string& what, const http::Response& r) {
-  std::string body = r.body.substr(0, 300);
-  throw GatewayError(
-      what + ": gateway answered " + std::to_string(r.status) + (body.empty() ? "" : ": " + body),
-      r.status, is_retryable_status(r.status));
-}
-
 json parse_object(const std::string& what, const http::Response& r) {
   json j = json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
@@ -54,6 +51,29 @@ std::string string_field(const json& j, const char* key, const std::string& what
 }
 
 }  // namespace
+
+int64_t retry_after_ms(std::string_view value, int64_t now_ms) {
+  while (!value.empty() && std::isspace(static_cast<unsigned char>(value.front())))
+    value.remove_prefix(1);
+  while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back())))
+    value.remove_suffix(1);
+  if (value.empty()) return 0;
+  if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    // A wait beyond a year is no wait anyone means; it also keeps the product in range.
+    constexpr int64_t kYearS = 366LL * 24 * 3600;
+    int64_t seconds = 0;
+    for (char c : value) seconds = std::min(seconds * 10 + (c - '0'), kYearS);
+    return seconds * 1000;
+  }
+  Poco::DateTime date;
+  int zone = 0;
+  if (!Poco::DateTimeParser::tryParse(Poco::DateTimeFormat::HTTP_FORMAT, std::string(value), date,
+                                      zone)) {
+    return 0;
+  }
+  const int64_t at_ms = date.timestamp().epochMicroseconds() / 1000 - int64_t{zone} * 1000;
+  return std::max<int64_t>(at_ms - now_ms, 0);
+}
 
 std::string iso8601_ms(int64_t unix_ms) {
   std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
@@ -85,6 +105,15 @@ http::Response GatewayClient::get(const std::string& path) const {
   } catch (const std::exception& e) {
     throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
   }
+}
+
+void GatewayClient::fail(const std::string& what, const http::Response& r) const {
+  std::string body = r.body.substr(0, 300);
+  const std::optional<std::string_view> retry_after = r.header("retry-after");
+  throw GatewayError(
+      what + ": gateway answered " + std::to_string(r.status) + (body.empty() ? "" : ": " + body),
+      r.status, is_retryable_status(r.status),
+      retry_after ? retry_after_ms(*retry_after, clock_.now_ms()) : 0);
 }
 
 Connection GatewayClient::connection(std::string_view connection_id) const {
@@ -154,7 +183,8 @@ http::Request GatewayClient::delivery_request(std::string_view provider,
   return r;
 }
 
-DispatchResult GatewayClient::interpret(const Delivery& delivery, const http::Response& response) {
+DispatchResult GatewayClient::interpret(const Delivery& delivery,
+                                        const http::Response& response) const {
   if (response.status >= 200 && response.status < 300) {
     json j = json::parse(response.body, nullptr, false);
     if (j.is_object() && j.value("status", "") == "duplicate") return DispatchResult::kDuplicate;

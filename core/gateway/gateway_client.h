@@ -40,15 +40,24 @@ enum class DispatchResult { kAccepted = 1, kDuplicate };
 // The gateway answered with an error or could not be reached. retryable(): 5xx, 429, network.
 class GatewayError : public Error {
  public:
-  GatewayError(const std::string& message, int status, bool retryable)
-      : Error(message), status_(status), retryable_(retryable) {}
+  GatewayError(const std::string& message, int status, bool retryable, int64_t retry_after_ms = 0)
+      : Error(message), status_(status), retryable_(retryable), retry_after_ms_(retry_after_ms) {}
   int status() const noexcept { return status_; }  // 0 when no response arrived
   bool retryable() const noexcept { return retryable_; }
+  // 429: the gateway asks us to slow down; the wait it asked for is retry_after_ms().
+  bool rate_limited() const noexcept { return status_ == 429; }
+  // From the answer's Retry-After (seconds, or an HTTP date); 0 when it had none.
+  int64_t retry_after_ms() const noexcept { return retry_after_ms_; }
 
  private:
   int status_;
   bool retryable_;
+  int64_t retry_after_ms_;
 };
+
+// The wait a Retry-After value asks for, in ms from `now_ms`: delta-seconds ("120") or an HTTP
+// date; 0 for a date in the past, and for a value that is neither.
+int64_t retry_after_ms(std::string_view value, int64_t now_ms);
 
 // [thread-safe] if the transport is.
 class GatewayClient {
@@ -82,7 +91,9 @@ class GatewayClient {
   // The POST for a delivery (throws GatewayError when its payload is not JSON), and what an
   // answer to it means.
   http::Request delivery_request(std::string_view provider, const Delivery& delivery) const;
-  static DispatchResult interpret(const Delivery& delivery, const http::Response& response);
+  DispatchResult interpret(const Delivery& delivery, const http::Response& response) const;
+  // Throws the GatewayError for a call (`what`) the gateway answered with an error.
+  [[noreturn]] void fail(const std::string& what, const http::Response& response) const;
 
   http::Transport& transport_;
   std::string base_url_;

@@ -26,6 +26,13 @@ constexpr int64_t kDayMs = 24LL * 3600 * 1000;
 constexpr int64_t kCircuitRefreshMs = 1000;  // how stale this host's view of a circuit may be
 constexpr const char* kGatewayCircuit = "gateway";
 
+// The gateway answered a call with 429 (gateway_failed): the job waits `retry_after_ms` (handle).
+// Not a std::exception, so that no handler's catch of errors takes it for a failure.
+struct GatewayBusy {
+  std::string message;
+  int64_t retry_after_ms = 0;
+};
+
 std::string provider_circuit(const std::string& provider) { return "provider:" + provider; }
 std::string throttle_key(const std::string& installation) { return "throttle:" + installation; }
 
@@ -252,8 +259,8 @@ struct Pipeline::Impl {
   std::map<std::string, CachedCircuit> circuits;
 
   std::atomic<int64_t> pages{0}, dispatched{0}, duplicates{0}, rate_limit_waits{0},
-      throttle_waits{0}, circuit_deferrals{0}, token_refreshes{0}, retries_in_place{0},
-      plugin_calls{0}, plugin_call_us{0};
+      gateway_rate_limit_waits{0}, throttle_waits{0}, circuit_deferrals{0}, token_refreshes{0},
+      retries_in_place{0}, plugin_calls{0}, plugin_call_us{0};
 
   PipelineOptions snapshot() const {
     std::lock_guard lock(mutex);
@@ -393,10 +400,15 @@ struct Pipeline::Impl {
     circuits[name] = {stored, now};
   }
 
-  // Gateway calls (begun at `started`): retryable errors count against the gateway circuit and
-  // retry the attempt; others (a 4xx: our request is wrong) are fatal.
+  // Gateway calls (begun at `started`): a 429 is the gateway asking us to slow down, a wait and
+  // not an attempt (GatewayBusy); other retryable errors count against the gateway circuit and
+  // retry the attempt; the rest (a 4xx: our request is wrong) are fatal.
   [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o,
                                    int64_t started) {
+    if (e.rate_limited()) {
+      gateway_answered(e, o, started);
+      throw GatewayBusy{e.what(), e.retry_after_ms()};
+    }
     if (e.retryable()) {
       circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, o.gateway_circuit, started,
                     clock.now_ms());
@@ -414,6 +426,21 @@ struct Pipeline::Impl {
     if (e.status() >= 400 && e.status() < 500)
       circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, started,
                     clock.now_ms());
+  }
+
+  // A job's handler: a gateway that asked us to slow down (GatewayBusy, from any gateway call of
+  // the job) defers the job by the wait it asked for, at least a second. Like a provider's rate
+  // limit, that is no attempt: a gateway shedding load costs time, never a dead letter. The pages
+  // already checkpointed stay; the page under way is fetched and sent again (the gateway dedupes).
+  template <class Handler>
+  Outcome handle(JobContext& ctx, Handler&& handler) {
+    try {
+      return handler(ctx);
+    } catch (const GatewayBusy& e) {
+      ++gateway_rate_limit_waits;
+      return Outcome::defer(ctx.now_ms() + std::max<int64_t>(e.retry_after_ms, 1000),
+                            "rate limited by the gateway: " + e.message);
+    }
   }
 
   // --- the orchestrator (E1, E3) ---------------------------------------------------------------
@@ -871,7 +898,7 @@ struct Pipeline::Impl {
           if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
           return true;
         } catch (const gateway::GatewayError& err) {
-          if (!err.retryable() || retry >= o.transient_retries) {
+          if (!err.retryable() || err.rate_limited() || retry >= o.transient_retries) {
             give_up(err);
             return false;
           }
@@ -904,7 +931,9 @@ struct Pipeline::Impl {
             continue;
           }
           const gateway::GatewayError& err = *outcomes[k].error;
-          if (!err.retryable() || o.transient_retries == 0) return give_up(err);
+          // A 429 is not retried here: the job waits as long as the gateway asked.
+          if (!err.retryable() || err.rate_limited() || o.transient_retries == 0)
+            return give_up(err);
           if (!retry_one(batch[k], 1)) return;
         }
       }
@@ -1032,9 +1061,12 @@ void Pipeline::apply_caps() {
 
 void Pipeline::register_handlers(jobs::Scheduler& scheduler) {
   Impl* impl = impl_.get();
-  scheduler.register_handler(kRunKind, [impl](JobContext& ctx) { return impl->run_job(ctx); });
-  scheduler.register_handler(kEntityKind,
-                             [impl](JobContext& ctx) { return impl->entity_job(ctx); });
+  scheduler.register_handler(kRunKind, [impl](JobContext& ctx) {
+    return impl->handle(ctx, [impl](JobContext& c) { return impl->run_job(c); });
+  });
+  scheduler.register_handler(kEntityKind, [impl](JobContext& ctx) {
+    return impl->handle(ctx, [impl](JobContext& c) { return impl->entity_job(c); });
+  });
 }
 
 RunStart Pipeline::start_run(const RunRequest& request) {
@@ -1254,6 +1286,7 @@ PipelineMetrics Pipeline::metrics() const {
           .events_dispatched = i.dispatched.load(),
           .events_duplicate = i.duplicates.load(),
           .rate_limit_waits = i.rate_limit_waits.load(),
+          .gateway_rate_limit_waits = i.gateway_rate_limit_waits.load(),
           .throttle_waits = i.throttle_waits.load(),
           .circuit_deferrals = i.circuit_deferrals.load(),
           .token_refreshes = i.token_refreshes.load(),

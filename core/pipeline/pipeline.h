@@ -166,6 +166,7 @@ struct PipelineMetrics {
   int64_t events_dispatched = 0;
   int64_t events_duplicate = 0;
   int64_t rate_limit_waits = 0;
+  int64_t gateway_rate_limit_waits = 0;  // jobs deferred because the gateway answered 429
   int64_t throttle_waits = 0;
   int64_t circuit_deferrals = 0;
   int64_t token_refreshes = 0;

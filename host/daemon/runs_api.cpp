@@ -302,6 +302,7 @@ void append_pipeline_metrics(Call& call, std::string* out) {
       {"backhaul_pipeline_events_dispatched_total", m.events_dispatched},
       {"backhaul_pipeline_events_duplicate_total", m.events_duplicate},
       {"backhaul_pipeline_rate_limit_waits_total", m.rate_limit_waits},
+      {"backhaul_pipeline_gateway_rate_limit_waits_total", m.gateway_rate_limit_waits},
       {"backhaul_pipeline_throttle_waits_total", m.throttle_waits},
       {"backhaul_pipeline_circuit_deferrals_total", m.circuit_deferrals},
       {"backhaul_pipeline_token_refreshes_total", m.token_refreshes},

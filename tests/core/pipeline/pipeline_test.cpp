@@ -1076,6 +1076,79 @@ TEST_F(PipelineTest, AnOpenGatewayCircuitDefersTheRunsConnectionLookup) {
   EXPECT_EQ(circuit("gateway").state, "closed");
 }
 
+// RFC 9110 Retry-After: delay-seconds or an HTTP date, as a wait from now.
+TEST(GatewayRetryAfter, IsSecondsOrAnHttpDate) {
+  const int64_t now = 784'111'777'000 - 30'000;  // 30 s before Sun, 06 Nov 1994 08:49:37 GMT
+  EXPECT_EQ(gateway::retry_after_ms("120", now), 120'000);
+  EXPECT_EQ(gateway::retry_after_ms(" 7 ", now), 7'000);
+  EXPECT_EQ(gateway::retry_after_ms("0", now), 0);
+  EXPECT_EQ(gateway::retry_after_ms("Sun, 06 Nov 1994 08:49:37 GMT", now), 30'000);
+  EXPECT_EQ(gateway::retry_after_ms("Sun, 06 Nov 1994 08:49:37 GMT", now + 60'000), 0)
+      << "a date in the past: no wait";
+  EXPECT_EQ(gateway::retry_after_ms("99999999999999999999999", now), 366LL * 24 * 3600 * 1000)
+      << "capped at a year, not overflowed";
+  for (const char* bad : {"", "soon", "-5", "1.5", "12s"})
+    EXPECT_EQ(gateway::retry_after_ms(bad, now), 0) << bad;
+}
+
+// The gateway answering 429 asks us to slow down: the unit waits as long as its Retry-After says,
+// and that is no attempt and no failure on the gateway's circuit (the gateway is up, and
+// answering). Before, each 429 was retried in place, then failed the attempt and counted on the
+// circuit, so a gateway shedding load for a while opened its circuit and sent units to the dead
+// letters.
+TEST_F(PipelineTest, AGateway429DefersTheUnitAsItsRetryAfterSaysWithoutAnAttempt) {
+  RunStart run = fanned_out();
+  const int64_t busy_until = test_clock().now_ms() + 120'000;
+  std::atomic<int> refused{0};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/webhooks/") == std::string::npos || test_clock().now_ms() >= busy_until)
+      return std::nullopt;
+    ++refused;
+    http::Response busy = status_response(429, R"({"error":"slow down"})");
+    busy.headers.emplace_back("retry-after", "120");
+    return busy;
+  });
+  const int64_t asked = test_clock().now_ms();
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the unit: its first page meets the 429s
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.run_after_ms, asked + 120'000) << "the wait the gateway asked for";
+  EXPECT_EQ(unit.attempts, 0) << "a wait is no attempt";
+  EXPECT_GT(refused.load(), 0);
+  const PipelineMetrics m = pipeline_->metrics();
+  EXPECT_EQ(m.gateway_rate_limit_waits, 1);
+  EXPECT_EQ(m.transient_retries, 0) << "a 429 is not retried in place";
+  EXPECT_EQ(circuit("gateway").state, "closed");
+  EXPECT_EQ(circuit("gateway").failures, 0) << "a gateway that answers is up";
+
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  for (const jobs::Attempt& a : store_->attempts(units_of(run.run_id).at(0).id))
+    EXPECT_NE(a.outcome, "failed") << a.error.value_or("-");
+  const sandbox::DeliveryCounts gh = sandbox_->report("inst-1").gateway_by_provider["github"];
+  EXPECT_EQ(gh.unique, 150) << "every issue, once";
+  EXPECT_EQ(gh.unexpected, 0);
+}
+
+// The same for the unit's token lookup, and without a Retry-After: the wait is a second.
+TEST_F(PipelineTest, AGateway429OnTheTokenLookupDefersTheUnitByASecond) {
+  RunStart run = fanned_out();
+  std::atomic<int> tokens{0};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.ends_with("/token") && tokens++ == 0) return status_response(429, "{}");
+    return std::nullopt;
+  });
+  const int64_t asked = test_clock().now_ms();
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.run_after_ms, asked + 1000);
+  EXPECT_EQ(unit.attempts, 0);
+  EXPECT_EQ(pipeline_->metrics().gateway_rate_limit_waits, 1);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+}
+
 // D8: a throttle so slow that its next token is further away than the clock can count defers the
 // unit for good ("never", until an operator acts), rather than to a time wrapped into the past,
 // where it would be claimed again at once, and again, without end.
