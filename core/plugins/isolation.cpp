@@ -248,24 +248,30 @@ std::string describe_end(int status) {
 }
 
 // Waits for `pid` to end and says how. The end of its socket normally means it has exited, but a
-// plugin could close the descriptor and live on: after a second it is killed.
+// plugin could close the descriptor and live on: after a second it is killed. Whatever the plugin
+// started is killed with it: the worker leads a process group of its own, and the group is killed
+// once the worker has ended but before it is reaped, while its PID cannot be anyone else's.
 std::string reap(pid_t pid, bool kill_now) {
-  if (kill_now) ::kill(pid, SIGKILL);
+  if (kill_now) ::kill(-pid, SIGKILL);
   const auto give_up = SteadyClock::now() + std::chrono::seconds(1);
-  int status = 0;
+  std::string how;
   for (;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return describe_end(status);
-    if (r < 0 && errno != EINTR)
-      return "ended (waitpid: " + std::string(std::strerror(errno)) + ")";
+    siginfo_t info{};
+    const int r = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+    if (r < 0 && errno != EINTR) return "ended (waitid: " + std::string(std::strerror(errno)) + ")";
+    if (r == 0 && info.si_pid == pid) break;  // ended, not yet reaped
     if (SteadyClock::now() >= give_up) {
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      return "closed its socket and was killed";
+      ::kill(-pid, SIGKILL);
+      how = "closed its socket and was killed";
+      break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  ::kill(-pid, SIGKILL);  // what the plugin left behind
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return how.empty() ? describe_end(status) : how;
 }
 
 // The files the worker may load, by SHA-256: those the daemon loaded, plugin and bundled libraries.

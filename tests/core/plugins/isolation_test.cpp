@@ -162,6 +162,42 @@ TEST_F(IsolatedConnector, AnAbortInAPluginCostsTheCallNotTheCallerAndTheNextCall
   EXPECT_NE(workers->idle_pids()[0], first);
 }
 
+// True once `pid` has ended (gone, or a zombie left to whoever reaps it), within 10 s.
+bool ends(pid_t pid) {
+  for (int i = 0; i < 1000; ++i) {
+    if (!alive(pid) || zombie(pid)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// A plugin's own processes (a helper it started, say) end with its worker: its process group is
+// killed when the worker is reaped, whether it crashed, hung or was interrupted.
+TEST_F(IsolatedConnector, WhatAPluginStartedEndsWithItsWorker) {
+  const fs::path pid_file =
+      fs::temp_directory_path() / ("backhaul-sleeper-" + std::to_string(::getpid()));
+  auto sleeper = [&] {
+    std::ifstream in(pid_file);
+    pid_t pid = 0;
+    in >> pid;
+    return pid;
+  };
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::milliseconds(300);
+  for (const char* fail : {"abort", "hang"}) {
+    fs::remove(pid_file);
+    auto workers = pool(std::string(R"({"fail": ")") + fail + R"(", "fork_sleeper": ")" +
+                            pid_file.string() + R"("})",
+                        o);
+    EXPECT_EQ(failure_of([&] { workers->fetch_page(params()); }).status(), BACKHAUL_RETRYABLE);
+    const pid_t pid = sleeper();
+    ASSERT_GT(pid, 0) << fail;
+    EXPECT_TRUE(ends(pid)) << fail << ": the plugin's process " << pid << " outlived its worker";
+    if (alive(pid)) ::kill(pid, SIGKILL);
+  }
+  fs::remove(pid_file);
+}
+
 TEST_F(IsolatedConnector, AnExitInAPluginIsReportedWithItsStatus) {
   auto workers = pool(R"({"fail": "exit"})");
   const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });

@@ -9,6 +9,8 @@
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
+//   fork_sleeper: every fetch_page first forks a child that sleeps for ever, and writes its PID to
+//   the file of that path (for isolation mode: the plugin's own processes end with its worker).
 //   abort_in_create_if / hang_in_create_if: create() calls abort() / never returns while a file of
 //   that path exists.
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
@@ -22,6 +24,8 @@
 #include <vector>
 
 #include "backhaul/connector.hpp"
+
+#include <unistd.h>
 
 namespace {
 
@@ -83,6 +87,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
       crash_on_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "grow_mb"); !v.empty()) grow_mb_ = std::atoi(v.c_str());
     fail_ = config_value(config, "fail");
+    fork_sleeper_ = config_value(config, "fork_sleeper");
     abort_in_scopes_ = config_value(config, "scopes") == "abort";
     http_url_ = config_value(config, "http_url");
   }
@@ -102,6 +107,16 @@ class FakeConnector final : public backhaul::sdk::Connector {
   }
 
   backhaul::sdk::Page fetch_page(const backhaul::sdk::FetchRequest& request) override {
+    if (!fork_sleeper_.empty()) {
+      const pid_t child = ::fork();
+      if (child == 0) {
+        for (;;) ::pause();
+      }
+      if (std::FILE* out = std::fopen(fork_sleeper_.c_str(), "w")) {
+        std::fprintf(out, "%d\n", static_cast<int>(child));
+        std::fclose(out);
+      }
+    }
     fail_if_asked();
     if (grow_mb_ > 0) {
       // Written, so that it is resident; kept in a static, so that it stays.
@@ -168,6 +183,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   int grow_mb_ = 0;
   bool abort_in_scopes_ = false;
   std::string fail_;
+  std::string fork_sleeper_;
   std::string http_url_;
 };
 
