@@ -1,5 +1,7 @@
 #include "core/jobs/circuit_breaker.h"
 
+#include <algorithm>
+
 namespace backhaul::jobs {
 
 CircuitDecision decide(const CircuitRecord& r, int64_t now_ms) {
@@ -11,7 +13,11 @@ CircuitDecision decide(const CircuitRecord& r, int64_t now_ms) {
   // half_open: one probe is running; if it never reported (crashed host), allow another after
   // the same wait so the circuit cannot stay stuck.
   if (now_ms >= r.retry_at_ms) return {true, 0};
-  return {false, r.retry_at_ms};
+  // The probe usually reports within moments: look again in a tenth of the open period (at least
+  // a second), not only when the next probe would be due.
+  const int64_t period = r.retry_at_ms - r.updated_ms;  // begin_probe: updated_ms + the period
+  const int64_t recheck = std::max<int64_t>(kHalfOpenRecheckMinMs, period / 10);
+  return {false, std::min(r.retry_at_ms, now_ms + recheck)};
 }
 
 CircuitRecord begin_probe(const CircuitRecord& r, int64_t now_ms) {

@@ -20,7 +20,10 @@ struct CircuitPolicy {
 enum class CircuitEvent { kSuccess = 1, kFailure };
 
 // May a call go through now? closed: yes. open: no until retry_at, then yes (as the half-open
-// probe; the caller records the result). half_open: a probe is in flight; others wait.
+// probe; the caller records the result). half_open: a probe is in flight; others wait, and look
+// again in a tenth of the open period (at least kHalfOpenRecheckMinMs), for the probe's report
+// may close the circuit long before the next probe would be due.
+constexpr int64_t kHalfOpenRecheckMinMs = 1000;
 struct CircuitDecision {
   bool allowed = true;
   int64_t retry_at_ms = 0;  // when not allowed: when to try again

@@ -276,7 +276,31 @@ TEST(CircuitBreakerTest, AfterAProbeThatNeverReportedBackOnlyOneMoreProbeGoes) {
   EXPECT_EQ(second.state, "half_open");
   const CircuitDecision d = decide(second, kNow + 60'001);
   EXPECT_FALSE(d.allowed) << "the second probe is in flight: the others wait";
-  EXPECT_EQ(d.retry_at_ms, kNow + 90'000);
+  EXPECT_EQ(d.retry_at_ms, kNow + 63'001) << "and look again in a tenth of the period";
+  EXPECT_FALSE(decide(second, kNow + 89'999).allowed) << "no third probe before its time";
+  EXPECT_TRUE(decide(second, kNow + 90'000).allowed);
+}
+
+// While the probe is in flight the others look again in a tenth of the open period (at least a
+// second, and never past the next probe's time), not when the next probe would be due: a probe
+// reports within moments, and a closed circuit should not keep them waiting a whole period.
+// Before, each waited until the next probe's time, however soon the probe closed the circuit.
+TEST(CircuitBreakerTest, WhileHalfOpenTheOthersLookAgainSoonForTheProbesReport) {
+  const CircuitRecord probing =
+      begin_probe(fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow), kNow + 30'000);
+  EXPECT_EQ(decide(probing, kNow + 30'001).retry_at_ms, kNow + 33'001);
+  EXPECT_EQ(decide(probing, kNow + 58'000).retry_at_ms, kNow + 60'000) << "not past the next probe";
+
+  const CircuitRecord short_probe =
+      begin_probe(fail_times(CircuitRecord{}, 5, breaker(5, 2'000), kNow), kNow + 2'000);
+  EXPECT_EQ(decide(short_probe, kNow + 2'001).retry_at_ms, kNow + 3'001) << "at least a second";
+
+  const CircuitRecord closed = record_event(probing, CircuitEvent::kSuccess, breaker(5, 30'000),
+                                            kNow + 30'000, kNow + 30'500);
+  EXPECT_TRUE(decide(closed, kNow + 33'001).allowed) << "the probe closed it: the look finds it so";
+  EXPECT_EQ(decide(fail_times(CircuitRecord{}, 5, breaker(5, 30'000), kNow), kNow + 1).retry_at_ms,
+            kNow + 30'000)
+      << "while open (no probe yet), the wait is until the probe's time";
 }
 
 // Review: a call that started before the circuit opened and succeeds after it did is no probe:

@@ -794,8 +794,22 @@ TEST_F(PipelineTest, APageThatBeganBeforeTheProbeDoesNotCloseAHalfOpenCircuit) {
   EXPECT_EQ(plugin_transport().urls().size(), 1u) << "one page, then the unit waits for the probe";
   int deferred = 0;
   for (const jobs::Job& u : units_of(run.run_id))
-    deferred += u.status == JobStatus::kQueued && u.run_after_ms == probing.retry_at_ms;
-  EXPECT_EQ(deferred, 1) << "the unit that fetched defers until the probe's time is up";
+    deferred += u.status == JobStatus::kQueued && u.run_after_ms == began + 60'500 + 6'000;
+  EXPECT_EQ(deferred, 1) << "the unit that fetched waits, and looks again in a tenth of the period";
+
+  // The probe reports back and closes the circuit: at its next look the unit goes on, long
+  // before the next probe would have been due. Before, it waited until then (began + 120001).
+  store_->update_circuit("provider:github", [&](const jobs::CircuitRecord& r) {
+    return jobs::record_event(r, jobs::CircuitEvent::kSuccess, options.provider_circuit,
+                              probing.updated_ms, began + 61'000);
+  });
+  plugin_transport().reset();
+  test_clock().set_ms(began + 66'500);
+  while (scheduler_->run_once(1) == 1) {
+  }
+  for (const jobs::Job& u : units_of(run.run_id)) {
+    EXPECT_EQ(u.status, JobStatus::kSucceeded) << "run_after " << u.run_after_ms;
+  }
 }
 
 // E4: when the gateway's circuit is due for its half-open probe and the first call to go is a
