@@ -442,7 +442,9 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
     if (!idle_.empty()) {
       std::unique_ptr<Worker> worker = std::move(idle_.back());
       idle_.pop_back();
-      if (!went_away(worker->socket.get())) {
+      const bool ended = went_away(worker->socket.get());
+      const std::string too_big = ended ? std::string() : over_memory_limit(*worker, "while idle");
+      if (!ended && too_big.empty()) {
         busy_.insert(worker->pid);
         return worker;
       }
@@ -451,7 +453,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
       lock.unlock();
       const std::string end = reap(worker->pid, true);
       logging::get("plugins")->warn("plugin '{}': idle worker process {} {}", info_.id, worker->pid,
-                                    end);
+                                    ended ? end : too_big + ", and was replaced");
       lock.lock();
       continue;
     }
@@ -490,7 +492,6 @@ bool WorkerPool::settle(pid_t pid) {
 void WorkerPool::watch_memory(const Worker& worker, SteadyClock::time_point deadline,
                               const char* what) const {
   constexpr auto kTick = std::chrono::milliseconds(10);
-  const int64_t limit_kb = static_cast<int64_t>(options_.memory_limit_mb) * 1024;
   for (;;) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left.count() <= 0) return;
@@ -498,13 +499,19 @@ void WorkerPool::watch_memory(const Worker& worker, SteadyClock::time_point dead
     const int ready = ::poll(&p, 1, static_cast<int>(std::min(left, kTick).count()));
     if (ready < 0 && errno != EINTR) return;  // read_frame meets the same error and says so
     if (ready > 0) return;
-    if (const int64_t used_kb = resident_kb(worker.pid); used_kb > limit_kb) {
-      throw WorkerLost{"used " + std::to_string(used_kb / 1024) + " MB during " + what +
-                           ", over the memory limit of " +
-                           std::to_string(options_.memory_limit_mb) + " MB,",
-                       true};
+    if (std::string too_big = over_memory_limit(worker, std::string("during ") + what);
+        !too_big.empty()) {
+      throw WorkerLost{std::move(too_big) + ",", true};
     }
   }
+}
+
+std::string WorkerPool::over_memory_limit(const Worker& worker, const std::string& when) const {
+  if (options_.memory_limit_mb == 0) return {};
+  const int64_t used_kb = resident_kb(worker.pid);
+  if (used_kb <= static_cast<int64_t>(options_.memory_limit_mb) * 1024) return {};
+  return "used " + std::to_string(used_kb / 1024) + " MB " + when + ", over the memory limit of " +
+         std::to_string(options_.memory_limit_mb) + " MB";
 }
 
 std::string WorkerPool::call(Worker& worker, const std::string& request, const char* what) {

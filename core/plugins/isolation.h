@@ -37,7 +37,8 @@ struct IsolationOptions {
   std::chrono::milliseconds call_timeout{120'000};
   // A worker whose resident memory passes this during a call is killed (SIGKILL, by PID) and the
   // call fails RETRYABLE; 0: no limit. Watched from here, every few milliseconds of the call, so a
-  // plugin that allocates fast may overshoot it by what it allocates in that time.
+  // plugin that allocates fast may overshoot it by what it allocates in that time. An idle worker
+  // found over it when a call would take it (the plugin's own threads grew it) is replaced first.
   size_t memory_limit_mb = 0;
   std::chrono::milliseconds http_timeout{30'000};  // the worker's default for plugin HTTP calls
   std::string ca_file;                             // passed on to the worker's HTTP transport
@@ -95,6 +96,8 @@ class WorkerPool {
   // worker's memory passes the limit first.
   void watch_memory(const Worker& worker, std::chrono::steady_clock::time_point deadline,
                     const char* what) const;
+  // "used N MB <when>, over the memory limit of M MB", or "" while within it (or with no limit).
+  std::string over_memory_limit(const Worker& worker, const std::string& when) const;
   // Takes `pid` out of the busy set once its call has ended; true when interrupt() killed it.
   bool settle(pid_t pid);
   // One call on an idle worker; `decode` turns the answer's body into the result. A lost worker is

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/common/proc.h"
 #include "core/http/replay_transport.h"
 #include "core/plugins/plugin_loader.h"
 #include <sys/wait.h>
@@ -287,6 +288,26 @@ TEST_F(IsolatedConnector, AWorkerThatOutgrowsTheMemoryLimitIsKilledAndTheCallFai
               HasSubstr(" MB during fetch_page, over the memory limit of 256 MB, and was killed"));
   EXPECT_FALSE(alive(pid));
   EXPECT_EQ(workers->live(), 0u);
+  EXPECT_EQ(workers->stats().lost, 1u);
+}
+
+// A worker that grew past the limit between calls (its plugin's own thread allocated) is replaced
+// when a call would take it, and the call runs in the new one. Before, it went on serving calls
+// over the limit for as long as each answered before the watch's first look (10 ms).
+TEST_F(IsolatedConnector, AnIdleWorkerOverTheMemoryLimitIsReplacedBeforeItGetsACall) {
+  IsolationOptions o = options(1);
+  o.memory_limit_mb = 256;
+  auto workers = pool(R"({"grow_later_mb": 384})", o);
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
+  const pid_t grown = workers->idle_pids().at(0);
+  for (int i = 0; i < 1000 && resident_kb(grown) <= 256 * 1024; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(resident_kb(grown), 256 * 1024) << "the plugin's thread did not grow its worker";
+
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u) << "the call did not fail";
+  EXPECT_FALSE(alive(grown));
+  ASSERT_EQ(workers->idle_pids().size(), 1u);
+  EXPECT_NE(workers->idle_pids()[0], grown);
   EXPECT_EQ(workers->stats().lost, 1u);
 }
 

@@ -9,6 +9,8 @@
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
+//   grow_later_mb: the first fetch_page returns its page and leaves a thread that then allocates
+//   and writes that many MB (the process grows between calls).
 //   fork_sleeper: every fetch_page first forks a child that sleeps for ever, and writes its PID to
 //   the file of that path (for isolation mode: the plugin's own processes end with its worker).
 //   abort_in_create_if / hang_in_create_if: create() calls abort() / never returns while a file of
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +76,17 @@ bool exists(const std::string& path) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// Allocates `mb` MB, written so that it is resident, and kept for good.
+void grow(int mb) {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<char[]>> hoard;
+  std::lock_guard lock(mutex);
+  for (int i = 0; i < mb; ++i) {
+    hoard.push_back(std::make_unique<char[]>(size_t{1} << 20));
+    std::memset(hoard.back().get(), 1, size_t{1} << 20);
+  }
+}
+
 class FakeConnector final : public backhaul::sdk::Connector {
  public:
   explicit FakeConnector(std::string_view config) {
@@ -86,6 +100,8 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (auto v = config_value(config, "crash_on_page"); !v.empty())
       crash_on_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "grow_mb"); !v.empty()) grow_mb_ = std::atoi(v.c_str());
+    if (auto v = config_value(config, "grow_later_mb"); !v.empty())
+      grow_later_mb_ = std::atoi(v.c_str());
     fail_ = config_value(config, "fail");
     fork_sleeper_ = config_value(config, "fork_sleeper");
     abort_in_scopes_ = config_value(config, "scopes") == "abort";
@@ -119,13 +135,12 @@ class FakeConnector final : public backhaul::sdk::Connector {
     }
     fail_if_asked();
     if (grow_mb_ > 0) {
-      // Written, so that it is resident; kept in a static, so that it stays.
-      static std::vector<std::unique_ptr<char[]>> hoard;
-      for (int i = 0; i < grow_mb_; ++i) {
-        hoard.push_back(std::make_unique<char[]>(size_t{1} << 20));
-        std::memset(hoard.back().get(), 1, size_t{1} << 20);
-      }
+      grow(grow_mb_);
       hang();
+    }
+    if (static bool grown = false; grow_later_mb_ > 0 && !grown) {
+      grown = true;
+      std::thread([mb = grow_later_mb_] { grow(mb); }).detach();
     }
     std::string http_note = "null";
     if (!http_url_.empty()) {
@@ -181,6 +196,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   int64_t remaining_ = -1;
   int crash_on_page_ = 0;
   int grow_mb_ = 0;
+  int grow_later_mb_ = 0;
   bool abort_in_scopes_ = false;
   std::string fail_;
   std::string fork_sleeper_;
