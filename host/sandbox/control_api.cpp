@@ -139,10 +139,13 @@ Report build_report(const Context& context, std::optional<int> installation) {
     report.unauthorized_requests = requests.unauthorized;
   }
   const FaultCounts faults = context.state.fault_counts();
-  report.faults_injected = {
-      {"provider_5xx", faults.provider_5xx},   {"burst_429", faults.burst_429},
-      {"token_expired", faults.token_expired}, {"rate_limited", faults.rate_limited},
-      {"gateway_5xx", faults.gateway_5xx},     {"resource", faults.resource}};
+  report.faults_injected = {{"provider_5xx", faults.provider_5xx},
+                            {"burst_429", faults.burst_429},
+                            {"token_expired", faults.token_expired},
+                            {"rate_limited", faults.rate_limited},
+                            {"gateway_5xx", faults.gateway_5xx},
+                            {"gateway_429", faults.gateway_429},
+                            {"resource", faults.resource}};
   return report;
 }
 

@@ -67,8 +67,13 @@ Response receive_webhook(const Context& context, const Request& request,
   if (!provider) {
     return gateway_error(404, "not_found", "unknown provider " + std::string(provider_name));
   }
-  if (context.state.gateway_should_fail()) {
+  if (const ProviderState::GatewayFault fault = context.state.gateway_fault();
+      fault.status == 503) {
     return gateway_error(503, "service_unavailable", "injected gateway failure");
+  } else if (fault.status == 429) {
+    Response busy = gateway_error(429, "rate_limited", "injected gateway busy period");
+    busy.add_header("retry-after", std::to_string(fault.retry_after_s));
+    return busy;
   }
   Webhook hook;
   if (auto error = parse_webhook(request.body, &hook)) {

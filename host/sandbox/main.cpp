@@ -65,6 +65,12 @@ void add_fault_flags(CLI::App& app, Faults& f) {
   app.add_option("--gateway-fail-rate", f.gateway_fail_rate,
                  "probability in [0,1] that a webhook POST gets a 503")
       ->capture_default_str();
+  app.add_option("--gateway-busy-every", f.gateway_busy_every,
+                 "every Nth webhook POST starts a busy period in which webhook POSTs get 429 with "
+                 "a retry-after (0 = off)")
+      ->capture_default_str();
+  app.add_option("--gateway-busy-ms", f.gateway_busy_ms, "length of a gateway busy period")
+      ->capture_default_str();
   app.add_option("--burst-429-every", f.burst_429_every,
                  "every Nth provider request starts a burst of 429s (0 = off)")
       ->capture_default_str();

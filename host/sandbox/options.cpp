@@ -65,6 +65,9 @@ void validate(const Faults& f) {
   require(f.fail_rate >= 0.0 && f.fail_rate <= 1.0, "fail_rate", "must be in [0, 1]");
   require(f.gateway_fail_rate >= 0.0 && f.gateway_fail_rate <= 1.0, "gateway_fail_rate",
           "must be in [0, 1]");
+  require(f.gateway_busy_every >= 0, "gateway_busy_every", "must be >= 0");
+  require(f.gateway_busy_ms >= 1 && f.gateway_busy_ms <= 3'600'000, "gateway_busy_ms",
+          "must be in [1, 3600000]");
   require(f.burst_429_every >= 0, "burst_429_every", "must be >= 0");
   require(f.burst_len >= 1, "burst_len", "must be >= 1");
   require(f.retry_after_s >= 0, "retry_after_s", "must be >= 0");
@@ -88,6 +91,8 @@ void validate(const Faults& f) {
 nlohmann::json to_json(const Faults& f) {
   return {{"fail_rate", f.fail_rate},
           {"gateway_fail_rate", f.gateway_fail_rate},
+          {"gateway_busy_every", f.gateway_busy_every},
+          {"gateway_busy_ms", f.gateway_busy_ms},
           {"burst_429_every", f.burst_429_every},
           {"burst_len", f.burst_len},
           {"retry_after_s", f.retry_after_s},
@@ -110,6 +115,8 @@ Faults apply_patch(Faults base, const nlohmann::json& patch) {
   }
   patch_field(patch, "fail_rate", &base.fail_rate);
   patch_field(patch, "gateway_fail_rate", &base.gateway_fail_rate);
+  patch_field(patch, "gateway_busy_every", &base.gateway_busy_every);
+  patch_field(patch, "gateway_busy_ms", &base.gateway_busy_ms);
   patch_field(patch, "burst_429_every", &base.burst_429_every);
   patch_field(patch, "burst_len", &base.burst_len);
   patch_field(patch, "retry_after_s", &base.retry_after_s);

@@ -30,6 +30,10 @@ struct ResourceFault {
 struct Faults {
   double fail_rate = 0.0;          // probability that a provider request gets a 502/503
   double gateway_fail_rate = 0.0;  // probability that a webhook POST gets a 503
+  // Every Nth webhook POST starts a busy period of gateway_busy_ms (sandbox clock) in which every
+  // webhook POST gets a 429 with a retry-after (seconds, rounded up) for the rest of it (0 = off).
+  int64_t gateway_busy_every = 0;
+  int64_t gateway_busy_ms = 1000;
   int64_t burst_429_every = 0;     // every Nth provider request starts a burst of 429s
   int64_t burst_len = 1;           // requests per 429 burst
   int64_t retry_after_s = 1;       // retry-after sent with 429s

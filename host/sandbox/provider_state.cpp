@@ -159,13 +159,23 @@ void ProviderState::refund(Provider provider, int installation) {
   if (window.used > 0) --window.used;
 }
 
-bool ProviderState::gateway_should_fail() {
+ProviderState::GatewayFault ProviderState::gateway_fault() {
+  const int64_t now = now_ms_();
   std::lock_guard lock(mutex_);
-  if (faults_.gateway_fail_rate <= 0.0 || fault_rng_.unit() >= faults_.gateway_fail_rate) {
-    return false;
+  const int64_t sequence = ++webhook_sequence_;
+  if (faults_.gateway_busy_every > 0 && sequence % faults_.gateway_busy_every == 0 &&
+      now >= busy_until_ms_) {
+    busy_until_ms_ = now + faults_.gateway_busy_ms;
   }
-  ++fault_counts_.gateway_5xx;
-  return true;
+  if (now < busy_until_ms_) {
+    ++fault_counts_.gateway_429;
+    return {429, (busy_until_ms_ - now + 999) / 1000};
+  }
+  if (faults_.gateway_fail_rate > 0.0 && fault_rng_.unit() < faults_.gateway_fail_rate) {
+    ++fault_counts_.gateway_5xx;
+    return {503, 0};
+  }
+  return {};
 }
 
 void ProviderState::set_faults(const Faults& faults) {
@@ -202,6 +212,8 @@ void ProviderState::reset() {
             std::array<int64_t, 2>{});
   std::fill(windows_.begin(), windows_.end(), std::array<Window, 2>{});
   burst_sequence_ = 0;
+  webhook_sequence_ = 0;
+  busy_until_ms_ = 0;
   std::fill(rule_matches_.begin(), rule_matches_.end(), 0);
   resource_requests_.clear();
   fault_rng_ = SplitMix64(hash64({seed_, kFaultStream}));

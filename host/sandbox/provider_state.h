@@ -72,6 +72,7 @@ struct FaultCounts {
   int64_t token_expired = 0;  // tokens retired by token_ttl_requests
   int64_t rate_limited = 0;
   int64_t gateway_5xx = 0;
+  int64_t gateway_429 = 0;
   int64_t resource = 0;  // requests answered by a resource fault
 };
 
@@ -108,8 +109,13 @@ class ProviderState {
   // Headers for answers to requests without a valid token (GitHub's unauthenticated limit).
   RateSnapshot anonymous_rate() const;
 
-  // Draws against gateway_fail_rate; true means "answer 503". Counts the fault.
-  bool gateway_should_fail();
+  // A webhook POST's injected fault, counted: a 503 (drawn against gateway_fail_rate), or a 429
+  // in a busy period (gateway_busy_every) with the retry-after seconds; status 0 for none.
+  struct GatewayFault {
+    int status = 0;
+    int64_t retry_after_s = 0;
+  };
+  GatewayFault gateway_fault();
 
   void set_faults(const Faults& faults);
   Faults faults() const;
@@ -150,6 +156,8 @@ class ProviderState {
   std::unordered_map<std::string, TokenRecord> tokens_;
   std::vector<std::array<Window, 2>> windows_;  // [installation - 1][provider_index()]
   int64_t burst_sequence_ = 0;
+  int64_t webhook_sequence_ = 0;  // webhook POSTs, for gateway_busy_every
+  int64_t busy_until_ms_ = 0;     // the gateway's busy period ends then
   FaultCounts fault_counts_;
   RequestCounts request_counts_;
   std::vector<int64_t> rule_matches_;  // requests matched so far, by faults_.resource_faults index

@@ -32,7 +32,8 @@ struct Report {
   int64_t unauthorized_requests = 0;
   // installation id -> provider -> requests made with that installation's tokens
   std::map<std::string, std::map<std::string, int64_t>> provider_requests_by_installation;
-  // "provider_5xx", "burst_429", "token_expired", "rate_limited", "gateway_5xx", "resource"
+  // "provider_5xx", "burst_429", "token_expired", "rate_limited", "gateway_5xx", "gateway_429",
+  // "resource"
   std::map<std::string, int64_t> faults_injected;
 
   // True when every expected delivery arrived and nothing else did.

@@ -1217,6 +1217,36 @@ TEST_F(PipelineTest, UnderProviderAndGatewayFaultsTheRunCompletesWithExactCounts
             m.pages + report.faults_injected["provider_5xx"] + report.faults_injected["burst_429"]);
 }
 
+// A gateway that sheds load in busy periods (every 500th webhook POST starts 2 s of 429s): each
+// unit that meets one waits its Retry-After and sends the page again. The run completes with exact
+// counts, and no attempt of any job failed.
+TEST_F(PipelineTest, UnderGatewayBusyPeriodsTheRunCompletesWithoutAFailedAttempt) {
+  sandbox::SandboxOptions o = data(3, 0, 400);
+  o.faults.gateway_busy_every = 500;
+  o.faults.gateway_busy_ms = 2000;
+  start(o);
+  RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  json result = run_result(run.run_id);
+  ASSERT_EQ(result["success"], true) << result.dump(2);
+  sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_GT(report.faults_injected["gateway_429"], 0);
+  const sandbox::DeliveryCounts& gh = report.gateway_by_provider["github"];
+  EXPECT_EQ(gh.missing, 0);
+  EXPECT_EQ(gh.unexpected, 0);
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(), gh.unique);
+  const PipelineMetrics m = pipeline_->metrics();
+  EXPECT_GT(m.gateway_rate_limit_waits, 0);
+  EXPECT_EQ(m.transient_retries, 0) << "a 429 is waited out, not retried in place";
+  EXPECT_LE(m.plugin_calls, m.pages + m.gateway_rate_limit_waits)
+      << "a page is fetched again only after a wait";
+  for (const jobs::Job& unit : units_of(run.run_id)) {
+    for (const jobs::Attempt& a : store_->attempts(unit.id))
+      EXPECT_NE(a.outcome, "failed") << unit.id << ": " << a.error.value_or("-");
+  }
+  EXPECT_EQ(circuit("gateway").failures, 0);
+}
+
 // A run that fans out again (it crashed after enqueuing, or its checkpoint was reset) adopts the
 // units it already has instead of enqueuing them twice.
 TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {

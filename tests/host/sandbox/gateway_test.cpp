@@ -223,6 +223,35 @@ TEST_F(GatewayTest, GatewayFailRateAnswers503WithoutRecording) {
   EXPECT_EQ(report["faults_injected"]["gateway_5xx"], 1);
 }
 
+// Every 3rd webhook POST starts a busy period of 2.5 s (sandbox clock): the POSTs in it get 429
+// with the seconds left, rounded up, and are not recorded; after it the gateway takes them again.
+TEST_F(GatewayTest, AGatewayBusyPeriodAnswers429WithTheSecondsLeft) {
+  SandboxOptions options = small();
+  options.faults.gateway_busy_every = 3;
+  options.faults.gateway_busy_ms = 2500;
+  start(options);
+  auto post = [&](int n) {
+    return deliver("github",
+                   webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-" + std::to_string(n)));
+  };
+  EXPECT_EQ(post(1).status, 202);
+  EXPECT_EQ(post(2).status, 202);
+  HttpResult busy = post(3);  // the 3rd starts it
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_EQ(busy.header("retry-after"), "3");
+  EXPECT_EQ(busy.json()["error"]["code"], "rate_limited");
+  clock_.advance_ms(1600);
+  busy = post(3);
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_EQ(busy.header("retry-after"), "1") << "0.9 s left";
+  clock_.advance_ms(900);
+  EXPECT_EQ(post(3).status, 202) << "the busy period is over";
+  const json report = client_->get("/_sandbox/report").json();
+  EXPECT_EQ(report["gateway"]["received"], 3);
+  EXPECT_EQ(report["faults_injected"]["gateway_429"], 2);
+  EXPECT_EQ(client_->post("/_sandbox/faults", R"({"gateway_busy_ms": 0})").status, 400);
+}
+
 TEST_F(GatewayTest, FaultsCanBeChangedAndStateResetAtRuntime) {
   start(small());
   HttpResult changed = client_->post("/_sandbox/faults", R"({"fail_rate": 0.25, "burst_len": 3})");
