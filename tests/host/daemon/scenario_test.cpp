@@ -379,15 +379,33 @@ TEST_F(ScenarioTest, ALowRateLimitMakesUnitsWaitForTheResetWithoutEverHittingIt)
       << "no request was refused and made again";
 }
 
-// 8. Provider 5xx (10%), gateway 5xx (10%) and 429 bursts together: the run still succeeds with
-// every expected id and exact counts.
+// 8. Provider 5xx (10%), gateway 5xx (10%), provider 429 bursts and gateway busy periods (429s
+// with a retry-after) together: the run still succeeds with every expected id and exact counts.
 TEST_F(ScenarioTest, UnderProviderAndGatewayFaultsTheRunSucceedsWithExactCounts) {
   constexpr int64_t kItems = 150;
-  ASSERT_NE(
-      start_sandbox({"--repos", "2", "--projects", "0", "--items", std::to_string(kItems),
-                     "--max-per-page", "10", "--fail-rate", "0.1", "--gateway-fail-rate", "0.1",
-                     "--burst-429-every", "15", "--burst-len", "1", "--retry-after", "1"}),
-      0)
+  ASSERT_NE(start_sandbox({"--repos",
+                           "2",
+                           "--projects",
+                           "0",
+                           "--items",
+                           std::to_string(kItems),
+                           "--max-per-page",
+                           "10",
+                           "--fail-rate",
+                           "0.1",
+                           "--gateway-fail-rate",
+                           "0.1",
+                           "--burst-429-every",
+                           "15",
+                           "--burst-len",
+                           "1",
+                           "--retry-after",
+                           "1",
+                           "--gateway-busy-every",
+                           "400",
+                           "--gateway-busy-ms",
+                           "300"}),
+            0)
       << sandbox_->stderr_text();
   json config = daemon_config();
   config["pipeline"]["transient_retries"] = 3;
@@ -417,7 +435,10 @@ TEST_F(ScenarioTest, UnderProviderAndGatewayFaultsTheRunSucceedsWithExactCounts)
   EXPECT_GT(sandbox["faults_injected"]["provider_5xx"], 0) << sandbox.dump(2);
   EXPECT_GT(sandbox["faults_injected"]["gateway_5xx"], 0) << sandbox.dump(2);
   EXPECT_GT(sandbox["faults_injected"]["burst_429"], 0) << sandbox.dump(2);
+  EXPECT_GT(sandbox["faults_injected"]["gateway_429"], 0) << sandbox.dump(2);
   EXPECT_GT(metric("backhaul_pipeline_transient_retries_total"), 0.0);
+  EXPECT_GT(metric("backhaul_pipeline_gateway_rate_limit_waits_total"), 0.0)
+      << "each unit that met the gateway's 429 waited";
 }
 
 // 9. /health/ready answers 503 naming "store" while the store cannot answer its queries (here the
