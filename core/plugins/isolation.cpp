@@ -296,6 +296,7 @@ bool went_away(int fd) {
 struct WorkerPool::WorkerLost {
   std::string how;
   bool kill = false;  // still running (hung, too big, or talking nonsense): kill it first
+  WorkerLoss reason = WorkerLoss::kCrashed;
 };
 
 WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options)
@@ -322,6 +323,11 @@ size_t WorkerPool::interrupt() {
 WorkerStats WorkerPool::stats() const {
   std::lock_guard lock(mutex_);
   return {live_ - idle_.size(), idle_.size(), lost_};
+}
+
+void WorkerPool::count_loss(WorkerLoss reason) {
+  std::lock_guard lock(mutex_);
+  ++lost_[static_cast<size_t>(reason)];
 }
 
 size_t WorkerPool::live() const {
@@ -417,6 +423,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
     throw;
   } catch (const WorkerLost& e) {  // it crashed in init() or create(), say: another try may do
     const bool interrupted = settle(pid);
+    count_loss(interrupted ? WorkerLoss::kStopped : e.reason);
     const std::string end = reap(pid, e.kill);
     if (interrupted) {
       throw PluginCrashed(who + "worker process " + std::to_string(pid) +
@@ -426,7 +433,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
     throw PluginCrashed(who + "worker process " + std::to_string(pid) + " " + e.how +
                         " while starting: it " + end);
   } catch (const MalformedFrame& e) {
-    settle(pid);
+    count_loss(settle(pid) ? WorkerLoss::kStopped : WorkerLoss::kMalformed);
     reap(pid, true);
     throw PluginCrashed(who + "worker process " + std::to_string(pid) +
                         " answered create with a malformed frame (" + e.what() +
@@ -449,7 +456,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
         return worker;
       }
       --live_;
-      ++lost_;
+      ++lost_[static_cast<size_t>(ended ? WorkerLoss::kDiedIdle : WorkerLoss::kMemory)];
       lock.unlock();
       const std::string end = reap(worker->pid, true);
       logging::get("plugins")->warn("plugin '{}': idle worker process {} {}", info_.id, worker->pid,
@@ -501,7 +508,7 @@ void WorkerPool::watch_memory(const Worker& worker, SteadyClock::time_point dead
     if (ready > 0) return;
     if (std::string too_big = over_memory_limit(worker, std::string("during ") + what);
         !too_big.empty()) {
-      throw WorkerLost{std::move(too_big) + ",", true};
+      throw WorkerLost{std::move(too_big) + ",", true, WorkerLoss::kMemory};
     }
   }
 }
@@ -529,11 +536,12 @@ std::string WorkerPool::call(Worker& worker, const std::string& request, const c
     case ReadEnd::kTimedOut:
       throw WorkerLost{std::string("did not answer ") + what + " within " +
                            std::to_string(options_.call_timeout.count()) + " ms",
-                       true};
+                       true, WorkerLoss::kTimedOut};
     case ReadEnd::kTooBig:
       break;
   }
-  throw WorkerLost{std::string("answered ") + what + " with an oversized frame", true};
+  throw WorkerLost{std::string("answered ") + what + " with an oversized frame", true,
+                   WorkerLoss::kMalformed};
 }
 
 template <class Decode>
@@ -551,7 +559,7 @@ auto WorkerPool::run(const std::string& request, const char* what, Decode&& deco
   } catch (const MalformedFrame& e) {
     lost(std::move(worker),
          WorkerLost{std::string("answered ") + what + " with a malformed frame (" + e.what() + ")",
-                    true},
+                    true, WorkerLoss::kMalformed},
          what);
   }
 }
@@ -562,7 +570,7 @@ void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e, const
   {
     std::lock_guard lock(mutex_);
     --live_;
-    ++lost_;
+    ++lost_[static_cast<size_t>(interrupted ? WorkerLoss::kStopped : e.reason)];
   }
   idle_changed_.notify_one();
   const std::string who =

@@ -9,6 +9,7 @@
 // 4-byte little-endian length, then the body (worker_wire in isolation.cpp).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -100,6 +101,7 @@ class WorkerPool {
   std::string over_memory_limit(const Worker& worker, const std::string& when) const;
   // Takes `pid` out of the busy set once its call has ended; true when interrupt() killed it.
   bool settle(pid_t pid);
+  void count_loss(WorkerLoss reason);
   // One call on an idle worker; `decode` turns the answer's body into the result. A lost worker is
   // reaped and the call throws ConnectorFailure (RETRYABLE) saying how it ended.
   template <class Decode>
@@ -113,7 +115,7 @@ class WorkerPool {
   std::condition_variable idle_changed_;
   std::vector<std::unique_ptr<Worker>> idle_;
   size_t live_ = 0;
-  uint64_t lost_ = 0;
+  std::array<uint64_t, kWorkerLossCount> lost_{};  // workers lost, by WorkerLoss
   std::set<pid_t> busy_;         // starting, or running a call: what interrupt() kills
   std::set<pid_t> interrupted_;  // killed by interrupt(), not yet reaped
 };

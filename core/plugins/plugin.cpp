@@ -208,6 +208,24 @@ Connector::Connector(std::shared_ptr<const LoadedLibrary> library,
 
 const PluginInfo& Connector::info() const noexcept { return library_->info(); }
 
+const char* loss_name(WorkerLoss loss) noexcept {
+  switch (loss) {
+    case WorkerLoss::kCrashed:
+      return "crashed";
+    case WorkerLoss::kTimedOut:
+      return "timed_out";
+    case WorkerLoss::kMemory:
+      return "memory";
+    case WorkerLoss::kStopped:
+      return "stopped";
+    case WorkerLoss::kMalformed:
+      return "malformed";
+    case WorkerLoss::kDiedIdle:
+      return "died_idle";
+  }
+  return "unknown";
+}
+
 size_t Connector::interrupt_calls() const { return workers_ ? workers_->interrupt() : 0; }
 
 std::optional<WorkerStats> Connector::worker_stats() const {

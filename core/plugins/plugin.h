@@ -2,6 +2,7 @@
 // holds a shared_ptr to its library, so the library stays mapped while anything from it lives.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -128,11 +129,29 @@ class Page {
   backhaul_page_t* page_;
 };
 
+// Why a worker process of a connector in isolation mode was lost (the /metrics label `reason`).
+enum class WorkerLoss : uint8_t {
+  kCrashed,    // it died (a signal, an exit) during a call or while starting
+  kTimedOut,   // it did not answer a call within the call timeout, and was killed
+  kMemory,     // it grew past the memory limit, during a call or while idle, and was killed
+  kStopped,    // a stop that could wait no longer killed it (WorkerPool::interrupt)
+  kMalformed,  // it answered what is not a frame of the protocol, and was killed
+  kDiedIdle,   // it was found dead while idle
+};
+constexpr size_t kWorkerLossCount = 6;
+// "crashed", "timed_out", "memory", "stopped", "malformed", "died_idle".
+const char* loss_name(WorkerLoss loss) noexcept;
+
 // The worker processes of a connector in isolation mode (isolation.h), for /metrics.
 struct WorkerStats {
-  size_t busy = 0;    // running a call
-  size_t idle = 0;    // waiting for one
-  uint64_t lost = 0;  // ended in a call (crash, exit, hang, garbage) or found dead while idle
+  size_t busy = 0;                                // running a call, or starting for one
+  size_t idle = 0;                                // waiting for one
+  std::array<uint64_t, kWorkerLossCount> lost{};  // by WorkerLoss
+  uint64_t lost_total() const noexcept {
+    uint64_t n = 0;
+    for (uint64_t k : lost) n += k;
+    return n;
+  }
 };
 
 // One connector instance (a config applied to a plugin), in this process or in worker processes

@@ -244,10 +244,14 @@ Response handle_metrics(Call& call) {
           << '\n';
     }
     family(out, "backhaul_plugin_workers_lost_total", "counter",
-           "Worker processes that crashed, exited or hung in a call, or were found dead idle.");
+           "Worker processes lost, by reason: crashed, timed_out, memory, stopped, malformed, "
+           "died_idle.");
     for (const auto& [id, w] : workers) {
-      out << "backhaul_plugin_workers_lost_total{plugin=\"" << label(id) << "\"} " << w.lost
-          << '\n';
+      for (size_t r = 0; r < plugins::kWorkerLossCount; ++r) {
+        out << "backhaul_plugin_workers_lost_total{plugin=\"" << label(id) << "\",reason=\""
+            << plugins::loss_name(static_cast<plugins::WorkerLoss>(r)) << "\"} " << w.lost[r]
+            << '\n';
+      }
     }
   }
 

@@ -75,6 +75,19 @@ void kill_idle_worker(pid_t pid) {
   while (!zombie(pid)) std::this_thread::yield();
 }
 
+// The one reason the pool lost a worker for, when it lost exactly one.
+std::optional<WorkerLoss> only_loss(const WorkerPool& workers) {
+  const WorkerStats stats = workers.stats();
+  if (stats.lost_total() != 1) {
+    ADD_FAILURE() << stats.lost_total() << " workers lost, not 1";
+    return std::nullopt;
+  }
+  for (size_t r = 0; r < kWorkerLossCount; ++r) {
+    if (stats.lost[r] == 1) return static_cast<WorkerLoss>(r);
+  }
+  return std::nullopt;
+}
+
 class IsolatedConnector : public ::testing::Test {
  protected:
   http::ReplayTransport transport_;
@@ -138,7 +151,7 @@ TEST_F(IsolatedConnector, APluginFailureComesBackWithItsOwnStatusAndKeepsTheWork
   EXPECT_STREQ(e.what(), "slow down");
   EXPECT_EQ(e.retry_after_ms(), 5000);
   EXPECT_EQ(workers->idle_pids(), before);
-  EXPECT_EQ(workers->stats().lost, 0u) << "the plugin's own failure ends no worker";
+  EXPECT_EQ(workers->stats().lost_total(), 0u) << "the plugin's own failure ends no worker";
 
   e = failure_of([&] { pool(R"({"fail": "fatal"})")->fetch_page(params()); });
   EXPECT_EQ(e.status(), BACKHAUL_FATAL);
@@ -156,7 +169,7 @@ TEST_F(IsolatedConnector, AnAbortInAPluginCostsTheCallNotTheCallerAndTheNextCall
                                   " ended during fetch_page: it was killed by SIGABRT"));
   EXPECT_EQ(workers->live(), 0u);
   EXPECT_FALSE(alive(first));
-  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kCrashed);
 
   EXPECT_EQ(workers->fetch_page(params("3"))->events.size(), 2u);
   ASSERT_EQ(workers->idle_pids().size(), 1u);
@@ -217,7 +230,7 @@ TEST_F(IsolatedConnector, ACallThatDoesNotReturnIsKilledAtTheCallTimeout) {
                                   " did not answer fetch_page within 300 ms and was killed"));
   EXPECT_FALSE(alive(pid));
   EXPECT_EQ(workers->live(), 0u);
-  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kTimedOut);
 }
 
 // For a stop that cannot wait any longer: the workers running a call are killed, and each call
@@ -237,7 +250,7 @@ TEST_F(IsolatedConnector, InterruptKillsTheWorkersRunningACallAndTheirCallsSaySo
   EXPECT_THAT(message, HasSubstr("was stopped during fetch_page: the daemon could not wait for it "
                                  "any longer"));
   EXPECT_EQ(workers->stats().busy, 0u);
-  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kStopped);
   EXPECT_EQ(workers->live(), 0u);
 }
 
@@ -267,6 +280,10 @@ TEST_F(IsolatedConnector, InterruptKillsAWorkerStillStartingForACall) {
   EXPECT_THAT(message, HasSubstr("was stopped while starting: the daemon could not wait for it "
                                  "any longer"));
   EXPECT_EQ(workers->live(), 0u);
+  const WorkerStats lost = workers->stats();
+  EXPECT_EQ(lost.lost[static_cast<size_t>(WorkerLoss::kDiedIdle)], 1u) << "the one killed above";
+  EXPECT_EQ(lost.lost[static_cast<size_t>(WorkerLoss::kStopped)], 1u);
+  EXPECT_EQ(lost.lost_total(), 2u);
   EXPECT_EQ(workers->stats().busy, 0u);
 
   fs::remove(marker);
@@ -288,7 +305,7 @@ TEST_F(IsolatedConnector, AWorkerThatOutgrowsTheMemoryLimitIsKilledAndTheCallFai
               HasSubstr(" MB during fetch_page, over the memory limit of 256 MB, and was killed"));
   EXPECT_FALSE(alive(pid));
   EXPECT_EQ(workers->live(), 0u);
-  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kMemory);
 }
 
 // A worker that grew past the limit between calls (its plugin's own thread allocated) is replaced
@@ -308,7 +325,7 @@ TEST_F(IsolatedConnector, AnIdleWorkerOverTheMemoryLimitIsReplacedBeforeItGetsAC
   EXPECT_FALSE(alive(grown));
   ASSERT_EQ(workers->idle_pids().size(), 1u);
   EXPECT_NE(workers->idle_pids()[0], grown);
-  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kMemory);
 }
 
 TEST_F(IsolatedConnector, WhatAPluginPrintsToStdoutDoesNotCorruptTheAnswers) {
@@ -388,7 +405,7 @@ TEST_F(IsolatedConnector, ManyThreadsShareAtMostMaxWorkersAndEachGetsItsOwnAnswe
   const WorkerStats stats = workers->stats();
   EXPECT_EQ(stats.busy, 0u);
   EXPECT_EQ(stats.idle, workers->live());
-  EXPECT_EQ(stats.lost, 0u);
+  EXPECT_EQ(stats.lost_total(), 0u);
 }
 
 TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
@@ -398,7 +415,7 @@ TEST_F(IsolatedConnector, AnIdleWorkerThatDiedIsReplacedWithoutFailingACall) {
   EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
   ASSERT_EQ(workers->idle_pids().size(), 1u);
   EXPECT_NE(workers->idle_pids()[0], pid);
-  EXPECT_EQ(workers->stats().lost, 1u);
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kDiedIdle);
 }
 
 // A worker that dies while it starts (in the plugin's init() or create()) is a crash like any
@@ -416,6 +433,10 @@ TEST_F(IsolatedConnector, AWorkerThatCrashesWhileStartingFailsTheCallRetryable) 
   EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
   EXPECT_THAT(e.what(), HasSubstr(" ended during create while starting: it was killed by SIGABRT"));
   EXPECT_EQ(workers->live(), 0u);
+  const WorkerStats lost = workers->stats();
+  EXPECT_EQ(lost.lost[static_cast<size_t>(WorkerLoss::kDiedIdle)], 1u) << "the one killed above";
+  EXPECT_EQ(lost.lost[static_cast<size_t>(WorkerLoss::kCrashed)], 1u) << "the one that started";
+  EXPECT_EQ(lost.lost_total(), 2u);
 
   fs::remove(marker);
   EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);

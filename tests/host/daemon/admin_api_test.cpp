@@ -775,19 +775,28 @@ TEST_F(MadeUpSchedulerStats, MetricsShowTheWorkerProcessesOfIsolatedConnectors) 
                                               nullptr,
                                               {},
                                               [] {
+                                                plugins::WorkerStats github{2, 1, {}};
+                                                github.lost[0] = 3;  // crashed
+                                                github.lost[4] = 1;  // malformed
                                                 return std::map<std::string, plugins::WorkerStats>{
-                                                    {"github", {2, 1, 3}}, {"vercel", {0, 1, 0}}};
+                                                    {"github", github}, {"vercel", {0, 1, {}}}};
                                               }},
                                  options_);
   const std::string text = get("/metrics").body;
-  for (const char* series : {"# TYPE backhaul_plugin_workers gauge\n",
-                             "backhaul_plugin_workers{plugin=\"github\",state=\"busy\"} 2\n",
-                             "backhaul_plugin_workers{plugin=\"github\",state=\"idle\"} 1\n",
-                             "backhaul_plugin_workers{plugin=\"vercel\",state=\"busy\"} 0\n",
-                             "backhaul_plugin_workers{plugin=\"vercel\",state=\"idle\"} 1\n",
-                             "# TYPE backhaul_plugin_workers_lost_total counter\n",
-                             "backhaul_plugin_workers_lost_total{plugin=\"github\"} 3\n",
-                             "backhaul_plugin_workers_lost_total{plugin=\"vercel\"} 0\n"}) {
+  for (const char* series :
+       {"# TYPE backhaul_plugin_workers gauge\n",
+        "backhaul_plugin_workers{plugin=\"github\",state=\"busy\"} 2\n",
+        "backhaul_plugin_workers{plugin=\"github\",state=\"idle\"} 1\n",
+        "backhaul_plugin_workers{plugin=\"vercel\",state=\"busy\"} 0\n",
+        "backhaul_plugin_workers{plugin=\"vercel\",state=\"idle\"} 1\n",
+        "# TYPE backhaul_plugin_workers_lost_total counter\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"crashed\"} 3\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"timed_out\"} 0\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"memory\"} 0\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"stopped\"} 0\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"malformed\"} 1\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"died_idle\"} 0\n",
+        "backhaul_plugin_workers_lost_total{plugin=\"vercel\",reason=\"crashed\"} 0\n"}) {
     EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
   }
 }

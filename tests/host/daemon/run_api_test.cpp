@@ -279,8 +279,9 @@ TEST_F(IsolatedRunApiTest, AGithubRunSucceedsWithCountsMatchingTheGatewayAndTheW
   EXPECT_NE(metrics.find("backhaul_plugin_workers{plugin=\"github\",state=\"busy\"} 0\n"),
             std::string::npos)
       << metrics;
-  EXPECT_NE(metrics.find("backhaul_plugin_workers_lost_total{plugin=\"github\"} 0\n"),
-            std::string::npos)
+  EXPECT_NE(
+      metrics.find("backhaul_plugin_workers_lost_total{plugin=\"github\",reason=\"crashed\"} 0\n"),
+      std::string::npos)
       << metrics;
 
   client_.reset();
