@@ -1,32 +1,32 @@
-// Facts about a process from /proc, for the parents that watch their children.
+// Facts about a process from /proc, for the parents that watch their children (the plugin worker
+// pool, validate's child runner) and for the benchmarks and tests that measure them.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
-#include <fcntl.h>
 #include <sys/types.h>
-#include <unistd.h>
 
 namespace backhaul {
 
 // The resident set of `pid` in KiB, from /proc/PID/statm; 0 when it cannot be read (the process is
 // gone). Cheap enough to call every few milliseconds: one open and one short read.
-inline int64_t resident_kb(pid_t pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/statm";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char text[128];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  text[n] = '\0';
-  // "size resident shared text lib data dt", in pages.
-  char* end = nullptr;
-  std::strtoll(text, &end, 10);
-  const long long resident_pages = std::strtoll(end, nullptr, 10);
-  return resident_pages * (::sysconf(_SC_PAGESIZE) / 1024);
-}
+int64_t resident_kb(pid_t pid);
+
+// The fields of /proc/PID/stat that are read here.
+struct ProcStat {
+  std::string comm;  // the command name, cut by the kernel to 15 characters
+  char state = '?';  // 'R', 'S', 'D', 'Z' (ended, not yet reaped), ...
+  pid_t ppid = 0;
+  uint64_t utime_ticks = 0;  // user and system CPU time, in clock ticks (sysconf(_SC_CLK_TCK))
+  uint64_t stime_ticks = 0;
+};
+// nullopt when the process is gone (or the file does not read as a process's stat).
+std::optional<ProcStat> read_proc_stat(pid_t pid);
+
+// The processes whose parent is `parent`, zombies included.
+std::vector<pid_t> child_pids(pid_t parent);
 
 }  // namespace backhaul

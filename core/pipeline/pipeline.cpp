@@ -889,6 +889,11 @@ struct Pipeline::Impl {
       if (!error) error = std::move(e);
       failed = true;
     };
+    // Whether a delivery that failed with `err` is tried again here, after `retries` retries: a
+    // transient error is, a few times; a 429 is not (the job waits as long as the gateway asked).
+    auto retry_here = [&](const gateway::GatewayError& err, int retries) {
+      return err.retryable() && !err.rate_limited() && retries < o.transient_retries;
+    };
     // Retries `d` (its `retry`-th retry first, up to transient_retries); false once it gave up.
     auto retry_one = [&](const gateway::Delivery& d, int retry) {
       for (;; ++retry) {
@@ -898,7 +903,7 @@ struct Pipeline::Impl {
           if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
           return true;
         } catch (const gateway::GatewayError& err) {
-          if (!err.retryable() || err.rate_limited() || retry >= o.transient_retries) {
+          if (!retry_here(err, retry)) {
             give_up(err);
             return false;
           }
@@ -931,9 +936,7 @@ struct Pipeline::Impl {
             continue;
           }
           const gateway::GatewayError& err = *outcomes[k].error;
-          // A 429 is not retried here: the job waits as long as the gateway asked.
-          if (!err.retryable() || err.rate_limited() || o.transient_retries == 0)
-            return give_up(err);
+          if (!retry_here(err, 0)) return give_up(err);
           if (!retry_one(batch[k], 1)) return;
         }
       }

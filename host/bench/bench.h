@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include <sys/types.h>
 
@@ -21,7 +20,5 @@ void add_pipeline_bench(CLI::App& app);
 // process's user + system CPU seconds so far (throws when the process cannot be read).
 int64_t proc_status_kb(pid_t pid, const std::string& field);
 double proc_cpu_s(pid_t pid);
-// The live child processes of `parent` (from /proc).
-std::vector<pid_t> child_pids(pid_t parent);
 
 }  // namespace backhaul::bench

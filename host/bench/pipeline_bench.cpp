@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/errors.h"
+#include "core/common/proc.h"
 #include "core/http/poco_transport.h"
 #include "host/bench/bench.h"
 #include <fcntl.h>

@@ -41,11 +41,8 @@ bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 
 // True once the process has ended and waits to be reaped.
 bool zombie(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z';
+  const std::optional<ProcStat> stat = read_proc_stat(pid);
+  return stat && stat->state == 'Z';
 }
 
 ConnectorFailure failure_of(const std::function<void()>& call) {

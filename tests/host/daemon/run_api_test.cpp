@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/logging.h"
+#include "core/common/proc.h"
 #include "host/daemon/config.h"
 #include "host/daemon/daemon.h"
 #include "tests/host/daemon/process_fixture.h"
@@ -237,21 +238,9 @@ class IsolatedRunApiTest : public RunApiTest {
   // This process's children that run backhaul-plugin-worker.
   static std::vector<pid_t> plugin_workers() {
     std::vector<pid_t> found;
-    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-      const std::string name = entry.path().filename();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(entry.path() / "stat");
-      std::string line;
-      std::getline(stat, line);
-      const size_t open = line.find('('), close = line.rfind(')');
-      if (open == std::string::npos || close == std::string::npos) continue;
-      std::istringstream rest(line.substr(close + 2));
-      char state = 0;
-      pid_t parent = 0;
-      rest >> state >> parent;
-      // comm is cut to 15 characters
-      if (parent == ::getpid() && line.substr(open + 1, close - open - 1) == "backhaul-plugin")
-        found.push_back(std::stoi(name));
+    for (pid_t child : child_pids(::getpid())) {
+      const std::optional<ProcStat> stat = read_proc_stat(child);
+      if (stat && stat->comm == "backhaul-plugin") found.push_back(child);  // cut to 15 characters
     }
     return found;
   }

@@ -1,0 +1,48 @@
+// What core/common/proc.h reads from /proc, checked against this process and a child of it.
+#include "core/common/proc.h"
+
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace backhaul {
+namespace {
+
+TEST(Proc, ReadsThisProcess) {
+  const std::optional<ProcStat> self = read_proc_stat(::getpid());
+  ASSERT_TRUE(self);
+  EXPECT_EQ(self->ppid, ::getppid());
+  EXPECT_EQ(self->state, 'R') << "this thread is running";
+  EXPECT_EQ(self->comm, "common_test");
+  EXPECT_GT(resident_kb(::getpid()), 0);
+}
+
+// A child that has ended is a zombie until it is reaped; then nothing of it is left to read.
+TEST(Proc, SeesAChildAsAZombieUntilItIsReaped) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  std::optional<ProcStat> stat;
+  for (int i = 0; i < 2000; ++i) {  // until the child has ended: readiness, not timing
+    stat = read_proc_stat(child);
+    if (stat && stat->state == 'Z') break;
+    ::usleep(1000);
+  }
+  ASSERT_TRUE(stat);
+  EXPECT_EQ(stat->state, 'Z');
+  EXPECT_EQ(stat->ppid, ::getpid());
+  const std::vector<pid_t> children = child_pids(::getpid());
+  EXPECT_NE(std::find(children.begin(), children.end(), child), children.end());
+
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  EXPECT_FALSE(read_proc_stat(child));
+  EXPECT_EQ(resident_kb(child), 0);
+  const std::vector<pid_t> after = child_pids(::getpid());
+  EXPECT_EQ(std::find(after.begin(), after.end(), child), after.end());
+}
+
+}  // namespace
+}  // namespace backhaul
