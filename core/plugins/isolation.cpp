@@ -1,6 +1,7 @@
 #include "core/plugins/isolation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -31,7 +32,13 @@ using SteadyClock = std::chrono::steady_clock;
 
 // --- worker_wire: frames and their fields -------------------------------------------------------
 
-enum class Op : uint8_t { kCreate = 1, kFetch = 2, kValidateScopes = 3 };
+enum class Op : uint8_t {
+  kCreate = 1,
+  kFetch = 2,
+  kValidateScopes = 3,
+  kDescribe = 4,        // what the worker loaded: a PluginInfo
+  kValidateConfig = 5,  // the plugin's validate_config(), no instance needed
+};
 
 // A frame body bigger than this is refused (no page of a real provider comes near it).
 constexpr size_t kMaxFrame = size_t{1} << 30;
@@ -241,6 +248,60 @@ std::string page_frame(const Page& page) {
   return std::move(w).finish();
 }
 
+// The answer to kDescribe: the PluginInfo of what the worker loaded.
+std::string info_frame(const PluginInfo& info) {
+  Writer w;
+  w.u8(BACKHAUL_OK).str(info.id).str(info.version).str(info.display_name).str(info.description);
+  auto list = [&w](const std::vector<std::string>& items) {
+    w.i64(static_cast<int64_t>(items.size()));
+    for (const std::string& item : items) w.str(item);
+  };
+  list(info.entity_types);
+  list(info.default_entity_types);
+  w.str(info.config_schema_json).i64(info.abi_version.major).i64(info.abi_version.minor);
+  w.str(info.sha256).i64(static_cast<int64_t>(info.bundled_libraries.size()));
+  for (const BundledLibrary& library : info.bundled_libraries) {
+    w.str(library.path.string()).str(library.sha256);
+  }
+  return std::move(w).finish();
+}
+
+PluginInfo read_info(const std::string& body, const std::filesystem::path& path) {
+  Reader r(body);
+  throw_if_failed(r);
+  PluginInfo info;
+  info.id = r.str();
+  info.version = r.str();
+  info.display_name = r.str();
+  info.description = r.str();
+  auto list = [&r] {
+    const int64_t count = r.i64();
+    if (count < 0 || static_cast<uint64_t>(count) > r.left() / 8) {
+      throw MalformedFrame("a list of " + std::to_string(count));
+    }
+    std::vector<std::string> items;
+    for (int64_t i = 0; i < count; ++i) items.emplace_back(r.str());
+    return items;
+  };
+  info.entity_types = list();
+  info.default_entity_types = list();
+  info.config_schema_json = r.str();
+  info.abi_version.major = static_cast<uint16_t>(r.i64());
+  info.abi_version.minor = static_cast<uint16_t>(r.i64());
+  info.sha256 = r.str();
+  const int64_t bundled = r.i64();
+  if (bundled < 0 || static_cast<uint64_t>(bundled) > r.left() / 16) {
+    throw MalformedFrame("a list of " + std::to_string(bundled) + " libraries");
+  }
+  for (int64_t i = 0; i < bundled; ++i) {
+    const std::string_view library = r.str();
+    info.bundled_libraries.push_back({std::filesystem::path(library), std::string(r.str())});
+  }
+  r.end();
+  info.path = path;
+  return info;
+}
+
 std::string describe_end(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "was killed by " + signal_description(WTERMSIG(status));
@@ -290,14 +351,217 @@ bool went_away(int fd) {
 
 }  // namespace
 
-// --- WorkerPool (the daemon's side) -------------------------------------------------------------
-
 // A worker that has to go: how it ended, for the failure's message.
-struct WorkerPool::WorkerLost {
+struct WorkerLost {
   std::string how;
   bool kill = false;  // still running (hung, too big, or talking nonsense): kill it first
   WorkerLoss reason = WorkerLoss::kCrashed;
 };
+
+namespace {
+
+// A worker process just started, and the daemon's end of its socket.
+struct Spawned {
+  pid_t pid = -1;
+  UniqueFd socket;
+};
+
+// Starts a worker of `plugin`, pinned to the files whose SHA-256 `sha256` lists (comma-separated;
+// empty: any). Throws ConnectorFailure, `who` in front: RETRYABLE when no socket pair can be made,
+// FATAL when the worker cannot be started.
+Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::path& plugin,
+                     const std::string& sha256, const std::string& who) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    throw ConnectorFailure(BACKHAUL_RETRYABLE,
+                           who + "socketpair for a worker: " + std::strerror(errno), 0);
+  }
+  UniqueFd mine(pair[0]), theirs(pair[1]);
+  // dup2 onto descriptor 3 clears close-on-exec only when the numbers differ.
+  if (theirs.get() == 3) theirs = UniqueFd(::fcntl(3, F_DUPFD_CLOEXEC, 4));
+
+  std::vector<std::string> args = {options.worker_path.string(),
+                                   "--plugin",
+                                   plugin.string(),
+                                   "--sha256",
+                                   sha256,
+                                   "--http-timeout-ms",
+                                   std::to_string(options.http_timeout.count()),
+                                   "--log-level",
+                                   options.log_level,
+                                   "--log-format",
+                                   options.log_json ? "json" : "text"};
+  if (!options.ca_file.empty()) {
+    args.push_back("--ca-file");
+    args.push_back(options.ca_file);
+  }
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attributes;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawnattr_init(&attributes);
+  // No stdin; a plugin's prints go to stderr, beside its logs; the socket is descriptor 3.
+  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  ::posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  ::posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  // Default signal actions and no blocked signals; its own process group, so a terminal's Ctrl-C
+  // reaches the daemon (which drains) and not the workers its calls still need.
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  ::posix_spawnattr_setsigmask(&attributes, &none);
+  ::posix_spawnattr_setsigdefault(&attributes, &all);
+  ::posix_spawnattr_setpgroup(&attributes, 0);
+  ::posix_spawnattr_setflags(
+      &attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::posix_spawnattr_destroy(&attributes);
+  if (rc != 0) {
+    throw ConnectorFailure(
+        BACKHAUL_FATAL,
+        who + "cannot start the worker " + options.worker_path.string() + ": " + std::strerror(rc),
+        0);
+  }
+  return {pid, std::move(mine)};
+}
+
+// "used N MB <when>, over the memory limit of M MB", or "" while within it (or with no limit).
+std::string over_memory_limit(pid_t pid, size_t limit_mb, const std::string& when) {
+  if (limit_mb == 0) return {};
+  const int64_t used_kb = resident_kb(pid);
+  if (used_kb <= static_cast<int64_t>(limit_mb) * 1024) return {};
+  return "used " + std::to_string(used_kb / 1024) + " MB " + when + ", over the memory limit of " +
+         std::to_string(limit_mb) + " MB";
+}
+
+// Waits until the worker's answer starts or the deadline passes; throws WorkerLost when the
+// worker's memory passes the limit first.
+void watch_memory(pid_t pid, int fd, SteadyClock::time_point deadline, size_t limit_mb,
+                  const char* what) {
+  constexpr auto kTick = std::chrono::milliseconds(10);
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) return;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min(left, kTick).count()));
+    if (ready < 0 && errno != EINTR) return;  // read_frame meets the same error and says so
+    if (ready > 0) return;
+    if (std::string too_big = over_memory_limit(pid, limit_mb, std::string("during ") + what);
+        !too_big.empty()) {
+      throw WorkerLost{std::move(too_big) + ",", true, WorkerLoss::kMemory};
+    }
+  }
+}
+
+// Sends `request` to the worker `pid` on `fd` and returns the answer's body; throws WorkerLost
+// when the worker dies, hangs, outgrows the memory limit or answers what is not a frame.
+std::string exchange(pid_t pid, int fd, const std::string& request, const char* what,
+                     const IsolationOptions& options) {
+  if (!send_frame(fd, request)) throw WorkerLost{std::string("closed its socket before ") + what};
+  const auto deadline = SteadyClock::now() + options.call_timeout;
+  if (options.memory_limit_mb > 0) watch_memory(pid, fd, deadline, options.memory_limit_mb, what);
+  std::string body;
+  switch (read_frame(fd, &body, deadline)) {
+    case ReadEnd::kFrame:
+      return body;
+    case ReadEnd::kClosed:
+      throw WorkerLost{std::string("ended during ") + what};
+    case ReadEnd::kTimedOut:
+      throw WorkerLost{std::string("did not answer ") + what + " within " +
+                           std::to_string(options.call_timeout.count()) + " ms",
+                       true, WorkerLoss::kTimedOut};
+    case ReadEnd::kTooBig:
+      break;
+  }
+  throw WorkerLost{std::string("answered ") + what + " with an oversized frame", true,
+                   WorkerLoss::kMalformed};
+}
+
+// "worker process N <how it ended>", once it is reaped (`end`: what reap() said).
+std::string worker_ended(pid_t pid, const WorkerLost& e, const std::string& end) {
+  const std::string worker = "worker process " + std::to_string(pid) + " ";
+  return e.kill ? worker + e.how + " and was killed" : worker + e.how + ": it " + end;
+}
+
+struct WorkerEnded : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One request in a worker process of its own, which then gets end-of-file and is reaped. Returns
+// the answer's body; throws ConnectorFailure as spawn_worker() does, and WorkerEnded saying how
+// the worker ended when it did not answer (worker_ended()).
+std::string call_in_new_worker(const IsolationOptions& options, const std::filesystem::path& plugin,
+                               const std::string& sha256, const std::string& who,
+                               const std::string& request, const char* what) {
+  Spawned worker = spawn_worker(options, plugin, sha256, who);
+  try {
+    std::string body = exchange(worker.pid, worker.socket.get(), request, what, options);
+    worker.socket.reset();
+    reap(worker.pid, false);
+    return body;
+  } catch (const WorkerLost& e) {
+    worker.socket.reset();
+    throw WorkerEnded(worker_ended(worker.pid, e, reap(worker.pid, e.kill)));
+  }
+}
+
+}  // namespace
+
+// --- load_isolated and the one-off calls --------------------------------------------------------
+
+Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& isolation,
+                     const LoadOptions& options) {
+  std::string allowed;
+  for (const std::string& hash : options.allowed_sha256) {
+    allowed += (allowed.empty() ? "" : ",") + hash;
+  }
+  Writer request;
+  request.u8(static_cast<uint8_t>(Op::kDescribe));
+  PluginInfo info;
+  try {
+    const std::string body = call_in_new_worker(isolation, path, allowed, path.string() + ": ",
+                                                std::move(request).finish(), "load");
+    info = read_info(body, path);
+  } catch (const ConnectorFailure& e) {  // what the worker's loader refused, or no worker started
+    throw PluginLoadError(e.what());
+  } catch (const WorkerEnded& e) {  // it crashed or hung in a static constructor or init(), say
+    throw PluginLoadError(path.string() + ": in isolation mode, " + e.what());
+  } catch (const MalformedFrame& e) {
+    throw PluginLoadError(path.string() + ": in isolation mode, a worker process answered load " +
+                          "with a malformed frame (" + e.what() + ")");
+  }
+  if (options.before_init) options.before_init(info);
+  logging::get("plugins")->info("loaded plugin {} {} (abi {}.{}) from {} in a worker process",
+                                info.id, info.version, info.abi_version.major,
+                                info.abi_version.minor, path.string());
+  return Plugin(std::make_shared<const IsolatedPlugin>(IsolatedPlugin{std::move(info), isolation}));
+}
+
+void validate_config_in_worker(const IsolatedPlugin& plugin, std::string_view config_json) {
+  const std::string who = "plugin '" + plugin.info.id + "': ";
+  Writer request;
+  request.u8(static_cast<uint8_t>(Op::kValidateConfig)).str(config_json);
+  try {
+    const std::string body =
+        call_in_new_worker(plugin.options, plugin.info.path, sha256_list(plugin.info), who,
+                           std::move(request).finish(), "validate_config");
+    Reader answer(body);
+    throw_if_failed(answer);
+    answer.end();
+  } catch (const WorkerEnded& e) {
+    throw PluginCrashed(who + e.what());
+  } catch (const MalformedFrame& e) {
+    throw PluginCrashed(who + "a worker process answered validate_config with a malformed frame (" +
+                        e.what() + ")");
+  }
+}
+
+// --- WorkerPool (the daemon's side) -------------------------------------------------------------
 
 WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options)
     : info_(std::move(info)), config_json_(std::move(config_json)), options_(std::move(options)) {
@@ -344,66 +608,11 @@ std::vector<pid_t> WorkerPool::idle_pids() const {
 
 std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   const std::string who = "plugin '" + info_.id + "': ";
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-    throw ConnectorFailure(BACKHAUL_RETRYABLE,
-                           who + "socketpair for a worker: " + std::strerror(errno), 0);
-  }
-  UniqueFd mine(pair[0]), theirs(pair[1]);
-  // dup2 onto descriptor 3 clears close-on-exec only when the numbers differ.
-  if (theirs.get() == 3) theirs = UniqueFd(::fcntl(3, F_DUPFD_CLOEXEC, 4));
-
-  std::vector<std::string> args = {options_.worker_path.string(),
-                                   "--plugin",
-                                   info_.path.string(),
-                                   "--sha256",
-                                   sha256_list(info_),
-                                   "--http-timeout-ms",
-                                   std::to_string(options_.http_timeout.count()),
-                                   "--log-level",
-                                   options_.log_level,
-                                   "--log-format",
-                                   options_.log_json ? "json" : "text"};
-  if (!options_.ca_file.empty()) {
-    args.push_back("--ca-file");
-    args.push_back(options_.ca_file);
-  }
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attributes;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawnattr_init(&attributes);
-  // No stdin; a plugin's prints go to stderr, beside its logs; the socket is descriptor 3.
-  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  ::posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  ::posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
-  // Default signal actions and no blocked signals; its own process group, so a terminal's Ctrl-C
-  // reaches the daemon (which drains) and not the workers its calls still need.
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  ::posix_spawnattr_setsigmask(&attributes, &none);
-  ::posix_spawnattr_setsigdefault(&attributes, &all);
-  ::posix_spawnattr_setpgroup(&attributes, 0);
-  ::posix_spawnattr_setflags(
-      &attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::posix_spawnattr_destroy(&attributes);
-  if (rc != 0) {
-    throw ConnectorFailure(
-        BACKHAUL_FATAL,
-        who + "cannot start the worker " + options_.worker_path.string() + ": " + std::strerror(rc),
-        0);
-  }
+  Spawned spawned = spawn_worker(options_, info_.path, sha256_list(info_), who);
+  const pid_t pid = spawned.pid;
   auto worker = std::make_unique<Worker>();
   worker->pid = pid;
-  worker->socket = std::move(mine);
-  theirs.reset();
+  worker->socket = std::move(spawned.socket);
   {
     std::lock_guard lock(mutex_);  // a stop may kill it while the plugin starts
     busy_.insert(pid);
@@ -412,7 +621,8 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   Writer request;
   request.u8(static_cast<uint8_t>(Op::kCreate)).str(config_json_);
   try {
-    std::string body = call(*worker, std::move(request).finish(), "create");
+    std::string body =
+        exchange(pid, worker->socket.get(), std::move(request).finish(), "create", options_);
     Reader answer(body);
     throw_if_failed(answer);
     answer.end();
@@ -450,7 +660,9 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
       std::unique_ptr<Worker> worker = std::move(idle_.back());
       idle_.pop_back();
       const bool ended = went_away(worker->socket.get());
-      const std::string too_big = ended ? std::string() : over_memory_limit(*worker, "while idle");
+      const std::string too_big =
+          ended ? std::string()
+                : over_memory_limit(worker->pid, options_.memory_limit_mb, "while idle");
       if (!ended && too_big.empty()) {
         busy_.insert(worker->pid);
         return worker;
@@ -496,59 +708,11 @@ bool WorkerPool::settle(pid_t pid) {
   return interrupted_.erase(pid) > 0;
 }
 
-void WorkerPool::watch_memory(const Worker& worker, SteadyClock::time_point deadline,
-                              const char* what) const {
-  constexpr auto kTick = std::chrono::milliseconds(10);
-  for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
-    if (left.count() <= 0) return;
-    pollfd p{worker.socket.get(), POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min(left, kTick).count()));
-    if (ready < 0 && errno != EINTR) return;  // read_frame meets the same error and says so
-    if (ready > 0) return;
-    if (std::string too_big = over_memory_limit(worker, std::string("during ") + what);
-        !too_big.empty()) {
-      throw WorkerLost{std::move(too_big) + ",", true, WorkerLoss::kMemory};
-    }
-  }
-}
-
-std::string WorkerPool::over_memory_limit(const Worker& worker, const std::string& when) const {
-  if (options_.memory_limit_mb == 0) return {};
-  const int64_t used_kb = resident_kb(worker.pid);
-  if (used_kb <= static_cast<int64_t>(options_.memory_limit_mb) * 1024) return {};
-  return "used " + std::to_string(used_kb / 1024) + " MB " + when + ", over the memory limit of " +
-         std::to_string(options_.memory_limit_mb) + " MB";
-}
-
-std::string WorkerPool::call(Worker& worker, const std::string& request, const char* what) {
-  if (!send_frame(worker.socket.get(), request)) {
-    throw WorkerLost{std::string("closed its socket before ") + what};
-  }
-  const auto deadline = SteadyClock::now() + options_.call_timeout;
-  if (options_.memory_limit_mb > 0) watch_memory(worker, deadline, what);
-  std::string body;
-  switch (read_frame(worker.socket.get(), &body, deadline)) {
-    case ReadEnd::kFrame:
-      return body;
-    case ReadEnd::kClosed:
-      throw WorkerLost{std::string("ended during ") + what};
-    case ReadEnd::kTimedOut:
-      throw WorkerLost{std::string("did not answer ") + what + " within " +
-                           std::to_string(options_.call_timeout.count()) + " ms",
-                       true, WorkerLoss::kTimedOut};
-    case ReadEnd::kTooBig:
-      break;
-  }
-  throw WorkerLost{std::string("answered ") + what + " with an oversized frame", true,
-                   WorkerLoss::kMalformed};
-}
-
 template <class Decode>
 auto WorkerPool::run(const std::string& request, const char* what, Decode&& decode) {
   std::unique_ptr<Worker> worker = acquire();
   try {
-    auto result = decode(call(*worker, request, what));
+    auto result = decode(exchange(worker->pid, worker->socket.get(), request, what, options_));
     give_back(std::move(worker));
     return result;
   } catch (const ConnectorFailure&) {  // the plugin's own answer: the worker is fine
@@ -573,16 +737,11 @@ void WorkerPool::lost(std::unique_ptr<Worker> worker, const WorkerLost& e, const
     ++lost_[static_cast<size_t>(interrupted ? WorkerLoss::kStopped : e.reason)];
   }
   idle_changed_.notify_one();
-  const std::string who =
-      "plugin '" + info_.id + "': worker process " + std::to_string(worker->pid) + " ";
-  std::string message;
-  if (interrupted) {
-    message = who + "was stopped during " + what + ": the daemon could not wait for it any longer";
-  } else if (e.kill) {
-    message = who + e.how + " and was killed";
-  } else {
-    message = who + e.how + ": it " + end;
-  }
+  const std::string who = "plugin '" + info_.id + "': ";
+  const std::string message = interrupted ? who + "worker process " + std::to_string(worker->pid) +
+                                                " was stopped during " + what +
+                                                ": the daemon could not wait for it any longer"
+                                          : who + worker_ended(worker->pid, e, end);
   logging::get("plugins")->error("{}", message);
   throw PluginCrashed(message);
 }
@@ -610,8 +769,39 @@ void WorkerPool::validate_scopes(const Unit& unit) {
 
 // --- the worker's side --------------------------------------------------------------------------
 
+namespace {
+
+// Whether the worker is busy: loading the plugin, or in a call. Of static storage, as the watching
+// thread (watch_for_orphaning) may run until the process exits.
+std::atomic<bool> worker_busy{true};
+
+// Watches the daemon's end of the socket from a thread of its own. Should it close while the
+// worker is busy, the daemon is gone (killed, or its start-up abandoned): the plugin may never
+// return, and nobody is left to wait for it, so the worker's process group is killed, the worker
+// with whatever its plugin started. Closed while the worker is idle, it is the main loop's
+// end-of-file; should the plugin's deinit() then outlast kOrphanGrace, the group is killed too.
+constexpr auto kOrphanGrace = std::chrono::seconds(10);
+
+void watch_for_orphaning(int fd) {
+  std::thread([fd] {
+    pollfd p{fd, POLLRDHUP, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    const auto give_up = SteadyClock::now() + kOrphanGrace;
+    while (!worker_busy.load() && SteadyClock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    // The daemon makes each worker the leader of a group of its own; one started otherwise (by
+    // hand) ends alone.
+    ::kill(::getpgrp() == ::getpid() ? 0 : ::getpid(), SIGKILL);
+  }).detach();
+}
+
+}  // namespace
+
 int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
                         const std::set<std::string>& sha256, const HostServices& services) {
+  watch_for_orphaning(fd);
   std::optional<Plugin> plugin;
   std::string load_error;
   try {
@@ -619,21 +809,36 @@ int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
     options.allowed_sha256 = sha256;
     plugin = load_plugin(plugin_path, services, options);
   } catch (const std::exception& e) {
-    load_error =
-        std::string("a worker process could not load the files the daemon loaded: ") + e.what();
+    load_error = e.what();
   }
   std::optional<Connector> connector;
   for (;;) {
+    worker_busy = false;
     std::string body;
     if (read_frame(fd, &body, std::nullopt) != ReadEnd::kFrame) return 0;  // the daemon is done
+    worker_busy = true;
     std::string answer;
     try {
       Reader r(body);
       const auto op = static_cast<Op>(r.u8());
-      if (op == Op::kCreate) {
+      if (op == Op::kDescribe) {
+        r.end();
+        if (!plugin) throw ConnectorFailure(BACKHAUL_FATAL, load_error, 0);
+        answer = info_frame(plugin->info());
+      } else if (op == Op::kValidateConfig) {
         const std::string_view config = r.str();
         r.end();
         if (!plugin) throw ConnectorFailure(BACKHAUL_FATAL, load_error, 0);
+        plugin->validate_config(config);
+        answer = ok_frame();
+      } else if (op == Op::kCreate) {
+        const std::string_view config = r.str();
+        r.end();
+        if (!plugin) {
+          throw ConnectorFailure(
+              BACKHAUL_FATAL,
+              "a worker process could not load the files the daemon loaded: " + load_error, 0);
+        }
         connector = plugin->create(config);
         answer = ok_frame();
       } else if (op == Op::kFetch) {

@@ -1,7 +1,8 @@
 // Isolation mode (SPEC B4): a connector whose calls run in worker processes, so that a plugin that
 // crashes, exits or hangs in fetch_page() or validate_scopes() ends a worker, never the daemon.
 // The call fails RETRYABLE (an attempt of the job, and in the end a dead letter), and the next
-// call starts a new worker.
+// call starts a new worker. A plugin loaded with load_isolated() (plugin_loader.h) runs no code in
+// the daemon at all: its checks, init() and validate_config() run in worker processes too.
 //
 // A worker is the backhaul-plugin-worker executable: it loads the same plugin file (refusing one
 // whose SHA-256 is not the daemon's), creates one instance from the connector's config, and
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backhaul/backhaul.h"
@@ -29,6 +31,7 @@
 namespace backhaul::plugins {
 
 struct HostServices;
+struct WorkerLost;  // isolation.cpp: a worker that has to go, and how it ended
 
 struct IsolationOptions {
   std::filesystem::path worker_path;  // the backhaul-plugin-worker executable
@@ -46,6 +49,18 @@ struct IsolationOptions {
   std::string log_level = "info";                  // the worker logs to the daemon's stderr,
   bool log_json = false;                           // as text or JSON lines
 };
+
+// A plugin that load_isolated() loaded in a worker process: what the worker found, and the options
+// its instances and its validate_config() run with.
+struct IsolatedPlugin {
+  PluginInfo info;
+  IsolationOptions options;
+};
+
+// The plugin's validate_config() in a worker process of its own, which then exits. Throws
+// ConnectorFailure with the plugin's message on a bad config, and PluginCrashed when the worker
+// ends (or hangs past the call timeout) instead of answering.
+void validate_config_in_worker(const IsolatedPlugin& plugin, std::string_view config_json);
 
 // A page that came from a worker: the answer's bytes and the C page pointing into them.
 struct OwnedPage {
@@ -67,6 +82,7 @@ class WorkerPool {
   // Idle workers get end-of-file and exit; one that has not after a second is killed.
   ~WorkerPool();
 
+  const PluginInfo& info() const noexcept { return info_; }
   std::shared_ptr<OwnedPage> fetch_page(const FetchParams& params);
   void validate_scopes(const Unit& unit);
 
@@ -85,20 +101,9 @@ class WorkerPool {
     UniqueFd socket;
   };
 
-  struct WorkerLost;
-
   std::unique_ptr<Worker> start();
   std::unique_ptr<Worker> acquire();
   void give_back(std::unique_ptr<Worker> worker);
-  // Sends `request` and returns the answer's body; throws WorkerLost when the worker dies, hangs,
-  // outgrows the memory limit or answers what is not a frame.
-  std::string call(Worker& worker, const std::string& request, const char* what);
-  // Waits until the worker's answer starts or the deadline passes; throws WorkerLost when the
-  // worker's memory passes the limit first.
-  void watch_memory(const Worker& worker, std::chrono::steady_clock::time_point deadline,
-                    const char* what) const;
-  // "used N MB <when>, over the memory limit of M MB", or "" while within it (or with no limit).
-  std::string over_memory_limit(const Worker& worker, const std::string& when) const;
   // Takes `pid` out of the busy set once its call has ended; true when interrupt() killed it.
   bool settle(pid_t pid);
   void count_loss(WorkerLoss reason);
@@ -121,8 +126,11 @@ class WorkerPool {
 };
 
 // The worker's side: loads `plugin` (refused unless the SHA-256 of the file and of each library it
-// brings along is in `sha256`), then answers the frames on `fd` until the other end closes it.
-// Returns the process's exit status.
+// brings along is in `sha256`; an empty set refuses nothing), then answers the frames on `fd` until
+// the other end closes it. Returns the process's exit status. Should the other end close while the
+// plugin is loading or in a call (the daemon is gone: killed, or its start-up abandoned), the
+// plugin may never return: the worker's process group is killed there and then, so no worker
+// outlives its daemon by more than the time it takes to notice.
 int serve_plugin_worker(int fd, const std::filesystem::path& plugin,
                         const std::set<std::string>& sha256, const HostServices& services);
 

@@ -206,7 +206,9 @@ Connector::Connector(std::shared_ptr<const LoadedLibrary> library,
                      std::shared_ptr<WorkerPool> workers) noexcept
     : library_(std::move(library)), workers_(std::move(workers)) {}
 
-const PluginInfo& Connector::info() const noexcept { return library_->info(); }
+const PluginInfo& Connector::info() const noexcept {
+  return workers_ ? workers_->info() : library_->info();
+}
 
 const char* loss_name(WorkerLoss loss) noexcept {
   switch (loss) {
@@ -300,9 +302,15 @@ void Connector::validate_scopes(const Unit& unit) const {
 Plugin::Plugin(std::shared_ptr<const LoadedLibrary> library) noexcept
     : library_(std::move(library)) {}
 
-const PluginInfo& Plugin::info() const noexcept { return library_->info(); }
+Plugin::Plugin(std::shared_ptr<const IsolatedPlugin> isolated) noexcept
+    : isolated_(std::move(isolated)) {}
+
+const PluginInfo& Plugin::info() const noexcept {
+  return isolated_ ? isolated_->info : library_->info();
+}
 
 void Plugin::validate_config(std::string_view config_json) const {
+  if (isolated_) return validate_config_in_worker(*isolated_, config_json);
   backhaul_error_t error{};
   backhaul_status_t status = guarded(library_->info(), "validate_config", [&] {
     return library_->entry().validate_config(c_string(config_json), &error);
@@ -311,6 +319,7 @@ void Plugin::validate_config(std::string_view config_json) const {
 }
 
 Connector Plugin::create(std::string_view config_json) const {
+  if (isolated_) return create_isolated(config_json, isolated_->options);
   backhaul_instance_t* instance = nullptr;
   backhaul_error_t error{};
   backhaul_status_t status = guarded(library_->info(), "create", [&] {
@@ -331,11 +340,12 @@ Connector Plugin::create(std::string_view config_json) const {
 
 Connector Plugin::create_isolated(std::string_view config_json,
                                   const IsolationOptions& options) const {
-  return Connector(
-      library_, std::make_shared<WorkerPool>(library_->info(), std::string(config_json), options));
+  return Connector(library_,
+                   std::make_shared<WorkerPool>(info(), std::string(config_json), options));
 }
 
 const void* Plugin::extension(const char* id) const {
+  if (isolated_) return nullptr;
   const backhaul_entry_t& entry = library_->entry();
   if (entry.abi_version.minor < 1 || !entry.get_extension) return nullptr;
   return entry.get_extension(id);

@@ -29,6 +29,7 @@ struct LoadOptions;       // plugin_loader.h
 struct IsolationOptions;  // isolation.h
 struct OwnedPage;         // isolation.h
 class WorkerPool;         // isolation.h
+struct IsolatedPlugin;    // isolation.h
 
 // A library the plugin brings along, found through $ORIGIN in its RUNPATH/RPATH and loaded with
 // it (plugin_loader.h).
@@ -174,29 +175,39 @@ class Connector {
             std::shared_ptr<backhaul_instance_t> instance) noexcept;
   Connector(std::shared_ptr<const LoadedLibrary> library,
             std::shared_ptr<WorkerPool> workers) noexcept;
-  std::shared_ptr<const LoadedLibrary> library_;
+  std::shared_ptr<const LoadedLibrary> library_;   // null when its plugin is isolated too
   std::shared_ptr<backhaul_instance_t> instance_;  // null when isolated
   std::shared_ptr<WorkerPool> workers_;            // only when isolated
 };
 
-// A plugin library that passed every check and whose init() succeeded. Cheap to copy (shared).
+// A plugin library that passed every check and whose init() succeeded: in this process
+// (load_plugin), or only in a worker process (load_isolated, plugin_loader.h), when none of its
+// code runs here. Cheap to copy (shared).
 class Plugin {
  public:
   const PluginInfo& info() const noexcept;
-  // Throws ConnectorFailure (INVALID_ARGUMENT) with the plugin's message on a bad config.
+  // Throws ConnectorFailure (INVALID_ARGUMENT) with the plugin's message on a bad config. Of an
+  // isolated plugin, in a worker process of its own (validate_config_in_worker, isolation.h).
   void validate_config(std::string_view config_json) const;
+  // Of an isolated plugin, as create_isolated() with the options it was loaded with.
   Connector create(std::string_view config_json) const;
   // The same instance in worker processes (isolation.h, SPEC B4): its calls cannot crash this
   // process. Starts the first worker; throws as WorkerPool's constructor does.
   Connector create_isolated(std::string_view config_json, const IsolationOptions& options) const;
-  // Non-null iff the plugin is ABI >= 1.1 and has the extension.
+  // Non-null iff the plugin is ABI >= 1.1, has the extension and is loaded in this process.
   const void* extension(const char* id) const;
+  // True when it was loaded in a worker process only (load_isolated).
+  bool isolated() const noexcept { return isolated_ != nullptr; }
 
  private:
   friend class PluginRegistry;
   friend Plugin load_plugin(const std::filesystem::path&, const HostServices&, const LoadOptions&);
+  friend Plugin load_isolated(const std::filesystem::path&, const IsolationOptions&,
+                              const LoadOptions&);
   explicit Plugin(std::shared_ptr<const LoadedLibrary> library) noexcept;
-  std::shared_ptr<const LoadedLibrary> library_;
+  explicit Plugin(std::shared_ptr<const IsolatedPlugin> isolated) noexcept;
+  std::shared_ptr<const LoadedLibrary> library_;    // null when isolated
+  std::shared_ptr<const IsolatedPlugin> isolated_;  // only when isolated
 };
 
 }  // namespace backhaul::plugins

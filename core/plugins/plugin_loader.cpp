@@ -718,14 +718,15 @@ std::optional<LoadProblem> PluginRegistry::load_file(const fs::path& path) {
   try {
     LoadOptions options;
     options.allowed_sha256 = allowed_sha256_;
-    // Before init(): a second instance of a plugin is never started.
+    // Before init() (in this process): a second instance of a plugin is never started.
     options.before_init = [&](const PluginInfo& info) {
       if (auto it = by_id_.find(info.id); it != by_id_.end()) {
         refuse(path, "duplicate plugin id '" + info.id + "' (already loaded from " +
                          it->second.info().path.string() + ")");
       }
     };
-    Plugin plugin = load_plugin(path, services_, options);
+    Plugin plugin = isolation_ ? load_isolated(path, *isolation_, options)
+                               : load_plugin(path, services_, options);
     const std::string id = plugin.info().id;
     by_id_.emplace(id, std::move(plugin));
     return std::nullopt;

@@ -12,6 +12,7 @@
 
 #include "core/common/clock.h"
 #include "core/http/http.h"
+#include "core/plugins/isolation.h"
 #include "core/plugins/plugin.h"
 
 namespace backhaul::plugins {
@@ -43,6 +44,16 @@ struct LoadOptions {
 Plugin load_plugin(const std::filesystem::path& path, const HostServices& services,
                    const LoadOptions& options = {});
 
+// As load_plugin(), every check and init() included, but in a worker process of `isolation`
+// (isolation.h) that answers what it loaded and exits: no code of the plugin runs in this process,
+// so one that crashes or hangs while loading (in init() or a static constructor) is refused, not
+// fatal; past isolation.call_timeout it is killed. `options.before_init` sees the descriptor
+// afterwards. The Plugin's instances run in worker processes (create() is create_isolated()), each
+// pinned to the SHA-256 values this load found. Throws PluginLoadError naming the file and the
+// reason.
+Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& isolation,
+                     const LoadOptions& options = {});
+
 struct LoadProblem {
   std::filesystem::path path;
   std::string reason;
@@ -56,6 +67,8 @@ class PluginRegistry {
   // Optional allow-list: file SHA-256 (lower-case hex) values; a plugin whose hash is not listed is
   // refused. Empty (the default) allows everything.
   void set_allowed_sha256(std::set<std::string> hashes) { allowed_sha256_ = std::move(hashes); }
+  // From here on, plugins load in worker processes (load_isolated), not in this process.
+  void set_isolation(IsolationOptions isolation) { isolation_ = std::move(isolation); }
 
   // Loads every *.so in `dir` (sorted by name). Returns the problems (a missing directory is one).
   std::vector<LoadProblem> load_directory(const std::filesystem::path& dir);
@@ -68,6 +81,7 @@ class PluginRegistry {
  private:
   HostServices services_;
   std::set<std::string> allowed_sha256_;
+  std::optional<IsolationOptions> isolation_;
   std::map<std::string, Plugin, std::less<>> by_id_;
 };
 

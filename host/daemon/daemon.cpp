@@ -80,20 +80,21 @@ void Daemon::Impl::load_plugins() {
     registry->set_allowed_sha256(
         {config.plugins.allowed_sha256.begin(), config.plugins.allowed_sha256.end()});
   }
+  // In isolation mode, no code of a plugin runs here: each loads in a worker process.
+  const std::optional<plugins::IsolationOptions> isolation = isolation_options(config);
+  if (isolation) registry->set_isolation(*isolation);
   for (const auto& dir : config.plugins.directories) {
     for (const plugins::LoadProblem& problem : registry->load_directory(dir)) {
       log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
     }
   }
-  const std::optional<plugins::IsolationOptions> isolation = isolation_options(config);
   for (const plugins::Plugin& plugin : registry->plugins()) {
     const std::string& id = plugin.info().id;
     auto settings = config.plugins.connectors.find(id);
     const std::string json =
         settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
     try {
-      connectors.emplace(
-          id, isolation ? plugin.create_isolated(json, *isolation) : plugin.create(json));
+      connectors.emplace(id, plugin.create(json));  // isolated or not, as it was loaded
     } catch (const plugins::ConnectorFailure& e) {
       throw ConfigError("config: plugins.connectors." + id + ": " + e.what());
     }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -17,7 +18,12 @@
 #include "core/common/proc.h"
 #include "core/http/replay_transport.h"
 #include "core/plugins/plugin_loader.h"
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
 
 namespace backhaul::plugins {
 namespace {
@@ -39,10 +45,13 @@ FetchParams params(std::optional<std::string> cursor = std::nullopt,
 // True while a process with this PID exists (a reaped worker does not).
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 
-// True once the process has ended and waits to be reaped.
+// True once the process (a child of this one) has ended and waits to be reaped: all of its
+// threads, so its descriptors are closed too. (/proc/PID/stat says 'Z' as soon as the main thread
+// has ended, while the others may still hold them.)
 bool zombie(pid_t pid) {
-  const std::optional<ProcStat> stat = read_proc_stat(pid);
-  return stat && stat->state == 'Z';
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+         info.si_pid == pid;
 }
 
 ConnectorFailure failure_of(const std::function<void()>& call) {
@@ -448,6 +457,204 @@ TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {
   ASSERT_FALSE(pids.empty());
   workers.reset();
   for (pid_t pid : pids) EXPECT_FALSE(alive(pid)) << pid;
+}
+
+// --- load_isolated: no code of the plugin runs in this process --------------------------------
+
+class LoadIsolated : public IsolatedConnector {
+ protected:
+  static IsolationOptions options(
+      std::chrono::milliseconds call_timeout = std::chrono::seconds(10)) {
+    IsolationOptions o = IsolatedConnector::options();
+    o.call_timeout = call_timeout;
+    return o;
+  }
+  // What loading `path` here says, and what loading it in a worker says (PluginLoadError's text).
+  std::pair<std::string, std::string> refusals(const fs::path& path) {
+    std::pair<std::string, std::string> said;
+    try {
+      load_plugin(path, services_);
+    } catch (const PluginLoadError& e) {
+      said.first = e.what();
+    }
+    try {
+      load_isolated(path, options());
+    } catch (const PluginLoadError& e) {
+      said.second = e.what();
+    }
+    return said;
+  }
+};
+
+void expect_same_info(const PluginInfo& here, const PluginInfo& there) {
+  EXPECT_EQ(there.id, here.id);
+  EXPECT_EQ(there.version, here.version);
+  EXPECT_EQ(there.display_name, here.display_name);
+  EXPECT_EQ(there.description, here.description);
+  EXPECT_EQ(there.entity_types, here.entity_types);
+  EXPECT_EQ(there.default_entity_types, here.default_entity_types);
+  EXPECT_EQ(there.config_schema_json, here.config_schema_json);
+  EXPECT_EQ(there.abi_version.major, here.abi_version.major);
+  EXPECT_EQ(there.abi_version.minor, here.abi_version.minor);
+  EXPECT_EQ(there.path, here.path);
+  EXPECT_EQ(there.sha256, here.sha256);
+  ASSERT_EQ(there.bundled_libraries.size(), here.bundled_libraries.size());
+  for (size_t i = 0; i < here.bundled_libraries.size(); ++i) {
+    EXPECT_EQ(there.bundled_libraries[i].path, here.bundled_libraries[i].path);
+    EXPECT_EQ(there.bundled_libraries[i].sha256, here.bundled_libraries[i].sha256);
+  }
+}
+
+TEST_F(LoadIsolated, DescribesThePluginAsLoadingItHereDoes) {
+  const Plugin there = load_isolated(plugin_path("fake"), options());
+  EXPECT_TRUE(there.isolated());
+  EXPECT_FALSE(plugin_.isolated());
+  EXPECT_EQ(there.extension("anything"), nullptr);
+  expect_same_info(plugin_.info(), there.info());
+
+  // One that brings a library along, through $ORIGIN: its hash is pinned too.
+  const fs::path origin = fs::path(TEST_PLUGIN_DIR) / "origin" / "origin_runpath.so";
+  const Plugin origin_there = load_isolated(origin, options());
+  const Plugin origin_here = load_plugin(origin, services_);
+  ASSERT_EQ(origin_here.info().bundled_libraries.size(), 1u);
+  expect_same_info(origin_here.info(), origin_there.info());
+  const Connector connector = origin_there.create("{}");
+  ASSERT_TRUE(connector.worker_stats());
+  EXPECT_EQ(connector.worker_stats()->idle, 1u) << "a worker loaded it, pinned by those hashes";
+}
+
+TEST_F(LoadIsolated, ItsInstancesAndItsConfigCheckRunInWorkerProcesses) {
+  const Plugin plugin = load_isolated(plugin_path("fake"), options());
+  const Connector connector = plugin.create(R"({"pages": 2, "per_page": 3})");
+  EXPECT_EQ(connector.info().id, "fake");
+  ASSERT_TRUE(connector.worker_stats()) << "create() of an isolated plugin is create_isolated()";
+  const Page page = connector.fetch_page(params());
+  EXPECT_EQ(page.size(), 3u);
+  EXPECT_EQ(page.next_cursor(), "2");
+
+  EXPECT_NO_THROW(plugin.validate_config(R"({"pages": 2})"));
+  const ConnectorFailure e = failure_of([&] { plugin.validate_config(R"({"pages": 0})"); });
+  EXPECT_EQ(e.status(), BACKHAUL_INVALID_ARGUMENT);
+  EXPECT_STREQ(e.what(), "config.pages must be >= 1");
+}
+
+TEST_F(LoadIsolated, RefusesWhatLoadingItHereRefusesWithTheSameReason) {
+  for (const char* name : {"bad_magic", "newer_major", "init_fails", "bad_id", "init_throws",
+                           "no_entry", "bad_utf8_name"}) {
+    const auto [here, there] = refusals(plugin_path(name));
+    EXPECT_FALSE(here.empty()) << name;
+    EXPECT_EQ(there, here) << name;
+  }
+  const auto [here, there] = refusals(plugin_path("no_such_plugin"));
+  EXPECT_THAT(there, HasSubstr("no_such_plugin.so: file does not exist"));
+}
+
+TEST_F(LoadIsolated, TheAllowListIsCheckedInTheWorker) {
+  LoadOptions pinned;
+  pinned.allowed_sha256 = {std::string(64, '0')};
+  try {
+    load_isolated(plugin_path("fake"), options(), pinned);
+    ADD_FAILURE() << "loaded a plugin the allow-list does not name";
+  } catch (const PluginLoadError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("sha256 " + plugin_.info().sha256 + " is not in the plugin allow-list"));
+  }
+  pinned.allowed_sha256 = {plugin_.info().sha256};
+  EXPECT_EQ(load_isolated(plugin_path("fake"), options(), pinned).info().id, "fake");
+}
+
+// In this process, such a plugin would end the process (a daemon, at start-up).
+TEST_F(LoadIsolated, APluginThatCrashesWhileLoadingIsRefusedAndThisProcessGoesOn) {
+  const fs::path path = fs::path(TEST_PLUGIN_DIR) / "init_aborts" / "init_aborts.so";
+  try {
+    load_isolated(path, options());
+    ADD_FAILURE() << "loaded a plugin whose init() aborts";
+  } catch (const PluginLoadError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path.string() + ": in isolation mode, worker process "));
+    EXPECT_THAT(e.what(), HasSubstr(" ended during load: it was killed by SIGABRT"));
+  }
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "the worker is reaped";
+}
+
+TEST_F(LoadIsolated, APluginThatHangsWhileLoadingIsKilledAtTheCallTimeout) {
+  ASSERT_EQ(std::getenv("MISBEHAVING_INIT_WAIT_MS"), nullptr) << "its init() must wait for ever";
+  const fs::path path = fs::path(TEST_PLUGIN_DIR) / "init_waits" / "init_waits.so";
+  try {
+    load_isolated(path, options(std::chrono::milliseconds(300)));
+    ADD_FAILURE() << "loaded a plugin whose init() never returns";
+  } catch (const PluginLoadError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(" did not answer load within 300 ms and was killed"));
+  }
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "the worker is reaped";
+}
+
+TEST_F(LoadIsolated, ARegistryInIsolationModeReportsWhatItSkipsAndLoadsTheRest) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("backhaul-load-isolated-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(plugin_path("fake"), dir / "a_fake.so");
+  fs::copy_file(plugin_path("fake_dup"), dir / "b_fake_dup.so");
+  fs::copy_file(fs::path(TEST_PLUGIN_DIR) / "init_aborts" / "init_aborts.so", dir / "c_aborts.so");
+  PluginRegistry registry(services_);
+  registry.set_isolation(options());
+  const std::vector<LoadProblem> problems = registry.load_directory(dir);
+  fs::remove_all(dir);
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[0].path, dir / "b_fake_dup.so");
+  EXPECT_EQ(problems[0].reason, "duplicate plugin id 'fake' (already loaded from " +
+                                    (dir / "a_fake.so").string() + ")");
+  EXPECT_EQ(problems[1].path, dir / "c_aborts.so");
+  EXPECT_THAT(problems[1].reason, HasSubstr("it was killed by SIGABRT"));
+  ASSERT_EQ(registry.plugins().size(), 1u);
+  EXPECT_TRUE(registry.plugins()[0].isolated());
+}
+
+// The worker's own watch: the daemon's end of its socket closes while the plugin is busy (here in
+// an init() that never returns). Nobody is left to wait for the plugin, so the worker ends.
+TEST_F(LoadIsolated, AWorkerWhoseDaemonGoesAwayWhileItIsBusyEnds) {
+  const fs::path marker =
+      fs::temp_directory_path() / ("backhaul-orphan-" + std::to_string(::getpid()));
+  fs::remove(marker);
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+  std::string plugin = (fs::path(TEST_PLUGIN_DIR) / "init_waits" / "init_waits.so").string();
+  std::string worker = PLUGIN_WORKER, sha256 = "--sha256", any = "", option = "--plugin";
+  char* argv[] = {worker.data(), option.data(), plugin.data(), sha256.data(), any.data(), nullptr};
+  std::vector<std::string> env_strings = {"MISBEHAVING_INIT_MARKER=" + marker.string()};
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  std::vector<char*> env;
+  for (std::string& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attributes;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, pair[1], 3);
+  ::posix_spawnattr_init(&attributes);
+  ::posix_spawnattr_setpgroup(&attributes, 0);
+  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv, env.data());
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::posix_spawnattr_destroy(&attributes);
+  ::close(pair[1]);
+  ASSERT_EQ(rc, 0);
+  for (int i = 0; i < 3000 && !fs::exists(marker); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(fs::exists(marker)) << "the plugin's init() did not start";
+  ::close(pair[0]);  // as a daemon killed with SIGKILL would
+
+  // It ends on its own, within a few seconds at most (readiness, not timing).
+  for (int i = 0; i < 1000 && !zombie(pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(zombie(pid)) << "the worker outlived its daemon's socket";
+  if (!zombie(pid)) ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  fs::remove(marker);
 }
 
 }  // namespace

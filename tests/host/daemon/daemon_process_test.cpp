@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/common/proc.h"
 #include "core/common/unique_fd.h"
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/process_fixture.h"
@@ -104,10 +106,12 @@ class DaemonProcessTest : public ProcessTest {
   }
 
   // Spawns backhauld with only the init_waits plugin, whose init() waits `init_wait_ms` (for
-  // ever when empty), and returns once start-up is in that init(): a file the plugin creates
-  // there, polled for at most 30 s (readiness, not timing).
-  void spawn_into_a_waiting_init(int64_t abandon_ms, const std::string& init_wait_ms) {
+  // ever when empty), and returns once start-up is in that init() (in a worker process when
+  // `isolated`): a file the plugin creates there, polled for at most 30 s (readiness, not timing).
+  void spawn_into_a_waiting_init(int64_t abandon_ms, const std::string& init_wait_ms,
+                                 bool isolated = false) {
     json config = good_config();
+    if (isolated) config["plugins"]["isolation"] = {{"mode", "process"}};
     config["plugins"]["directories"] = {INIT_WAITS_PLUGIN_DIR};
     config["shutdown"] = {{"grace_ms", 100}, {"abandon_ms", abandon_ms}};
     write_config(config);
@@ -182,6 +186,32 @@ class DaemonProcessTest : public ProcessTest {
       EXPECT_EQ(job.status, jobs::JobStatus::kQueued) << "job " << job.id;
     }
     return released_jobs;
+  }
+
+  // The daemon's plugin worker processes (isolation mode); at least one, or a failure.
+  std::vector<pid_t> plugin_workers() const {
+    std::vector<pid_t> workers;
+    for (pid_t pid : child_pids(daemon_->pid())) {
+      const std::optional<ProcStat> stat = read_proc_stat(pid);
+      if (stat && stat->comm == "backhaul-plugin") workers.push_back(pid);  // 15 characters kept
+    }
+    EXPECT_FALSE(workers.empty()) << "no plugin worker process\n" << daemon_->stderr_text();
+    return workers;
+  }
+
+  // Each of `workers` ends within 10 s (readiness, not timing): gone, or a zombie nobody reaps.
+  static void expect_ended(const std::vector<pid_t>& workers) {
+    for (pid_t pid : workers) {
+      auto running = [pid] {
+        const std::optional<ProcStat> stat = read_proc_stat(pid);
+        return stat && stat->state != 'Z';
+      };
+      for (int i = 0; i < 1000 && running(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_FALSE(running()) << "worker process " << pid << " outlived its daemon";
+      if (running()) ::kill(pid, SIGKILL);  // by PID: it is ours to clean up
+    }
   }
 
   void spawn(const std::vector<std::string>& env) {
@@ -388,6 +418,81 @@ TEST_F(DaemonProcessTest, ASignalDuringAStartStuckInAPluginsInitEndsTheProcessAf
   EXPECT_NE(log.find("start-up did not end within 1000 ms of it"), std::string::npos) << log;
   EXPECT_NE(log.find("still loading plugins"), std::string::npos) << log;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "port")) << "never ready, so no port file";
+}
+
+// In isolation mode no code of a plugin runs in the daemon: each loads in a worker process first.
+// One that crashes while loading (here its init() aborts) is reported and skipped, as a broken
+// plugin is, instead of taking the daemon down; the others serve, and their config check runs in
+// a worker too.
+TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesWhileLoadingIsSkippedAndTheRestServe) {
+  json config = good_config();
+  config["plugins"]["directories"] = {BACKHAUL_TEST_PLUGIN_DIR, INIT_ABORTS_PLUGIN_DIR};
+  config["plugins"]["isolation"] = {{"mode", "process"}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
+  ASSERT_NE(port, 0) << daemon_->stderr_text();
+  const std::string log = daemon_->stderr_text();
+  EXPECT_NE(log.find("init_aborts.so not loaded: in isolation mode, worker process "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("ended during load: it was killed by SIGABRT"), std::string::npos) << log;
+
+  sandbox::testing::TestClient client(port);
+  const sandbox::testing::Headers auth = {{"Authorization", "Bearer process-token"}};
+  const json plugins = client.get("/v1/plugins", auth).json();
+  std::set<std::string> ids;
+  for (const json& plugin : plugins["items"]) ids.insert(plugin["id"].get<std::string>());
+  EXPECT_EQ(ids, (std::set<std::string>{"github", "vercel"})) << plugins.dump();
+  const json invalid =
+      client.post("/v1/plugins/github/validate-config", R"({"config":{"per_page":1000}})", auth)
+          .json();
+  EXPECT_FALSE(invalid["valid"].get<bool>()) << invalid.dump();
+  ASSERT_EQ(invalid["errors"].size(), 1u) << invalid.dump();
+  EXPECT_NE(invalid["errors"][0].get<std::string>().find("per_page"), std::string::npos)
+      << invalid.dump();
+  EXPECT_TRUE(client
+                  .post("/v1/plugins/github/validate-config",
+                        R"({"config":{"base_url":"http://127.0.0.1:1/github"}})", auth)
+                  .json()["valid"]
+                  .get<bool>());
+
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+}
+
+// A daemon killed outright (SIGKILL, the OOM killer) leaves workers inside calls that may never
+// return (here the provider takes 20 s per answer). Each worker sees its socket's other end close
+// and ends its process group: none outlives the daemon by more than moments.
+TEST_F(DaemonProcessTest, InIsolationModeNoWorkerOutlivesADaemonKilledWithSigkill) {
+  start_a_run_stuck_in_plugin_calls(true);
+  if (HasFatalFailure()) return;
+  // Readiness: a worker's request has reached the provider, so that worker is inside its call.
+  auto provider_requests = [this] { return report()["provider_requests"]["github"].get<int>(); };
+  for (int i = 0; i < 1500 && provider_requests() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(provider_requests(), 0) << daemon_->stderr_text();
+  const std::vector<pid_t> workers = plugin_workers();
+  ASSERT_TRUE(daemon_->signal(SIGKILL));
+  ASSERT_NE(daemon_->wait_exit(std::chrono::seconds(30)), -1);
+  expect_ended(workers);
+}
+
+// The start-up of ASignalDuringAStartStuckInAPluginsInitEndsTheProcessAfterAbandon in isolation
+// mode: the init() that never returns is in a worker process, which the abandoned start-up leaves
+// behind; it ends with its daemon.
+TEST_F(DaemonProcessTest, InIsolationModeAStartAbandonedInAPluginsInitLeavesNoWorkerBehind) {
+  spawn_into_a_waiting_init(1'000, "", true);
+  if (HasFatalFailure()) return;
+  const std::vector<pid_t> workers = plugin_workers();
+
+  expect_exit_1_within_10s_of_sigterm();  // the bound is the point, not a speed goal
+  EXPECT_NE(daemon_->stderr_text().find("still loading plugins"), std::string::npos)
+      << daemon_->stderr_text();
+  expect_ended(workers);
 }
 
 // The same for a start waiting on a MySQL server that takes the connection and never answers: the

@@ -22,6 +22,7 @@
 //   MISBEHAVING_INIT_WAITS   init() creates the file named by the environment variable
 //                            MISBEHAVING_INIT_MARKER (if set), then waits MISBEHAVING_INIT_WAIT_MS
 //                            milliseconds, or for ever when that is not set
+//   MISBEHAVING_INIT_ABORTS  init() calls abort(), as a plugin that crashes while loading
 //   MISBEHAVING_INIT_SPAWNS  init() starts `/bin/sleep 60` with posix_spawn (as a plugin starting a
 //                            helper would) and writes its PID to the file named by the environment
 //                            variable MISBEHAVING_SPAWN_PID_FILE (via a rename)
@@ -114,6 +115,9 @@ int32_t init(const backhaul_host_t* host, backhaul_error_t*) {
       }
     }
   }
+#endif
+#ifdef MISBEHAVING_INIT_ABORTS
+  std::abort();
 #endif
 #ifdef MISBEHAVING_INIT_THROWS
   (void)host;
