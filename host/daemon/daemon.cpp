@@ -99,7 +99,7 @@ void Daemon::Impl::load_plugins() {
       throw ConfigError("config: plugins.connectors." + id + ": " + e.what());
     }
     log->info("plugin {} {} loaded from {}{}", id, plugin.info().version,
-              plugin.info().path.string(), isolation ? " (its calls run in worker processes)" : "");
+              plugin.info().path.string(), plugin.isolated() ? " (in worker processes)" : "");
   }
   for (const auto& [id, settings] : config.plugins.connectors) {
     if (!registry->find(id)) log->warn("plugins.connectors.{}: no such plugin is loaded", id);

@@ -10,7 +10,7 @@
 //   scopes: "abort" — validate_scopes calls abort().
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
 //   grow_later_mb: the first fetch_page returns its page and leaves a thread that then allocates
-//   and writes that many MB (the process grows between calls).
+//   and writes that many MB (the process grows between calls); destroy() joins it.
 //   fork_sleeper: every fetch_page first forks a child that sleeps for ever, and writes its PID to
 //   the file of that path (for isolation mode: the plugin's own processes end with its worker).
 //   abort_in_create_if / hang_in_create_if: create() calls abort() / never returns while a file of
@@ -89,6 +89,10 @@ void grow(int mb) {
 
 class FakeConnector final : public backhaul::sdk::Connector {
  public:
+  ~FakeConnector() override {
+    if (grower_.joinable()) grower_.join();
+  }
+
   explicit FakeConnector(std::string_view config) {
     validate_config(config);
     if (exists(config_value(config, "abort_in_create_if"))) std::abort();
@@ -140,7 +144,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
     }
     if (static bool grown = false; grow_later_mb_ > 0 && !grown) {
       grown = true;
-      std::thread([mb = grow_later_mb_] { grow(mb); }).detach();
+      grower_ = std::thread([mb = grow_later_mb_] { grow(mb); });
     }
     std::string http_note = "null";
     if (!http_url_.empty()) {
@@ -197,6 +201,8 @@ class FakeConnector final : public backhaul::sdk::Connector {
   int crash_on_page_ = 0;
   int grow_mb_ = 0;
   int grow_later_mb_ = 0;
+  // Joined when the instance is destroyed: its code must not run on once the library is unloaded.
+  std::thread grower_;
   bool abort_in_scopes_ = false;
   std::string fail_;
   std::string fork_sleeper_;
