@@ -366,11 +366,15 @@ struct Spawned {
   UniqueFd socket;
 };
 
+// The descriptor a worker finds its first sealed copy on (then the next ones, in order).
+constexpr int kFirstSealed = 4;
+
 // Starts a worker of `plugin`, pinned to the files whose SHA-256 `sha256` lists (comma-separated;
-// empty: any). Throws ConnectorFailure, `who` in front: RETRYABLE when no socket pair can be made,
-// FATAL when the worker cannot be started.
+// empty: any), loading the `sealed` copies (when not null) instead of those files. Throws
+// ConnectorFailure, `who` in front: RETRYABLE when no socket pair can be made, FATAL when the
+// worker cannot be started.
 Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::path& plugin,
-                     const std::string& sha256, const std::string& who) {
+                     const std::string& sha256, const std::string& who, const SealedFiles* sealed) {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
     throw ConnectorFailure(BACKHAUL_RETRYABLE,
@@ -395,6 +399,20 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
     args.push_back("--ca-file");
     args.push_back(options.ca_file);
   }
+  // Each sealed copy goes to its descriptor from a number above all of theirs, so that no dup2
+  // below overwrites a copy before it is moved.
+  std::vector<UniqueFd> staged;
+  const int count = sealed ? static_cast<int>(sealed->size()) : 0;
+  for (int i = 0; i < count; ++i) {
+    const SealedFile& file = (*sealed)[static_cast<size_t>(i)];
+    staged.emplace_back(::fcntl(file.fd.get(), F_DUPFD_CLOEXEC, kFirstSealed + count));
+    if (!staged.back()) {
+      throw ConnectorFailure(BACKHAUL_RETRYABLE,
+                             who + "a descriptor for a worker: " + std::strerror(errno), 0);
+    }
+    args.push_back("--sealed");
+    args.push_back(file.path.string());
+  }
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -407,6 +425,10 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
   ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   ::posix_spawn_file_actions_adddup2(&actions, 2, 1);
   ::posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  for (int i = 0; i < count; ++i) {
+    ::posix_spawn_file_actions_adddup2(&actions, staged[static_cast<size_t>(i)].get(),
+                                       kFirstSealed + i);
+  }
   // Default signal actions and no blocked signals; its own process group, so a terminal's Ctrl-C
   // reaches the daemon (which drains) and not the workers its calls still need.
   sigset_t none, all;
@@ -496,9 +518,10 @@ struct WorkerEnded : std::runtime_error {
 // the answer's body; throws ConnectorFailure as spawn_worker() does, and WorkerEnded saying how
 // the worker ended when it did not answer (worker_ended()).
 std::string call_in_new_worker(const IsolationOptions& options, const std::filesystem::path& plugin,
-                               const std::string& sha256, const std::string& who,
-                               const std::string& request, const char* what) {
-  Spawned worker = spawn_worker(options, plugin, sha256, who);
+                               const std::string& sha256, const SealedFiles* sealed,
+                               const std::string& who, const std::string& request,
+                               const char* what) {
+  Spawned worker = spawn_worker(options, plugin, sha256, who, sealed);
   try {
     std::string body = exchange(worker.pid, worker.socket.get(), request, what, options);
     worker.socket.reset();
@@ -524,8 +547,9 @@ Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& 
   request.u8(static_cast<uint8_t>(Op::kDescribe));
   PluginInfo info;
   try {
-    const std::string body = call_in_new_worker(isolation, path, allowed, path.string() + ": ",
-                                                std::move(request).finish(), "load");
+    const std::string body =
+        call_in_new_worker(isolation, path, allowed, nullptr, path.string() + ": ",
+                           std::move(request).finish(), "load");
     info = read_info(body, path);
   } catch (const ConnectorFailure& e) {  // what the worker's loader refused, or no worker started
     throw PluginLoadError(e.what());
@@ -536,10 +560,24 @@ Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& 
                           "with a malformed frame (" + e.what() + ")");
   }
   if (options.before_init) options.before_init(info);
+  // What the worker loaded, copied here: later workers load these copies, and no other bytes.
+  auto sealed = std::make_shared<SealedFiles>();
+  auto seal = [&](const std::filesystem::path& file, const std::string& sha256) {
+    SealedFile copy = seal_file(file);
+    if (copy.sha256 != sha256) {
+      throw PluginLoadError(path.string() + ": " + file.string() +
+                            " changed while it was being loaded (sha256 " + sha256 + ", then " +
+                            copy.sha256 + ")");
+    }
+    sealed->push_back(std::move(copy));
+  };
+  seal(path, info.sha256);
+  for (const BundledLibrary& library : info.bundled_libraries) seal(library.path, library.sha256);
   logging::get("plugins")->info("loaded plugin {} {} (abi {}.{}) from {} in a worker process",
                                 info.id, info.version, info.abi_version.major,
                                 info.abi_version.minor, path.string());
-  return Plugin(std::make_shared<const IsolatedPlugin>(IsolatedPlugin{std::move(info), isolation}));
+  return Plugin(std::make_shared<const IsolatedPlugin>(
+      IsolatedPlugin{std::move(info), isolation, std::move(sealed)}));
 }
 
 void validate_config_in_worker(const IsolatedPlugin& plugin, std::string_view config_json) {
@@ -547,9 +585,9 @@ void validate_config_in_worker(const IsolatedPlugin& plugin, std::string_view co
   Writer request;
   request.u8(static_cast<uint8_t>(Op::kValidateConfig)).str(config_json);
   try {
-    const std::string body =
-        call_in_new_worker(plugin.options, plugin.info.path, sha256_list(plugin.info), who,
-                           std::move(request).finish(), "validate_config");
+    const std::string body = call_in_new_worker(plugin.options, plugin.info.path,
+                                                sha256_list(plugin.info), plugin.sealed.get(), who,
+                                                std::move(request).finish(), "validate_config");
     Reader answer(body);
     throw_if_failed(answer);
     answer.end();
@@ -563,8 +601,12 @@ void validate_config_in_worker(const IsolatedPlugin& plugin, std::string_view co
 
 // --- WorkerPool (the daemon's side) -------------------------------------------------------------
 
-WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options)
-    : info_(std::move(info)), config_json_(std::move(config_json)), options_(std::move(options)) {
+WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options,
+                       std::shared_ptr<const SealedFiles> sealed)
+    : info_(std::move(info)),
+      config_json_(std::move(config_json)),
+      options_(std::move(options)),
+      sealed_(std::move(sealed)) {
   if (options_.max_workers == 0) throw std::invalid_argument("IsolationOptions: max_workers is 0");
   give_back(acquire());
 }
@@ -608,7 +650,7 @@ std::vector<pid_t> WorkerPool::idle_pids() const {
 
 std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   const std::string who = "plugin '" + info_.id + "': ";
-  Spawned spawned = spawn_worker(options_, info_.path, sha256_list(info_), who);
+  Spawned spawned = spawn_worker(options_, info_.path, sha256_list(info_), who, sealed_.get());
   const pid_t pid = spawned.pid;
   auto worker = std::make_unique<Worker>();
   worker->pid = pid;
@@ -800,13 +842,15 @@ void watch_for_orphaning(int fd) {
 }  // namespace
 
 int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
-                        const std::set<std::string>& sha256, const HostServices& services) {
+                        const std::set<std::string>& sha256, const HostServices& services,
+                        const std::map<std::filesystem::path, int>& sealed_sources) {
   watch_for_orphaning(fd);
   std::optional<Plugin> plugin;
   std::string load_error;
   try {
     LoadOptions options;
     options.allowed_sha256 = sha256;
+    options.sealed_sources = sealed_sources;
     plugin = load_plugin(plugin_path, services, options);
   } catch (const std::exception& e) {
     load_error = e.what();

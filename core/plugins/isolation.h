@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -50,11 +51,22 @@ struct IsolationOptions {
   bool log_json = false;                           // as text or JSON lines
 };
 
-// A plugin that load_isolated() loaded in a worker process: what the worker found, and the options
-// its instances and its validate_config() run with.
+// A file of a plugin (the library, or one it brings along) copied into a sealed in-memory file.
+struct SealedFile {
+  std::filesystem::path path;  // loaded from
+  UniqueFd fd;
+  std::string sha256;  // of the bytes (lower-case hex)
+};
+using SealedFiles = std::vector<SealedFile>;
+
+// A plugin that load_isolated() loaded in a worker process: what the worker found, the options its
+// instances and its validate_config() run with, and the sealed copies of its files that this load
+// checked. Every later worker loads those copies instead of the files, so each runs what was
+// checked, and a file replaced since (an upgrade in place) reaches none of them before a restart.
 struct IsolatedPlugin {
   PluginInfo info;
   IsolationOptions options;
+  std::shared_ptr<const SealedFiles> sealed;
 };
 
 // The plugin's validate_config() in a worker process of its own, which then exits. Throws
@@ -76,7 +88,9 @@ class WorkerPool {
   // Starts the first worker and creates the instance in it. Throws ConnectorFailure with the
   // plugin's message on a bad config, FATAL when the worker cannot be started or cannot load the
   // plugin, and PluginCrashed when it dies while starting (as a later start does in a call).
-  WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options);
+  // With `sealed`, its workers load those copies of the plugin's files (IsolatedPlugin).
+  WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options,
+             std::shared_ptr<const SealedFiles> sealed = nullptr);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
   // Idle workers get end-of-file and exit; one that has not after a second is killed.
@@ -116,6 +130,7 @@ class WorkerPool {
   const PluginInfo info_;
   const std::string config_json_;
   const IsolationOptions options_;
+  const std::shared_ptr<const SealedFiles> sealed_;
   mutable std::mutex mutex_;
   std::condition_variable idle_changed_;
   std::vector<std::unique_ptr<Worker>> idle_;
@@ -126,12 +141,14 @@ class WorkerPool {
 };
 
 // The worker's side: loads `plugin` (refused unless the SHA-256 of the file and of each library it
-// brings along is in `sha256`; an empty set refuses nothing), then answers the frames on `fd` until
+// brings along is in `sha256`; an empty set refuses nothing; the bytes of the files that
+// `sealed_sources` names come from its descriptors), then answers the frames on `fd` until
 // the other end closes it. Returns the process's exit status. Should the other end close while the
 // plugin is loading or in a call (the daemon is gone: killed, or its start-up abandoned), the
 // plugin may never return: the worker's process group is killed there and then, so no worker
 // outlives its daemon by more than the time it takes to notice.
 int serve_plugin_worker(int fd, const std::filesystem::path& plugin,
-                        const std::set<std::string>& sha256, const HostServices& services);
+                        const std::set<std::string>& sha256, const HostServices& services,
+                        const std::map<std::filesystem::path, int>& sealed_sources = {});
 
 }  // namespace backhaul::plugins

@@ -340,8 +340,8 @@ Connector Plugin::create(std::string_view config_json) const {
 
 Connector Plugin::create_isolated(std::string_view config_json,
                                   const IsolationOptions& options) const {
-  return Connector(library_,
-                   std::make_shared<WorkerPool>(info(), std::string(config_json), options));
+  return Connector(library_, std::make_shared<WorkerPool>(info(), std::string(config_json), options,
+                                                          isolated_ ? isolated_->sealed : nullptr));
 }
 
 const void* Plugin::extension(const char* id) const {

@@ -52,9 +52,18 @@ struct SealedCopy {
   bool elf = false;    // they start with the ELF magic
 };
 
-SealedCopy seal_copy(const fs::path& path) {
-  UniqueFd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!in) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
+// The bytes come from `sources[path]` when it has the path (a sealed copy made by another process,
+// read with pread: the descriptor's offset may be shared), else from the file.
+SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& sources) {
+  UniqueFd opened;
+  int in = -1;
+  if (auto it = sources.find(path); it != sources.end()) {
+    in = it->second;
+  } else {
+    opened.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!opened) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
+    in = opened.get();
+  }
   // The mapping shows this name in /proc/PID/maps (as /memfd:NAME); at most 249 bytes.
   std::string name = "backhaul-plugin:" + path.string();
   if (name.size() > 249) name = "backhaul-plugin:" + path.filename().string().substr(0, 200);
@@ -65,11 +74,12 @@ SealedCopy seal_copy(const fs::path& path) {
   Poco::SHA2Engine engine(Poco::SHA2Engine::SHA_256);
   std::vector<char> buffer(256 * 1024);
   bool first = true;
-  for (;;) {
-    ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
+  for (off_t offset = 0;;) {
+    ssize_t n = ::pread(in, buffer.data(), buffer.size(), offset);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
     if (n == 0) break;
+    offset += n;
     if (first) {
       copy.elf =
           n >= 4 && buffer[0] == 0x7f && buffer[1] == 'E' && buffer[2] == 'L' && buffer[3] == 'F';
@@ -246,8 +256,10 @@ std::pair<void*, std::string> find_loaded(const std::string& soname) {
 // it holds their copies, so that their names keep leading to them. [load_mutex]
 class OriginDependencies {
  public:
-  OriginDependencies(const fs::path& plugin, const std::set<std::string>& allowed_sha256)
-      : plugin_(plugin), allowed_sha256_(allowed_sha256) {}
+  OriginDependencies(const fs::path& plugin, const LoadOptions& options)
+      : plugin_(plugin),
+        allowed_sha256_(options.allowed_sha256),
+        sealed_sources_(options.sealed_sources) {}
   OriginDependencies(const OriginDependencies&) = delete;
   OriginDependencies& operator=(const OriginDependencies&) = delete;
   ~OriginDependencies() {
@@ -423,7 +435,7 @@ class OriginDependencies {
     const std::string what = "its library " + library.string();
     SealedCopy sealed;
     try {  // these name the library first
-      sealed = seal_copy(library);
+      sealed = seal_copy(library, sealed_sources_);
     } catch (const PluginLoadError& e) {
       refuse(plugin_, std::string("its library ") + e.what());
     }
@@ -495,6 +507,7 @@ class OriginDependencies {
 
   const fs::path& plugin_;
   const std::set<std::string>& allowed_sha256_;
+  const std::map<fs::path, int>& sealed_sources_;
   std::set<std::string> seen_names_;     // needs found (or left to glibc) already
   std::set<std::string> planned_names_;  // those that are planned
   std::vector<Planned> planned_;
@@ -628,18 +641,23 @@ LoadedLibrary::~LoadedLibrary() {
   }
 }
 
+SealedFile seal_file(const fs::path& path) {
+  SealedCopy copy = seal_copy(path, {});
+  return {path, std::move(copy.fd), std::move(copy.sha256)};
+}
+
 Plugin load_plugin(const fs::path& path, const HostServices& services, const LoadOptions& options) {
   std::error_code ec;
   if (!fs::exists(path, ec)) refuse(path, "file does not exist");
   if (!fs::is_regular_file(path, ec)) refuse(path, "is not a regular file");
-  SealedCopy copy = seal_copy(path);
+  SealedCopy copy = seal_copy(path, options.sealed_sources);
   if (!options.allowed_sha256.empty() && !options.allowed_sha256.count(copy.sha256)) {
     refuse(path, "sha256 " + copy.sha256 + " is not in the plugin allow-list");
   }
   if (!copy.elf) refuse(path, "is not an ELF shared object");
 
   std::unique_lock lock(load_mutex);
-  OriginDependencies dependencies(path, options.allowed_sha256);
+  OriginDependencies dependencies(path, options);
   dependencies.load(path, copy.fd.get());
   const std::string name = name_for_dlopen(path, copy.fd);
   boost::dll::shared_library library;

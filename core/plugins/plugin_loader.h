@@ -40,6 +40,9 @@ struct LoadOptions {
   // Sees the checked descriptor before any plugin function runs; throws PluginLoadError to refuse
   // (PluginRegistry: a duplicate id).
   std::function<void(const PluginInfo&)> before_init;
+  // Files whose bytes come from these descriptors (sealed copies another process made, for a
+  // worker in isolation mode: seal_file) instead of from the files, by the path loaded from.
+  std::map<std::filesystem::path, int> sealed_sources;
 };
 Plugin load_plugin(const std::filesystem::path& path, const HostServices& services,
                    const LoadOptions& options = {});
@@ -53,6 +56,10 @@ Plugin load_plugin(const std::filesystem::path& path, const HostServices& servic
 // reason.
 Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& isolation,
                      const LoadOptions& options = {});
+
+// The bytes of `path` copied into a sealed in-memory file (memfd), as load_plugin() copies a
+// library before it maps it (SealedFile: isolation.h). Throws PluginLoadError.
+SealedFile seal_file(const std::filesystem::path& path);
 
 struct LoadProblem {
   std::filesystem::path path;

@@ -3,7 +3,10 @@
 // says; it is not meant to be run by hand.
 //
 //   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] [--http-timeout-ms N]
-//       [--ca-file PEM] [--log-level LEVEL] [--log-format text|json]
+//       [--ca-file PEM] [--log-level LEVEL] [--log-format text|json] [--sealed PATH]...
+//
+// Each --sealed names a file of the plugin whose bytes are on a descriptor instead: the first on
+// descriptor 4, the next on 5, and so on (the daemon's sealed copies, isolation.h).
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -23,6 +26,7 @@
 namespace {
 
 constexpr int kSocket = 3;
+constexpr int kFirstSealed = 4;
 
 int usage(const std::string& problem) {
   std::fprintf(stderr, "backhaul-plugin-worker: %s\n", problem.c_str());
@@ -34,9 +38,15 @@ int usage(const std::string& problem) {
 int main(int argc, char** argv) {
   std::map<std::string, std::string> args = {
       {"--http-timeout-ms", "30000"}, {"--log-level", "info"}, {"--log-format", "text"}};
+  std::map<std::filesystem::path, int> sealed;
+  int next_sealed = kFirstSealed;
   for (int i = 1; i < argc; i += 2) {
     const std::string name = argv[i];
     if (i + 1 >= argc) return usage(name + " needs a value");
+    if (name == "--sealed") {
+      sealed.emplace(argv[i + 1], next_sealed++);
+      continue;
+    }
     if (name != "--plugin" && name != "--sha256" && !args.count(name) && name != "--ca-file") {
       return usage("unknown option " + name);
     }
@@ -48,9 +58,9 @@ int main(int argc, char** argv) {
   char* end = nullptr;
   const long long http_timeout_ms = std::strtoll(args["--http-timeout-ms"].c_str(), &end, 10);
   if (*end != '\0' || http_timeout_ms <= 0) return usage("--http-timeout-ms must be a number > 0");
-  // Nothing of the daemon's but the socket: descriptors it opened without close-on-exec (a
-  // library's sockets, say) are not the plugin's to hold open.
-  ::close_range(kSocket + 1, ~0U, 0);
+  // Nothing of the daemon's but the socket and the sealed copies: descriptors it opened without
+  // close-on-exec (a library's sockets, say) are not the plugin's to hold open.
+  ::close_range(static_cast<unsigned>(next_sealed), ~0U, 0);
   std::signal(SIGPIPE, SIG_IGN);
 
   namespace logging = backhaul::logging;
@@ -65,5 +75,6 @@ int main(int argc, char** argv) {
   std::set<std::string> sha256;
   std::stringstream list(args["--sha256"]);
   for (std::string hex; std::getline(list, hex, ',');) sha256.insert(hex);
-  return backhaul::plugins::serve_plugin_worker(kSocket, args["--plugin"], sha256, services);
+  return backhaul::plugins::serve_plugin_worker(kSocket, args["--plugin"], sha256, services,
+                                                sealed);
 }

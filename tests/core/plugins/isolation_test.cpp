@@ -610,6 +610,36 @@ TEST_F(LoadIsolated, ARegistryInIsolationModeReportsWhatItSkipsAndLoadsTheRest) 
   EXPECT_TRUE(registry.plugins()[0].isolated());
 }
 
+// An upgrade in place (here each file is written over) after the load reaches no worker: they load
+// the sealed copies of what the load checked. Before, every new worker refused the new bytes, so
+// every call failed FATAL until a restart.
+TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("backhaul-sealed-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path origin_dir = fs::path(TEST_PLUGIN_DIR) / "origin";
+  fs::copy_file(plugin_path("fake"), dir / "fake.so");
+  fs::copy_file(origin_dir / "origin_runpath.so", dir / "origin_runpath.so");
+  fs::copy_file(origin_dir / "libbhtestdep.so", dir / "libbhtestdep.so");
+  const Plugin fake = load_isolated(dir / "fake.so", options());
+  const Plugin origin = load_isolated(dir / "origin_runpath.so", options());
+  ASSERT_EQ(origin.info().bundled_libraries.size(), 1u);
+
+  fs::copy_file(plugin_path("c_current"), dir / "fake.so", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "libbhtestdep.so", std::ios::trunc) << "not a library any more";
+
+  const Connector connector = fake.create(R"({"pages": 2})");
+  const Page page = connector.fetch_page(params());
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_EQ(page.event(0).delivery_id, "fake-inst-1-repo-9-item-1");
+  const ConnectorFailure e = failure_of([&] { fake.validate_config(R"({"pages": 0})"); });
+  EXPECT_STREQ(e.what(), "config.pages must be >= 1");
+  const Connector with_library = origin.create("{}");
+  EXPECT_NO_THROW(with_library.fetch_page(params()));
+  fs::remove_all(dir);
+}
+
 // The worker's own watch: the daemon's end of its socket closes while the plugin is busy (here in
 // an init() that never returns). Nobody is left to wait for the plugin, so the worker ends.
 TEST_F(LoadIsolated, AWorkerWhoseDaemonGoesAwayWhileItIsBusyEnds) {
