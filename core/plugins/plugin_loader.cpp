@@ -52,25 +52,37 @@ struct SealedCopy {
   bool elf = false;    // they start with the ELF magic
 };
 
-// The bytes come from `sources[path]` when it has the path (a sealed copy made by another process,
-// read with pread: the descriptor's offset may be shared), else from the file.
+constexpr int kSealed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+
+// The bytes come from `sources[path]` when it has the path (read with pread: the descriptor's
+// offset may be shared with another process), else from the file. A source that is sealed already
+// (the daemon's copy, for a worker) is used as it is: hashed, not copied again.
 SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& sources) {
   UniqueFd opened;
   int in = -1;
+  SealedCopy copy;
   if (auto it = sources.find(path); it != sources.end()) {
     in = it->second;
+    const int seals = ::fcntl(in, F_GET_SEALS);
+    if (seals >= 0 && (seals & kSealed) == kSealed) {
+      copy.fd.reset(::fcntl(in, F_DUPFD_CLOEXEC, 0));
+      if (!copy.fd) refuse(path, std::string("cannot be read: fcntl: ") + std::strerror(errno));
+    }
   } else {
     opened.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!opened) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
     in = opened.get();
   }
-  // The mapping shows this name in /proc/PID/maps (as /memfd:NAME); at most 249 bytes.
-  std::string name = "backhaul-plugin:" + path.string();
-  if (name.size() > 249) name = "backhaul-plugin:" + path.filename().string().substr(0, 200);
-  SealedCopy copy;
-  copy.fd.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!copy.fd)
-    refuse(path, std::string("cannot be copied: memfd_create: ") + std::strerror(errno));
+  const bool copying = !copy.fd;
+  if (copying) {
+    // The mapping shows this name in /proc/PID/maps (as /memfd:NAME); at most 249 bytes.
+    std::string name = "backhaul-plugin:" + path.string();
+    if (name.size() > 249) name = "backhaul-plugin:" + path.filename().string().substr(0, 200);
+    copy.fd.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!copy.fd) {
+      refuse(path, std::string("cannot be copied: memfd_create: ") + std::strerror(errno));
+    }
+  }
   Poco::SHA2Engine engine(Poco::SHA2Engine::SHA_256);
   std::vector<char> buffer(256 * 1024);
   bool first = true;
@@ -86,15 +98,14 @@ SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& source
       first = false;
     }
     engine.update(buffer.data(), static_cast<unsigned>(n));
-    for (ssize_t written = 0; written < n;) {
+    for (ssize_t written = 0; copying && written < n;) {
       ssize_t w = ::write(copy.fd.get(), buffer.data() + written, static_cast<size_t>(n - written));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) refuse(path, std::string("cannot be copied: ") + std::strerror(errno));
       written += w;
     }
   }
-  if (::fcntl(copy.fd.get(), F_ADD_SEALS,
-              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+  if (copying && ::fcntl(copy.fd.get(), F_ADD_SEALS, kSealed | F_SEAL_SEAL) != 0) {
     refuse(path, std::string("cannot be sealed: ") + std::strerror(errno));
   }
   copy.sha256 = Poco::DigestEngine::digestToHex(engine.digest());

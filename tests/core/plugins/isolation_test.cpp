@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/plugins/plugin_loader.h"
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -638,6 +640,30 @@ TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver)
   const Connector with_library = origin.create("{}");
   EXPECT_NO_THROW(with_library.fetch_page(params()));
   fs::remove_all(dir);
+}
+
+// A worker maps the daemon's sealed copy itself (the same inode in /proc/PID/maps) rather than a
+// copy of it: one copy of the plugin's code in memory, however many workers run it.
+TEST_F(LoadIsolated, AWorkerMapsTheSealedCopyItWasGivenWithoutCopyingItAgain) {
+  auto sealed = std::make_shared<SealedFiles>();
+  sealed->push_back(seal_file(plugin_path("fake")));
+  EXPECT_EQ(sealed->back().sha256, plugin_.info().sha256);
+  struct stat copy {};
+  ASSERT_EQ(::fstat(sealed->back().fd.get(), &copy), 0);
+  WorkerPool workers(plugin_.info(), "{}", options(), sealed);
+  const pid_t worker = workers.idle_pids().at(0);
+
+  std::ifstream maps("/proc/" + std::to_string(worker) + "/maps");
+  int mapped = 0;
+  for (std::string line; std::getline(maps, line);) {
+    std::istringstream fields(line);
+    std::string range, perms, offset, device;
+    unsigned long inode = 0;
+    fields >> range >> perms >> offset >> device >> inode;
+    mapped += inode == copy.st_ino && line.find("backhaul-plugin:") != std::string::npos;
+  }
+  EXPECT_GT(mapped, 0) << "the worker did not map the daemon's copy";
+  EXPECT_EQ(workers.fetch_page(params())->events.size(), 2u);
 }
 
 // The worker's own watch: the daemon's end of its socket closes while the plugin is busy (here in
