@@ -366,9 +366,6 @@ struct Spawned {
   UniqueFd socket;
 };
 
-// The descriptor a worker finds its first sealed copy on (then the next ones, in order).
-constexpr int kFirstSealed = 4;
-
 // Starts a worker of `plugin`, pinned to the files whose SHA-256 `sha256` lists (comma-separated;
 // empty: any), loading the `sealed` copies (when not null) instead of those files. Throws
 // ConnectorFailure, `who` in front: RETRYABLE when no socket pair can be made, FATAL when the
@@ -382,7 +379,9 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
   }
   UniqueFd mine(pair[0]), theirs(pair[1]);
   // dup2 onto descriptor 3 clears close-on-exec only when the numbers differ.
-  if (theirs.get() == 3) theirs = UniqueFd(::fcntl(3, F_DUPFD_CLOEXEC, 4));
+  if (theirs.get() == kWorkerSocketFd) {
+    theirs = UniqueFd(::fcntl(kWorkerSocketFd, F_DUPFD_CLOEXEC, kWorkerSocketFd + 1));
+  }
 
   std::vector<std::string> args = {options.worker_path.string(),
                                    "--plugin",
@@ -405,7 +404,7 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
   const int count = sealed ? static_cast<int>(sealed->size()) : 0;
   for (int i = 0; i < count; ++i) {
     const SealedFile& file = (*sealed)[static_cast<size_t>(i)];
-    staged.emplace_back(::fcntl(file.fd.get(), F_DUPFD_CLOEXEC, kFirstSealed + count));
+    staged.emplace_back(::fcntl(file.fd.get(), F_DUPFD_CLOEXEC, kWorkerFirstSealedFd + count));
     if (!staged.back()) {
       throw ConnectorFailure(BACKHAUL_RETRYABLE,
                              who + "a descriptor for a worker: " + std::strerror(errno), 0);
@@ -424,10 +423,10 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
   // No stdin; a plugin's prints go to stderr, beside its logs; the socket is descriptor 3.
   ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   ::posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  ::posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  ::posix_spawn_file_actions_adddup2(&actions, theirs.get(), kWorkerSocketFd);
   for (int i = 0; i < count; ++i) {
     ::posix_spawn_file_actions_adddup2(&actions, staged[static_cast<size_t>(i)].get(),
-                                       kFirstSealed + i);
+                                       kWorkerFirstSealedFd + i);
   }
   // Default signal actions and no blocked signals; its own process group, so a terminal's Ctrl-C
   // reaches the daemon (which drains) and not the workers its calls still need.
@@ -813,16 +812,17 @@ void WorkerPool::validate_scopes(const Unit& unit) {
 
 namespace {
 
-// Whether the worker is busy: loading the plugin, or in a call. Of static storage, as the watching
-// thread (watch_for_orphaning) may run until the process exits.
+// Whether the worker is busy: loading the plugin, or in a call until its answer is written. Of
+// static storage, as the watching thread (watch_for_orphaning) may run until the process exits.
 std::atomic<bool> worker_busy{true};
+
+constexpr auto kOrphanGrace = std::chrono::seconds(10);
 
 // Watches the daemon's end of the socket from a thread of its own. Should it close while the
 // worker is busy, the daemon is gone (killed, or its start-up abandoned): the plugin may never
 // return, and nobody is left to wait for it, so the worker's process group is killed, the worker
 // with whatever its plugin started. Closed while the worker is idle, it is the main loop's
 // end-of-file; should the plugin's deinit() then outlast kOrphanGrace, the group is killed too.
-constexpr auto kOrphanGrace = std::chrono::seconds(10);
 
 void watch_for_orphaning(int fd) {
   std::thread([fd] {
@@ -855,6 +855,9 @@ int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
   } catch (const std::exception& e) {
     load_error = e.what();
   }
+  // What create and validate_config answer when the plugin did not load (describe says it as is).
+  const std::string not_loaded =
+      "a worker process could not load the files the daemon loaded: " + load_error;
   std::optional<Connector> connector;
   for (;;) {
     worker_busy = false;
@@ -872,17 +875,13 @@ int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
       } else if (op == Op::kValidateConfig) {
         const std::string_view config = r.str();
         r.end();
-        if (!plugin) throw ConnectorFailure(BACKHAUL_FATAL, load_error, 0);
+        if (!plugin) throw ConnectorFailure(BACKHAUL_FATAL, not_loaded, 0);
         plugin->validate_config(config);
         answer = ok_frame();
       } else if (op == Op::kCreate) {
         const std::string_view config = r.str();
         r.end();
-        if (!plugin) {
-          throw ConnectorFailure(
-              BACKHAUL_FATAL,
-              "a worker process could not load the files the daemon loaded: " + load_error, 0);
-        }
+        if (!plugin) throw ConnectorFailure(BACKHAUL_FATAL, not_loaded, 0);
         connector = plugin->create(config);
         answer = ok_frame();
       } else if (op == Op::kFetch) {
@@ -911,6 +910,8 @@ int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
     } catch (const std::exception& e) {
       answer = failure_frame(BACKHAUL_FATAL, std::string("plugin worker: ") + e.what(), 0);
     }
+    // Idle from here: the daemon may close its end as soon as it has the answer.
+    worker_busy = false;
     if (!send_frame(fd, answer)) return 0;
   }
 }

@@ -6,8 +6,8 @@
 //
 // A worker is the backhaul-plugin-worker executable: it loads the same plugin file (refusing one
 // whose SHA-256 is not the daemon's), creates one instance from the connector's config, and
-// answers one call at a time over a UNIX socket on its descriptor 3. Each message is a frame: a
-// 4-byte little-endian length, then the body (worker_wire in isolation.cpp).
+// answers one call at a time over a UNIX socket on its descriptor 3 (kWorkerSocketFd). Each message
+// is a frame: a 4-byte little-endian length, then the body (worker_wire in isolation.cpp).
 #pragma once
 
 #include <array>
@@ -33,6 +33,11 @@ namespace backhaul::plugins {
 
 struct HostServices;
 struct WorkerLost;  // isolation.cpp: a worker that has to go, and how it ended
+
+// A worker's descriptors: its socket, and the sealed copies of the plugin's files from this one on
+// (in the order of its --sealed options).
+constexpr int kWorkerSocketFd = 3;
+constexpr int kWorkerFirstSealedFd = 4;
 
 struct IsolationOptions {
   std::filesystem::path worker_path;  // the backhaul-plugin-worker executable

@@ -51,9 +51,9 @@ Plugin load_plugin(const std::filesystem::path& path, const HostServices& servic
 // (isolation.h) that answers what it loaded and exits: no code of the plugin runs in this process,
 // so one that crashes or hangs while loading (in init() or a static constructor) is refused, not
 // fatal; past isolation.call_timeout it is killed. `options.before_init` sees the descriptor
-// afterwards. The Plugin's instances run in worker processes (create() is create_isolated()), each
-// pinned to the SHA-256 values this load found. Throws PluginLoadError naming the file and the
-// reason.
+// afterwards. Then the files that worker loaded are sealed here (seal_file), refused should one
+// have changed meanwhile; the Plugin's instances run in worker processes (create() is
+// create_isolated()) that load those copies. Throws PluginLoadError naming the file and the reason.
 Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& isolation,
                      const LoadOptions& options = {});
 

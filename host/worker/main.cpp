@@ -25,9 +25,6 @@
 
 namespace {
 
-constexpr int kSocket = 3;
-constexpr int kFirstSealed = 4;
-
 int usage(const std::string& problem) {
   std::fprintf(stderr, "backhaul-plugin-worker: %s\n", problem.c_str());
   return 2;
@@ -39,7 +36,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> args = {
       {"--http-timeout-ms", "30000"}, {"--log-level", "info"}, {"--log-format", "text"}};
   std::map<std::filesystem::path, int> sealed;
-  int next_sealed = kFirstSealed;
+  int next_sealed = backhaul::plugins::kWorkerFirstSealedFd;
   for (int i = 1; i < argc; i += 2) {
     const std::string name = argv[i];
     if (i + 1 >= argc) return usage(name + " needs a value");
@@ -75,6 +72,6 @@ int main(int argc, char** argv) {
   std::set<std::string> sha256;
   std::stringstream list(args["--sha256"]);
   for (std::string hex; std::getline(list, hex, ',');) sha256.insert(hex);
-  return backhaul::plugins::serve_plugin_worker(kSocket, args["--plugin"], sha256, services,
-                                                sealed);
+  return backhaul::plugins::serve_plugin_worker(backhaul::plugins::kWorkerSocketFd,
+                                                args["--plugin"], sha256, services, sealed);
 }
