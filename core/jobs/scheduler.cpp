@@ -13,7 +13,9 @@ namespace backhaul::jobs {
 
 // --- JobContext -----------------------------------------------------------------------------
 
-bool JobContext::stopping() const noexcept { return stopping_.load(); }
+bool JobContext::stopping() const noexcept {
+  return stopping_.load() || cancelled_.load() || lease_lost_.load();
+}
 
 void JobContext::renew(int64_t now_ms, const std::optional<std::string>& checkpoint) {
   try {

@@ -89,7 +89,11 @@ class JobContext {
   void checkpoint(const std::string& checkpoint_json);
   // A heartbeat without a checkpoint; same throws.
   void heartbeat();
-  // True once the scheduler asked running handlers to stop (drain past its grace period).
+  // True once the handler should stop at its next page boundary, where checkpoint() and
+  // heartbeat() throw JobInterrupted: the scheduler asked running handlers to stop (a drain past
+  // its grace period), or a heartbeat of the job's (the scheduler's, in the background) learnt that
+  // it was cancelled or that its lease was lost. For a handler that waits on something else
+  // between its checkpoints.
   bool stopping() const noexcept;
 
  private:

@@ -265,6 +265,33 @@ void wait_for(Done&& done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
+// A handler that waits on something else between its checkpoints (here it only polls stopping())
+// learns of a cancel from the scheduler's own heartbeat of its job, before its next checkpoint.
+// Before, stopping() told of a drain only, and such a handler ran on until its next checkpoint.
+TEST_F(SchedulerTest, StoppingTellsARunningHandlerOfACancelTheHeartbeatLearnt) {
+  const SchedulerOptions o = beating(1, 60'000);
+  Scheduler scheduler(*store_, clock_, o);
+  std::atomic<bool> started{false};
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    started = true;
+    for (int i = 0; i < 15'000 && !c.stopping(); ++i) {  // past wait_for's 20 s
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    c.heartbeat();  // throws JobInterrupted once cancelled
+    return Outcome::complete();
+  });
+  const JobId id = enqueue("work");
+  scheduler.start();
+  wait_for([&] { return started.load(); });
+  ASSERT_TRUE(started);
+  ASSERT_EQ(store_->cancel(id, clock_.now_ms()), CancelOutcome::kRequested);
+  clock_.advance_ms(o.heartbeat_interval_ms);  // its beat is due: the store tells of the cancel
+  wait_for([&] { return store_->get(id)->status == JobStatus::kCancelled; });
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kCancelled) << "the handler ran on";
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_EQ(scheduler.stats().interrupted, 1);
+}
+
 // An ending the store cannot record is tried again for as long as the job's lease lasts (the
 // clock stands still here), beyond the 5 tries of a stopping scheduler: an outage of the store
 // shorter than the lease runs no job twice and counts no attempt for it.
