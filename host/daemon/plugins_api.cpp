@@ -21,6 +21,7 @@ json plugin_json(const plugins::Plugin& plugin) {
           {"abi",
            std::to_string(info.abi_version.major) + "." + std::to_string(info.abi_version.minor)},
           {"path", info.path.string()},
+          {"isolated", plugin.isolated()},
           {"configSchema", schema.is_discarded() ? json(nullptr) : schema}};
 }
 

@@ -442,7 +442,10 @@ TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesWhileLoadingIsSkipped
   const sandbox::testing::Headers auth = {{"Authorization", "Bearer process-token"}};
   const json plugins = client.get("/v1/plugins", auth).json();
   std::set<std::string> ids;
-  for (const json& plugin : plugins["items"]) ids.insert(plugin["id"].get<std::string>());
+  for (const json& plugin : plugins["items"]) {
+    ids.insert(plugin["id"].get<std::string>());
+    EXPECT_EQ(plugin["isolated"], true) << plugin.dump();
+  }
   EXPECT_EQ(ids, (std::set<std::string>{"github", "vercel"})) << plugins.dump();
   const json invalid =
       client.post("/v1/plugins/github/validate-config", R"({"config":{"per_page":1000}})", auth)
