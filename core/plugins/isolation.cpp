@@ -601,13 +601,18 @@ void validate_config_in_worker(const IsolatedPlugin& plugin, std::string_view co
 // --- WorkerPool (the daemon's side) -------------------------------------------------------------
 
 WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options,
-                       std::shared_ptr<const SealedFiles> sealed)
+                       std::shared_ptr<const SealedFiles> sealed, FirstWorkerCrash on_crash)
     : info_(std::move(info)),
       config_json_(std::move(config_json)),
       options_(std::move(options)),
       sealed_(std::move(sealed)) {
   if (options_.max_workers == 0) throw std::invalid_argument("IsolationOptions: max_workers is 0");
-  give_back(acquire());
+  try {
+    give_back(acquire());
+  } catch (const PluginCrashed& e) {  // counted by start(); a refused config is no crash
+    if (on_crash == FirstWorkerCrash::kThrow) throw;
+    logging::get("plugins")->error("{}; each call will start a new worker", e.what());
+  }
 }
 
 WorkerPool::~WorkerPool() {

@@ -92,10 +92,12 @@ class WorkerPool {
  public:
   // Starts the first worker and creates the instance in it. Throws ConnectorFailure with the
   // plugin's message on a bad config, FATAL when the worker cannot be started or cannot load the
-  // plugin, and PluginCrashed when it dies while starting (as a later start does in a call).
+  // plugin, and PluginCrashed when it dies while starting (as a later start does in a call), unless
+  // `on_crash` defers that: then it is logged and counted, and the pool starts with no worker.
   // With `sealed`, its workers load those copies of the plugin's files (IsolatedPlugin).
   WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options,
-             std::shared_ptr<const SealedFiles> sealed = nullptr);
+             std::shared_ptr<const SealedFiles> sealed = nullptr,
+             FirstWorkerCrash on_crash = FirstWorkerCrash::kThrow);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
   // Idle workers get end-of-file and exit; one that has not after a second is killed.

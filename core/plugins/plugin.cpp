@@ -318,8 +318,8 @@ void Plugin::validate_config(std::string_view config_json) const {
   if (status != BACKHAUL_OK) throw_failure(library_->info(), "validate_config", status, error);
 }
 
-Connector Plugin::create(std::string_view config_json) const {
-  if (isolated_) return create_isolated(config_json, isolated_->options);
+Connector Plugin::create(std::string_view config_json, FirstWorkerCrash on_crash) const {
+  if (isolated_) return create_isolated(config_json, isolated_->options, on_crash);
   backhaul_instance_t* instance = nullptr;
   backhaul_error_t error{};
   backhaul_status_t status = guarded(library_->info(), "create", [&] {
@@ -338,10 +338,11 @@ Connector Plugin::create(std::string_view config_json) const {
   return Connector(library_, std::move(owned));
 }
 
-Connector Plugin::create_isolated(std::string_view config_json,
-                                  const IsolationOptions& options) const {
-  return Connector(library_, std::make_shared<WorkerPool>(info(), std::string(config_json), options,
-                                                          isolated_ ? isolated_->sealed : nullptr));
+Connector Plugin::create_isolated(std::string_view config_json, const IsolationOptions& options,
+                                  FirstWorkerCrash on_crash) const {
+  return Connector(library_,
+                   std::make_shared<WorkerPool>(info(), std::string(config_json), options,
+                                                isolated_ ? isolated_->sealed : nullptr, on_crash));
 }
 
 const void* Plugin::extension(const char* id) const {

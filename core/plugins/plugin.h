@@ -79,6 +79,13 @@ class PluginCrashed final : public ConnectorFailure {
       : ConnectorFailure(BACKHAUL_RETRYABLE, message, 0) {}
 };
 
+// What making a connector in worker processes does when its first worker crashes or hangs while
+// starting (in the plugin's init() or create(), say; PluginCrashed): throw, or log it and make the
+// connector with no worker, so that each call starts one, failing RETRYABLE while starts crash, as
+// a later start does. A daemon defers: the crash costs attempts of that connector's jobs, not its
+// start-up (SPEC B4), and a crash that does not come back (a network timeout, say) costs no more.
+enum class FirstWorkerCrash { kThrow, kDefer };
+
 // "OK", "RETRYABLE", ... for messages and reports.
 std::string_view status_name(backhaul_status_t status);
 
@@ -190,10 +197,12 @@ class Plugin {
   // isolated plugin, in a worker process of its own (validate_config_in_worker, isolation.h).
   void validate_config(std::string_view config_json) const;
   // Of an isolated plugin, as create_isolated() with the options it was loaded with.
-  Connector create(std::string_view config_json) const;
+  Connector create(std::string_view config_json,
+                   FirstWorkerCrash on_crash = FirstWorkerCrash::kThrow) const;
   // The same instance in worker processes (isolation.h, SPEC B4): its calls cannot crash this
   // process. Starts the first worker; throws as WorkerPool's constructor does.
-  Connector create_isolated(std::string_view config_json, const IsolationOptions& options) const;
+  Connector create_isolated(std::string_view config_json, const IsolationOptions& options,
+                            FirstWorkerCrash on_crash = FirstWorkerCrash::kThrow) const;
   // Non-null iff the plugin is ABI >= 1.1, has the extension and is loaded in this process.
   const void* extension(const char* id) const;
   // True when it was loaded in a worker process only (load_isolated).

@@ -94,7 +94,9 @@ void Daemon::Impl::load_plugins() {
     const std::string json =
         settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
     try {
-      connectors.emplace(id, plugin.create(json));  // isolated or not, as it was loaded
+      // Isolated or not, as it was loaded. An isolated plugin that crashes while starting costs
+      // attempts of its jobs (SPEC B4), not the daemon's start; a refused config still ends it.
+      connectors.emplace(id, plugin.create(json, plugins::FirstWorkerCrash::kDefer));
     } catch (const plugins::ConnectorFailure& e) {
       throw ConfigError("config: plugins.connectors." + id + ": " + e.what());
     }

@@ -450,6 +450,46 @@ TEST_F(IsolatedConnector, AWorkerThatCrashesWhileStartingFailsTheCallRetryable) 
   EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u);
 }
 
+// A first worker that crashes while starting fails the connector's making, unless deferred: then
+// the connector is made with no worker, its calls fail RETRYABLE while starts crash, and the first
+// start that lives serves them. A refused config is no crash and fails the making either way.
+TEST_F(IsolatedConnector, AFirstWorkerThatCrashesWhileStartingCanBeLeftToTheCalls) {
+  const fs::path marker =
+      fs::temp_directory_path() / ("backhaul-abort-in-first-" + std::to_string(::getpid()));
+  std::ofstream(marker) << "abort";
+  const std::string config = R"({"abort_in_create_if": ")" + marker.string() + R"("})";
+
+  try {
+    plugin_.create_isolated(config, options(1));
+    ADD_FAILURE() << "made a connector whose only worker crashed";
+  } catch (const PluginCrashed& e) {
+    EXPECT_THAT(e.what(), HasSubstr(" ended during create while starting: it was killed by "
+                                    "SIGABRT"));
+  }
+
+  const Connector deferred = plugin_.create_isolated(config, options(1), FirstWorkerCrash::kDefer);
+  ASSERT_TRUE(deferred.worker_stats());
+  WorkerStats stats = *deferred.worker_stats();
+  EXPECT_EQ(stats.busy + stats.idle, 0u);
+  EXPECT_EQ(stats.lost[static_cast<size_t>(WorkerLoss::kCrashed)], 1u);
+  EXPECT_EQ(stats.lost_total(), 1u);
+
+  const ConnectorFailure e = failure_of([&] { deferred.fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr(" ended during create while starting: it was killed by SIGABRT"));
+  fs::remove(marker);
+  EXPECT_EQ(deferred.fetch_page(params()).size(), 2u);
+  stats = *deferred.worker_stats();
+  EXPECT_EQ(stats.idle, 1u);
+  EXPECT_EQ(stats.lost[static_cast<size_t>(WorkerLoss::kCrashed)], 2u);
+  EXPECT_EQ(stats.lost_total(), 2u);
+
+  const ConnectorFailure refused = failure_of(
+      [&] { plugin_.create_isolated(R"({"pages": 0})", options(1), FirstWorkerCrash::kDefer); });
+  EXPECT_EQ(refused.status(), BACKHAUL_INVALID_ARGUMENT);
+  EXPECT_STREQ(refused.what(), "config.pages must be >= 1");
+}
+
 TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {
   auto workers = pool("{}", options(3));
   std::vector<std::thread> threads;

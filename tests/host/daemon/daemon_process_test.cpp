@@ -466,6 +466,43 @@ TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesWhileLoadingIsSkipped
   EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
 }
 
+// A plugin whose create() crashes in the first worker an isolated daemon starts for it costs
+// attempts of its jobs (SPEC B4), not the daemon's start: the plugin is listed, the crash is
+// logged and counted, and the other plugins serve runs.
+TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesInCreateAtStartLeavesTheDaemonServing) {
+  ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20"}), 0) << sandbox_->stderr_text();
+  const std::filesystem::path fake_dir = dir_ / "fake";
+  std::filesystem::create_directories(fake_dir);
+  std::filesystem::copy_file(FAKE_PLUGIN_PATH, fake_dir / "fake.so");
+  const std::filesystem::path marker = dir_ / "abort-in-create";
+  std::ofstream(marker) << "abort";
+  json config = daemon_config();
+  config["plugins"]["directories"].push_back(fake_dir.string());
+  config["plugins"]["connectors"]["fake"] = {{"abort_in_create_if", marker.string()}};
+  config["plugins"]["isolation"] = {{"mode", "process"}};
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  const std::string log = daemon_->stderr_text();
+  EXPECT_NE(log.find("plugin 'fake': worker process "), std::string::npos) << log;
+  EXPECT_NE(log.find(" ended during create while starting: it was killed by SIGABRT (Aborted); "
+                     "each call will start a new worker"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(metric(R"(backhaul_plugin_workers_lost_total{plugin="fake",reason="crashed"})"), 1);
+  EXPECT_EQ(metric(R"(backhaul_plugin_workers{plugin="fake",state="idle"})"), 0);
+  EXPECT_EQ(metric(R"(backhaul_plugin_workers{plugin="github",state="idle"})"), 1);
+
+  std::set<std::string> ids;
+  const json plugins = api("GET", "/v1/plugins").json();
+  for (const json& plugin : plugins["items"]) {
+    ids.insert(plugin["id"].get<std::string>());
+  }
+  EXPECT_EQ(ids, (std::set<std::string>{"fake", "github", "vercel"})) << plugins.dump();
+  const int64_t run = start_run("gh-inst-1", "github");
+  ASSERT_NE(run, 0);
+  EXPECT_EQ(wait_finished(run)["status"], "succeeded");
+  EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
 // A daemon killed outright (SIGKILL, the OOM killer) leaves workers inside calls that may never
 // return (here the provider takes 20 s per answer). Each worker sees its socket's other end close
 // and ends its process group: none outlives the daemon by more than moments.
