@@ -78,6 +78,8 @@ class PluginRegistry {
   void set_isolation(IsolationOptions isolation) { isolation_ = std::move(isolation); }
 
   // Loads every *.so in `dir` (sorted by name). Returns the problems (a missing directory is one).
+  // In isolation mode up to kParallelIsolatedLoads files load at once, each in a worker process;
+  // problems and duplicates come out as a load of one file after the other would have them.
   std::vector<LoadProblem> load_directory(const std::filesystem::path& dir);
   // Loads one file; returns the problem, if any (duplicate ids included).
   std::optional<LoadProblem> load_file(const std::filesystem::path& path);
@@ -85,7 +87,16 @@ class PluginRegistry {
   std::optional<Plugin> find(std::string_view id) const;
   std::vector<Plugin> plugins() const;  // sorted by id
 
+  static constexpr size_t kParallelIsolatedLoads = 8;
+
  private:
+  LoadOptions load_options(const std::filesystem::path& path) const;
+  // Throws PluginLoadError when a plugin of that id is registered already.
+  void refuse_duplicate(const std::filesystem::path& path, const PluginInfo& info) const;
+  // Registers what `load` returns; what it throws is the problem of `path`.
+  std::optional<LoadProblem> add(const std::filesystem::path& path,
+                                 const std::function<Plugin()>& load);
+
   HostServices services_;
   std::set<std::string> allowed_sha256_;
   std::optional<IsolationOptions> isolation_;

@@ -2,9 +2,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "core/common/errors.h"
 #include "core/common/logging.h"
@@ -88,20 +90,28 @@ void Daemon::Impl::load_plugins() {
       log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
     }
   }
-  for (const plugins::Plugin& plugin : registry->plugins()) {
-    const std::string& id = plugin.info().id;
-    auto settings = config.plugins.connectors.find(id);
-    const std::string json =
-        settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
+  // Isolated or not, as it was loaded. An isolated plugin that crashes while starting costs
+  // attempts of its jobs (SPEC B4), not the daemon's start; a refused config still ends it.
+  // Isolated ones each start their first worker at once; the rest are created here, in turn.
+  const std::vector<plugins::Plugin> loaded = registry->plugins();
+  std::vector<std::future<plugins::Connector>> created;
+  for (const plugins::Plugin& plugin : loaded) {
+    auto settings = config.plugins.connectors.find(plugin.info().id);
+    std::string json = settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
+    created.push_back(std::async(plugin.isolated() ? std::launch::async : std::launch::deferred,
+                                 [&plugin, json = std::move(json)] {
+                                   return plugin.create(json, plugins::FirstWorkerCrash::kDefer);
+                                 }));
+  }
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const plugins::PluginInfo& info = loaded[i].info();
     try {
-      // Isolated or not, as it was loaded. An isolated plugin that crashes while starting costs
-      // attempts of its jobs (SPEC B4), not the daemon's start; a refused config still ends it.
-      connectors.emplace(id, plugin.create(json, plugins::FirstWorkerCrash::kDefer));
+      connectors.emplace(info.id, created[i].get());
     } catch (const plugins::ConnectorFailure& e) {
-      throw ConfigError("config: plugins.connectors." + id + ": " + e.what());
+      throw ConfigError("config: plugins.connectors." + info.id + ": " + e.what());
     }
-    log->info("plugin {} {} loaded from {}{}", id, plugin.info().version,
-              plugin.info().path.string(), plugin.isolated() ? " (in worker processes)" : "");
+    log->info("plugin {} {} loaded from {}{}", info.id, info.version, info.path.string(),
+              loaded[i].isolated() ? " (in worker processes)" : "");
   }
   for (const auto& [id, settings] : config.plugins.connectors) {
     if (!registry->find(id)) log->warn("plugins.connectors.{}: no such plugin is loaded", id);

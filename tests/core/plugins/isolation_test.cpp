@@ -652,6 +652,28 @@ TEST_F(LoadIsolated, ARegistryInIsolationModeReportsWhatItSkipsAndLoadsTheRest) 
   EXPECT_TRUE(registry.plugins()[0].isolated());
 }
 
+// The files of a directory load in worker processes at once: the two rendezvous plugins each wait
+// in init() for the other to get there, and fail alone after 20 s, as one load after the other has
+// them do.
+TEST_F(LoadIsolated, ARegistryLoadsTheFilesOfADirectoryInWorkersAtOnce) {
+  const fs::path meeting =
+      fs::temp_directory_path() / ("backhaul-rendezvous-" + std::to_string(::getpid()));
+  fs::remove_all(meeting);
+  fs::create_directories(meeting);
+  ASSERT_EQ(::setenv("MISBEHAVING_RENDEZVOUS_DIR", meeting.c_str(), 1), 0);  // workers inherit it
+  PluginRegistry registry(services_);
+  registry.set_isolation(options(std::chrono::seconds(30)));
+  const std::vector<LoadProblem> problems =
+      registry.load_directory(fs::path(TEST_PLUGIN_DIR) / "rendezvous");
+  ::unsetenv("MISBEHAVING_RENDEZVOUS_DIR");
+  fs::remove_all(meeting);
+  for (const LoadProblem& problem : problems)
+    ADD_FAILURE() << problem.path << ": " << problem.reason;
+  std::vector<std::string> ids;
+  for (const Plugin& plugin : registry.plugins()) ids.push_back(plugin.info().id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"rendezvousa", "rendezvousb"}));
+}
+
 // An upgrade in place (here each file is written over) after the load reaches no worker: they load
 // the sealed copies of what the load checked. Before, every new worker refused the new bytes, so
 // every call failed FATAL until a restart.

@@ -503,6 +503,33 @@ TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesInCreateAtStartLeaves
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
 }
 
+// An isolated daemon loads its plugins, and then starts their first workers, at once: the two
+// rendezvous plugins each wait in init() and in create() for the other to get there, and fail
+// alone after 20 s, as one after the other has them do.
+TEST_F(DaemonProcessTest, InIsolationModePluginsLoadAndStartTheirWorkersAtOnce) {
+  const std::filesystem::path meeting = dir_ / "rendezvous";
+  std::filesystem::create_directories(meeting);
+  json config = good_config();
+  config["plugins"]["directories"] = {RENDEZVOUS_PLUGIN_DIR};
+  config["plugins"]["isolation"] = {{"mode", "process"}, {"call_timeout_ms", 60'000}};
+  write_config(config);
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token",
+         "MISBEHAVING_RENDEZVOUS_DIR=" + meeting.string()});
+  const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(60));
+  ASSERT_NE(port, 0) << daemon_->stderr_text();
+  sandbox::testing::TestClient client(port);
+  const json plugins =
+      client.get("/v1/plugins", {{"Authorization", "Bearer process-token"}}).json();
+  std::vector<std::string> ids;
+  for (const json& plugin : plugins["items"]) ids.push_back(plugin["id"].get<std::string>());
+  EXPECT_EQ(ids, (std::vector<std::string>{"rendezvousa", "rendezvousb"}))
+      << daemon_->stderr_text();
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  const int status = daemon_->wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+}
+
 // A daemon killed outright (SIGKILL, the OOM killer) leaves workers inside calls that may never
 // return (here the provider takes 20 s per answer). Each worker sees its socket's other end close
 // and ends its process group: none outlives the daemon by more than moments.

@@ -26,11 +26,17 @@
 //   MISBEHAVING_INIT_SPAWNS  init() starts `/bin/sleep 60` with posix_spawn (as a plugin starting a
 //                            helper would) and writes its PID to the file named by the environment
 //                            variable MISBEHAVING_SPAWN_PID_FILE (via a rename)
+//   MISBEHAVING_RENDEZVOUS   while the environment variable MISBEHAVING_RENDEZVOUS_DIR is set,
+//                            init() and create() each wait there for one another plugin (or
+//                            instance) to reach the same step: each leaves a file "<step>-<pid>"
+//                            and waits until two are there, and fails after 20 s. Only what a host
+//                            runs at once gets past it.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -89,7 +95,37 @@ const char* const kModes[] = {"null_events",         "utf8_delivery_id",    "utf
                               "now_null_host",       "http_null_host",      "http_null_headers",
                               "http_double_release", "rate_limited_forever"};
 
-int32_t init(const backhaul_host_t* host, backhaul_error_t*) {
+// MISBEHAVING_RENDEZVOUS: true once two processes have reached `step`, false after 20 s alone.
+bool rendezvous([[maybe_unused]] const char* step) {
+#ifdef MISBEHAVING_RENDEZVOUS
+  const char* dir = std::getenv("MISBEHAVING_RENDEZVOUS_DIR");
+  if (!dir) return true;
+  namespace fs = std::filesystem;
+  const std::string prefix = std::string(step) + "-";
+  std::FILE* file = std::fopen((fs::path(dir) / (prefix + std::to_string(getpid()))).c_str(), "w");
+  if (!file) return false;
+  std::fclose(file);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < give_up) {
+    int arrived = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) ++arrived;
+    }
+    if (arrived >= 2) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+#else
+  return true;
+#endif
+}
+
+int32_t init(const backhaul_host_t* host, backhaul_error_t* error) {
+  if (!rendezvous("init")) {
+    std::snprintf(error->message, sizeof error->message, "no other plugin came within 20 s");
+    return 0;
+  }
 #ifdef MISBEHAVING_INIT_WAITS
   if (const char* marker = std::getenv("MISBEHAVING_INIT_MARKER")) {
     if (FILE* file = std::fopen(marker, "w")) std::fclose(file);
@@ -138,7 +174,11 @@ void deinit() {
 backhaul_status_t validate_config(backhaul_string_t, backhaul_error_t*) { return BACKHAUL_OK; }
 
 backhaul_status_t create(backhaul_string_t config, backhaul_instance_t** instance,
-                         backhaul_error_t*) {
+                         backhaul_error_t* error) {
+  if (!rendezvous("create")) {
+    std::snprintf(error->message, sizeof error->message, "no other instance came within 20 s");
+    return BACKHAUL_FATAL;
+  }
   std::string text(config.data ? config.data : "", config.data ? config.size : 0);
   auto* self = new Instance;
   for (const char* mode : kModes) {
