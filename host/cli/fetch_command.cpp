@@ -2,6 +2,7 @@
 // comes back, and optionally deliver it to the gateway. The connector author's everyday tool.
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "core/http/poco_transport.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/cli/cli.h"
+#include "host/cli/crash_report.h"
 
 namespace backhaul::cli {
 namespace {
@@ -205,7 +207,11 @@ void run_fetch(const FetchOptions& o) {
   http::PocoTransport transport(transport_options);
   plugins::HostServices services{transport, SystemClock::instance(),
                                  std::chrono::milliseconds(o.timeout_ms)};
-  plugins::Plugin plugin = plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), services);
+  const std::filesystem::path path = resolve_plugin(o.plugin, o.plugin_dirs);
+  CrashReport crash(
+      "fetch: the plugin " + path.string() + " crashed",
+      "`backhaul plugin validate " + path.string() + "` runs it in child processes and says where");
+  plugins::Plugin plugin = plugins::load_plugin(path, services);
   plugins::Connector connector = plugin.create(merged_config(o));
 
   std::optional<gateway::GatewayClient> gateway;

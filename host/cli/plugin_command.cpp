@@ -1,6 +1,7 @@
 // `backhaul plugin info`: load a plugin through the real loader and print what it declares.
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include "core/http/replay_transport.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/cli/cli.h"
+#include "host/cli/crash_report.h"
 
 namespace backhaul::cli {
 namespace {
@@ -75,10 +77,14 @@ void run_info(const InfoOptions& o) {
   });
   // Loading runs no network code, so a transport that answers nothing is enough.
   http::ReplayTransport offline;
-  plugins::Plugin plugin = plugins::load_plugin(resolve_plugin(o.plugin, o.plugin_dirs), {offline});
+  const std::filesystem::path path = resolve_plugin(o.plugin, o.plugin_dirs);
+  CrashReport crash(
+      "plugin info: " + path.string() + ": the plugin crashed while loading or unloading",
+      "`backhaul plugin validate " + path.string() + "` runs it in child processes and says where");
+  plugins::Plugin plugin = plugins::load_plugin(path, {offline});
   print_info(plugin.info(), o.json);
   std::cout.flush();
-}  // the plugin is unloaded here, before the watchdog goes
+}  // the plugin is unloaded here, before the crash report and the watchdog go
 
 }  // namespace
 

@@ -204,4 +204,25 @@ TEST(ValidateCommandTest, APluginWhoseDeinitHangsEndsInfoAfterItsTimeoutAndFails
       << validate.out;
 }
 
+// `plugin info` and `fetch` run the plugin in-process: one that crashes ends the command with
+// status 1 and a line naming the plugin and the signal, and where to look further, rather than
+// the shell's bare "Aborted" (status 134).
+TEST(ValidateCommandTest, APluginThatCrashesEndsInfoAndFetchWithALineSayingSo) {
+  const std::string aborts = VALIDATE_INIT_ABORTS_PLUGIN;
+  CliRun info = run_cli("plugin info " + aborts + " 2>&1");
+  EXPECT_EQ(info.exit_code, 1) << info.out;
+  EXPECT_EQ(info.out, "plugin info: " + aborts +
+                          ": the plugin crashed while loading or unloading: killed by SIGABRT "
+                          "(Aborted)\n`backhaul plugin validate " +
+                          aborts + "` runs it in child processes and says where\n");
+
+  const std::string fake = VALIDATE_FAKE_PLUGIN;
+  CliRun fetch = run_cli("fetch --plugin " + fake +
+                         R"( --config '{"fail": "abort"}' --token t --resource-id 9 2>&1)");
+  EXPECT_EQ(fetch.exit_code, 1) << fetch.out;
+  EXPECT_NE(fetch.out.find("fetch: the plugin " + fake + " crashed: killed by SIGABRT (Aborted)\n"),
+            std::string::npos)
+      << fetch.out;
+}
+
 }  // namespace
