@@ -490,6 +490,7 @@ TEST_F(DaemonTest, PluginsAreListedAndConfigsValidated) {
   EXPECT_EQ(github["abi"].get<std::string>().rfind("1.", 0), 0u);
   EXPECT_NE(github["path"].get<std::string>().find("github"), std::string::npos);
   EXPECT_EQ(github["isolated"], false) << "loaded in this process";
+  EXPECT_FALSE(github.contains("workers")) << "its calls run in this process";
 
   const HttpResult valid = call("POST", "/v1/plugins/github/validate-config",
                                 R"({"config":{"base_url":"http://127.0.0.1:1/github"}})");

@@ -497,6 +497,17 @@ TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesInCreateAtStartLeaves
     ids.insert(plugin["id"].get<std::string>());
   }
   EXPECT_EQ(ids, (std::set<std::string>{"fake", "github", "vercel"})) << plugins.dump();
+  // The API says it too: no live worker, one crashed.
+  const json fake = api("GET", "/v1/plugins/fake").json();
+  ASSERT_TRUE(fake.contains("workers")) << fake.dump();
+  EXPECT_EQ(fake["workers"]["busy"], 0) << fake.dump();
+  EXPECT_EQ(fake["workers"]["idle"], 0) << fake.dump();
+  EXPECT_EQ(fake["workers"]["lost"]["crashed"], 1) << fake.dump();
+  EXPECT_EQ(fake["workers"]["lost"]["timed_out"], 0) << fake.dump();
+  const json github = api("GET", "/v1/plugins/github").json();
+  ASSERT_TRUE(github.contains("workers")) << github.dump();
+  EXPECT_EQ(github["workers"]["idle"], 1) << github.dump();
+  EXPECT_EQ(github["workers"]["lost"]["crashed"], 0) << github.dump();
   const int64_t run = start_run("gh-inst-1", "github");
   ASSERT_NE(run, 0);
   EXPECT_EQ(wait_finished(run)["status"], "succeeded");
