@@ -27,10 +27,10 @@
 //                            helper would) and writes its PID to the file named by the environment
 //                            variable MISBEHAVING_SPAWN_PID_FILE (via a rename)
 //   MISBEHAVING_RENDEZVOUS   while the environment variable MISBEHAVING_RENDEZVOUS_DIR is set,
-//                            init() and create() each wait there for one another plugin (or
-//                            instance) to reach the same step: each leaves a file "<step>-<pid>"
-//                            and waits until two are there, and fails after 20 s. Only what a host
-//                            runs at once gets past it.
+//                            init() and create() each wait there until another process has
+//                            reached the same step: each leaves a file "<step>-<pid>" (never
+//                            removed) and waits until two are there, and fails after 20 s. Of two
+//                            plugins a host runs one after the other, the first fails.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
