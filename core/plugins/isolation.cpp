@@ -607,15 +607,76 @@ WorkerPool::WorkerPool(PluginInfo info, std::string config_json, IsolationOption
       options_(std::move(options)),
       sealed_(std::move(sealed)) {
   if (options_.max_workers == 0) throw std::invalid_argument("IsolationOptions: max_workers is 0");
-  try {
+  if (on_crash == FirstWorkerCrash::kThrow) {
     give_back(acquire());
+    return;
+  }
+  first_start_ = std::thread([this] { start_first(); });
+  std::unique_lock lock(mutex_);
+  if (first_started_.wait_for(lock, options_.start_wait, [this] { return first_done_; })) {
+    lock.unlock();
+    first_start_.join();
+    if (first_error_) std::rethrow_exception(first_error_);
+    return;
+  }
+  first_waited_ = false;
+  lock.unlock();
+  logging::get("plugins")->warn(
+      "plugin '{}': its first worker has not started within {} ms; going on without it (it serves "
+      "once started, and calls start workers of their own meanwhile)",
+      info_.id, options_.start_wait.count());
+}
+
+void WorkerPool::start_first() {
+  std::exception_ptr error;
+  try {
+    bool start = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (!closing_ && live_ < options_.max_workers) {
+        ++live_;
+        start = true;
+      }
+    }
+    if (start) give_back(start_counted());
   } catch (const PluginCrashed& e) {  // counted by start(); a refused config is no crash
-    if (on_crash == FirstWorkerCrash::kThrow) throw;
-    logging::get("plugins")->error("{}; each call will start a new worker", e.what());
+    std::unique_lock lock(mutex_);
+    if (!closing_) {
+      lock.unlock();
+      logging::get("plugins")->error("{}; each call will start a new worker", e.what());
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  bool waited = false;
+  {
+    std::lock_guard lock(mutex_);
+    first_done_ = true;
+    waited = first_waited_;
+    if (waited) first_error_ = error;
+  }
+  first_started_.notify_all();
+  if (!error || waited) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {  // a refused config, say: each call now says it too
+    logging::get("plugins")->error("plugin '{}': its first worker did not start: {}", info_.id,
+                                   e.what());
   }
 }
 
 WorkerPool::~WorkerPool() {
+  if (first_start_.joinable()) {
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+      for (pid_t pid : busy_) {  // only the first start: no call outlives its pool
+        ::kill(pid, SIGKILL);
+        interrupted_.insert(pid);
+      }
+    }
+    first_start_.join();
+  }
   std::vector<std::unique_ptr<Worker>> idle = std::move(idle_);
   for (auto& worker : idle) worker->socket.reset();  // each reads end-of-file and exits
   for (auto& worker : idle) reap(worker->pid, false);
@@ -662,6 +723,10 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   {
     std::lock_guard lock(mutex_);  // a stop may kill it while the plugin starts
     busy_.insert(pid);
+    if (closing_) {  // the destructor has killed the busy ones: this one was not yet among them
+      ::kill(pid, SIGKILL);
+      interrupted_.insert(pid);
+    }
   }
 
   Writer request;
@@ -725,16 +790,22 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
     if (live_ < options_.max_workers) {
       ++live_;
       lock.unlock();
-      try {
-        return start();  // busy from its spawn on
-      } catch (...) {
-        lock.lock();
-        --live_;
-        idle_changed_.notify_one();
-        throw;
-      }
+      return start_counted();  // busy from its spawn on
     }
     idle_changed_.wait(lock);
+  }
+}
+
+std::unique_ptr<WorkerPool::Worker> WorkerPool::start_counted() {
+  try {
+    return start();
+  } catch (...) {
+    {
+      std::lock_guard lock(mutex_);
+      --live_;
+    }
+    idle_changed_.notify_one();
+    throw;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "backhaul/backhaul.h"
@@ -45,6 +47,9 @@ struct IsolationOptions {
   // A call that has not answered by then: its worker is killed (SIGKILL, by PID) and the call
   // fails RETRYABLE.
   std::chrono::milliseconds call_timeout{120'000};
+  // How long making a connector with FirstWorkerCrash::kDefer waits for its first worker: a plugin
+  // whose init() or create() takes longer does not hold up the start of what makes it (a daemon).
+  std::chrono::milliseconds start_wait{10'000};
   // A worker whose resident memory passes this during a call is killed (SIGKILL, by PID) and the
   // call fails RETRYABLE; 0: no limit. Watched from here, every few milliseconds of the call, so a
   // plugin that allocates fast may overshoot it by what it allocates in that time. An idle worker
@@ -94,13 +99,17 @@ class WorkerPool {
   // plugin's message on a bad config, FATAL when the worker cannot be started or cannot load the
   // plugin, and PluginCrashed when it dies while starting (as a later start does in a call), unless
   // `on_crash` defers that: then it is logged and counted, and the pool starts with no worker.
-  // With `sealed`, its workers load those copies of the plugin's files (IsolatedPlugin).
+  // Deferred, the first worker starts on a thread of its own, waited for up to options.start_wait;
+  // a start that takes longer is logged and goes on (what it ends in is logged then), and its
+  // worker serves once started. With `sealed`, its workers load those copies of the plugin's files
+  // (IsolatedPlugin).
   WorkerPool(PluginInfo info, std::string config_json, IsolationOptions options,
              std::shared_ptr<const SealedFiles> sealed = nullptr,
              FirstWorkerCrash on_crash = FirstWorkerCrash::kThrow);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
-  // Idle workers get end-of-file and exit; one that has not after a second is killed.
+  // A first worker still starting is killed (SIGKILL, by PID). Idle workers get end-of-file and
+  // exit; one that has not after a second is killed.
   ~WorkerPool();
 
   const PluginInfo& info() const noexcept { return info_; }
@@ -123,6 +132,10 @@ class WorkerPool {
   };
 
   std::unique_ptr<Worker> start();
+  // start() for a worker already counted in live_, uncounted again when the start fails.
+  std::unique_ptr<Worker> start_counted();
+  // The deferred first start (FirstWorkerCrash::kDefer), on first_start_.
+  void start_first();
   std::unique_ptr<Worker> acquire();
   void give_back(std::unique_ptr<Worker> worker);
   // Takes `pid` out of the busy set once its call has ended; true when interrupt() killed it.
@@ -145,6 +158,14 @@ class WorkerPool {
   std::array<uint64_t, kWorkerLossCount> lost_{};  // workers lost, by WorkerLoss
   std::set<pid_t> busy_;         // starting, or running a call: what interrupt() kills
   std::set<pid_t> interrupted_;  // killed by interrupt(), not yet reaped
+  bool closing_ = false;         // the destructor kills any worker that starts from then on
+  // The deferred first start: whether it has ended, whether the constructor still waits for it,
+  // and what it threw that the constructor rethrows (a refused config, say).
+  std::thread first_start_;
+  std::condition_variable first_started_;
+  bool first_done_ = false;
+  bool first_waited_ = true;
+  std::exception_ptr first_error_;
 };
 
 // The worker's side: loads `plugin` (refused unless the SHA-256 of the file and of each library it

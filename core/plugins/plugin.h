@@ -80,10 +80,13 @@ class PluginCrashed final : public ConnectorFailure {
 };
 
 // What making a connector in worker processes does when its first worker crashes or hangs while
-// starting (in the plugin's init() or create(), say; PluginCrashed): throw, or log it and make the
-// connector with no worker, so that each call starts one, failing RETRYABLE while starts crash, as
-// a later start does. A daemon defers: the crash costs attempts of that connector's jobs, not its
-// start-up (SPEC B4), and a crash that does not come back (a network timeout, say) costs no more.
+// starting (in the plugin's init() or create(), say; PluginCrashed): throw, or leave it to the
+// calls. Deferred, the first worker starts on a thread of its own, and the making waits for it
+// only up to IsolationOptions::start_wait. A crash is logged and the connector is made with no
+// worker, so that each call starts one, failing RETRYABLE while starts crash, as a later start
+// does. A start still under way then goes on without the making: its worker serves once it has
+// started. A daemon defers: a crash or a hang costs attempts of that connector's jobs, not its
+// start-up (SPEC B4), and one that does not come back (a network timeout, say) costs no more.
 enum class FirstWorkerCrash { kThrow, kDefer };
 
 // "OK", "RETRYABLE", ... for messages and reports.

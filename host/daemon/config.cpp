@@ -136,6 +136,7 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(isolation, "mode", &iso.mode);
   read(isolation, "workers", &iso.workers);
   read(isolation, "call_timeout_ms", &iso.call_timeout_ms);
+  read(isolation, "start_wait_ms", &iso.start_wait_ms);
   read(isolation, "memory_limit_mb", &iso.memory_limit_mb);
   // Below this a worker that has only loaded its plugin would be over the limit at its first call.
   constexpr int64_t kLeastMemoryLimitMb = 32;

@@ -47,6 +47,7 @@ struct DaemonConfig {
       std::string mode = "none";
       int workers = 0;  // per connector; 0: scheduler.workers
       int64_t call_timeout_ms = 120'000;
+      int64_t start_wait_ms = 10'000;     // for each connector's first worker, at start
       int64_t memory_limit_mb = 1024;     // per worker process; 0: no limit
       std::filesystem::path worker_path;  // default: backhaul-plugin-worker beside the daemon
     } isolation;

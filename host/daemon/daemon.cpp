@@ -64,6 +64,7 @@ std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& c
   options.worker_path = c.worker_path;
   options.max_workers = static_cast<size_t>(c.workers > 0 ? c.workers : config.scheduler.workers);
   options.call_timeout = std::chrono::milliseconds(c.call_timeout_ms);
+  options.start_wait = std::chrono::milliseconds(c.start_wait_ms);
   options.memory_limit_mb = static_cast<size_t>(c.memory_limit_mb);
   options.http_timeout = std::chrono::milliseconds(config.gateway.timeout_ms);
   options.ca_file = config.gateway.ca_file;

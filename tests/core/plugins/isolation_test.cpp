@@ -490,6 +490,45 @@ TEST_F(IsolatedConnector, AFirstWorkerThatCrashesWhileStartingCanBeLeftToTheCall
   EXPECT_STREQ(refused.what(), "config.pages must be >= 1");
 }
 
+// A deferred first worker that has not started within start_wait is left to start: the connector
+// is made without it, a call meanwhile waits for it (one worker at most here), and it serves once
+// started. Destroying a pool whose first worker is still starting kills that worker rather than
+// waiting out the call timeout for it.
+TEST_F(IsolatedConnector, AFirstWorkerSlowerThanTheStartWaitIsLeftToStart) {
+  const fs::path marker =
+      fs::temp_directory_path() / ("backhaul-wait-in-first-" + std::to_string(::getpid()));
+  std::ofstream(marker) << "wait";
+  const std::string config = R"({"hang_in_create_if": ")" + marker.string() + R"("})";
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::seconds(60);  // what the making would wait without start_wait
+  o.start_wait = std::chrono::milliseconds(100);
+
+  const Connector connector = plugin_.create_isolated(config, o, FirstWorkerCrash::kDefer);
+  WorkerStats stats = *connector.worker_stats();
+  EXPECT_EQ(stats.busy, 1u) << "the first worker, still in create()";
+  EXPECT_EQ(stats.idle, 0u);
+  const std::vector<pid_t> first = child_pids(::getpid());
+  ASSERT_EQ(first.size(), 1u);
+  fs::remove(marker);
+  EXPECT_EQ(connector.fetch_page(params()).size(), 2u);
+  EXPECT_EQ(child_pids(::getpid()), first) << "the call ran in the first worker";
+  stats = *connector.worker_stats();
+  EXPECT_EQ(stats.idle, 1u);
+  EXPECT_EQ(stats.lost_total(), 0u);
+
+  std::ofstream(marker) << "wait";
+  auto starting =
+      std::make_unique<WorkerPool>(plugin_.info(), config, o, nullptr, FirstWorkerCrash::kDefer);
+  std::vector<pid_t> pids = child_pids(::getpid());
+  ASSERT_EQ(pids.size(), 2u);
+  const pid_t pid = pids[0] == first[0] ? pids[1] : pids[0];
+  const auto before = std::chrono::steady_clock::now();
+  starting.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, o.call_timeout / 2) << "it was killed";
+  EXPECT_FALSE(alive(pid));
+  fs::remove(marker);
+}
+
 TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {
   auto workers = pool("{}", options(3));
   std::vector<std::thread> threads;

@@ -80,17 +80,16 @@ TEST(ConfigTest, IsolationDefaultsToNoneAndFindsTheWorkerBesideTheDaemon) {
   EXPECT_EQ(none.plugins.isolation.mode, "none");
   EXPECT_EQ(none.plugins.isolation.workers, 0);
   EXPECT_EQ(none.plugins.isolation.call_timeout_ms, 120'000);
+  EXPECT_EQ(none.plugins.isolation.start_wait_ms, 10'000);
   EXPECT_EQ(none.plugins.isolation.memory_limit_mb, 1024);
   EXPECT_EQ(
       none.plugins.isolation.worker_path,
       std::filesystem::read_symlink("/proc/self/exe").parent_path() / "backhaul-plugin-worker");
 
   json config = minimal();
-  config["plugins"]["isolation"] = {{"mode", "process"},
-                                    {"workers", 3},
-                                    {"call_timeout_ms", 5000},
-                                    {"memory_limit_mb", 0},
-                                    {"worker_path", "w/worker"}};
+  config["plugins"]["isolation"] = {{"mode", "process"},       {"workers", 3},
+                                    {"call_timeout_ms", 5000}, {"start_wait_ms", 0},
+                                    {"memory_limit_mb", 0},    {"worker_path", "w/worker"}};
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("backhaul-config-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir / "w");
@@ -101,6 +100,7 @@ TEST(ConfigTest, IsolationDefaultsToNoneAndFindsTheWorkerBesideTheDaemon) {
   EXPECT_EQ(c.plugins.isolation.mode, "process");
   EXPECT_EQ(c.plugins.isolation.workers, 3);
   EXPECT_EQ(c.plugins.isolation.call_timeout_ms, 5000);
+  EXPECT_EQ(c.plugins.isolation.start_wait_ms, 0) << "no wait";
   EXPECT_EQ(c.plugins.isolation.memory_limit_mb, 0) << "no limit";
   EXPECT_EQ(c.plugins.isolation.worker_path, dir / "w" / "worker");
 }
@@ -122,6 +122,7 @@ TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
   EXPECT_EQ(o->worker_path, c.plugins.isolation.worker_path);
   EXPECT_EQ(o->max_workers, 6u) << "workers 0: scheduler.workers";
   EXPECT_EQ(o->call_timeout, std::chrono::milliseconds(120'000));
+  EXPECT_EQ(o->start_wait, std::chrono::milliseconds(10'000));
   EXPECT_EQ(o->memory_limit_mb, 300u);
   EXPECT_EQ(o->http_timeout, std::chrono::milliseconds(7000));
   EXPECT_EQ(o->ca_file, "/etc/ca.pem");
@@ -300,6 +301,10 @@ INSTANTIATE_TEST_SUITE_P(
                  [](json& c) { c["plugins"]["isolation"]["call_timeout_ms"] = 10; },
                  "config: plugins.isolation.call_timeout_ms: must be an integer between 100 and "
                  "3600000 (got 10)"},
+        BadField{"IsolationStartWait",
+                 [](json& c) { c["plugins"]["isolation"]["start_wait_ms"] = -1; },
+                 "config: plugins.isolation.start_wait_ms: must be an integer between 0 and "
+                 "3600000 (got -1)"},
         BadField{"HeartbeatLanesTakeEveryConnection",
                  [](json& c) {
                    c["store"] = {

@@ -188,6 +188,40 @@ class DaemonProcessTest : public ProcessTest {
     return released_jobs;
   }
 
+  // An isolated daemon (mode process, and `isolation`) against the sandbox, with the fake plugin
+  // too, configured with `fake`; a test failure when either does not start.
+  void start_isolated_with_fake(const json& fake, json isolation) {
+    ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20"}), 0) << sandbox_->stderr_text();
+    const std::filesystem::path fake_dir = dir_ / "fake";
+    std::filesystem::create_directories(fake_dir);
+    std::filesystem::copy_file(FAKE_PLUGIN_PATH, fake_dir / "fake.so");
+    json config = daemon_config();
+    config["plugins"]["directories"].push_back(fake_dir.string());
+    config["plugins"]["connectors"]["fake"] = fake;
+    isolation["mode"] = "process";
+    config["plugins"]["isolation"] = std::move(isolation);
+    ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  }
+
+  // start_isolated_with_fake(), with a fake plugin whose create() waits while the file
+  // dir_/wait-in-create exists: the daemon has started (start_wait_ms 200, call_timeout_ms 10
+  // minutes), and fake's first worker is still in create().
+  void start_with_a_first_worker_waiting_in_create() {
+    const std::filesystem::path marker = dir_ / "wait-in-create";
+    std::ofstream(marker) << "wait";
+    start_isolated_with_fake({{"hang_in_create_if", marker.string()}},
+                             {{"call_timeout_ms", 600'000}, {"start_wait_ms", 200}});
+    if (HasFatalFailure()) return;
+    const std::string log = daemon_->stderr_text();
+    EXPECT_NE(log.find("plugin 'fake': its first worker has not started within 200 ms; going on "
+                       "without it"),
+              std::string::npos)
+        << log;
+    const json fake = api("GET", "/v1/plugins/fake").json();
+    EXPECT_EQ(fake["workers"]["busy"], 1) << fake.dump();
+    EXPECT_EQ(fake["workers"]["idle"], 0) << fake.dump();
+  }
+
   // The daemon's plugin worker processes (isolation mode); at least one, or a failure.
   std::vector<pid_t> plugin_workers() const {
     std::vector<pid_t> workers;
@@ -470,17 +504,10 @@ TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesWhileLoadingIsSkipped
 // attempts of its jobs (SPEC B4), not the daemon's start: the plugin is listed, the crash is
 // logged and counted, and the other plugins serve runs.
 TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesInCreateAtStartLeavesTheDaemonServing) {
-  ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20"}), 0) << sandbox_->stderr_text();
-  const std::filesystem::path fake_dir = dir_ / "fake";
-  std::filesystem::create_directories(fake_dir);
-  std::filesystem::copy_file(FAKE_PLUGIN_PATH, fake_dir / "fake.so");
   const std::filesystem::path marker = dir_ / "abort-in-create";
   std::ofstream(marker) << "abort";
-  json config = daemon_config();
-  config["plugins"]["directories"].push_back(fake_dir.string());
-  config["plugins"]["connectors"]["fake"] = {{"abort_in_create_if", marker.string()}};
-  config["plugins"]["isolation"] = {{"mode", "process"}};
-  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  start_isolated_with_fake({{"abort_in_create_if", marker.string()}}, json::object());
+  if (HasFatalFailure()) return;
   const std::string log = daemon_->stderr_text();
   EXPECT_NE(log.find("plugin 'fake': worker process "), std::string::npos) << log;
   EXPECT_NE(log.find(" ended during create while starting: it was killed by SIGABRT (Aborted); "
@@ -512,6 +539,39 @@ TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesInCreateAtStartLeaves
   ASSERT_NE(run, 0);
   EXPECT_EQ(wait_finished(run)["status"], "succeeded");
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+// A plugin whose create() hangs in the first worker an isolated daemon starts for it holds the
+// start for start_wait_ms, not for call_timeout_ms (10 minutes here): the daemon serves, the
+// worker is left starting, and it serves once create() returns. Until then, the fake plugin's
+// create() waits while the file dir_/wait-in-create exists.
+TEST_F(DaemonProcessTest, InIsolationModeAPluginThatHangsInCreateAtStartLeavesTheDaemonServing) {
+  start_with_a_first_worker_waiting_in_create();
+  if (HasFatalFailure()) return;
+  const int64_t run = start_run("gh-inst-1", "github");
+  ASSERT_NE(run, 0);
+  EXPECT_EQ(wait_finished(run)["status"], "succeeded");
+
+  std::filesystem::remove(dir_ / "wait-in-create");
+  json fake = api("GET", "/v1/plugins/fake").json();
+  for (int i = 0; i < 3000 && fake["workers"]["idle"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    fake = api("GET", "/v1/plugins/fake").json();
+  }
+  EXPECT_EQ(fake["workers"]["idle"], 1) << fake.dump();
+  EXPECT_EQ(fake["workers"]["busy"], 0) << fake.dump();
+  EXPECT_EQ(fake["workers"]["lost"]["timed_out"], 0) << fake.dump();
+  EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+// A daemon stopped while a first worker is still starting does not wait out call_timeout_ms for
+// it: the worker is killed, and the daemon exits 0 (stop_daemon() waits 30 s of the 10 minutes).
+TEST_F(DaemonProcessTest, InIsolationModeADaemonStopsWhileAFirstWorkerIsStillStarting) {
+  start_with_a_first_worker_waiting_in_create();
+  if (HasFatalFailure()) return;
+  const std::vector<pid_t> workers = plugin_workers();
+  EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+  expect_ended(workers);
 }
 
 // An isolated daemon loads its plugins, and then starts their first workers, at once: the two

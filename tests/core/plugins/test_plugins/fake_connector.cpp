@@ -13,8 +13,9 @@
 //   and writes that many MB (the process grows between calls); destroy() joins it.
 //   fork_sleeper: every fetch_page first forks a child that sleeps for ever, and writes its PID to
 //   the file of that path (for isolation mode: the plugin's own processes end with its worker).
-//   abort_in_create_if / hang_in_create_if: create() calls abort() / never returns while a file of
-//   that path exists.
+//   abort_in_create_if: create() calls abort() while a file of that path exists.
+//   hang_in_create_if: create() waits while a file of that path exists (for ever, if it is never
+//   removed).
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
 #include <chrono>
 #include <cstdio>
@@ -96,7 +97,9 @@ class FakeConnector final : public backhaul::sdk::Connector {
   explicit FakeConnector(std::string_view config) {
     validate_config(config);
     if (exists(config_value(config, "abort_in_create_if"))) std::abort();
-    if (exists(config_value(config, "hang_in_create_if"))) hang();
+    while (exists(config_value(config, "hang_in_create_if"))) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     if (auto v = config_value(config, "pages"); !v.empty()) pages_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "rate_limit_remaining"); !v.empty())
