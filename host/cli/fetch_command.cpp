@@ -208,9 +208,7 @@ void run_fetch(const FetchOptions& o) {
   plugins::HostServices services{transport, SystemClock::instance(),
                                  std::chrono::milliseconds(o.timeout_ms)};
   const std::filesystem::path path = resolve_plugin(o.plugin, o.plugin_dirs);
-  CrashReport crash(
-      "fetch: the plugin " + path.string() + " crashed",
-      "`backhaul plugin validate " + path.string() + "` runs it in child processes and says where");
+  CrashReport crash("fetch", path, "fetch: the plugin " + path.string() + " crashed");
   plugins::Plugin plugin = plugins::load_plugin(path, services);
   plugins::Connector connector = plugin.create(merged_config(o));
 

@@ -79,8 +79,8 @@ void run_info(const InfoOptions& o) {
   http::ReplayTransport offline;
   const std::filesystem::path path = resolve_plugin(o.plugin, o.plugin_dirs);
   CrashReport crash(
-      "plugin info: " + path.string() + ": the plugin crashed while loading or unloading",
-      "`backhaul plugin validate " + path.string() + "` runs it in child processes and says where");
+      "plugin info", path,
+      "plugin info: " + path.string() + ": the plugin crashed while loading or unloading");
   plugins::Plugin plugin = plugins::load_plugin(path, {offline});
   print_info(plugin.info(), o.json);
   std::cout.flush();

@@ -1,17 +1,28 @@
 // The built `backhaul plugin validate` binary: exit status, text lines, and a --json document
 // that satisfies schemas/validate-report.schema.json.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
 
 namespace {
 
@@ -223,6 +234,74 @@ TEST(ValidateCommandTest, APluginThatCrashesEndsInfoAndFetchWithALineSayingSo) {
   EXPECT_NE(fetch.out.find("fetch: the plugin " + fake + " crashed: killed by SIGABRT (Aborted)\n"),
             std::string::npos)
       << fetch.out;
+
+  const std::string segv = std::string(VALIDATE_PLUGIN_DIR) + "/broken_segv_always.so";
+  CliRun fault = run_cli("fetch --plugin " + segv + " --token t --resource-id 9 2>&1");
+  EXPECT_EQ(fault.exit_code, 1) << fault.out;
+  EXPECT_NE(fault.out.find("fetch: the plugin " + segv +
+                           " crashed: killed by SIGSEGV (Segmentation fault)\n`backhaul plugin "
+                           "validate " +
+                           segv + "` runs it in child processes and says where\n"),
+            std::string::npos)
+      << fault.out;
+}
+
+// A crash with no frame of the plugin's code on the crashed thread's stack is the command's own:
+// `fetch` says so, naming the plugin only as loaded. Here the signal comes from outside, while
+// `fetch` waits on a gateway that takes the connection and never answers: the command's code, not
+// the plugin's, is on the stack.
+TEST(ValidateCommandTest, ACrashOutsideThePluginsCodeIsNotBlamedOnThePlugin) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string fake = VALIDATE_FAKE_PLUGIN;
+  const std::string gateway = "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+
+  int output[2];
+  ASSERT_EQ(::pipe2(output, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, output[1], STDOUT_FILENO);
+  ::posix_spawn_file_actions_adddup2(&actions, output[1], STDERR_FILENO);
+  std::vector<std::string> args = {VALIDATE_BACKHAUL_CLI, "fetch", "--plugin",     fake,
+                                   "--gateway",           gateway, "--connection", "c-1",
+                                   "--resource-id",       "9",     "--timeout-ms", "60000"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::close(output[1]);
+
+  pollfd waiting{listener, POLLIN, 0};  // the plugin is loaded, and fetch asks the gateway
+  ASSERT_EQ(::poll(&waiting, 1, 30'000), 1);
+  const int connection = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(connection, 0);
+  ASSERT_EQ(::kill(pid, SIGSEGV), 0);
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(output[0], buffer, sizeof buffer)) > 0) out.append(buffer, n);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ::close(output[0]);
+  ::close(connection);
+  ::close(listener);
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << out;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("fetch: crashed outside the code of the plugin " + fake +
+                     ", which was loaded: killed by SIGSEGV (Segmentation fault)\nthat is a bug "
+                     "in backhaul, not in the plugin: please report it\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("the plugin " + fake + " crashed"), std::string::npos) << out;
 }
 
 }  // namespace
