@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
@@ -20,6 +21,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,17 +174,33 @@ bool send_frame(int fd, std::string_view frame) {
 
 enum class ReadEnd { kFrame, kClosed, kTimedOut, kTooBig };
 
-ReadEnd read_exact(int fd, char* out, size_t size,
-                   std::optional<SteadyClock::time_point> deadline) {
+enum class Ready { kReadable, kEnded, kNotYet };
+
+// Waits up to `timeout_ms` for `fd` to have something to read (or an error to report). kEnded
+// when it has nothing and `ended` (a pidfd, or -1) says the process at the other end has ended:
+// a process that process forked may hold the socket open, so end-of-file alone would not say so.
+Ready wait_readable(int fd, int ended, int timeout_ms) {
+  pollfd p[2] = {{fd, POLLIN, 0}, {ended, POLLIN, 0}};
+  const int ready = ::poll(p, ended >= 0 ? 2 : 1, timeout_ms);
+  if (ready < 0) return errno == EINTR ? Ready::kNotYet : Ready::kReadable;  // recv says it
+  if (p[0].revents != 0) return Ready::kReadable;
+  if (ready > 0) return Ready::kEnded;
+  return Ready::kNotYet;
+}
+
+// Reads `size` bytes. With a deadline, it gives up then, and when the process `ended` watches
+// (-1: none) has ended with nothing more to read.
+ReadEnd read_exact(int fd, char* out, size_t size, std::optional<SteadyClock::time_point> deadline,
+                   int ended = -1) {
   while (size > 0) {
     if (deadline) {
       const auto left =
           std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
       if (left.count() <= 0) return ReadEnd::kTimedOut;
-      pollfd p{fd, POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
-      if (ready < 0 && errno != EINTR) return ReadEnd::kClosed;
-      if (ready <= 0) continue;
+      const Ready ready =
+          wait_readable(fd, ended, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
+      if (ready == Ready::kEnded) return ReadEnd::kClosed;
+      if (ready == Ready::kNotYet) continue;
     }
     const ssize_t n = ::recv(fd, out, size, 0);
     if (n < 0 && errno == EINTR) continue;
@@ -193,17 +211,35 @@ ReadEnd read_exact(int fd, char* out, size_t size,
   return ReadEnd::kFrame;
 }
 
-ReadEnd read_frame(int fd, std::string* body, std::optional<SteadyClock::time_point> deadline) {
+// A frame's body grows by at most this much before its bytes have come: a length that the other
+// end writes and does not send the bytes of costs no memory.
+constexpr size_t kReadChunk = size_t{1} << 20;
+
+ReadEnd read_frame(int fd, std::string* body, std::optional<SteadyClock::time_point> deadline,
+                   int ended = -1) {
   unsigned char header[4];
-  if (ReadEnd end = read_exact(fd, reinterpret_cast<char*>(header), 4, deadline);
+  if (ReadEnd end = read_exact(fd, reinterpret_cast<char*>(header), 4, deadline, ended);
       end != ReadEnd::kFrame) {
     return end;
   }
   const size_t size = size_t{header[0]} | size_t{header[1]} << 8 | size_t{header[2]} << 16 |
                       size_t{header[3]} << 24;
   if (size > kMaxFrame) return ReadEnd::kTooBig;
-  body->resize(size);
-  return read_exact(fd, body->data(), size, deadline);
+  body->clear();
+  while (body->size() < size) {
+    const size_t got = body->size();
+    const size_t chunk = std::min(size - got, kReadChunk);
+    try {
+      body->resize(got + chunk);
+    } catch (const std::bad_alloc&) {
+      return ReadEnd::kTooBig;
+    }
+    if (ReadEnd end = read_exact(fd, body->data() + got, chunk, deadline, ended);
+        end != ReadEnd::kFrame) {
+      return end;
+    }
+  }
+  return ReadEnd::kFrame;
 }
 
 std::shared_ptr<OwnedPage> read_page(std::string body) {
@@ -343,11 +379,8 @@ std::string sha256_list(const PluginInfo& info) {
 }
 
 // True when an idle worker's socket already reads end-of-file (or anything: it has no business
-// talking unasked): it died between calls.
-bool went_away(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, 0) != 0;
-}
+// talking unasked), or `ended` (its pidfd, or -1) says it has ended: it died between calls.
+bool went_away(int fd, int ended) { return wait_readable(fd, ended, 0) != Ready::kNotYet; }
 
 }  // namespace
 
@@ -360,10 +393,11 @@ struct WorkerLost {
 
 namespace {
 
-// A worker process just started, and the daemon's end of its socket.
+// A worker process just started, the daemon's end of its socket, and its pidfd (or -1).
 struct Spawned {
   pid_t pid = -1;
   UniqueFd socket;
+  UniqueFd ended;
 };
 
 // Starts a worker of `plugin`, pinned to the files whose SHA-256 `sha256` lists (comma-separated;
@@ -448,7 +482,9 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
         who + "cannot start the worker " + options.worker_path.string() + ": " + std::strerror(rc),
         0);
   }
-  return {pid, std::move(mine)};
+  // Without one (a kernel before 5.3), a worker's end is seen by its socket alone. (Debian 12's
+  // <sys/pidfd.h> declares pidfd_open without C linkage.)
+  return {pid, std::move(mine), UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)))};
 }
 
 // "used N MB <when>, over the memory limit of M MB", or "" while within it (or with no limit).
@@ -460,18 +496,19 @@ std::string over_memory_limit(pid_t pid, size_t limit_mb, const std::string& whe
          std::to_string(limit_mb) + " MB";
 }
 
-// Waits until the worker's answer starts or the deadline passes; throws WorkerLost when the
-// worker's memory passes the limit first.
-void watch_memory(pid_t pid, int fd, SteadyClock::time_point deadline, size_t limit_mb,
+// Waits until the worker's answer starts, the worker ends or the deadline passes; throws
+// WorkerLost when the worker's memory passes the limit first.
+void watch_memory(pid_t pid, int fd, int ended, SteadyClock::time_point deadline, size_t limit_mb,
                   const char* what) {
   constexpr auto kTick = std::chrono::milliseconds(10);
   for (;;) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left.count() <= 0) return;
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min(left, kTick).count()));
-    if (ready < 0 && errno != EINTR) return;  // read_frame meets the same error and says so
-    if (ready > 0) return;
+    // read_frame meets what ended the wait (an answer, an error, the end) and says so.
+    if (wait_readable(fd, ended, static_cast<int>(std::min(left, kTick).count())) !=
+        Ready::kNotYet) {
+      return;
+    }
     if (std::string too_big = over_memory_limit(pid, limit_mb, std::string("during ") + what);
         !too_big.empty()) {
       throw WorkerLost{std::move(too_big) + ",", true, WorkerLoss::kMemory};
@@ -480,14 +517,17 @@ void watch_memory(pid_t pid, int fd, SteadyClock::time_point deadline, size_t li
 }
 
 // Sends `request` to the worker `pid` on `fd` and returns the answer's body; throws WorkerLost
-// when the worker dies, hangs, outgrows the memory limit or answers what is not a frame.
-std::string exchange(pid_t pid, int fd, const std::string& request, const char* what,
+// when the worker dies (`ended`: its pidfd, or -1), hangs, outgrows the memory limit or answers
+// what is not a frame.
+std::string exchange(pid_t pid, int fd, int ended, const std::string& request, const char* what,
                      const IsolationOptions& options) {
   if (!send_frame(fd, request)) throw WorkerLost{std::string("closed its socket before ") + what};
   const auto deadline = SteadyClock::now() + options.call_timeout;
-  if (options.memory_limit_mb > 0) watch_memory(pid, fd, deadline, options.memory_limit_mb, what);
+  if (options.memory_limit_mb > 0) {
+    watch_memory(pid, fd, ended, deadline, options.memory_limit_mb, what);
+  }
   std::string body;
-  switch (read_frame(fd, &body, deadline)) {
+  switch (read_frame(fd, &body, deadline, ended)) {
     case ReadEnd::kFrame:
       return body;
     case ReadEnd::kClosed:
@@ -522,7 +562,8 @@ std::string call_in_new_worker(const IsolationOptions& options, const std::files
                                const char* what) {
   Spawned worker = spawn_worker(options, plugin, sha256, who, sealed);
   try {
-    std::string body = exchange(worker.pid, worker.socket.get(), request, what, options);
+    std::string body =
+        exchange(worker.pid, worker.socket.get(), worker.ended.get(), request, what, options);
     worker.socket.reset();
     reap(worker.pid, false);
     return body;
@@ -670,10 +711,7 @@ WorkerPool::~WorkerPool() {
     {
       std::lock_guard lock(mutex_);
       closing_ = true;
-      for (pid_t pid : busy_) {  // only the first start: no call outlives its pool
-        ::kill(pid, SIGKILL);
-        interrupted_.insert(pid);
-      }
+      kill_busy();  // only the first start: no call outlives its pool
     }
     first_start_.join();
   }
@@ -683,9 +721,21 @@ WorkerPool::~WorkerPool() {
 }
 
 size_t WorkerPool::interrupt() {
-  std::lock_guard lock(mutex_);  // a PID in busy_ is not reaped (lost() takes it out first)
+  size_t killed = 0;
+  {
+    std::lock_guard lock(mutex_);
+    killed = kill_busy();
+    ++interrupts_;
+  }
+  idle_changed_.notify_all();  // the calls waiting for a worker fail too
+  return killed;
+}
+
+size_t WorkerPool::kill_busy() {
+  // A PID in busy_ is not reaped (settle() takes it out first), so it is still its group's, and
+  // the group takes with it what the plugin forked, which may hold the worker's socket open.
   for (pid_t pid : busy_) {
-    ::kill(pid, SIGKILL);
+    ::kill(-pid, SIGKILL);
     interrupted_.insert(pid);
   }
   return busy_.size();
@@ -706,6 +756,11 @@ size_t WorkerPool::live() const {
   return live_;
 }
 
+size_t WorkerPool::waiting() const {
+  std::lock_guard lock(mutex_);
+  return waiting_;
+}
+
 std::vector<pid_t> WorkerPool::idle_pids() const {
   std::lock_guard lock(mutex_);
   std::vector<pid_t> pids;
@@ -720,20 +775,18 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   auto worker = std::make_unique<Worker>();
   worker->pid = pid;
   worker->socket = std::move(spawned.socket);
+  worker->ended = std::move(spawned.ended);
   {
     std::lock_guard lock(mutex_);  // a stop may kill it while the plugin starts
     busy_.insert(pid);
-    if (closing_) {  // the destructor has killed the busy ones: this one was not yet among them
-      ::kill(pid, SIGKILL);
-      interrupted_.insert(pid);
-    }
+    if (closing_) kill_busy();  // the destructor has killed the busy ones: not yet this one
   }
 
   Writer request;
   request.u8(static_cast<uint8_t>(Op::kCreate)).str(config_json_);
   try {
-    std::string body =
-        exchange(pid, worker->socket.get(), std::move(request).finish(), "create", options_);
+    std::string body = exchange(pid, worker->socket.get(), worker->ended.get(),
+                                std::move(request).finish(), "create", options_);
     Reader answer(body);
     throw_if_failed(answer);
     answer.end();
@@ -766,11 +819,17 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
 
 std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
   std::unique_lock lock(mutex_);
+  const uint64_t interrupts = interrupts_;
   for (;;) {
+    if (interrupts_ != interrupts) {
+      throw PluginCrashed("plugin '" + info_.id +
+                          "': a call waiting for a worker was stopped: the daemon could not wait "
+                          "for it any longer");
+    }
     if (!idle_.empty()) {
       std::unique_ptr<Worker> worker = std::move(idle_.back());
       idle_.pop_back();
-      const bool ended = went_away(worker->socket.get());
+      const bool ended = went_away(worker->socket.get(), worker->ended.get());
       const std::string too_big =
           ended ? std::string()
                 : over_memory_limit(worker->pid, options_.memory_limit_mb, "while idle");
@@ -792,7 +851,9 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
       lock.unlock();
       return start_counted();  // busy from its spawn on
     }
+    ++waiting_;
     idle_changed_.wait(lock);
+    --waiting_;
   }
 }
 
@@ -829,7 +890,8 @@ template <class Decode>
 auto WorkerPool::run(const std::string& request, const char* what, Decode&& decode) {
   std::unique_ptr<Worker> worker = acquire();
   try {
-    auto result = decode(exchange(worker->pid, worker->socket.get(), request, what, options_));
+    auto result = decode(
+        exchange(worker->pid, worker->socket.get(), worker->ended.get(), request, what, options_));
     give_back(std::move(worker));
     return result;
   } catch (const ConnectorFailure&) {  // the plugin's own answer: the worker is fine

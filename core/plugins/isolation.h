@@ -44,16 +44,17 @@ constexpr int kWorkerFirstSealedFd = 4;
 struct IsolationOptions {
   std::filesystem::path worker_path;  // the backhaul-plugin-worker executable
   size_t max_workers = 4;             // processes per connector, started as calls need them
-  // A call that has not answered by then: its worker is killed (SIGKILL, by PID) and the call
-  // fails RETRYABLE.
+  // A call that has not answered by then: its worker is killed (SIGKILL, by process group) and the
+  // call fails RETRYABLE.
   std::chrono::milliseconds call_timeout{120'000};
   // How long making a connector with FirstWorkerCrash::kDefer waits for its first worker: a plugin
   // whose init() or create() takes longer does not hold up the start of what makes it (a daemon).
   std::chrono::milliseconds start_wait{10'000};
-  // A worker whose resident memory passes this during a call is killed (SIGKILL, by PID) and the
-  // call fails RETRYABLE; 0: no limit. Watched from here, every few milliseconds of the call, so a
-  // plugin that allocates fast may overshoot it by what it allocates in that time. An idle worker
-  // found over it when a call would take it (the plugin's own threads grew it) is replaced first.
+  // A worker whose resident memory passes this during a call is killed (SIGKILL, by process group)
+  // and the call fails RETRYABLE; 0: no limit. Watched from here, every few milliseconds of the
+  // call, so a plugin that allocates fast may overshoot it by what it allocates in that time. An
+  // idle worker found over it when a call would take it (the plugin's own threads grew it) is
+  // replaced first.
   size_t memory_limit_mb = 0;
   std::chrono::milliseconds http_timeout{30'000};  // the worker's default for plugin HTTP calls
   std::string ca_file;                             // passed on to the worker's HTTP transport
@@ -108,27 +109,34 @@ class WorkerPool {
              FirstWorkerCrash on_crash = FirstWorkerCrash::kThrow);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
-  // A first worker still starting is killed (SIGKILL, by PID). Idle workers get end-of-file and
-  // exit; one that has not after a second is killed.
+  // A first worker still starting is killed (SIGKILL, by process group). Idle workers get
+  // end-of-file and exit; one that has not after a second is killed.
   ~WorkerPool();
 
   const PluginInfo& info() const noexcept { return info_; }
   std::shared_ptr<OwnedPage> fetch_page(const FetchParams& params);
   void validate_scopes(const Unit& unit);
 
-  // Kills (SIGKILL, by PID) the workers that are running a call or starting for one: each such
-  // call fails at once with PluginCrashed saying the daemon stopped it. For a stop that cannot
-  // wait for a plugin any longer. Returns how many were killed.
+  // Kills (SIGKILL, by process group) the workers that are running a call or starting for one:
+  // each such call fails at once with PluginCrashed saying the daemon stopped it, and so does each
+  // call then waiting for a worker. For a stop that cannot wait for a plugin any longer. Returns
+  // how many workers were killed.
   size_t interrupt();
   WorkerStats stats() const;
-  // Live worker processes, and the PIDs of the idle ones (for tests).
+  // Live worker processes, the PIDs of the idle ones, and the calls waiting for a worker (for
+  // tests).
   size_t live() const;
   std::vector<pid_t> idle_pids() const;
+  size_t waiting() const;
 
  private:
+  // A worker process: its PID, the daemon's end of its socket, and a descriptor that reads
+  // ready once the process has ended (a pidfd; -1 when the kernel has none). The socket alone
+  // would not say so while a process the plugin forked still holds the worker's end.
   struct Worker {
     pid_t pid = -1;
     UniqueFd socket;
+    UniqueFd ended;
   };
 
   std::unique_ptr<Worker> start();
@@ -140,6 +148,8 @@ class WorkerPool {
   void give_back(std::unique_ptr<Worker> worker);
   // Takes `pid` out of the busy set once its call has ended; true when interrupt() killed it.
   bool settle(pid_t pid);
+  // Kills the busy workers' process groups and marks them interrupted. [mutex_ held]
+  size_t kill_busy();
   void count_loss(WorkerLoss reason);
   // One call on an idle worker; `decode` turns the answer's body into the result. A lost worker is
   // reaped and the call throws ConnectorFailure (RETRYABLE) saying how it ended.
@@ -159,6 +169,8 @@ class WorkerPool {
   std::set<pid_t> busy_;         // starting, or running a call: what interrupt() kills
   std::set<pid_t> interrupted_;  // killed by interrupt(), not yet reaped
   bool closing_ = false;         // the destructor kills any worker that starts from then on
+  uint64_t interrupts_ = 0;      // interrupt()s so far: a call waiting across one fails
+  size_t waiting_ = 0;           // calls waiting for a worker
   // The deferred first start: whether it has ended, whether the constructor still waits for it,
   // and what it threw that the constructor rethrows (a refused config, say).
   std::thread first_start_;

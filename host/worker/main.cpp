@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/common/logging.h"
+#include "core/common/unique_fd.h"
 #include "core/http/poco_transport.h"
 #include "core/plugins/isolation.h"
 #include "core/plugins/plugin_loader.h"
@@ -58,6 +59,11 @@ int main(int argc, char** argv) {
   // Nothing of the daemon's but the socket and the sealed copies: descriptors it opened without
   // close-on-exec (a library's sockets, say) are not the plugin's to hold open.
   ::close_range(static_cast<unsigned>(next_sealed), ~0U, 0);
+  // Nor are these for a program the plugin runs: one that held the socket open would hide the
+  // worker's end from the daemon's end-of-file (the daemon watches the worker's PID too).
+  for (int fd = backhaul::plugins::kWorkerSocketFd; fd < next_sealed; ++fd) {
+    backhaul::set_close_on_exec(fd);
+  }
   std::signal(SIGPIPE, SIG_IGN);
 
   namespace logging = backhaul::logging;

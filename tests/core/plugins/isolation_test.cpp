@@ -193,17 +193,20 @@ bool ends(pid_t pid) {
   return false;
 }
 
+// The PID the fake plugin's fork_sleeper wrote to `file`; 0 before it has.
+pid_t pid_in(const fs::path& file) {
+  std::ifstream in(file);
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
 // A plugin's own processes (a helper it started, say) end with its worker: its process group is
 // killed when the worker is reaped, whether it crashed, hung or was interrupted.
 TEST_F(IsolatedConnector, WhatAPluginStartedEndsWithItsWorker) {
   const fs::path pid_file =
       fs::temp_directory_path() / ("backhaul-sleeper-" + std::to_string(::getpid()));
-  auto sleeper = [&] {
-    std::ifstream in(pid_file);
-    pid_t pid = 0;
-    in >> pid;
-    return pid;
-  };
+  auto sleeper = [&] { return pid_in(pid_file); };
   IsolationOptions o = options(1);
   o.call_timeout = std::chrono::milliseconds(300);
   for (const char* fail : {"abort", "hang"}) {
@@ -218,6 +221,92 @@ TEST_F(IsolatedConnector, WhatAPluginStartedEndsWithItsWorker) {
     if (alive(pid)) ::kill(pid, SIGKILL);
   }
   fs::remove(pid_file);
+}
+
+// A process the plugin forked holds the worker's socket open, so the socket reads no
+// end-of-file when the worker ends: the pool still sees the worker end at once (its pidfd), and
+// the call fails saying how, not at the call timeout. interrupt() ends such a call at once too:
+// it kills the worker's process group, the forked process with it.
+TEST_F(IsolatedConnector, AWorkerIsSeenToEndThoughAProcessItForkedHoldsItsSocket) {
+  const fs::path pid_file =
+      fs::temp_directory_path() / ("backhaul-holder-" + std::to_string(::getpid()));
+  auto sleeper = [&] { return pid_in(pid_file); };
+  const std::string forks = R"(", "fork_sleeper": ")" + pid_file.string() + R"("})";
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::seconds(60);
+
+  fs::remove(pid_file);
+  auto aborts = pool(R"({"fail": "abort)" + forks, o);
+  auto before = std::chrono::steady_clock::now();
+  const ConnectorFailure e = failure_of([&] { aborts->fetch_page(params()); });
+  EXPECT_LT(std::chrono::steady_clock::now() - before, o.call_timeout / 2);
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr(" ended during fetch_page: it was killed by SIGABRT"));
+  EXPECT_EQ(only_loss(*aborts), WorkerLoss::kCrashed);
+  EXPECT_TRUE(ends(sleeper())) << "the forked process outlived its worker";
+
+  fs::remove(pid_file);
+  auto hangs = pool(R"({"fail": "hang)" + forks, o);
+  std::string message;
+  std::thread caller = fetch_in_background(*hangs, &message);
+  while (sleeper() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  before = std::chrono::steady_clock::now();
+  EXPECT_EQ(hangs->interrupt(), 1u);
+  caller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, o.call_timeout / 2);
+  EXPECT_THAT(message, HasSubstr("was stopped during fetch_page: the daemon could not wait for it "
+                                 "any longer"));
+  EXPECT_TRUE(ends(sleeper())) << "the forked process outlived its worker";
+  fs::remove(pid_file);
+}
+
+// A worker that writes a frame length of almost 1 GiB and then nothing costs this process no
+// memory for it: the body grows as its bytes come. The call fails at its timeout.
+TEST_F(IsolatedConnector, AFrameLengthWithoutItsBytesCostsNoMemory) {
+  auto peak_kb = [] {  // VmHWM: this process's peak resident set
+    std::ifstream status("/proc/self/status");
+    std::string key;
+    int64_t kb = 0;
+    while (status >> key && key != "VmHWM:") status.ignore(1 << 20, '\n');
+    status >> kb;
+    return kb;
+  };
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::milliseconds(500);
+  auto workers = pool(R"({"fail": "garble"})", o);
+  const int64_t before_kb = peak_kb();
+  ASSERT_GT(before_kb, 0);
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("did not answer fetch_page within 500 ms"));
+  EXPECT_LT(peak_kb() - before_kb, 256 * 1024) << "KiB more at the peak";
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kTimedOut);
+}
+
+// interrupt() also ends the calls waiting for a worker (every worker of the pool is busy): each
+// fails at once, saying so, and starts no worker.
+TEST_F(IsolatedConnector, InterruptEndsTheCallsWaitingForAWorker) {
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::seconds(60);
+  auto workers = pool(R"({"fail": "hang"})", o);
+  std::string running, waiting;
+  std::thread first = fetch_in_background(*workers, &running);
+  while (workers->stats().busy == 0) std::this_thread::yield();
+  std::thread second = fetch_in_background(*workers, &waiting);
+  while (workers->waiting() == 0) std::this_thread::yield();
+  const auto before = std::chrono::steady_clock::now();
+  EXPECT_EQ(workers->interrupt(), 1u);
+  first.join();
+  second.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, o.call_timeout / 2);
+  EXPECT_THAT(running, HasSubstr("was stopped during fetch_page"));
+  EXPECT_EQ(waiting,
+            "plugin 'fake': a call waiting for a worker was stopped: the daemon could not "
+            "wait for it any longer");
+  EXPECT_EQ(workers->live(), 0u);
+  EXPECT_EQ(workers->waiting(), 0u);
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "a worker started after the interrupt";
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kStopped);
 }
 
 TEST_F(IsolatedConnector, AnExitInAPluginIsReportedWithItsStatus) {

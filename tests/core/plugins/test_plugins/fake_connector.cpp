@@ -5,7 +5,10 @@
 //   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
 //         "unknown_exception" — every fetch_page fails that way; "abort" | "exit" | "hang" |
 //         "stdout" — every fetch_page calls abort(), calls _Exit(3), never returns, or prints to
-//         stdout first (for isolation mode: a host running it in-process ends or hangs too).
+//         stdout first (for isolation mode: a host running it in-process ends or hangs too);
+//         "garble" — every fetch_page writes a frame header claiming a body of almost 1 GiB to
+//         descriptor 3 (a worker's socket, isolation.h; only for isolation mode), then never
+//         returns.
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
@@ -192,6 +195,11 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (fail_ == "abort") std::abort();
     if (fail_ == "exit") std::_Exit(3);
     if (fail_ == "hang") hang();
+    if (fail_ == "garble") {
+      const unsigned char header[4] = {0xff, 0xff, 0xff, 0x3f};
+      if (::write(3, header, sizeof header) != sizeof header) std::abort();
+      hang();
+    }
     if (fail_ == "stdout") {
       std::fputs("a plugin's stray print\n", stdout);
       std::fflush(stdout);
