@@ -87,17 +87,20 @@ std::string iso8601_ms(int64_t unix_ms) {
 }
 
 GatewayClient::GatewayClient(http::Transport& transport, std::string base_url,
-                             std::optional<std::string> api_key, const Clock& clock)
+                             std::optional<std::string> api_key, const Clock& clock,
+                             std::chrono::milliseconds timeout)
     : transport_(transport),
       base_url_(std::move(base_url)),
       api_key_(std::move(api_key)),
-      clock_(clock) {
+      clock_(clock),
+      timeout_(timeout) {
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
 }
 
 http::Response GatewayClient::get(const std::string& path) const {
   http::Request r;
   r.url = base_url_ + path;
+  r.timeout = timeout_;
   r.headers.emplace_back("Accept", "application/json");
   if (api_key_) r.headers.emplace_back("X-Api-Key", *api_key_);
   try {
@@ -177,6 +180,7 @@ http::Request GatewayClient::delivery_request(std::string_view provider,
   http::Request r;
   r.method = "POST";
   r.url = base_url_ + "/webhooks/" + url_segment(provider);
+  r.timeout = timeout_;
   r.headers.emplace_back("Content-Type", "application/json");
   if (api_key_) r.headers.emplace_back("X-Api-Key", *api_key_);
   r.body = delivery_body(delivery);
@@ -186,9 +190,14 @@ http::Request GatewayClient::delivery_request(std::string_view provider,
 DispatchResult GatewayClient::interpret(const Delivery& delivery,
                                         const http::Response& response) const {
   if (response.status >= 200 && response.status < 300) {
-    json j = json::parse(response.body, nullptr, false);
-    if (j.is_object() && j.value("status", "") == "duplicate") return DispatchResult::kDuplicate;
-    return DispatchResult::kAccepted;
+    // Accepted unless the body says "duplicate"; a body of another shape (a status that is a
+    // number, say) is no reason to deliver again.
+    const json j = json::parse(response.body, nullptr, false);
+    if (!j.is_object()) return DispatchResult::kAccepted;
+    const auto status = j.find("status");
+    return status != j.end() && status->is_string() && *status == "duplicate"
+               ? DispatchResult::kDuplicate
+               : DispatchResult::kAccepted;
   }
   fail("dispatch " + std::string(delivery.delivery_id), response);
 }
@@ -197,7 +206,7 @@ DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery
   http::Request r = delivery_request(provider, delivery);
   http::Response response;
   try {
-    response = http::send(transport_, std::move(r));
+    response = transport_.perform(r);  // as dispatch_batch: no redirects
   } catch (const std::exception& e) {
     throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
   }

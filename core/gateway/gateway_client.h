@@ -1,6 +1,7 @@
 // Client of the ingest gateway: connections, access tokens, and webhook-shaped deliveries.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,15 +64,19 @@ int64_t retry_after_ms(std::string_view value, int64_t now_ms);
 class GatewayClient {
  public:
   // `base_url` like "http://127.0.0.1:8080/gateway" (no trailing slash needed). `api_key`, when
-  // set, is sent as X-Api-Key. The transport and clock must outlive the client.
+  // set, is sent as X-Api-Key. `timeout` bounds each exchange. The transport and clock must
+  // outlive the client.
   GatewayClient(http::Transport& transport, std::string base_url,
                 std::optional<std::string> api_key = std::nullopt,
-                const Clock& clock = SystemClock::instance());
+                const Clock& clock = SystemClock::instance(),
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(30'000));
 
   Connection connection(std::string_view connection_id) const;
   // The token is returned, never logged. Throws GatewayError.
   std::string access_token(std::string_view connection_id) const;
-  // POST {base}/webhooks/{provider}. Throws GatewayError (FATAL-like when !retryable()).
+  // POST {base}/webhooks/{provider}. A redirect is not followed: a delivery is a POST, which a
+  // redirect would turn into a GET that delivers nothing. Throws GatewayError (FATAL-like when
+  // !retryable()).
   DispatchResult dispatch(std::string_view provider, const Delivery& delivery) const;
   // Many deliveries at once, pipelined on one connection where the transport can: a delivery
   // whose answer did not arrive may be sent again, which the gateway dedupes by delivery id.
@@ -99,6 +104,7 @@ class GatewayClient {
   std::string base_url_;
   std::optional<std::string> api_key_;
   const Clock& clock_;
+  const std::chrono::milliseconds timeout_;
 };
 
 // "2024-01-01T00:00:00.000Z" for a Unix time in milliseconds.

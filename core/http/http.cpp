@@ -225,8 +225,9 @@ Response send(Transport& transport, Request request, int max_redirects) {
       erase_headers(request.headers, {"content-type", "content-length", "content-encoding",
                                       "content-language", "content-location", "transfer-encoding"});
     }
-    if (origin_of(next) != original_origin) {
-      erase_headers(request.headers, {"authorization", "proxy-authorization", "cookie"});
+    if (origin_of(next) != original_origin) {  // X-Api-Key: the gateway's credential
+      erase_headers(request.headers,
+                    {"authorization", "proxy-authorization", "cookie", "x-api-key"});
     }
     request.url = std::move(next);
   }

@@ -217,7 +217,8 @@ void run_fetch(const FetchOptions& o) {
   if (!o.gateway.empty()) {
     gateway.emplace(
         transport, o.gateway,
-        o.gateway_api_key.empty() ? std::nullopt : std::optional<std::string>(o.gateway_api_key));
+        o.gateway_api_key.empty() ? std::nullopt : std::optional<std::string>(o.gateway_api_key),
+        SystemClock::instance(), std::chrono::milliseconds(o.timeout_ms));
   }
   if (!o.connection.empty()) {
     if (!gateway) throw ConfigError("--connection needs --gateway");

@@ -120,8 +120,9 @@ void Daemon::Impl::load_plugins() {
 }
 
 void Daemon::Impl::start_pipeline() {
-  gateway = std::make_unique<gateway::GatewayClient>(*transport, config.gateway.url,
-                                                     config.gateway.api_key, clock);
+  gateway = std::make_unique<gateway::GatewayClient>(
+      *transport, config.gateway.url, config.gateway.api_key, clock,
+      std::chrono::milliseconds(config.gateway.timeout_ms));
   const DaemonConfig::Pipeline& p = config.pipeline;
   pipeline::PipelineOptions options;
   options.unit_timeout_ms = p.unit_timeout_ms;

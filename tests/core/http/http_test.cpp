@@ -2,51 +2,19 @@
 // scripted transport. PocoTransport is covered in poco_transport_test.cpp.
 #include "core/http/http.h"
 
-#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "tests/support/scripted_transport.h"
+
 namespace backhaul::http {
 namespace {
 
-// Answers with queued responses in order and records every request it performs.
-class ScriptedTransport final : public Transport {
- public:
-  void then(int status, Headers headers = {}, std::string body = {}) {
-    Response r;
-    r.status = status;
-    r.headers = std::move(headers);
-    r.body = std::move(body);
-    script_.push_back(std::move(r));
-  }
-  void then_redirect(int status, std::string location) {
-    then(status, {{"location", std::move(location)}});
-  }
-
-  Response perform(const Request& request) override {
-    requests.push_back(request);
-    if (script_.empty()) throw std::logic_error("unexpected request to " + request.url);
-    Response r = std::move(script_.front());
-    script_.pop_front();
-    r.url = request.url;
-    return r;
-  }
-
-  std::vector<Request> requests;
-
- private:
-  std::deque<Response> script_;
-};
-
-std::optional<std::string> header_of(const Request& r, std::string_view name) {
-  for (const auto& [k, v] : r.headers) {
-    if (to_lower(k) == to_lower(name)) return v;
-  }
-  return std::nullopt;
-}
+using testing::header_of;
+using testing::ScriptedTransport;
 
 TEST(ResponseTest, HeaderLookupIsCaseInsensitiveAndReturnsTheFirst) {
   Response r;
@@ -241,11 +209,12 @@ TEST(SendTest, KeepsAuthorizationOnTheSameOrigin) {
   t.then(200);
   Request r;
   r.url = "https://api.example/one";
-  r.headers = {{"Authorization", "Bearer secret"}};
+  r.headers = {{"Authorization", "Bearer secret"}, {"X-Api-Key", "key"}};
   send(t, r);
   ASSERT_EQ(t.requests.size(), 3u);
   EXPECT_EQ(header_of(t.requests[1], "authorization"), "Bearer secret");
   EXPECT_EQ(header_of(t.requests[2], "authorization"), "Bearer secret");
+  EXPECT_EQ(header_of(t.requests[2], "x-api-key"), "key");
 }
 
 TEST(SendTest, DropsAuthorizationWhenLeavingTheOriginalOrigin) {
@@ -257,11 +226,15 @@ TEST(SendTest, DropsAuthorizationWhenLeavingTheOriginalOrigin) {
     t.then(200);
     Request r;
     r.url = "https://api.example/one";
-    r.headers = {{"authorization", "token secret"}, {"Cookie", "s=1"}, {"Accept", "*/*"}};
+    r.headers = {{"authorization", "token secret"},
+                 {"Cookie", "s=1"},
+                 {"X-Api-Key", "gateway-key"},
+                 {"Accept", "*/*"}};
     send(t, r);
     ASSERT_EQ(t.requests.size(), 3u) << elsewhere;
     EXPECT_FALSE(header_of(t.requests[1], "authorization").has_value()) << elsewhere;
     EXPECT_FALSE(header_of(t.requests[1], "cookie").has_value()) << elsewhere;
+    EXPECT_FALSE(header_of(t.requests[1], "x-api-key").has_value()) << elsewhere;
     EXPECT_EQ(header_of(t.requests[1], "accept"), "*/*");
     // Once dropped, it stays dropped.
     EXPECT_FALSE(header_of(t.requests[2], "authorization").has_value()) << elsewhere;

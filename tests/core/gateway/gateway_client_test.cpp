@@ -1,0 +1,97 @@
+// The gateway client against a scripted transport: the timeout and credentials of what it sends,
+// and what it makes of answers of every shape.
+#include "core/gateway/gateway_client.h"
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/scripted_transport.h"
+
+namespace backhaul::gateway {
+namespace {
+
+using testing::header_of;
+using testing::ScriptedTransport;
+
+constexpr std::chrono::milliseconds kTimeout{120'000};
+
+Delivery delivery(const char* id) { return {"conn-1", "org-1", id, "push", R"({"n":1})"}; }
+
+// Each exchange carries the client's timeout (gateway.timeout_ms), not the transport's default.
+TEST(GatewayClientTest, EachExchangeCarriesTheClientsTimeout) {
+  ScriptedTransport t;
+  t.then(200, {},
+         R"({"id":"c","installationId":"i","provider":"github","orgId":"o",)"
+         R"("status":"active","resources":[]})");
+  t.then(200, {}, R"({"accessToken":"tok"})");
+  t.then(202, {}, R"({"status":"accepted"})");
+  t.then(202, {}, R"({"status":"accepted"})");
+  t.then(202, {}, R"({"status":"accepted"})");
+  const GatewayClient client(t, "http://127.0.0.1:1/gateway", std::string("key"),
+                             SystemClock::instance(), kTimeout);
+  client.connection("c");
+  EXPECT_EQ(client.access_token("c"), "tok");
+  EXPECT_EQ(client.dispatch("github", delivery("d-1")), DispatchResult::kAccepted);
+  const std::vector<GatewayClient::Outcome> outcomes =
+      client.dispatch_batch("github", {delivery("d-2"), delivery("d-3")});
+  ASSERT_EQ(outcomes.size(), 2u);
+  ASSERT_EQ(t.requests.size(), 5u);
+  for (const http::Request& r : t.requests) {
+    EXPECT_EQ(r.timeout, kTimeout) << r.method << " " << r.url;
+    EXPECT_EQ(header_of(r, "x-api-key"), "key") << r.url;
+  }
+}
+
+// A 2xx is a delivery accepted unless its body's status is the string "duplicate"; a body of
+// another shape (a status that is a number or a bool, no object at all) is no error.
+TEST(GatewayClientTest, ADeliveryIsAcceptedWhateverTheShapeOfTheAnswer) {
+  const std::vector<std::pair<std::string, DispatchResult>> answers = {
+      {R"({"status":"duplicate"})", DispatchResult::kDuplicate},
+      {R"({"status":"accepted"})", DispatchResult::kAccepted},
+      {R"({"status":202})", DispatchResult::kAccepted},
+      {R"({"status":true})", DispatchResult::kAccepted},
+      {R"({"status":null})", DispatchResult::kAccepted},
+      {R"(["duplicate"])", DispatchResult::kAccepted},
+      {"", DispatchResult::kAccepted},
+      {"not json", DispatchResult::kAccepted},
+  };
+  for (const auto& [body, expected] : answers) {
+    ScriptedTransport t;
+    t.then(202, {}, body);
+    t.then(202, {}, body);
+    const GatewayClient client(t, "http://127.0.0.1:1/gateway");
+    EXPECT_EQ(client.dispatch("github", delivery("d-1")), expected) << body;
+    const std::vector<GatewayClient::Outcome> batch =
+        client.dispatch_batch("github", {delivery("d-2")});
+    ASSERT_EQ(batch.size(), 1u);
+    EXPECT_FALSE(batch[0].error) << body << ": " << batch[0].error->what();
+    EXPECT_EQ(batch[0].result, expected) << body;
+  }
+}
+
+// A delivery is a POST: a redirect would turn it into a GET that delivers nothing, so it is not
+// followed, by dispatch() as by dispatch_batch(). It fails, naming the status.
+TEST(GatewayClientTest, ADeliveryAnsweredWithARedirectFailsAndIsNotFollowed) {
+  for (int status : {301, 302, 303, 307}) {
+    ScriptedTransport t;
+    t.then_redirect(status, "http://127.0.0.1:2/elsewhere");
+    t.then(200, {}, R"({"status":"accepted"})");
+    const GatewayClient client(t, "http://127.0.0.1:1/gateway");
+    try {
+      client.dispatch("github", delivery("d-1"));
+      ADD_FAILURE() << status << ": a redirected delivery counted as delivered";
+    } catch (const GatewayError& e) {
+      EXPECT_EQ(e.status(), status);
+      EXPECT_NE(std::string(e.what()).find("gateway answered " + std::to_string(status)),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(t.requests.size(), 1u) << status;
+  }
+}
+
+}  // namespace
+}  // namespace backhaul::gateway
