@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unordered_set>
 
@@ -525,7 +526,9 @@ struct Pipeline::Impl {
                                 probes)) {
         return std::move(*wait);
       }
-      validate_scopes(*connector, connection, request, o);
+      if (auto wait = validate_scopes(*connector, connection, request, o, ctx)) {
+        return std::move(*wait);
+      }
     }
 
     std::vector<UnitRef> units;
@@ -584,8 +587,12 @@ struct Pipeline::Impl {
     return Outcome::wait_for_children(now + o.unit_timeout_ms, cp.dump());
   }
 
-  void validate_scopes(const plugins::Connector& connector, const gateway::Connection& connection,
-                       const RunRequest& request, const PipelineOptions& o) {
+  // Throws JobFailure when the token cannot read the resources; returns the wait when the
+  // provider rate-limits the check.
+  std::optional<Outcome> validate_scopes(const plugins::Connector& connector,
+                                         const gateway::Connection& connection,
+                                         const RunRequest& request, const PipelineOptions& o,
+                                         JobContext& ctx) {
     plugins::Unit unit;
     unit.installation_id = connection.installation_id;
     unit.resource_id = connection.resources.front().id;
@@ -598,7 +605,8 @@ struct Pipeline::Impl {
     try {
       connector.validate_scopes(unit);
     } catch (const plugins::ConnectorFailure& e) {
-      if (dynamic_cast<const plugins::PluginCrashed*>(&e)) {
+      const bool crashed = dynamic_cast<const plugins::PluginCrashed*>(&e) != nullptr;
+      if (crashed) {
         // The plugin's own end in its worker process: nothing about the provider.
       } else if (e.status() == BACKHAUL_RETRYABLE) {
         circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, started,
@@ -609,10 +617,16 @@ struct Pipeline::Impl {
       }
       std::string what = std::string("scope validation failed: ") +
                          std::string(plugins::status_name(e.status())) + ": " + e.what();
+      if (!crashed && e.status() == BACKHAUL_RATE_LIMITED) {  // a wait, not an attempt (D4)
+        ++rate_limit_waits;
+        const int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
+        return Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what);
+      }
       throw JobFailure(what, !e.is_retryable(), e.retry_after_ms());
     }
     circuit_event(breaker, jobs::CircuitEvent::kSuccess, o.provider_circuit, started,
                   clock.now_ms());
+    return std::nullopt;
   }
 
   std::vector<jobs::Job> children(JobId run_id) {
@@ -865,9 +879,11 @@ struct Pipeline::Impl {
       ctx.checkpoint(counts_json(counts).dump());  // throws JobInterrupted on cancel/drain
       if (low) {
         ++rate_limit_waits;
-        return Outcome::defer(rl->reset_at_unix_ms, "rate limit: " + std::to_string(rl->remaining) +
-                                                        " of " + std::to_string(rl->limit) +
-                                                        " requests left");
+        // A reset further away than a day is a bad header (seconds read as milliseconds, say):
+        // waited for a day, as a connector's retry-after is at most (plugin.cpp).
+        return Outcome::defer(std::min(rl->reset_at_unix_ms, now + kDayMs),
+                              "rate limit: " + std::to_string(rl->remaining) + " of " +
+                                  std::to_string(rl->limit) + " requests left");
       }
     }
   }
@@ -942,7 +958,13 @@ struct Pipeline::Impl {
       }
     };
     std::vector<std::thread> helpers;
-    for (size_t k = 1; k < threads; ++k) helpers.emplace_back(work);
+    for (size_t k = 1; k < threads; ++k) {
+      try {
+        helpers.emplace_back(work);
+      } catch (const std::system_error&) {  // no thread to be had (a limit): the slices are
+        break;                              // shared, so fewer threads still send them all
+      }
+    }
     work();
     for (std::thread& t : helpers) t.join();
     if (error) gateway_failed(*error, o, started);

@@ -403,6 +403,35 @@ TEST_F(PipelineTest, APluginThatCrashesInItsScopeCheckCostsTheRunsAttempts) {
   EXPECT_EQ(circuit("provider:github").state, "closed");
 }
 
+// D4: a run's scope check that the provider rate-limits is a wait (a run-after from its
+// Retry-After), not an attempt, as a page's rate limit is: more of them in a row than the run has
+// attempts do not make it a dead letter.
+TEST_F(PipelineTest, ARateLimitedScopeCheckWaitsWithoutCostingTheRunAnAttempt) {
+  start(data(1, 0, 50));
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  const int limited = fast().run_max_attempts + 1;  // one more than its attempts
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (static_cast<int>(n) > limited) return std::nullopt;  // the first requests: scope checks
+    http::Response r = status_response(429, R"({"message":"slow down"})");
+    r.headers.emplace_back("retry-after", "30");
+    return r;
+  });
+  for (int i = 0; i < limited; ++i) {
+    const int64_t now = test_clock().now_ms();
+    ASSERT_EQ(scheduler_->run_once(1), 1u);
+    const std::optional<jobs::Job> job = store_->get(run.run_id);
+    ASSERT_TRUE(job);
+    EXPECT_EQ(job->status, JobStatus::kQueued) << i;
+    EXPECT_EQ(job->attempts, 0) << i << ": " << job->last_error.value_or("-");
+    EXPECT_EQ(job->run_after_ms, now + 30'000) << i;
+    test_clock().set_ms(job->run_after_ms);
+  }
+  EXPECT_EQ(pipeline_->metrics().rate_limit_waits, limited);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true) << run_result(run.run_id).dump();
+  EXPECT_EQ(store_->get(run.run_id)->status, JobStatus::kSucceeded);
+}
+
 // Seed 000 test 2: Vercel, one project, one entity type: one unit.
 TEST_F(PipelineTest, VercelRunWithOneProjectIsOneUnit) {
   start(data(0, 1, 120));
@@ -656,6 +685,27 @@ TEST_F(PipelineTest, ALowRateLimitDefersTheUnitUntilTheResetWithoutAnAttempt) {
   EXPECT_EQ(report.faults_injected["rate_limited"], 0) << "never ran into the limit";
   EXPECT_EQ(report.gateway.missing, 0);
   EXPECT_GE(test_clock().now_ms(), kStart + 600'000) << "waited for a reset";
+}
+
+// A rate-limit reset further away than a day (a bad header) is waited for a day, not for ever.
+TEST_F(PipelineTest, ALowRateLimitWhoseResetIsFarAwayWaitsADay) {
+  RunStart run = fanned_out();
+  http::PocoTransport direct;
+  plugin_transport().reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    http::Response answer = direct.perform(r);  // the sandbox's page, with another limit
+    std::erase_if(answer.headers, [](const auto& h) { return h.first.starts_with("x-ratelimit"); });
+    answer.headers.emplace_back("x-ratelimit-limit", "5000");
+    answer.headers.emplace_back("x-ratelimit-remaining", "0");
+    answer.headers.emplace_back("x-ratelimit-reset", "99999999999");  // the year 5138
+    return answer;
+  });
+  const int64_t now = test_clock().now_ms();
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the unit's first page
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.attempts, 0);
+  EXPECT_EQ(unit.run_after_ms, now + 24LL * 3600 * 1000);
+  EXPECT_EQ(pipeline_->metrics().rate_limit_waits, 1);
 }
 
 // D8: the throttle (tokens per installation per hour) spaces requests; a throttled unit waits
