@@ -380,7 +380,7 @@ Scheduler::Ending Scheduler::released(const JobContext& c) const {
   f.id = c.job_.id;
   f.token = c.token_;
   return {std::move(f), c.job_.kind, c.job_.attempts, c.job_.max_attempts,
-          c.last_beat_ms_ + options_.lease_ms};
+          later_by(c.last_beat_ms_, options_.lease_ms)};
 }
 
 void Scheduler::sweep_loop() {
@@ -445,7 +445,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
     if (context->lease_lost_) {
       throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost before the start");
     }
-    if (started_ms >= context->last_beat_ms_ + options_.lease_ms) {
+    if (started_ms >= later_by(context->last_beat_ms_, options_.lease_ms)) {
       context->lease_lost_ = true;  // no more heartbeats
       ran_out = true;
       throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease ran out before the start");
@@ -489,7 +489,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
     }
   }
   if (ending) {
-    ending->lease_until_ms = context->last_beat_ms_ + options_.lease_ms;
+    ending->lease_until_ms = later_by(context->last_beat_ms_, options_.lease_ms);
     end(std::move(*ending));
   }
 }

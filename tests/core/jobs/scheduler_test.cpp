@@ -101,6 +101,25 @@ TEST_F(SchedulerTest, CompletedHandlersSucceedTheirJobsWithTheResult) {
   EXPECT_EQ(scheduler.stats().succeeded, 2);
 }
 
+// A lease so long that its end passes the int64 range (lease_ms INT64_MAX: "never expires") ends
+// at INT64_MAX, as the store keeps it: the job runs, and is not taken for a lease already run out.
+TEST_F(SchedulerTest, ALeaseLongerThanTheInt64RangeStillRunsItsJob) {
+  clock_.set_ms(1'700'000'000'000);
+  SchedulerOptions o = options();
+  o.lease_ms = INT64_MAX;
+  Scheduler scheduler(*store_, clock_, o);
+  int calls = 0;
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++calls;
+    return Outcome::complete("{}");
+  });
+  const JobId id = enqueue("work");
+  EXPECT_EQ(scheduler.run_once(1), 1u);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(scheduler.stats().released, 0);
+}
+
 TEST_F(SchedulerTest, RetryableFailureIsRetriedAfterThePolicyDelay) {
   Scheduler scheduler(*store_, clock_, options());
   scheduler.register_handler(
