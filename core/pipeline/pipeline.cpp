@@ -826,7 +826,13 @@ struct Pipeline::Impl {
         have_token = true;
       }
       Fetched fetched = fetch(*connector, params, installation, o, ctx, refreshed, retried);
-      if (fetched.stop) return *fetched.stop;
+      if (fetched.stop) {
+        if (fetched.rate_limited) {  // counted in the unit's result, as a low limit's wait is
+          counts.rate_limit_waits += 1;
+          ctx.checkpoint(counts_json(counts).dump());  // throws JobInterrupted on cancel/drain
+        }
+        return *fetched.stop;
+      }
       if (!fetched.page) continue;  // the token was refreshed: fetch the same page again
       const plugins::Page& p = *fetched.page;
 
@@ -993,6 +999,7 @@ struct Pipeline::Impl {
   struct Fetched {
     std::optional<plugins::Page> page;
     std::optional<Outcome> stop;
+    bool rate_limited = false;  // stop: the provider's RATE_LIMITED, a wait for the unit's counts
   };
   Fetched fetch(const plugins::Connector& connector, plugins::FetchParams& params,
                 const std::string& installation, const PipelineOptions& o, JobContext& ctx,
@@ -1032,7 +1039,8 @@ struct Pipeline::Impl {
           ++rate_limit_waits;
           int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
           return {std::nullopt,
-                  Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what)};
+                  Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what),
+                  true};
         }
         case BACKHAUL_RETRYABLE:
           circuit_event(breaker, jobs::CircuitEvent::kFailure, o.provider_circuit, began,

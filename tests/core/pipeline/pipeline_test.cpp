@@ -687,6 +687,27 @@ TEST_F(PipelineTest, ALowRateLimitDefersTheUnitUntilTheResetWithoutAnAttempt) {
   EXPECT_GE(test_clock().now_ms(), kStart + 600'000) << "waited for a reset";
 }
 
+// A page the provider answers RATE_LIMITED (a 429 with Retry-After) is a wait of the unit, counted
+// in its result's rateLimitWaits and the run's, as a wait for a low limit's reset is.
+TEST_F(PipelineTest, ARateLimitedPageIsCountedInTheUnitsRateLimitWaits) {
+  RunStart run = fanned_out();
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;  // the unit's first page
+    http::Response r = status_response(429, R"({"message":"slow down"})");
+    r.headers.emplace_back("retry-after", "5");
+    return r;
+  });
+  drive();
+  const json result = run_result(run.run_id);
+  ASSERT_EQ(result["success"], true) << result.dump();
+  EXPECT_EQ(result["rateLimitWaits"], 1) << result.dump();
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.attempts, 1) << "the wait was no attempt";
+  EXPECT_EQ(json::parse(unit.result.value_or("{}"))["rateLimitWaits"], 1)
+      << unit.result.value_or("-");
+  EXPECT_EQ(pipeline_->metrics().rate_limit_waits, 1);
+}
+
 // A rate-limit reset further away than a day (a bad header) is waited for a day, not for ever.
 TEST_F(PipelineTest, ALowRateLimitWhoseResetIsFarAwayWaitsADay) {
   RunStart run = fanned_out();
