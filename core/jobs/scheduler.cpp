@@ -200,7 +200,10 @@ void Scheduler::claim_loop() {
     for (auto& c : leased) ready_.push_back(std::move(c));
     if (n > 0) work_ready_.notify_all();
     if (store_failed) {
-      pause(lock, backoff_ms);
+      // The store is not asked again before the backoff ends: jobs ending or made runnable
+      // meanwhile (each fires wake_) do not cut it short; a drain or stop does.
+      wake_.wait_for(lock, std::chrono::milliseconds(backoff_ms),
+                     [this] { return !claiming_ || stopped_; });
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 10'000);
     } else if (n == 0 && !poked_) {
       pause(lock, options_.idle_poll_ms);

@@ -490,6 +490,41 @@ class RefusesWrites : public ForwardingStore {
   }
 };
 
+// A claim that failed waits out its backoff before the store is asked again: jobs made runnable
+// meanwhile (each wakes the claim loop, as each job's end does) do not cut it short, so a store
+// that is down is not hammered. A drain still ends the wait at once.
+TEST_F(SchedulerTest, AFailedClaimWaitsOutItsBackoffThoughJobsBecomeRunnableMeanwhile) {
+  struct Unreachable : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    std::vector<Claimed> claim(const ClaimRequest&) override {
+      ++claims;
+      throw StorageError("mysql: error 2013: Lost connection to server during query", true);
+    }
+    void job_made_runnable() { notify_runnable(); }
+    std::atomic<int> claims{0};
+  };
+  Unreachable store(*store_);
+  SchedulerOptions o = options();
+  o.idle_poll_ms = 60'000;  // the first claim backoff
+  Scheduler scheduler(store, clock_, o);
+  scheduler.register_handler("work", [](JobContext&) { return Outcome::complete(); });
+  scheduler.start();
+  for (int i = 0; i < 5'000 && store.claims == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(store.claims.load(), 1);
+  for (int i = 0; i < 20; ++i) {
+    store.job_made_runnable();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(store.claims.load(), 1) << "the claim backoff was cut short by wakeups";
+
+  const auto drain_started = std::chrono::steady_clock::now();
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  EXPECT_LT(std::chrono::steady_clock::now() - drain_started, std::chrono::seconds(10));
+  EXPECT_EQ(store.claims.load(), 1);
+}
+
 // stats().store_failures names each store operation whose calls keep failing, since its first
 // failure (the clock moving on does not move it), until the operation is no longer failing: a
 // claim or sweep that succeeds, an ending recorded, no job whose beat failed left in hand. This
