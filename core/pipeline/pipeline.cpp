@@ -733,8 +733,13 @@ struct Pipeline::Impl {
         success = child.status == JobStatus::kSucceeded;
         c = counts_from(success ? child.result : child.checkpoint);
         if (timed_out.count(child.id)) {
-          error = "timeout: the unit did not complete within " +
-                  std::to_string(snapshot().unit_timeout_ms / 1000) + " s";
+          // One unit timeout for all the run's units, from the fan-out (as the seed's waits):
+          // a unit kept queued all along (caps, throttle, busy workers) is told apart.
+          const std::string within = std::to_string(snapshot().unit_timeout_ms / 1000) + " s";
+          error = child.started_ms == 0
+                      ? "timeout: the unit did not start within " + within +
+                            " (it was still queued: caps, throttling or busy workers held it)"
+                      : "timeout: the unit did not complete within " + within;
           r["status"] = "timed_out";
         } else if (!success) {
           error = child.last_error.value_or(std::string(jobs::to_string(child.status)));

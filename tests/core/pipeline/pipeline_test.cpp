@@ -1335,6 +1335,57 @@ TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
             sandbox_->report("inst-1").gateway_by_provider["github"].unique);
 }
 
+// Fan-in (D12): the run waits for its units up to the unit timeout. Past it, a unit still running
+// and one that never started (held queued by the installation's cap) are stopped and reported
+// "timed_out", each saying which it was; the run's result sums what did complete.
+TEST_F(PipelineTest, UnitsNotDoneByTheUnitTimeoutAreStoppedAndReportedTimedOut) {
+  PipelineOptions options = fast();
+  options.entity_caps = {1, 30};
+  start(data(1, 0, 120), options);
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fans out three units and waits for them
+  ASSERT_EQ(units_of(run.run_id).size(), 3u);
+  // Another host runs one unit to its end and holds the next; the cap keeps the third queued.
+  const int64_t t0 = test_clock().now_ms();
+  const int64_t long_lease = options.unit_timeout_ms * 2;
+  jobs::ClaimRequest claim{"another-host", 10, t0, long_lease, {kEntityKind}};
+  std::vector<jobs::Claimed> done = store_->claim(claim);
+  ASSERT_EQ(done.size(), 1u);
+  store_->complete(done[0].job.id, done[0].lease_token,
+                   R"({"pages":2,"eventsProduced":7,"eventsDispatched":7})", t0);
+  std::vector<jobs::Claimed> held = store_->claim(claim);
+  ASSERT_EQ(held.size(), 1u);
+
+  test_clock().advance_ms(options.unit_timeout_ms + 1);
+  ASSERT_EQ(store_->sweep(test_clock().now_ms()).parents_woken, 1);
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the run: the queued unit is still capped
+  const json result = run_result(run.run_id);
+  ASSERT_TRUE(result.is_object()) << "the run did not finish";
+  EXPECT_EQ(result["success"], false) << result.dump(2);
+  EXPECT_EQ(result["completed"], 1) << result.dump(2);
+  EXPECT_EQ(result["failed"], 2) << result.dump(2);
+  EXPECT_EQ(result["eventsDispatched"], 7) << result.dump(2);
+  std::map<jobs::JobId, json> by_unit;
+  for (const json& r : result["results"]) by_unit[r["jobId"].get<jobs::JobId>()] = r;
+  ASSERT_EQ(by_unit.size(), 3u) << result.dump(2);
+  EXPECT_EQ(by_unit[done[0].job.id]["status"], "succeeded");
+  EXPECT_EQ(by_unit[held[0].job.id]["status"], "timed_out");
+  EXPECT_EQ(by_unit[held[0].job.id]["error"], "timeout: the unit did not complete within 14400 s");
+  for (const jobs::Job& unit : units_of(run.run_id)) {
+    if (unit.id == done[0].job.id || unit.id == held[0].job.id) continue;
+    EXPECT_EQ(by_unit[unit.id]["status"], "timed_out");
+    EXPECT_EQ(by_unit[unit.id]["error"],
+              "timeout: the unit did not start within 14400 s (it was still queued: caps, "
+              "throttling or busy workers held it)");
+  }
+  // Both are stopped: the held one at its next heartbeat, the queued one at once.
+  for (const jobs::Job& unit : units_of(run.run_id)) {
+    if (unit.id == done[0].job.id) continue;
+    EXPECT_TRUE(unit.status == JobStatus::kCancelled || unit.cancel_requested)
+        << unit.id << " " << jobs::to_string(unit.status);
+  }
+}
+
 // A run that died and that an operator retried resumed with the unit deadline it died with, long
 // past, and stopped its units as "timed out" at once, those still active then. Each retry of
 // its dead letter now gives its units a new unit timeout.
