@@ -2,6 +2,7 @@
 
 #include <Poco/UUIDGenerator.h>
 
+#include "core/common/json_check.h"
 #include "core/common/logging.h"
 #include "core/gateway/gateway_client.h"
 #include "host/daemon/api_support.h"
@@ -172,9 +173,17 @@ Response Call::ok(int status, json body) const {
 
 json Call::json_body() const {
   if (request.body.empty()) return json::object();
+  return json_body("a JSON object");
+}
+
+json Call::json_body(const char* what) const {
+  if (const size_t depth = json_depth(request.body); depth > kMaxJsonDepth) {
+    throw validation_error("body", "nests " + std::to_string(depth) + " levels deep, more than " +
+                                       std::to_string(kMaxJsonDepth));
+  }
   json body = json::parse(request.body, nullptr, false);
   if (body.is_discarded()) throw validation_error("body", "is not valid JSON");
-  if (!body.is_object()) throw validation_error("body", "must be a JSON object");
+  if (!body.is_object()) throw validation_error("body", std::string("must be ") + what);
   return body;
 }
 
@@ -212,6 +221,7 @@ int64_t path_id(std::string_view segment) {
 }
 
 json parse_stored(const std::string& text) {
+  if (json_depth(text) > kMaxJsonDepth) return json(text);
   json value = json::parse(text, nullptr, false);
   return value.is_discarded() ? json(text) : value;
 }

@@ -61,7 +61,14 @@ struct Call {
   host::Response ok(int status, nlohmann::json body) const;
   // The request body as a JSON object ({} when empty). Throws validation_error("body", ...).
   nlohmann::json json_body() const;
+  // json_body() with `what` in the error: "must be <what>".
+  nlohmann::json json_body(const char* what) const;
 };
+
+// How deeply a request body, or stored JSON shown, may nest. nlohmann copies and dumps values
+// recursively: a body nested 300 000 deep ended the daemon at its first dump (a stack overflow),
+// and again at every start once stored as a checkpoint. No document of the API needs more than 5.
+inline constexpr size_t kMaxJsonDepth = 64;
 
 // Query parameters. Each throws validation_error naming the parameter.
 std::optional<int64_t> query_int(const host::Request& request, const char* name, int64_t min,
@@ -81,7 +88,8 @@ nlohmann::json page_json(nlohmann::json items, const std::optional<int64_t>& nex
 nlohmann::json job_json(const jobs::Job& job);
 nlohmann::json attempt_json(const jobs::Attempt& attempt);
 nlohmann::json dead_letter_json(const jobs::DeadLetter& letter);
-// JSON text stored by the queue, parsed; the raw string when it is not valid JSON.
+// JSON text stored by the queue, parsed; the raw string when it is not valid JSON or nests
+// deeper than kMaxJsonDepth.
 nlohmann::json parse_stored(const std::string& text);
 
 // Route groups (each answers for the path below /v1/<group>).

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/common/errors.h"
+#include "core/common/json_check.h"
 #include "core/jobs/job_store.h"
 #include "host/daemon/json_schema.h"
 #include <unistd.h>
@@ -89,6 +90,12 @@ EnvLookup process_env() {
 }
 
 DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, const EnvLookup& env) {
+  // The schema check, and copies of plugin configs, recurse: a file nested absurdly deep is
+  // refused before it can overflow the stack. No real config comes near this.
+  if (const size_t depth = json_depth(text); depth > 256) {
+    throw ConfigError("config: (root): nests " + std::to_string(depth) +
+                      " levels deep, more than 256");
+  }
   json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) throw ConfigError("config: (root): not valid JSON");
   static const json schema = json::parse(config_schema_text());

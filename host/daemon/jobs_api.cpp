@@ -68,10 +68,7 @@ Response checkpoint(Call& call, jobs::JobId id) {
               {"checkpoint", job.checkpoint ? parse_stored(*job.checkpoint) : json(nullptr)}});
   }
   if (method == "PUT") {
-    const json body = json::parse(call.request.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
-      throw validation_error("body", "must be a JSON object (the new checkpoint)");
-    }
+    const json body = call.json_body("a JSON object (the new checkpoint)");
     const jobs::Job job = require_job(call, id);
     try {
       // A checkpoint its handler could not resume from is refused here, naming the field, rather

@@ -79,6 +79,18 @@ TEST(JsonCheckTest, DeepNestingNeedsNoCallStack) {
   EXPECT_FALSE(is_json(std::string(depth, '[') + std::string(depth - 1, ']')));
 }
 
+TEST(JsonCheckTest, DepthCountsTheBracketsOpenAtOnceOutsideStrings) {
+  EXPECT_EQ(json_depth("1"), 0u);
+  EXPECT_EQ(json_depth(R"("[{[{")"), 0u);
+  EXPECT_EQ(json_depth("{}"), 1u);
+  EXPECT_EQ(json_depth("[1,[2],{\"a\":[3]}]"), 3u);
+  EXPECT_EQ(json_depth(R"({"a\"[":[{"b":"]]]\\"}],"c":[]})"), 3u);  // escapes end no string
+  EXPECT_EQ(json_depth("]]]][["), 2u);  // not JSON: counted all the same
+  const size_t deep = 300'000;
+  EXPECT_EQ(json_depth("{\"x\":" + std::string(deep, '[') + std::string(deep, ']') + "}"),
+            deep + 1);
+}
+
 json random_value(std::mt19937& rng, int depth) {
   std::uniform_int_distribution<int> pick(0, depth > 4 ? 5 : 7);
   switch (pick(rng)) {

@@ -190,6 +190,34 @@ TEST_F(DaemonTest, AReplacedCheckpointIsStoredAsSent) {
   EXPECT_EQ(*store().get(id)->checkpoint, sent);
 }
 
+// A body nested deeper than the API reads is refused, naming the depth. nlohmann reads any depth
+// but copies and dumps recursively: a checkpoint nested 300 000 deep was stored, then ended the
+// daemon with a stack overflow when echoed back, and at every listing of the job after a restart.
+// Such a value already in the store is shown as its text.
+TEST_F(DaemonTest, ABodyNestedTooDeepIsRefusedAndADeepStoredValueIsShownAsText) {
+  start([](nlohmann::json& c) { c["admin"]["max_body_bytes"] = 1 << 20; });
+  const jobs::JobId id = enqueue("kind.a");
+  const std::string path = "/v1/jobs/" + std::to_string(id) + "/checkpoint";
+  const size_t deep = 300'000;
+  const std::string nested = std::string(deep, '[') + std::string(deep, ']');
+  const HttpResult put = call("PUT", path, "{\"x\":" + nested + "}");
+  expect_envelope(put, 400, "VALIDATION_ERROR");
+  EXPECT_NE(put.body.find("nests 300001 levels deep, more than 64"), std::string::npos) << put.body;
+  EXPECT_FALSE(store().get(id)->checkpoint) << "nothing stored";
+  const HttpResult retry = call("POST", "/v1/dead-letters/retry", "{\"x\":" + nested + "}");
+  expect_envelope(retry, 400, "VALIDATION_ERROR");
+
+  const std::string at_the_limit = std::string(63, '[') + std::string(63, ']');
+  EXPECT_EQ(call("PUT", path, "{\"x\":" + at_the_limit + "}").status, 200);
+
+  store().set_checkpoint(id, "{\"x\":" + nested + "}", now());  // from before the limit
+  const HttpResult job = call("GET", "/v1/jobs/" + std::to_string(id));
+  ASSERT_EQ(job.status, 200) << job.body.substr(0, 300);
+  EXPECT_TRUE(nlohmann::json::parse(job.body)["checkpoint"].is_string());
+  EXPECT_EQ(call("GET", "/v1/jobs").status, 200);
+  EXPECT_EQ(call("GET", path).status, 200);
+}
+
 // Every outcome an attempt can end with is one the OpenAPI description lists for Attempt.outcome
 // ("waiting", a parent's attempt that ended waiting for its children, was missing).
 TEST_F(DaemonTest, TheAttemptHistoryShowsOnlyOutcomesTheApiDescribes) {

@@ -363,6 +363,19 @@ TEST(ConfigTest, InvalidJsonAndMissingFileFail) {
   EXPECT_EQ(error_of(json::array()), "config: (root): must be an object (got [])");
 }
 
+// A file nested absurdly deep is refused with the depth, not a stack overflow in the schema check.
+TEST(ConfigTest, AConfigNestedTooDeepIsRefused) {
+  const size_t deep = 300'000;
+  const std::string text = R"({"plugins":{"github":{"config":)" + std::string(deep, '[') +
+                           std::string(deep, ']') + "}}}";
+  try {
+    parse_config(text, "/tmp", kEnv);
+    ADD_FAILURE() << "loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "config: (root): nests 300003 levels deep, more than 256");
+  }
+}
+
 TEST(ConfigTest, SchemaIsBuiltInAndDescribesEverySection) {
   const json schema = json::parse(config_schema_text());
   for (const char* section : {"store", "plugins", "gateway", "admin", "scheduler", "pipeline",
