@@ -1,8 +1,11 @@
 #include "core/http/http.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <initializer_list>
+
+#include "core/common/redact.h"
 
 namespace backhaul::http {
 namespace {
@@ -212,7 +215,20 @@ Response send(Transport& transport, Request request, int max_redirects) {
   // and port) rather than the host alone also keeps a token off an https -> http downgrade and off
   // another service on the same machine, as curl does since CVE-2022-27776.
   const std::string original_origin = origin_of(request.url);
+  // The timeout is the whole call's, redirects included: each hop gets what is left of it.
+  const std::chrono::milliseconds timeout = request.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int followed = 0;; ++followed) {
+    if (followed > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left <= std::chrono::milliseconds(0)) {
+        throw TransportError(
+            request.method + " " + redact(request.url) + ": timeout: " + std::to_string(followed) +
+            " redirects took the whole " + std::to_string(timeout.count()) + " ms");
+      }
+      request.timeout = left;
+    }
     Response response = transport.perform(request);
     if (!is_redirect(response.status) || followed >= max_redirects) return response;
     const std::optional<std::string_view> location = response.header("location");

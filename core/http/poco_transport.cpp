@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
+#include <functional>
 #include <istream>
 #include <map>
 #include <mutex>
@@ -242,12 +244,24 @@ Headers parse_fields(std::string_view raw) {
   return fields;
 }
 
+// Up to `size` bytes from `in` with at most one receive from the socket: one byte, then what the
+// stream has buffered already. istream::read(size) would go on receiving until it has them all,
+// each receive allowed the socket's whole timeout: a response trickling in a byte at a time then
+// outlasts the request's deadline many times over. 0 at the end of the stream.
+size_t read_some(std::istream& in, char* buffer, size_t size) {
+  in.read(buffer, 1);
+  if (in.gcount() == 0) return 0;
+  return 1 + static_cast<size_t>(in.readsome(buffer + 1, static_cast<std::streamsize>(size - 1)));
+}
+
 // Poco::Net::HTTPResponse that also keeps the header fields as they arrived: Poco's own collection
 // groups repeated names together, and Response::headers is in arrival order. It also records
 // whether any byte of the response arrived, for the retry decision.
 class RecordingResponse final : public Poco::Net::HTTPResponse {
  public:
-  explicit RecordingResponse(Progress& progress) : progress_(progress) {
+  // `before_receive` runs before each receive: it sets the time left, or throws once it is up.
+  RecordingResponse(Progress& progress, std::function<void()> before_receive)
+      : progress_(progress), before_receive_(std::move(before_receive)) {
     setFieldLimit(kMaxHeaderFields);
   }
 
@@ -257,9 +271,12 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
     in.exceptions(std::ios::badbit);  // socket errors leave as the original Poco exception
     std::string raw;
     char buffer[4096];
-    while (in.read(buffer, sizeof buffer), in.gcount() > 0) {
+    for (;;) {
+      before_receive_();
+      const size_t n = read_some(in, buffer, sizeof buffer);
+      if (n == 0) break;
       progress_.response_bytes = true;
-      raw.append(buffer, static_cast<size_t>(in.gcount()));
+      raw.append(buffer, n);
       if (raw.size() > kMaxHeaderBytes) {
         throw Poco::Net::MessageException("response header larger than 1 MiB");
       }
@@ -278,6 +295,7 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
 
  private:
   Progress& progress_;
+  std::function<void()> before_receive_;
   Headers fields_;
 };
 
@@ -480,6 +498,19 @@ struct RawConnection {
   }
 };
 
+// A Content-Length value or a chunk size (`base` 16; any ";extension" dropped): digits only, and
+// no more than fits; anything else is a malformed response (a DataFormatException).
+size_t parse_size(std::string_view text, int base, const char* what) {
+  if (base == 16) text = text.substr(0, text.find(';'));
+  text = trim(text);
+  size_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, base);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+    throw Poco::DataFormatException(std::string("malformed ") + what);
+  }
+  return value;
+}
+
 // The request as HTTP/1.1 bytes, framed by Content-Length.
 void serialize(const Request& request, const Target& target, const std::string& user_agent,
                std::string& out) {
@@ -543,7 +574,7 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
       std::string name = to_lower(std::string_view(*header).substr(0, colon));
       std::string value(trim(std::string_view(*header).substr(colon + 1)));
       if (name == "content-length") {
-        length = static_cast<size_t>(std::stoull(value));
+        length = parse_size(value, 10, "Content-Length");
       } else if (name == "transfer-encoding") {
         chunked = to_lower(value).find("chunked") != std::string::npos;
       } else if (name == "connection") {
@@ -565,7 +596,7 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
       for (;;) {
         std::optional<std::string> size_line = c.line(deadline, kMaxLine);
         if (!size_line) throw Poco::DataFormatException("connection closed in a chunked body");
-        const size_t size = std::stoul(*size_line, nullptr, 16);
+        const size_t size = parse_size(*size_line, 16, "chunk size");
         if (size == 0) {
           while (true) {  // trailers up to the empty line
             std::optional<std::string> trailer = c.line(deadline, kMaxLine);
@@ -574,7 +605,7 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
           }
           return response;
         }
-        if (response.body.size() + size > max_body) throw too_large();
+        if (size > max_body - response.body.size()) throw too_large();  // body <= max_body
         std::optional<std::string_view> data = c.take(size + 2, deadline);
         if (!data) throw Poco::DataFormatException("connection closed in a chunk");
         response.body.append(data->substr(0, size));
@@ -725,14 +756,22 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   }
   std::ostream& out = session.sendRequest(poco_request);
   if (request.body) {
-    out.write(request.body->data(), static_cast<std::streamsize>(request.body->size()));
+    // In slices, each given the time left: a server reading slowly cannot hold the call past its
+    // deadline (each of the stream's sends would have the whole timeout otherwise).
+    constexpr size_t kSendSlice = 16 * 1024;
+    for (size_t at = 0; at < request.body->size() && out; at += kSendSlice) {
+      pooled.set_send_timeout(remaining(deadline));
+      const size_t n = std::min(kSendSlice, request.body->size() - at);
+      out.write(request.body->data() + at, static_cast<std::streamsize>(n));
+    }
   }
+  pooled.set_send_timeout(remaining(deadline));
   out.flush();
   check(out, session);
 
   progress.phase = Phase::kWaiting;
   pooled.set_receive_timeout(remaining(deadline));
-  RecordingResponse response(progress);
+  RecordingResponse response(progress, [&] { pooled.set_receive_timeout(remaining(deadline)); });
   std::istream* body_stream = &session.receiveResponse(response);
   // Poco skips 100 Continue itself; other interim responses (103 Early Hints) are skipped here.
   while (response.getStatus() >= 100 && response.getStatus() < 200 &&
@@ -761,13 +800,13 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
     if (has_length) result.body.reserve(static_cast<size_t>(length));
     in.exceptions(std::ios::badbit);  // socket and chunk-format errors leave as Poco exceptions
     char buffer[kReadChunk];
-    do {
+    for (;;) {
       pooled.set_receive_timeout(remaining(deadline));
-      in.read(buffer, kReadChunk);
-      const auto n = static_cast<size_t>(in.gcount());
+      const size_t n = read_some(in, buffer, static_cast<size_t>(kReadChunk));
+      if (n == 0) break;
       if (result.body.size() + n > limit) throw too_large();
       result.body.append(buffer, n);
-    } while (in);
+    }
     // Poco ends a fixed-length body quietly when the connection closes early.
     if (has_length && result.body.size() < static_cast<size_t>(length)) {
       throw TransportError(describe(request, "connection closed after " +

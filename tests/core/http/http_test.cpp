@@ -2,8 +2,10 @@
 // scripted transport. PocoTransport is covered in poco_transport_test.cpp.
 #include "core/http/http.h"
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -191,6 +193,40 @@ TEST(SendTest, ReturnsTheLastRedirectAfterMaxRedirects) {
   EXPECT_EQ(resp.status, 302);
   EXPECT_EQ(resp.header("location"), "/hop/6");
   EXPECT_EQ(t.requests.size(), 6u);  // the original and 5 redirects
+}
+
+// The request's timeout is the whole call's: each redirect gets what is left of it, and a chain
+// of slow redirects ends in a timeout once it is used up. Each hop had the whole timeout before,
+// so a call could last (max_redirects + 1) times it.
+TEST(SendTest, RedirectsShareTheRequestsTimeout) {
+  struct SlowRedirects : Transport {
+    Response perform(const Request& request) override {
+      timeouts.push_back(request.timeout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+      Response r;
+      r.status = 302;
+      r.headers = {{"location", "/hop/" + std::to_string(timeouts.size())}};
+      return r;
+    }
+    std::vector<std::chrono::milliseconds> timeouts;
+  } t;
+  Request r;
+  r.url = "https://api.example/hop/0?token=secret";
+  r.timeout = std::chrono::milliseconds(100);
+  try {
+    send(t, r, 10);
+    ADD_FAILURE() << "no timeout after " << t.timeouts.size() << " hops";
+  } catch (const TransportError& e) {
+    const std::string expected =
+        ": timeout: " + std::to_string(t.timeouts.size()) + " redirects took the whole 100 ms";
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+  }
+  // Each hop takes at least 40 ms: the k-th has at most 100 - 40k ms, and a fourth none.
+  ASSERT_LE(t.timeouts.size(), 3u);
+  for (size_t k = 0; k < t.timeouts.size(); ++k) {
+    EXPECT_LE(t.timeouts[k].count(), 100 - 40 * static_cast<int64_t>(k)) << k;
+  }
 }
 
 TEST(SendTest, ZeroMaxRedirectsFollowsNothing) {
