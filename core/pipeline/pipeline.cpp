@@ -251,7 +251,8 @@ struct Pipeline::Impl {
   ConnectorLookup connectors;
   std::shared_ptr<spdlog::logger> log = logging::get("pipeline");
 
-  mutable std::mutex mutex;  // options, circuits
+  mutable std::mutex mutex;   // options, circuits
+  std::mutex settings_mutex;  // update_rate_limits(): one read-change-write at a time
   PipelineOptions options;
   struct CachedCircuit {
     jobs::CircuitRecord record;
@@ -1292,10 +1293,20 @@ int Pipeline::cancel_installation(const std::string& installation_id) {
 
 RateLimitSettings Pipeline::rate_limits() const {
   PipelineOptions o = impl_->snapshot();
-  return {o.throttle_per_hour, o.throttle_burst, o.rate_limit_floor, o.entity_caps, o.run_caps};
+  RateLimitSettings s{o.throttle_per_hour, o.throttle_burst, o.rate_limit_floor, o.entity_caps,
+                      o.run_caps};
+  const std::map<std::string, jobs::Caps> in_store = impl_->store.caps();
+  if (auto it = in_store.find(kEntityKind); it != in_store.end()) s.entity_caps = it->second;
+  if (auto it = in_store.find(kRunKind); it != in_store.end()) s.run_caps = it->second;
+  return s;
 }
 
-void Pipeline::set_rate_limits(const RateLimitSettings& s) {
+RateLimitSettings Pipeline::update_rate_limits(
+    const std::function<void(RateLimitSettings&)>& edit) {
+  std::lock_guard one_change_at_a_time(impl_->settings_mutex);
+  const RateLimitSettings before = rate_limits();
+  RateLimitSettings s = before;
+  edit(s);
   if (!(s.throttle_per_hour > 0))
     throw InvalidRequest("throttlePerHour", "throttlePerHour: must be > 0");
   if (!(s.throttle_burst >= 1))
@@ -1306,6 +1317,11 @@ void Pipeline::set_rate_limits(const RateLimitSettings& s) {
     if (caps.per_key < 0 || caps.global < 0)
       throw InvalidRequest(name, std::string(name) + ": caps must be >= 0 (0 = unlimited)");
   }
+  auto same = [](const jobs::Caps& a, const jobs::Caps& b) {
+    return a.per_key == b.per_key && a.global == b.global;
+  };
+  if (!same(s.run_caps, before.run_caps)) impl_->store.set_caps(kRunKind, s.run_caps);
+  if (!same(s.entity_caps, before.entity_caps)) impl_->store.set_caps(kEntityKind, s.entity_caps);
   {
     std::lock_guard lock(impl_->mutex);
     impl_->options.throttle_per_hour = s.throttle_per_hour;
@@ -1314,7 +1330,7 @@ void Pipeline::set_rate_limits(const RateLimitSettings& s) {
     impl_->options.entity_caps = s.entity_caps;
     impl_->options.run_caps = s.run_caps;
   }
-  apply_caps();
+  return s;
 }
 
 PipelineMetrics Pipeline::metrics() const {

@@ -203,9 +203,14 @@ class Pipeline {
   // Every active run and unit of an installation; returns how many jobs were cancelled.
   int cancel_installation(const std::string& installation_id);
 
+  // The settings in force: this daemon's throttle and floor, and the caps in the store (shared by
+  // every host on it, whoever set them last).
   RateLimitSettings rate_limits() const;
-  // Throws InvalidRequest naming the field (negative numbers, floor outside [0, 1]).
-  void set_rate_limits(const RateLimitSettings& settings);
+  // Changes what `edit` changes of the settings in force, one change at a time, and returns the
+  // result. Caps are written to the store only for a kind whose caps `edit` changed: a change of
+  // the throttle does not put back caps another host has set since. Throws InvalidRequest naming
+  // the field (negative numbers, floor outside [0, 1]), and what `edit` throws, changing nothing.
+  RateLimitSettings update_rate_limits(const std::function<void(RateLimitSettings&)>& edit);
 
   PipelineMetrics metrics() const;
   PipelineOptions options() const;

@@ -228,23 +228,23 @@ Response rate_limits(Call& call) {
     throw method_not_allowed(call.request.method, call.request.path);
   const json body = call.json_body();
   for (const auto& [key, value] : body.items()) {
-    static const std::set<std::string> known = {"throttlePerHour", "throttleBurst",
-                                                "rateLimitFloor", "entityCaps", "runCaps"};
+    // "metadata": a GET's answer sent back as it is (ignored).
+    static const std::set<std::string> known = {
+        "throttlePerHour", "throttleBurst", "rateLimitFloor", "entityCaps", "runCaps", "metadata"};
     if (!known.count(key)) throw validation_error(key, "is not a known field");
   }
   // Fields left out keep their current values.
-  pipeline::RateLimitSettings settings = p.rate_limits();
-  read_number(body, "throttlePerHour", &settings.throttle_per_hour);
-  read_number(body, "throttleBurst", &settings.throttle_burst);
-  read_number(body, "rateLimitFloor", &settings.rate_limit_floor);
-  read_caps(body, "entityCaps", &settings.entity_caps);
-  read_caps(body, "runCaps", &settings.run_caps);
-  validated([&] {
-    p.set_rate_limits(settings);
-    return 0;
+  const pipeline::RateLimitSettings settings = validated([&] {
+    return p.update_rate_limits([&](pipeline::RateLimitSettings& s) {
+      read_number(body, "throttlePerHour", &s.throttle_per_hour);
+      read_number(body, "throttleBurst", &s.throttle_burst);
+      read_number(body, "rateLimitFloor", &s.rate_limit_floor);
+      read_caps(body, "entityCaps", &s.entity_caps);
+      read_caps(body, "runCaps", &s.run_caps);
+    });
   });
   call.summary = "set rate limits " + settings_json(settings).dump();
-  return call.ok(200, settings_json(p.rate_limits()));
+  return call.ok(200, settings_json(settings));
 }
 
 }  // namespace

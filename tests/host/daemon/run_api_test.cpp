@@ -228,6 +228,38 @@ TEST_F(RunApiTest, RateLimitsReadAndReplace) {
             "speed");
 }
 
+// Caps live in the store, shared by every host on it. GET shows the caps in force there, and a
+// PUT writes only the caps it names: before, it wrote back this daemon's own copy of every
+// setting, so another host's cap change was undone by any PUT here (of the throttle, say), and GET
+// showed caps no longer in force. A GET's answer, metadata included, can be sent back as it is.
+TEST_F(RunApiTest, RateLimitsChangeOnlyWhatAPutNamesAndShowTheCapsOtherHostsSet) {
+  jobs::JobStore& store = local_daemon_->store();
+  store.set_caps("backfill.entity", {7, 50});  // another host's PUT
+  const json limits = call("GET", "/v1/rate-limits").json();
+  EXPECT_EQ(limits["entityCaps"]["perInstallation"], 7) << limits.dump();
+  EXPECT_EQ(limits["entityCaps"]["global"], 50) << limits.dump();
+
+  const HttpResult put = call("PUT", "/v1/rate-limits", R"({"throttlePerHour":1000})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(store.caps().at("backfill.entity").global, 50);
+  EXPECT_EQ(store.caps().at("backfill.entity").per_key, 7);
+  EXPECT_EQ(put.json()["entityCaps"]["global"], 50);
+  EXPECT_DOUBLE_EQ(put.json()["throttlePerHour"].get<double>(), 1000);
+
+  store.set_caps("backfill.run", {2, 20});
+  const HttpResult caps = call("PUT", "/v1/rate-limits", R"({"entityCaps":{"global":60}})");
+  ASSERT_EQ(caps.status, 200) << caps.body;
+  EXPECT_EQ(store.caps().at("backfill.entity").per_key, 7);
+  EXPECT_EQ(store.caps().at("backfill.entity").global, 60);
+  EXPECT_EQ(store.caps().at("backfill.run").per_key, 2) << "a kind not named is not written";
+  EXPECT_EQ(store.caps().at("backfill.run").global, 20);
+
+  const HttpResult echo = call("PUT", "/v1/rate-limits", caps.body);
+  ASSERT_EQ(echo.status, 200) << echo.body;
+  EXPECT_EQ(echo.json()["entityCaps"], caps.json()["entityCaps"]);
+  EXPECT_EQ(echo.json()["runCaps"], caps.json()["runCaps"]);
+}
+
 // SPEC B4: the same daemon with its plugins' calls in worker processes.
 class IsolatedRunApiTest : public RunApiTest {
  protected:
