@@ -218,6 +218,22 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: shutdown.abandon_ms: must be an integer between 0 and 3600000 (got -5)"},
         BadField{"ZeroClaimBatch", [](json& c) { c["scheduler"]["claim_batch"] = 0; },
                  "config: scheduler.claim_batch: must be an integer between 1 and 4096 (got 0)"},
+        // Durations past a year, counts past what their type holds, whole-number floats past
+        // int64: each was read, then wrapped or overflowed (a sweep_ms of 1e13 ms made the sweep
+        // loop's wait overflow and spin; a cap of 2^32 became 0, unlimited).
+        BadField{"SweepMsBeyondAYear",
+                 [](json& c) { c["scheduler"]["sweep_ms"] = 10'000'000'000'000LL; },
+                 "config: scheduler.sweep_ms: must be an integer between 100 and 31536000000 (got "
+                 "10000000000000)"},
+        BadField{"CapBeyondInt",
+                 [](json& c) { c["pipeline"]["entity_caps"] = {{"global", 4294967296LL}}; },
+                 "config: pipeline.entity_caps.global: must be an integer between 0 and 100000 "
+                 "(got 4294967296)"},
+        BadField{"LeaseAsAHugeFloat", [](json& c) { c["scheduler"]["lease_ms"] = 1e19; },
+                 "config: scheduler.lease_ms: must be an integer between 1000 and 31536000000"},
+        BadField{"RetentionBeyondACentury",
+                 [](json& c) { c["scheduler"]["retention_days"] = 100'000; },
+                 "config: scheduler.retention_days: must be an integer between 0 and 36500"},
         BadField{"LogFormat", [](json& c) { c["logging"]["format"] = "xml"; },
                  "config: logging.format: must be one of \"text\", \"json\" (got \"xml\")"},
         BadField{"UnknownField", [](json& c) { c["admin"]["prot"] = 1; },
@@ -256,7 +272,7 @@ INSTANTIATE_TEST_SUITE_P(
                  [](json& c) {
                    c["pipeline"]["entity_caps"] = {{"global", -1}};
                  },
-                 "config: pipeline.entity_caps.global: must be an integer >= 0 (got -1)"},
+                 "config: pipeline.entity_caps.global: must be an integer between 0 and 100000 (got -1)"},
         BadField{"Floor", [](json& c) { c["pipeline"]["rate_limit_floor"] = 2; },
                  "config: pipeline.rate_limit_floor: must be a number between 0 and 1 (got 2)"},
         BadField{"HeartbeatVsLease",
