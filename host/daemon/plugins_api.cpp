@@ -54,6 +54,11 @@ Response validate_config(Call& call, const std::string& id) {
   json errors = json::array();
   try {
     plugin->validate_config(body["config"].dump());
+  } catch (const plugins::PluginCrashed& e) {
+    // Its worker died or hung (isolation): no verdict on the config, which may well be valid.
+    throw ApiError(503, "UNAVAILABLE",
+                   "plugin " + id + " could not check the config: " + std::string(e.what()),
+                   json::object(), true);
   } catch (const plugins::ConnectorFailure& e) {
     errors.push_back(e.what());
   }

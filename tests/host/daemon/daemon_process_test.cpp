@@ -574,6 +574,32 @@ TEST_F(DaemonProcessTest, InIsolationModeADaemonStopsWhileAFirstWorkerIsStillSta
   expect_ended(workers);
 }
 
+// validate-config in isolation mode: a plugin whose worker dies checking a config gives no verdict
+// on it (503, retryable), where it said "valid": false with the crash as the config's error. The
+// daemon goes on serving, and a config the plugin refuses is still reported invalid.
+TEST_F(DaemonProcessTest, InIsolationModeAPluginThatCrashesCheckingAConfigGivesNoVerdict) {
+  start_isolated_with_fake(json::object(), json::object());
+  if (HasFatalFailure()) return;
+  const sandbox::testing::HttpResult crashed =
+      api("POST", "/v1/plugins/fake/validate-config", R"({"config":{"abort_in_validate":"yes"}})");
+  EXPECT_EQ(crashed.status, 503) << crashed.body;
+  const json error = crashed.json()["error"];
+  EXPECT_EQ(error["code"], "UNAVAILABLE") << crashed.body;
+  EXPECT_EQ(error["retryable"], true) << crashed.body;
+  EXPECT_NE(error["message"].get<std::string>().find("plugin fake could not check the config: "),
+            std::string::npos)
+      << crashed.body;
+
+  const sandbox::testing::HttpResult invalid =
+      api("POST", "/v1/plugins/fake/validate-config", R"({"config":{"pages":0}})");
+  ASSERT_EQ(invalid.status, 200) << invalid.body;
+  EXPECT_EQ(invalid.json()["valid"], false) << invalid.body;
+  const sandbox::testing::HttpResult valid =
+      api("POST", "/v1/plugins/fake/validate-config", R"({"config":{"pages":2}})");
+  ASSERT_EQ(valid.status, 200) << valid.body;
+  EXPECT_EQ(valid.json()["valid"], true) << valid.body;
+}
+
 // An isolated daemon loads its plugins, and then starts their first workers, at once: the two
 // rendezvous plugins each wait in init() and in create() for the other to get there, and fail
 // alone after 20 s, as one after the other has them do.

@@ -11,6 +11,7 @@
 //         returns.
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
+//   abort_in_validate: "yes" — validate_config (create() too) calls abort().
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
 //   grow_later_mb: the first fetch_page returns its page and leaves a thread that then allocates
 //   and writes that many MB (the process grows between calls); destroy() joins it.
@@ -119,6 +120,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   }
 
   static void validate_config(std::string_view config) {
+    if (config_value(config, "abort_in_validate") == "yes") std::abort();
     if (config.empty() || config.front() != '{') {
       throw Error(BACKHAUL_INVALID_ARGUMENT, "config must be a JSON object");
     }
