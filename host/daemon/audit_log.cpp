@@ -1,6 +1,8 @@
 #include "host/daemon/audit_log.h"
 
 #include <cerrno>
+#include <string>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -37,7 +39,11 @@ void AuditLog::append(const AuditEntry& entry) {
     const ssize_t wrote = ::write(fd_, record.data() + done, record.size() - done);
     if (wrote < 0) {
       if (errno == EINTR) continue;
-      return;  // as the stream did: a failing disk drops the line
+      // The caller logs it: a mutation must not go unaudited in silence (a full disk, say).
+      throw std::system_error(errno, std::generic_category(),
+                              "cannot write the audit line of operation " + entry.operation_id +
+                                  " (" + std::to_string(done) + " of " +
+                                  std::to_string(record.size()) + " bytes written)");
     }
     done += static_cast<size_t>(wrote);
   }

@@ -27,7 +27,8 @@ class AuditLog {
   AuditLog(const AuditLog&) = delete;
   AuditLog& operator=(const AuditLog&) = delete;
 
-  // Appends one line {"time","operationId","method","path","status","summary"}. [thread-safe]
+  // Appends one line {"time","operationId","method","path","status","summary"}. Throws
+  // std::system_error when the line cannot be written (a full disk). [thread-safe]
   void append(const AuditEntry& entry);
 
   const std::filesystem::path& path() const noexcept { return path_; }

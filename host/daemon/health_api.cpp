@@ -32,6 +32,19 @@ std::string label(std::string_view value) {
   return out;
 }
 
+// `ms` in seconds, exactly ("61.5", "1234567.891", "0"): streamed as a double, a sum of job
+// times past a million seconds printed as 1.23457e+06, a counter moving in 10 s steps.
+std::string seconds(int64_t ms) {
+  const uint64_t magnitude = ms < 0 ? 0 - static_cast<uint64_t>(ms) : static_cast<uint64_t>(ms);
+  std::string text = (ms < 0 ? "-" : "") + std::to_string(magnitude / 1000);
+  if (const uint64_t fraction = magnitude % 1000; fraction != 0) {
+    std::string digits = std::to_string(1000 + fraction).substr(1);  // "005", "500"
+    digits.erase(digits.find_last_not_of('0') + 1);
+    text += '.' + digits;
+  }
+  return text;
+}
+
 void family(std::ostringstream& out, const char* name, const char* type, const char* help) {
   out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
 }
@@ -200,7 +213,7 @@ Response handle_metrics(Call& call) {
       const int64_t for_ms =
           it == stats.store_failures.end() ? 0 : it->second.last_ms - it->second.since_ms;
       out << "backhaul_scheduler_store_failing_seconds{operation=\"" << operation << "\"} "
-          << static_cast<double>(for_ms) / 1000 << '\n';
+          << seconds(for_ms) << '\n';
     }
     const jobs::HeartbeatLanes& beats = stats.heartbeats;
     family(out, "backhaul_scheduler_heartbeat_lanes", "gauge",
@@ -213,19 +226,18 @@ Response handle_metrics(Call& call) {
     out << "backhaul_scheduler_heartbeats_queued " << beats.queued << '\n';
     family(out, "backhaul_scheduler_heartbeat_oldest_seconds", "gauge",
            "How long the heartbeat under way longest has been waiting for the store; 0 if none.");
-    out << "backhaul_scheduler_heartbeat_oldest_seconds "
-        << static_cast<double>(beats.oldest_ms) / 1000 << '\n';
+    out << "backhaul_scheduler_heartbeat_oldest_seconds " << seconds(beats.oldest_ms) << '\n';
     family(out, "backhaul_job_wait_seconds", "summary",
            "Time from due (created or run-after) to the start of a handler run, by kind.");
     for (const auto& [kind, l] : stats.latency) {
       out << "backhaul_job_wait_seconds_sum{kind=\"" << label(kind) << "\"} "
-          << static_cast<double>(l.wait_ms_sum) / 1000 << '\n'
+          << seconds(l.wait_ms_sum) << '\n'
           << "backhaul_job_wait_seconds_count{kind=\"" << label(kind) << "\"} " << l.runs << '\n';
     }
     family(out, "backhaul_job_run_seconds", "summary", "Time in the handler per run, by kind.");
     for (const auto& [kind, l] : stats.latency) {
       out << "backhaul_job_run_seconds_sum{kind=\"" << label(kind) << "\"} "
-          << static_cast<double>(l.run_ms_sum) / 1000 << '\n'
+          << seconds(l.run_ms_sum) << '\n'
           << "backhaul_job_run_seconds_count{kind=\"" << label(kind) << "\"} " << l.runs << '\n';
     }
   }

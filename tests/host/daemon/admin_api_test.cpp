@@ -3,11 +3,13 @@
 #include "host/daemon/admin_api.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -374,6 +376,20 @@ TEST_F(DaemonTest, RetryingALetterWhoseJobWasPrunedIsAConflictNotANotFound) {
   const HttpResult r = call("POST", "/v1/dead-letters/" + std::to_string(letter) + "/retry");
   expect_envelope(r, 409, "CONFLICT");
   EXPECT_NE(r.body.find("pruned"), std::string::npos) << r.body;
+}
+
+// A line that cannot be written (a full disk) is an error the admin API logs, not a silent loss.
+TEST(AuditLogTest, ALineThatCannotBeWrittenIsAnError) {
+  AuditLog full("/dev/full");
+  try {
+    full.append({1'000, "op-1", "POST", "/v1/jobs/1/cancel", 200, "cancel job 1"});
+    ADD_FAILURE() << "no error";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ENOSPC);
+    EXPECT_NE(std::string(e.what()).find("cannot write the audit line of operation op-1 (0 of "),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(DaemonTest, MutationsAreAuditedWithoutTheToken) {
@@ -790,6 +806,20 @@ TEST_F(MadeUpSchedulerStats, MetricsShowTheHeartbeatLanes) {
                              "backhaul_scheduler_heartbeats_queued 0\n",
                              "backhaul_scheduler_heartbeat_oldest_seconds 0\n"}) {
     EXPECT_NE(idle.find(series), std::string::npos) << series << "\n" << idle;
+  }
+}
+
+// Seconds are printed exactly: a sum of job times past a million seconds came out as
+// 1.23457e+06 (a double with 6 digits), so the counter moved in steps of 10 s.
+TEST_F(MadeUpSchedulerStats, MetricsPrintSecondsExactly) {
+  stats_.latency["kind.a"].wait_ms_sum = 1'234'567'891;
+  stats_.latency["kind.a"].run_ms_sum = 86'400'005;
+  stats_.latency["kind.a"].runs = 3;
+  const std::string text = get("/metrics").body;
+  for (const char* series : {"backhaul_job_wait_seconds_sum{kind=\"kind.a\"} 1234567.891\n",
+                             "backhaul_job_run_seconds_sum{kind=\"kind.a\"} 86400.005\n",
+                             "backhaul_job_run_seconds_count{kind=\"kind.a\"} 3\n"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
   }
 }
 
