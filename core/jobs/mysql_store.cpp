@@ -2678,6 +2678,13 @@ class MysqlStore final : public JobStore {
     return id;
   }
 
+  // Ends each read of the commit checks below. A COMMIT whose reply was lost may still be under
+  // way on the server (the client's read timed out during a slow fsync; a proxy dropped the
+  // client's side): a plain read at READ COMMITTED sees nothing of it yet, and its caller would
+  // run the change again, both then committing. A locking read waits for the rows that COMMIT
+  // holds, and reads them once it has ended, either way.
+  static constexpr const char* kAwaitCommits = " LOCK IN SHARE MODE";
+
   // Whether the ending of job `id`'s attempt under lease `token` (one per claim) wrote its row:
   // a sweep that took the lease back writes one under the token too, as "lease_expired", and
   // that one does not count. Throws StorageError when it cannot be read.
@@ -2685,7 +2692,7 @@ class MysqlStore final : public JobStore {
     return !read("commit check", [&](mysql::Connection& c) {
               Sql sql("SELECT 1 FROM job_attempts WHERE job_id = ");
               sql << id << " AND lease_token = " << quote(token)
-                  << " AND outcome <> 'lease_expired' LIMIT 1";
+                  << " AND outcome <> 'lease_expired' LIMIT 1" << kAwaitCommits;
               return c.one(sql);
             }).rows.empty();
   }
@@ -2784,7 +2791,7 @@ class MysqlStore final : public JobStore {
         return !read("commit check", [&](mysql::Connection& conn) {
                   return conn.one(Sql("SELECT 1 FROM jobs WHERE id = ")
                                   << c.job.id << " AND status = 'running' AND lease_token = "
-                                  << quote(c.lease_token));
+                                  << quote(c.lease_token) << kAwaitCommits);
                 }).rows.empty();
       } catch (const std::exception&) {
         return std::nullopt;
@@ -2838,7 +2845,7 @@ class MysqlStore final : public JobStore {
                                << made[i].id << " AND kind = " << quote(s.kind)
                                << " AND concurrency_key = " << quote(s.concurrency_key)
                                << " AND created_ms = " << now
-                               << " AND payload = " << quote(s.payload));
+                               << " AND payload = " << quote(s.payload) << kAwaitCommits);
                 }).rows.empty();
       } catch (const std::exception&) {
         return std::nullopt;
@@ -2861,7 +2868,8 @@ class MysqlStore final : public JobStore {
     if (done.count == 0) return true;
     try {
       const Result r = read("commit check", [&](mysql::Connection& c) {
-        return c.one(Sql("SELECT retries FROM dead_letters WHERE id = ") << done.first);
+        return c.one(Sql("SELECT retries FROM dead_letters WHERE id = ")
+                     << done.first << kAwaitCommits);
       });
       if (r.rows.empty()) return std::nullopt;
       return to_i64(r.rows[0][0]) > done.first_retries;

@@ -1637,6 +1637,7 @@ class Relay {
     stop_ = true;
     acceptor_.join();
     for (std::thread& pump : pumps_) pump.join();
+    for (int fd : kept_) ::close(fd);
     ::close(listener_);
   }
   Relay(const Relay&) = delete;
@@ -1645,6 +1646,12 @@ class Relay {
   unsigned port() const { return port_; }
   void hold_replies() { held_ = generation_.load(); }
   void cut() { ++generation_; }
+  // Cuts the clients' side only: the store sees its connections lost, while the server's sessions
+  // live on, the statement under way included (as after a client's read timeout on a slow COMMIT).
+  void cut_clients_only() {
+    abandoned_ = generation_.load();
+    ++generation_;
+  }
   // The server "stops": open connections are cut and new ones closed at once, until up().
   void down() {
     refusing_ = true;
@@ -1704,8 +1711,13 @@ class Relay {
       }
     }
     ::shutdown(client, SHUT_RDWR);
-    ::shutdown(server, SHUT_RDWR);
     ::close(client);
+    if (abandoned_ == generation) {
+      std::lock_guard lock(kept_mutex_);
+      kept_.push_back(server);  // closed by the destructor
+      return;
+    }
+    ::shutdown(server, SHUT_RDWR);
     ::close(server);
   }
   static bool forward(int from, int to, std::vector<char>& buffer) {
@@ -1725,6 +1737,9 @@ class Relay {
   std::atomic<bool> stop_{false};
   std::atomic<int> generation_{0};
   std::atomic<int> held_{-1};
+  std::atomic<int> abandoned_{-1};
+  std::mutex kept_mutex_;
+  std::vector<int> kept_;  // server sides of abandoned connections
   std::atomic<bool> refusing_{false};
   std::atomic<int> refused_{0};
   std::thread acceptor_;
@@ -2941,6 +2956,68 @@ auto retrying_a_transient_error(Op op) {
   } catch (const StorageError& e) {
     if (!e.transient()) throw;
     return op();
+  }
+}
+
+// Runs `call`, a store call through `t.relay` whose transaction writes, while every COMMIT waits
+// for the backup lock. Once its COMMIT waits, the relay cuts the clients' side of its connections
+// only: the server's session lives on and its COMMIT is still under way when the store, having
+// lost the connection, reads back whether it applied. The lock is freed once the store reads (a
+// locking read waits for that COMMIT) or has run its change again (its second COMMIT waiting for
+// the lock as well). Returns the call's error ("" if none).
+std::string connection_lost_during_commit(ThroughRelay& t, std::function<void()> call) {
+  ServerWide blocked(t.db, "BACKUP STAGE START; BACKUP STAGE BLOCK_COMMIT", "BACKUP STAGE END");
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread caller = running(std::move(call), error, done);
+  const int64_t first =
+      session_where(t.db, "STATE = 'Waiting for backup lock' AND INFO LIKE '%COMMIT'", 0, done);
+  if (first != 0) t.relay.cut_clients_only();
+  const int64_t next = first == 0 ? 0
+                                  : session_where(t.db,
+                                                  "((STATE = 'Waiting for backup lock' AND INFO "
+                                                  "LIKE '%COMMIT') OR INFO LIKE '%LOCK IN SHARE "
+                                                  "MODE%')",
+                                                  first, done);
+  blocked.end();
+  caller.join();
+  EXPECT_NE(first, 0) << "the call's COMMIT never waited for the backup lock: " << error;
+  EXPECT_TRUE(first == 0 || next != 0)
+      << "the store neither read back nor made its change again: " << error;
+  return error;
+}
+
+// The connection of an enqueue is lost while its COMMIT is still under way on the server (a client
+// read timeout during a slow fsync, a proxy dropping the client's side). The store's read-back of
+// its first job must wait for that COMMIT: a plain read at READ COMMITTED saw nothing yet, the
+// store took the enqueue for not applied and ran it again, and both COMMITs landed (4 jobs for 2).
+TEST(MysqlBackupLock, AnEnqueueWhoseConnectionIsLostWhileItsCommitIsUnderWayMakesItsJobsOnce) {
+  ThroughRelay t;
+  std::vector<EnqueueResult> made;
+  const std::string error = connection_lost_during_commit(t, [&] {
+    made = t.store->enqueue_batch({spec("k", "a"), spec("k", "b")}, 1000);
+  });
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs"), 2) << "made twice";
+  EXPECT_EQ(made.size(), 2u);
+}
+
+// The same for a claim: it read back nothing yet, failed, and its jobs stayed leased to a claim
+// nobody held, until a sweep took them back and counted an attempt.
+TEST(MysqlBackupLock, AClaimWhoseConnectionIsLostWhileItsCommitIsUnderWayReturnsItsJobs) {
+  ThroughRelay t;
+  t.direct->enqueue(spec("k", "a"), 1000);
+  t.direct->enqueue(spec("k", "b"), 1000);
+  t.store->claim(claim_of("w", 1, 1000, {"none"}));  // registers the owner, a write of its own
+  std::vector<Claimed> got;
+  const std::string error = connection_lost_during_commit(
+      t, [&] { got = t.store->claim(claim_of("w", 2, 1000, {"k"})); });
+  EXPECT_EQ(error, "");
+  ASSERT_EQ(got.size(), 2u);
+  for (const Claimed& c : got) {
+    const std::optional<Job> job = t.direct->get(c.job.id);
+    EXPECT_EQ(job->status, JobStatus::kRunning);
+    EXPECT_EQ(job->lease_token, c.lease_token) << "the claim returned is the one in force";
   }
 }
 
