@@ -1321,6 +1321,10 @@ size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_
 // that far returns short, and the caller claims again.
 constexpr int kClaimReads = 8;
 constexpr size_t kMaxClaimWindow = 4096;
+// The statements reading the heads of per-key capped kinds, and each round trip of them, hold at
+// most this much (one sub-SELECT of about 250 bytes per key with room): well under any
+// max_allowed_packet a server would run with (1 MiB at least in practice; 16 MiB by default).
+constexpr size_t kHeadBytes = 256u << 10;
 
 // The claim transaction. Uncapped kinds: their first `limit` due jobs in claim order, read
 // plainly, then locked by primary key. Capped kinds: under the kind's job_caps lock, exact
@@ -1418,8 +1422,16 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       c.keys[to_str(row[1])] = n;
       c.total += n;
     }
-    std::vector<std::string> heads;
-    std::vector<std::string> head_kinds;
+    // Each kind's heads: per-key capped, one sub-SELECT per key with room, in statements of at
+    // most kHeadBytes, sent in round trips of at most that much. One statement of them all grew
+    // past the server's max_allowed_packet with tens of thousands of keys queued (1153, and no
+    // claim of any kind ran again).
+    struct KindHeads {
+      std::string kind;
+      std::vector<std::string> statements;
+      std::vector<Row> rows;
+    };
+    std::vector<KindHeads> heads;
     size_t keys_result = 1;
     for (const auto& [kind, c] : capped) {
       int64_t want = limit;
@@ -1430,53 +1442,77 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
         ++keys_result;
       }
       if (want <= 0) continue;
-      std::string sql;
+      KindHeads h{kind, {}, {}};
       if (c.per_key == 0) {
-        sql = Sql("SELECT id, kind, concurrency_key, priority, run_after_ms, 0 FROM jobs WHERE "
-                  "status = 'queued' AND kind = ")
-              << quote(kind) << " AND run_after_ms <= " << now
-              << " ORDER BY priority, run_after_ms, id LIMIT " << want;
+        h.statements.push_back(
+            Sql("SELECT id, kind, concurrency_key, priority, run_after_ms, 0 FROM jobs WHERE "
+                "status = 'queued' AND kind = ")
+            << quote(kind) << " AND run_after_ms <= " << now
+            << " ORDER BY priority, run_after_ms, id LIMIT " << want);
       } else {
+        std::string sql;
         for (const Row* key_row : keys) {
           std::string key = to_str((*key_row)[0]);
           auto it = c.keys.find(key);
           int64_t running = it == c.keys.end() ? 0 : it->second;
           if (running >= c.per_key) continue;
+          std::string one =
+              Sql("(SELECT id, kind, concurrency_key, priority, run_after_ms, ")
+              << running << " FROM jobs WHERE status = 'queued' AND kind = " << quote(kind)
+              << " AND concurrency_key = " << quote(key) << " AND run_after_ms <= " << now
+              << " ORDER BY priority, run_after_ms, id LIMIT "
+              << std::min<int64_t>(c.per_key - running, want) << ")";
+          if (!sql.empty() && sql.size() + one.size() > kHeadBytes) {
+            h.statements.push_back(std::move(sql));
+            sql.clear();
+          }
           if (!sql.empty()) sql += " UNION ALL ";
-          sql += Sql("(SELECT id, kind, concurrency_key, priority, run_after_ms, ")
-                 << running << " FROM jobs WHERE status = 'queued' AND kind = " << quote(kind)
-                 << " AND concurrency_key = " << quote(key) << " AND run_after_ms <= " << now
-                 << " ORDER BY priority, run_after_ms, id LIMIT "
-                 << std::min<int64_t>(c.per_key - running, want) << ")";
+          sql += one;
         }
-        if (sql.empty()) continue;
+        if (!sql.empty()) h.statements.push_back(std::move(sql));
+        if (h.statements.empty()) continue;
       }
-      heads.push_back(std::move(sql));
-      head_kinds.push_back(kind);
+      heads.push_back(std::move(h));
     }
-    if (!heads.empty()) {
-      std::vector<Result> head_rows = tx.run(heads);
-      for (size_t i = 0; i < heads.size(); ++i) {
-        const KindCaps& c = capped[head_kinds[i]];
-        int64_t want = limit;
-        if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
-        std::vector<Candidate> list;
-        std::map<std::string, int64_t> rank;
-        for (const Row& row : head_rows[i].rows) {
-          Candidate candidate;
-          candidate.id = to_i64(row[0]);
-          candidate.kind = to_str(row[1]);
-          candidate.key = to_str(row[2]);
-          candidate.priority = to_int(row[3]);
-          candidate.run_after = to_i64(row[4]);
-          // Fair share applies to per-key caps; a global-only cap keeps the claim order.
-          candidate.load = c.per_key > 0 ? to_i64(row[5]) + rank[candidate.key]++ : 0;
-          list.push_back(std::move(candidate));
-        }
-        std::sort(list.begin(), list.end(), fair_order);
-        if (static_cast<int64_t>(list.size()) > want) list.resize(static_cast<size_t>(want));
-        lists.push_back(std::move(list));
+    std::vector<std::pair<KindHeads*, const std::string*>> statements;
+    for (KindHeads& h : heads) {
+      for (const std::string& statement : h.statements) statements.emplace_back(&h, &statement);
+    }
+    for (size_t at = 0; at < statements.size();) {
+      const size_t trip_start = at;
+      std::vector<std::string> trip;
+      size_t bytes = 0;
+      while (at < statements.size() &&
+             (trip.empty() || bytes + statements[at].second->size() <= kHeadBytes)) {
+        bytes += statements[at].second->size();
+        trip.push_back(*statements[at++].second);
       }
+      std::vector<Result> results = tx.run(trip);
+      for (size_t k = 0; k < results.size(); ++k) {
+        std::vector<Row>& rows = statements[trip_start + k].first->rows;
+        for (Row& row : results[k].rows) rows.push_back(std::move(row));
+      }
+    }
+    for (const KindHeads& h : heads) {
+      const KindCaps& c = capped[h.kind];
+      int64_t want = limit;
+      if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
+      std::vector<Candidate> list;
+      std::map<std::string, int64_t> rank;
+      for (const Row& row : h.rows) {
+        Candidate candidate;
+        candidate.id = to_i64(row[0]);
+        candidate.kind = to_str(row[1]);
+        candidate.key = to_str(row[2]);
+        candidate.priority = to_int(row[3]);
+        candidate.run_after = to_i64(row[4]);
+        // Fair share applies to per-key caps; a global-only cap keeps the claim order.
+        candidate.load = c.per_key > 0 ? to_i64(row[5]) + rank[candidate.key]++ : 0;
+        list.push_back(std::move(candidate));
+      }
+      std::sort(list.begin(), list.end(), fair_order);
+      if (static_cast<int64_t>(list.size()) > want) list.resize(static_cast<size_t>(want));
+      lists.push_back(std::move(list));
     }
   }
 

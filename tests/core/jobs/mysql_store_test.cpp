@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -3126,6 +3127,35 @@ TEST(MysqlBackupLock, AnEnqueueWhoseCommitWasKilledBeforeItAppliedIsMadeAgain) {
 // read once when it opened. An operator's SET GLOBAL (or a Galera cluster that resized) reaches
 // the sessions opened later: a batch enqueued on one returned ids of other jobs, or of none.
 // Registered RUN_SERIAL (CMakeLists.txt): the setting is global.
+// A per-key capped claim reads the head of each key with room, one sub-SELECT per key. With
+// thousands of keys queued (installations), those went out as one statement, which grew past the
+// server's max_allowed_packet (here 1 MiB; 16 MiB by default is about 60 000 keys): every claim
+// then failed with error 1153, jobs of any kind included. They go in statements and round trips
+// of at most 256 KiB now, and the claim is as fair as before.
+TEST(MysqlServerWide, AClaimOverMoreKeysThanOneStatementHoldsStillClaims) {
+  TestDatabase db;
+  const int64_t packet = scalar(*db.root_session(), "SELECT @@max_allowed_packet");
+  ServerWide small(db, "SET GLOBAL max_allowed_packet = 1048576",
+                   "SET GLOBAL max_allowed_packet = " + std::to_string(packet));
+  auto store = db.open(2);  // its sessions see the small packet
+  store->set_caps("k", {1, 0});
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 2'000; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof key, "%05d-", i);
+    specs.push_back(spec("k", key + std::string(600, 'k')));
+  }
+  store->enqueue_batch(specs, 1000);
+  store->enqueue(spec("other", "x"), 1000);
+  std::vector<Claimed> got;
+  ASSERT_NO_THROW(got = store->claim(claim_of("w", 8, 2000, {"k", "other"})));
+  ASSERT_EQ(got.size(), 8u);
+  std::set<std::string> keys;
+  for (const Claimed& c : got) keys.insert(c.job.concurrency_key);
+  EXPECT_EQ(keys.size(), 8u) << "one job per key: the cap is 1";
+  small.end();
+}
+
 TEST(MysqlServerWide, ABatchEnqueuedAfterTheIncrementChangedReturnsTheIdsOfItsJobs) {
   TestDatabase db;
   auto store = db.open(2);
