@@ -1272,9 +1272,9 @@ std::string uncapped_candidates(int64_t now, const std::string& kinds_filter,
   return sql;
 }
 
-std::vector<Candidate> read_candidates(const Result& result) {
+std::vector<Candidate> read_candidates(const std::vector<Row>& rows) {
   std::vector<Candidate> out;
-  for (const Row& row : result.rows) {
+  for (const Row& row : rows) {
     Candidate c;
     c.id = to_i64(row[0]);
     c.kind = to_str(row[1]);
@@ -1284,6 +1284,10 @@ std::vector<Candidate> read_candidates(const Result& result) {
     out.push_back(std::move(c));
   }
   return out;
+}
+
+std::vector<Candidate> read_candidates(const Result& result) {
+  return read_candidates(result.rows);
 }
 
 // Locks those of the candidates that are still queued and due (SKIP LOCKED: a row another claim
@@ -1497,18 +1501,12 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       const KindCaps& c = capped[h.kind];
       int64_t want = limit;
       if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
-      std::vector<Candidate> list;
+      std::vector<Candidate> list = read_candidates(h.rows);
+      // Fair share applies to per-key caps (load: the key's running jobs, plus the candidates
+      // of the key before this one); a global-only cap keeps the claim order.
       std::map<std::string, int64_t> rank;
-      for (const Row& row : h.rows) {
-        Candidate candidate;
-        candidate.id = to_i64(row[0]);
-        candidate.kind = to_str(row[1]);
-        candidate.key = to_str(row[2]);
-        candidate.priority = to_int(row[3]);
-        candidate.run_after = to_i64(row[4]);
-        // Fair share applies to per-key caps; a global-only cap keeps the claim order.
-        candidate.load = c.per_key > 0 ? to_i64(row[5]) + rank[candidate.key]++ : 0;
-        list.push_back(std::move(candidate));
+      for (size_t i = 0; c.per_key > 0 && i < list.size(); ++i) {
+        list[i].load = to_i64(h.rows[i][5]) + rank[list[i].key]++;
       }
       std::sort(list.begin(), list.end(), fair_order);
       if (static_cast<int64_t>(list.size()) > want) list.resize(static_cast<size_t>(want));
