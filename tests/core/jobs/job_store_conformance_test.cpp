@@ -950,9 +950,14 @@ TEST_P(JobStoreConformance, CompleteRecordsTheResultAndFinishesTheJob) {
   EXPECT_EQ(j.finished_ms, kT0 + 5 * kSecond);
   EXPECT_EQ(j.updated_ms, kT0 + 5 * kSecond);
   EXPECT_EQ(j.attempts, 1);
+  // It holds no lease, so no lease owner (both backends); who ran it is in its history.
+  EXPECT_FALSE(j.lease_owner.has_value());
+  EXPECT_FALSE(j.lease_token.has_value());
+  EXPECT_EQ(j.lease_expires_ms, 0);
   std::vector<Attempt> history = store().attempts(id);
   ASSERT_EQ(history.size(), 1u) << describe(history);
   EXPECT_EQ(history[0].outcome, "succeeded");
+  EXPECT_EQ(history[0].owner, kOwner);
   EXPECT_EQ(history[0].finished_ms, kT0 + 5 * kSecond);
   EXPECT_THAT(claim(10, kT0 + kDay), ::testing::IsEmpty());
 }
