@@ -96,6 +96,11 @@ std::vector<std::string_view> split_path(std::string_view path) {
   return segments;
 }
 
+std::vector<std::string_view> path_segments(const Request& request) {
+  if (request.segments.empty()) return split_path(request.path);
+  return {request.segments.begin(), request.segments.end()};
+}
+
 std::string percent_decode(std::string_view text, bool plus_is_space) {
   std::string out;
   out.reserve(text.size());
@@ -128,7 +133,11 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
   request.method = in.getMethod();
   const std::string& uri = in.getURI();
   const size_t question = uri.find('?');
-  request.path = percent_decode(std::string_view(uri).substr(0, question), false);
+  const std::string_view raw_path = std::string_view(uri).substr(0, question);
+  request.path = percent_decode(raw_path, false);
+  for (std::string_view segment : split_path(raw_path)) {
+    request.segments.push_back(percent_decode(segment, false));
+  }
   if (question != std::string::npos) {
     request.query = Query::parse(std::string_view(uri).substr(question + 1));
   }
@@ -140,6 +149,16 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
     while (body && request.body.size() <= max_body_bytes) {
       body.read(buffer, sizeof buffer);
       request.body.append(buffer, static_cast<size_t>(body.gcount()));
+    }
+    // A body cut short (the client stopped sending: a read timeout, a reset, its end before the
+    // length it announced) is no request: read as a whole it could be a valid, shorter one (an
+    // empty body, say, asking for every default).
+    if (body.bad() || (in.hasContentLength() &&
+                       static_cast<int64_t>(request.body.size()) < in.getContentLength64())) {
+      throw std::runtime_error("body: ended after " + std::to_string(request.body.size()) +
+                               (in.hasContentLength()
+                                    ? " of " + std::to_string(in.getContentLength64()) + " bytes"
+                                    : " bytes"));
     }
     if (request.body.size() <= max_body_bytes) return request;
     request.body.resize(max_body_bytes);

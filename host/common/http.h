@@ -45,10 +45,14 @@ class Query {
 struct Request {
   std::string method;
   std::string path;  // decoded, without the query
+  // The path's segments, each decoded on its own: "/v1/installations/org%2F1/cancel" has four,
+  // the third "org/1" (`path` reads as five). Empty for a request made in code: split `path`.
+  std::vector<std::string> segments;
   Query query;
   std::map<std::string, std::string> headers;  // names in lower case
   std::string body;
   bool body_too_large = false;  // the body was longer than the reader's limit (and truncated)
+  std::optional<std::string> unreadable;  // why the request could not be read, if it could not
 
   // The value of header `lower_case_name`, or nullptr.
   const std::string* header(const std::string& lower_case_name) const;
@@ -72,6 +76,8 @@ Response json_response(int status, const nlohmann::json& body);
 // "/a/b/c" -> {"a", "b", "c"}; empty segments (from "//" or a trailing "/") are kept, so a trailing
 // slash does not match a route.
 std::vector<std::string_view> split_path(std::string_view path);
+// `request.segments` as views, or split_path(request.path) when it has none.
+std::vector<std::string_view> path_segments(const Request& request);
 
 std::string percent_decode(std::string_view text, bool plus_is_space);
 

@@ -57,6 +57,9 @@ Response error_response(const Call& call, const ApiError& error) {
 
 Response route(Call& call) {
   const Request& request = call.request;
+  if (request.unreadable) {
+    throw ApiError(400, "VALIDATION_ERROR", "request: could not be read: " + *request.unreadable);
+  }
   if (request.body_too_large) {
     throw ApiError(413, "PAYLOAD_TOO_LARGE",
                    "body: larger than " + std::to_string(call.options.max_body_bytes) + " bytes",
@@ -68,7 +71,7 @@ Response route(Call& call) {
         "headers: larger than " + std::to_string(call.options.max_header_bytes) + " bytes",
         {{"maxHeaderBytes", call.options.max_header_bytes}});
   }
-  const std::vector<std::string_view> segments = host::split_path(request.path);
+  const std::vector<std::string_view> segments = host::path_segments(request);
   const Route all(segments);
   if (!segments.empty() && segments[0] == "health") return handle_health(call, all.subspan(1));
   if (segments.size() == 1 && segments[0] == "metrics") {

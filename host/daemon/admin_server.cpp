@@ -24,20 +24,19 @@ class Handler final : public Poco::Net::HTTPRequestHandler {
   explicit Handler(AdminApi& api) : api_(api) {}
   void handleRequest(Poco::Net::HTTPServerRequest& request,
                      Poco::Net::HTTPServerResponse& response) override {
-    host::Response answer;
+    host::Request in;
     try {
-      answer = api_.handle(host::read_request(request, api_.options().max_body_bytes));
+      in = host::read_request(request, api_.options().max_body_bytes);
     } catch (const std::exception& e) {
-      // Reading the request failed (client went away, malformed chunking): nothing to audit.
+      // Reading the request failed (client went away, malformed chunking): the API refuses it,
+      // with an operation id, and audits it as it does every refused mutation.
       logging::get("admin_api")->warn("reading request {} failed: {}", request.getURI(), e.what());
-      answer = host::json_response(400, {{"error",
-                                          {{"code", "VALIDATION_ERROR"},
-                                           {"message", "request: could not be read"},
-                                           {"details", nlohmann::json::object()},
-                                           {"retryable", false}}},
-                                         {"metadata", {{"operationId", ""}, {"timestamp", ""}}}});
+      in = host::Request{};
+      in.method = request.getMethod();
+      in.path = request.getURI().substr(0, request.getURI().find('?'));
+      in.unreadable = e.what();
     }
-    host::write_response(answer, response);
+    host::write_response(api_.handle(in), response);
   }
 
  private:

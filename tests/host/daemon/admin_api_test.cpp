@@ -14,10 +14,14 @@
 
 #include <gtest/gtest.h>
 
+#include "core/http/http.h"
 #include "core/http/replay_transport.h"
 #include "core/pipeline/pipeline.h"
 #include "tests/host/daemon/daemon_fixture.h"
 #include "tests/host/daemon/sql_client.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace backhaul::daemon::testing {
@@ -392,6 +396,52 @@ TEST(AuditLogTest, ALineThatCannotBeWrittenIsAnError) {
   }
 }
 
+// A request that cannot be read (its body stops coming: the server's read times out) is refused
+// like any other: the error envelope with an operation id (header and metadata), and an audit
+// line for a mutation. Before, it got a bare 400 with empty metadata and was never audited.
+TEST_F(DaemonTest, ARequestThatCannotBeReadIsRefusedWithAnOperationIdAndAudited) {
+  start([](nlohmann::json& c) { c["admin"]["timeout_ms"] = 200; });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(daemon_->port()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string head = std::string("POST /v1/dead-letters/purge HTTP/1.1\r\nHost: x\r\n") +
+                           "Authorization: Bearer " + kToken +
+                           "\r\nContent-Length: 100\r\n\r\n{\"olderThan";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::string answer;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) {
+    answer.append(buffer, static_cast<size_t>(n));
+    if (answer.find("\r\n\r\n") != std::string::npos && answer.back() == '}') break;
+  }
+  ::close(fd);
+  ASSERT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+  const std::string lower = http::to_lower(answer);
+  const size_t at = lower.find("\r\nx-operation-id: ");
+  ASSERT_NE(at, std::string::npos) << answer;
+  const size_t value = at + std::string("\r\nx-operation-id: ").size();
+  const std::string operation = answer.substr(value, answer.find("\r\n", value) - value);
+  const json body = json::parse(answer.substr(answer.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["error"]["code"], "VALIDATION_ERROR");
+  EXPECT_NE(body["error"]["message"].get<std::string>().find(
+                "request: could not be read: body: ended after "),
+            std::string::npos)
+      << body.dump();
+  EXPECT_NE(body["error"]["message"].get<std::string>().find(" of 100 bytes"), std::string::npos)
+      << body.dump();
+  EXPECT_EQ(body["metadata"]["operationId"], operation);
+  EXPECT_NE(body["metadata"]["timestamp"], "");
+  const std::vector<json> lines = audit_lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["operationId"], operation);
+  EXPECT_EQ(lines[0]["path"], "/v1/dead-letters/purge");
+  EXPECT_EQ(lines[0]["status"], 400);
+}
+
 TEST_F(DaemonTest, MutationsAreAuditedWithoutTheToken) {
   start();
   const jobs::JobId id = enqueue("kind.a");
@@ -439,6 +489,21 @@ TEST_F(DaemonTest, TextThatIsNotUtf8IsShownNotTurnedIntoAnError) {
   const std::vector<json> lines = audit_lines();
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["status"], 200);
+}
+
+// An installation id may hold a '/' (run creation accepts any id): its cancel URL has it as %2F,
+// decoded within its segment. The path was decoded before it was split, and the route had one
+// segment too many (404).
+TEST_F(DaemonTest, AnInstallationWhoseIdHasASlashCanBeCancelled) {
+  start();
+  const jobs::JobId slashed = enqueue("kind.a", "org/1");
+  const jobs::JobId other = enqueue("kind.a", "org");
+  const HttpResult cancel = call("POST", "/v1/installations/org%2F1/cancel");
+  ASSERT_EQ(cancel.status, 200) << cancel.body;
+  EXPECT_EQ(cancel.json()["cancelled"], 1) << cancel.body;
+  EXPECT_EQ(store().get(slashed)->status, jobs::JobStatus::kCancelled);
+  EXPECT_EQ(store().get(other)->status, jobs::JobStatus::kQueued);
+  expect_envelope(call("POST", "/v1/installations/org/1/cancel"), 404, "NOT_FOUND");
 }
 
 // A depth that does not fit an int is refused, not wrapped: 2^32 + 7 is not 7.
