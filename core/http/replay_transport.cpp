@@ -22,7 +22,10 @@ Headers parse_headers(const json& j, const std::string& where) {
   if (j.is_object()) {
     for (const auto& [name, value] : j.items()) {
       if (value.is_array()) {  // a repeated header
-        for (const auto& v : value) headers.emplace_back(to_lower(name), v.get<std::string>());
+        for (const auto& v : value) {
+          if (!v.is_string()) throw Error(where + ": headers." + name + " must hold strings");
+          headers.emplace_back(to_lower(name), v.get<std::string>());
+        }
       } else {
         headers.emplace_back(to_lower(name),
                              value.is_string() ? value.get<std::string>() : value.dump());
@@ -47,6 +50,8 @@ Exchange parse_exchange(const json& j, const std::string& where) {
   const json& res = j.value("response", json());
   if (!req.is_object() || !req.contains("url") || !req["url"].is_string())
     throw Error(where + ": request.url (string) is required");
+  if (req.contains("method") && !req["method"].is_string())
+    throw Error(where + ": request.method must be a string");
   Exchange e;
   e.method = upper(req.value("method", std::string("GET")));
   e.url = req["url"].get<std::string>();
@@ -66,6 +71,8 @@ Exchange parse_exchange(const json& j, const std::string& where) {
     const json& body = res["body"];
     e.response.body = body.is_string() ? body.get<std::string>() : body.dump();
   }
+  if (res.contains("url") && !res["url"].is_string())
+    throw Error(where + ": response.url must be a string");
   e.response.url = res.value("url", e.url);
   return e;
 }

@@ -161,13 +161,32 @@ TEST(ValidateCommandTest, JsonReportOfAFailingPluginMatchesTheSchema) {
   EXPECT_EQ(report["fixtures"], nullptr);
 }
 
+// A fixtures file the validator cannot read is an error of the run (exit 2) naming the file, not
+// a failed check (exit 1): a field of the wrong type escaped as nlohmann's type_error, exit 1.
 TEST(ValidateCommandTest, UnreadableFixturesExitTwo) {
-  const std::string dir = ::testing::TempDir() + "validate_bad_fixtures";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/broken.json") << "{not json";
-  CliRun run = run_cli(std::string("plugin validate ") + VALIDATE_PLUGIN_DIR +
-                       "/reference.so --fixtures " + dir + " 2>/dev/null");
-  EXPECT_EQ(run.exit_code, 2) << run.out;
+  const std::string exchange_head = R"({"exchanges":[{"request":)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{not json", "not valid JSON"},
+      {exchange_head + R"({"method":null,"url":"https://x/"},"response":{"status":200}}]})",
+       "request.method must be a string"},
+      {exchange_head +
+           R"({"url":"https://x/"},"response":{"status":200,"headers":{"link":[1]}}}]})",
+       "headers.link must hold strings"},
+      {exchange_head + R"({"url":"https://x/"},"response":{"status":200,"url":5}}]})",
+       "response.url must be a string"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].first);
+    const std::string dir = ::testing::TempDir() + "validate_bad_fixtures_" + std::to_string(i);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/broken.json") << cases[i].first;
+    CliRun run = run_cli(std::string("plugin validate ") + VALIDATE_PLUGIN_DIR +
+                         "/reference.so --fixtures " + dir + " 2>&1");
+    EXPECT_EQ(run.exit_code, 2) << run.out;
+    EXPECT_NE(run.out.find(dir + "/broken.json"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find(cases[i].second), std::string::npos) << run.out;
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // A connector that bundles a library (found through $ORIGIN): `plugin info` names it with its
