@@ -362,7 +362,8 @@ class OriginDependencies {
       for (const Dir& dir : search) {
         const fs::path candidate = fs::path(dir.path) / name;
         std::error_code ec;
-        if (!fs::is_regular_file(candidate, ec)) continue;
+        const bool sealed = dir.from_origin && sealed_sources_.count(candidate);
+        if (!sealed && !fs::is_regular_file(candidate, ec)) continue;
         Planned planned{name, nullptr, {}, {}, {}};
         int fd = -1;
         if (dir.from_origin) {
@@ -661,9 +662,13 @@ SealedFile seal_file(const fs::path& path) {
 }
 
 Plugin load_plugin(const fs::path& path, const HostServices& services, const LoadOptions& options) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) refuse(path, "file does not exist");
-  if (!fs::is_regular_file(path, ec)) refuse(path, "is not a regular file");
+  // A worker given the daemon's sealed copy loads that, whatever is at the path now (the file
+  // written over or deleted since the daemon loaded it).
+  if (!options.sealed_sources.count(path)) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) refuse(path, "file does not exist");
+    if (!fs::is_regular_file(path, ec)) refuse(path, "is not a regular file");
+  }
   SealedCopy copy = seal_copy(path, options.sealed_sources);
   if (!options.allowed_sha256.empty() && !options.allowed_sha256.count(copy.sha256)) {
     refuse(path, "sha256 " + copy.sha256 + " is not in the plugin allow-list");

@@ -832,6 +832,31 @@ TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver)
   fs::remove_all(dir);
 }
 
+// The same when the files are deleted (a package removed while the daemon runs): the workers
+// load the sealed copies. They refused the missing path before looking at the copy ("file does
+// not exist", FATAL), and a missing bundled library was passed over, so every new worker failed.
+TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreDeleted) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("backhaul-sealed-deleted-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path origin_dir = fs::path(TEST_PLUGIN_DIR) / "origin";
+  fs::copy_file(plugin_path("fake"), dir / "fake.so");
+  fs::copy_file(origin_dir / "origin_runpath.so", dir / "origin_runpath.so");
+  fs::copy_file(origin_dir / "libbhtestdep.so", dir / "libbhtestdep.so");
+  const Plugin fake = load_isolated(dir / "fake.so", options());
+  const Plugin origin = load_isolated(dir / "origin_runpath.so", options());
+  ASSERT_EQ(origin.info().bundled_libraries.size(), 1u);
+  fs::remove_all(dir);
+
+  const Connector connector = fake.create(R"({"pages": 2})");
+  EXPECT_EQ(connector.fetch_page(params()).size(), 2u);
+  const ConnectorFailure e = failure_of([&] { fake.validate_config(R"({"pages": 0})"); });
+  EXPECT_STREQ(e.what(), "config.pages must be >= 1");
+  const Connector with_library = origin.create("{}");
+  EXPECT_NO_THROW(with_library.fetch_page(params()));
+}
+
 // A worker maps the daemon's sealed copy itself (the same inode in /proc/PID/maps) rather than a
 // copy of it: one copy of the plugin's code in memory, however many workers run it.
 TEST_F(LoadIsolated, AWorkerMapsTheSealedCopyItWasGivenWithoutCopyingItAgain) {
