@@ -477,8 +477,11 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
   ::posix_spawn_file_actions_destroy(&actions);
   ::posix_spawnattr_destroy(&attributes);
   if (rc != 0) {
+    // Out of processes or memory for now (EAGAIN, ENOMEM) passes, as the socketpair's failures
+    // do: the call is retried, its job not dead-lettered. A worker that cannot be run is not.
+    const bool passes = rc == EAGAIN || rc == ENOMEM;
     throw ConnectorFailure(
-        BACKHAUL_FATAL,
+        passes ? BACKHAUL_RETRYABLE : BACKHAUL_FATAL,
         who + "cannot start the worker " + options.worker_path.string() + ": " + std::strerror(rc),
         0);
   }

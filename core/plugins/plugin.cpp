@@ -113,8 +113,10 @@ void guarded_noexcept(const PluginInfo& info, const char* call, Fn&& fn) noexcep
 std::vector<std::string> page_problems(const backhaul_page_t& page) {
   std::vector<std::string> problems;
   if (page.struct_size < sizeof(backhaul_page_t)) {
+    // Nothing past struct_size is read: the plugin may have allocated only that much.
     problems.push_back("page struct_size is " + std::to_string(page.struct_size) +
                        ", expected at least " + std::to_string(sizeof(backhaul_page_t)));
+    return problems;
   }
   auto text = [](backhaul_string_t s) { return std::string_view(s.data, s.size); };
   if (!page.next_cursor.data && page.next_cursor.size > 0) {

@@ -17,8 +17,15 @@
 namespace backhaul::sdk {
 
 namespace detail {
-// The host of this library, set by init() and cleared by deinit(). One per loaded library.
-inline std::atomic<const backhaul_host_t*>& host_slot() noexcept {
+// The host of this library, set by init() and cleared by deinit(). One per loaded library: hidden
+// whatever the plugin's own visibility, since a static of an inline function with default
+// visibility is one GNU-unique symbol for the whole process (every plugin sharing the last
+// init()'s host), and it keeps its library from ever being unloaded.
+#if defined(__GNUC__)
+__attribute__((visibility("hidden")))
+#endif
+inline std::atomic<const backhaul_host_t*>&
+host_slot() noexcept {
   static std::atomic<const backhaul_host_t*> slot{nullptr};
   return slot;
 }

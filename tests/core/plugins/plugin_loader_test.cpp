@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -795,6 +796,41 @@ TEST_F(PluginLoaderTest, EachLoadOfTheSameFileIsItsOwnInstanceWithItsOwnHost) {
   Page from_second = second.create("{}").fetch_page(params());
   EXPECT_EQ(nlohmann::json::parse(from_first.event(0).payload_json)["now_ms"], clock_.now_ms());
   EXPECT_EQ(nlohmann::json::parse(from_second.event(0).payload_json)["now_ms"], 42);
+}
+
+// The same for a plugin built with default visibility (without backhaul_add_connector(), as an
+// author using pkg-config or the exported target may): the SDK's per-library host slot was a
+// GNU-unique symbol then, one for the whole process. The last init() won, so the first instance
+// used the second's services, and once the second was unloaded, the first had no host at all.
+TEST_F(PluginLoaderTest, APluginBuiltWithDefaultVisibilityHasAHostOfItsOwnInEachLoad) {
+  FakeClock other_clock{42};
+  Plugin first = load_plugin(plugin_path("fake_defaultvis"), services_);
+  {
+    Plugin second = load_plugin(plugin_path("fake_defaultvis"), {transport_, other_clock});
+    Page from_first = first.create("{}").fetch_page(params());
+    Page from_second = second.create("{}").fetch_page(params());
+    EXPECT_EQ(nlohmann::json::parse(from_first.event(0).payload_json)["now_ms"], clock_.now_ms());
+    EXPECT_EQ(nlohmann::json::parse(from_second.event(0).payload_json)["now_ms"], 42);
+  }
+  Page after = first.create("{}").fetch_page(params());  // threw FATAL: no host after deinit
+  EXPECT_EQ(nlohmann::json::parse(after.event(0).payload_json)["now_ms"], clock_.now_ms());
+}
+
+// A page whose struct_size says it is shorter than the host's page (a C plugin that allocated
+// just that much) is refused for that, and nothing past its struct_size is read: the checks went
+// on to read the cursor and events from past the allocation (ASan: heap-buffer-overflow).
+TEST(PageProblems, APageShorterThanThePageStructIsReadNoFurther) {
+  constexpr size_t kShort = 16;
+  void* memory = std::malloc(kShort);
+  ASSERT_NE(memory, nullptr);
+  std::memset(memory, 0xAB, kShort);
+  const uint32_t size = kShort;
+  std::memcpy(memory, &size, sizeof size);  // struct_size, the first member
+  const std::vector<std::string> problems =
+      page_problems(*static_cast<const backhaul_page_t*>(memory));
+  std::free(memory);
+  EXPECT_EQ(problems, (std::vector<std::string>{"page struct_size is 16, expected at least " +
+                                                std::to_string(sizeof(backhaul_page_t))}));
 }
 
 struct FailureCase {
