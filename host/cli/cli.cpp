@@ -34,7 +34,8 @@ int run(int argc, char** argv) {
   std::string log_level = "warn";
   bool json_logs = false;
   app.add_option("--log-level", log_level, "log level: trace, debug, info, warn, error, off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_flag("--json-logs", json_logs, "write logs as JSON lines");
   add_fetch_command(app);
   add_plugin_command(app);

@@ -1,5 +1,6 @@
 // `backhaul fetch`: page through one resource's entity types with a connector plugin, print what
 // comes back, and optionally deliver it to the gateway. The connector author's everyday tool.
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -62,8 +63,12 @@ struct Totals {
 
 // Parses "2024-01-31", "2024-01-31T12:00:00Z" (UTC) or a millisecond Unix time.
 int64_t parse_since(const std::string& text) {
-  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos)
-    return std::stoll(text);
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+    int64_t ms = 0;
+    if (std::from_chars(text.data(), text.data() + text.size(), ms).ec != std::errc())
+      throw ConfigError("--since '" + text + "' is too large for a Unix ms time");
+    return ms;
+  }
   std::tm tm{};
   const char* end = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
   if (!end) end = strptime(text.c_str(), "%Y-%m-%d", &tm);

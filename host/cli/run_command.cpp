@@ -93,10 +93,12 @@ void print_units(const json& run) {
   }
 }
 
-// Polls the run until it finishes, redrawing one progress line (a new line per change when
-// stdout is not a terminal). Throws CLI::RuntimeError(1) unless it succeeded.
+// Polls the run until it finishes, redrawing one progress line (a new line per change when the
+// stream is not a terminal). With --json the progress goes to stderr and stdout gets the run's
+// JSON alone, for a pipe to parse. Throws CLI::RuntimeError(1) unless it succeeded.
 void wait_for(AdminClient& client, const RunOptions& o, int64_t id) {
-  const bool tty = isatty(STDOUT_FILENO) != 0;
+  std::FILE* progress = o.json_output ? stderr : stdout;
+  const bool tty = isatty(fileno(progress)) != 0;
   std::string last;
   json run;
   while (true) {
@@ -104,20 +106,20 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id) {
     const std::string line = progress_line(run, SystemClock::instance().now_ms());
     if (line != last) {
       if (tty) {
-        std::printf("\r\033[K%s", line.c_str());
+        std::fprintf(progress, "\r\033[K%s", line.c_str());
       } else {
-        std::printf("%s\n", line.c_str());
+        std::fprintf(progress, "%s\n", line.c_str());
       }
-      std::fflush(stdout);
+      std::fflush(progress);
       last = line;
     }
     if (finished(run.value("status", ""))) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
   }
-  if (tty) std::printf("\n");
+  if (tty) std::fprintf(progress, "\n");
   if (o.json_output) std::cout << run.dump(2) << "\n";
   if (run["status"] != "succeeded") {
-    print_units(run);
+    if (!o.json_output) print_units(run);  // the JSON has the units
     if (run["error"].is_string()) {
       std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id),
                    run["error"].get<std::string>().c_str());

@@ -85,6 +85,23 @@ TEST_F(CliTest, WrongTokenAndMissingTokenFail) {
   EXPECT_NE(unset.err.find("BACKHAUL_TEST_UNSET_VARIABLE"), std::string::npos) << unset.err;
 }
 
+// Options that cannot be honoured are refused, naming the option: an unknown log level turned
+// logging off altogether, and a --since past the int64 range ended in "error: stoll".
+TEST_F(CliTest, AnUnknownLogLevelOrAnOutOfRangeSinceIsRefused) {
+  const CommandResult level =
+      run_command(BACKHAUL_CLI_PATH, {"--log-level", "INFO", "db", "migrate"}, {}, dir_);
+  EXPECT_NE(level.exit_code, 0);
+  EXPECT_NE(level.err.find("--log-level"), std::string::npos) << level.err;
+  const CommandResult since = run_command(BACKHAUL_CLI_PATH,
+                                          {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t",
+                                           "--resource-id", "1", "--since", "99999999999999999999"},
+                                          {}, dir_);
+  EXPECT_NE(since.exit_code, 0);
+  EXPECT_NE(since.err.find("--since '99999999999999999999' is too large for a Unix ms time"),
+            std::string::npos)
+      << since.err;
+}
+
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
   const std::string db = (dir_ / "migrated.db").string();
   CommandResult migrate =

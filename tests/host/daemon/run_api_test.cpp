@@ -138,6 +138,23 @@ TEST_F(RunApiTest, GithubRunSucceedsWithCountsMatchingTheGateway) {
             std::string::npos);
 }
 
+// With --json, --wait prints the finished run's JSON alone on stdout (the progress goes to
+// stderr), for a pipe to parse; the progress lines came first on stdout before.
+TEST_F(RunApiTest, CliRunStartWaitJsonPrintsOnlyTheRunsJson) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const std::string url = "http://127.0.0.1:" + std::to_string(local_daemon_->port());
+  const CommandResult started =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "start", "--url", url, "--installation", "vc-inst-1", "--provider",
+                   "vercel", "--depth", "30", "--wait", "--interval-ms", "100", "--json"},
+                  env, dir_, std::chrono::seconds(120));
+  ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+  const json run = json::parse(started.out, nullptr, false);
+  ASSERT_FALSE(run.is_discarded()) << started.out;
+  EXPECT_EQ(run["status"], "succeeded") << started.out;
+  EXPECT_NE(started.err.find(" succeeded: units "), std::string::npos) << started.err;
+}
+
 TEST_F(RunApiTest, CliRunStartWaitShowsProgressAndExits0OnSuccess) {
   const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
   const std::string url = "http://127.0.0.1:" + std::to_string(local_daemon_->port());
