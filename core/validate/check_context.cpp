@@ -1,6 +1,8 @@
 // CheckContext (children, memoized observations, target resolution) and page walks.
 #include <cstddef>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "core/validate/checks.h"
 #include <dlfcn.h>
@@ -328,6 +330,36 @@ const std::vector<Walk>& CheckContext::baseline() {
   });
   baseline_ = walks_from_json(walks);
   return *baseline_;
+}
+
+std::string on_threads(int threads, const std::function<std::string(int)>& body,
+                       const ThreadStarter& start) {
+  std::vector<std::string> problems(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  std::string not_started;
+  for (int k = 0; k < threads; ++k) {
+    try {
+      std::function<void()> run = [&, k] {
+        try {
+          problems[static_cast<size_t>(k)] = body(k);
+        } catch (const std::exception& e) {
+          problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + ": " + e.what();
+        }
+      };
+      pool.push_back(start ? start(std::move(run)) : std::thread(std::move(run)));
+    } catch (const std::system_error& e) {
+      not_started = "the validator could not start thread " + std::to_string(k + 1) + " of " +
+                    std::to_string(threads) + " (" + e.what() +
+                    "): ask for fewer --threads, or a larger --memory-limit-mb";
+      break;
+    }
+  }
+  for (std::thread& thread : pool) thread.join();
+  if (!not_started.empty()) return not_started;
+  for (const std::string& problem : problems) {
+    if (!problem.empty()) return problem;
+  }
+  return "";
 }
 
 }  // namespace backhaul::validate

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,15 @@ struct Verdict {
 inline Verdict pass(std::string note = {}) { return {CheckStatus::kPass, std::move(note)}; }
 inline Verdict fail(std::string reason) { return {CheckStatus::kFail, std::move(reason)}; }
 inline Verdict skip(std::string reason) { return {CheckStatus::kSkip, std::move(reason)}; }
+
+// Runs `body(k)` for k in [0, threads) on that many threads at once and joins them all. Returns
+// the first problem a thread reported (what `body` returned, or threw), "" if none; or, when the
+// validator could not start them all (a thread limit, the address space its child runs in), says
+// so, blaming the validator's options rather than the plugin: it never ends in std::terminate.
+// `start` starts one thread (std::thread's constructor; a test's may throw as it would).
+using ThreadStarter = std::function<std::thread(std::function<void()>)>;
+std::string on_threads(int threads, const std::function<std::string(int)>& body,
+                       const ThreadStarter& start = {});
 
 // A child process did not return a result (crash, timeout, exit, an exception such as
 // AbiViolation). The check fails with what().

@@ -389,34 +389,22 @@ Verdict page_release_frees(CheckContext& ctx) {
 json concurrent_walks(const PluginDriver& driver, FixtureTransport& transport, const Target& t,
                       int threads, const std::vector<std::string>& expected) {
   InstanceHandle shared = driver.create_or_throw(t.config_json);
-  std::vector<std::string> problems(static_cast<size_t>(threads));
-  std::vector<std::thread> pool;
-  for (int k = 0; k < threads; ++k) {
-    pool.emplace_back([&, k] {
-      try {
-        std::optional<InstanceHandle> own;
-        if (k % 2 == 1) own.emplace(driver.create_or_throw(t.config_json));
-        backhaul_instance_t* instance = own ? own->get() : shared.get();
-        for (int round = 0; round < kConcurrentRounds; ++round) {
-          std::vector<Walk> walks;
-          for (const std::string& type : t.entity_types)
-            walks.push_back(walk_entity(driver, instance, t, type, transport));
-          if (ids_of(walks) != expected) {
-            problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) +
-                                               " got other events than the sequential walk (" +
-                                               first_difference(expected, ids_of(walks)) + ")";
-            return;
-          }
-        }
-      } catch (const std::exception& e) {
-        problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + ": " + e.what();
+  const std::string problem = on_threads(threads, [&](int k) -> std::string {
+    std::optional<InstanceHandle> own;
+    if (k % 2 == 1) own.emplace(driver.create_or_throw(t.config_json));
+    backhaul_instance_t* instance = own ? own->get() : shared.get();
+    for (int round = 0; round < kConcurrentRounds; ++round) {
+      std::vector<Walk> walks;
+      for (const std::string& type : t.entity_types)
+        walks.push_back(walk_entity(driver, instance, t, type, transport));
+      if (ids_of(walks) != expected) {
+        return "thread " + std::to_string(k) + " got other events than the sequential walk (" +
+               first_difference(expected, ids_of(walks)) + ")";
       }
-    });
-  }
-  for (std::thread& th : pool) th.join();
-  for (const std::string& p : problems) {
-    if (!p.empty()) return {{"problem", p}};
-  }
+    }
+    return "";
+  });
+  if (!problem.empty()) return {{"problem", problem}};
   return json::object();
 }
 

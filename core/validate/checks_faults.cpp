@@ -218,30 +218,17 @@ Verdict concurrent_faults(CheckContext& ctx) {
   const int threads = ctx.options().threads;
   json r = ctx.with_fault(Fault::kHttp500, [&](const PluginDriver& driver, FaultTransport&) {
     InstanceHandle shared = driver.create_or_throw(t.config_json);
-    std::vector<std::string> problems(static_cast<size_t>(threads));
-    std::vector<std::thread> pool;
-    for (int k = 0; k < threads; ++k) {
-      pool.emplace_back([&, k] {
-        try {
-          for (int i = 0; i < kConcurrentCallsPerThread; ++i) {
-            CallResult result =
-                driver.fetch(shared.get(), t.first_page(t.entity_types.front())).result;
-            if (result.status != BACKHAUL_RETRYABLE || result.message.empty()) {
-              problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + " got " +
-                                                 result.describe() +
-                                                 " for HTTP 500; expected RETRYABLE";
-              return;
-            }
-          }
-        } catch (const std::exception& e) {
-          problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + ": " + e.what();
+    const std::string problem = on_threads(threads, [&](int k) -> std::string {
+      for (int i = 0; i < kConcurrentCallsPerThread; ++i) {
+        CallResult result = driver.fetch(shared.get(), t.first_page(t.entity_types.front())).result;
+        if (result.status != BACKHAUL_RETRYABLE || result.message.empty()) {
+          return "thread " + std::to_string(k) + " got " + result.describe() +
+                 " for HTTP 500; expected RETRYABLE";
         }
-      });
-    }
-    for (std::thread& th : pool) th.join();
-    for (const std::string& p : problems) {
-      if (!p.empty()) return json{{"problem", p}};
-    }
+      }
+      return "";
+    });
+    if (!problem.empty()) return json{{"problem", problem}};
     return json::object();
   });
   if (r.contains("problem")) return fail(r["problem"].get<std::string>());

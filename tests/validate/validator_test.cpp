@@ -3,13 +3,22 @@
 // defect, for the right reason, and the run must still finish.
 #include "core/validate/validator.h"
 
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "core/common/errors.h"
+#include "core/validate/checks.h"
 
 namespace backhaul::validate {
 namespace {
@@ -75,6 +84,68 @@ void expect_all_pass(const Report& report) {
 }
 
 // --- the control: a correct plugin passes everything --------------------------------------------
+
+// The concurrency checks' threads: the first problem reported (returned or thrown) is the
+// check's. A thread that cannot be started (plugin validate --threads 256 in a child whose address
+// space is 2 GiB: 256 stacks of 8 MiB) ends in a message about the validator's options, after
+// the threads started are joined; std::thread's exception ended the child in std::terminate
+// before, reported as the plugin crashing with SIGABRT.
+// What on_threads() got wrong, "" if nothing. In a child process of its own (below): threads
+// leave malloc arenas behind, and the address space they take would count against the memory
+// limit of every validator child forked after them.
+std::string on_threads_problems() {
+  std::string wrong;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) wrong += what + "\n";
+  };
+  std::atomic<int> ran{0};
+  const std::string none = on_threads(8, [&](int) {
+    ++ran;
+    return std::string();
+  });
+  expect(none.empty() && ran == 8, "8 threads without a problem: got \"" + none + "\"");
+  const std::string thrown = on_threads(4, [](int k) -> std::string {
+    if (k == 2) throw std::runtime_error("boom");
+    return "";
+  });
+  expect(thrown == "thread 2: boom", "a thread that throws: got \"" + thrown + "\"");
+
+  ran = 0;
+  int started = 0;
+  const std::string problem = on_threads(
+      8,
+      [&](int) {
+        ++ran;
+        return std::string();
+      },
+      [&](std::function<void()> run) {
+        if (started == 3) throw std::system_error(EAGAIN, std::generic_category(), "thread");
+        ++started;
+        return std::thread(std::move(run));
+      });
+  expect(ran == 3, "the 3 threads started ran and were joined: " + std::to_string(ran.load()));
+  expect(problem.rfind("the validator could not start thread 4 of 8 (thread: ", 0) == 0 &&
+             problem.find("ask for fewer --threads, or a larger --memory-limit-mb") !=
+                 std::string::npos,
+         "a thread it could not start: got \"" + problem + "\"");
+  return wrong;
+}
+
+// The concurrency checks' threads: the first problem reported (returned or thrown) is the
+// check's. A thread that cannot be started (plugin validate --threads 256 in a child whose address
+// space is 2 GiB: 256 stacks of 8 MiB) ends in a message about the validator's options, after
+// the threads started are joined; std::thread's exception ended the child in std::terminate
+// before, reported as the plugin crashing with SIGABRT.
+TEST(OnThreadsTest, ReportsTheFirstProblemAndAThreadItCouldNotStart) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const std::string wrong = on_threads_problems();
+        std::fputs(wrong.c_str(), stderr);
+        std::_Exit(wrong.empty() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
 
 TEST(ValidatorTest, ReferencePluginPassesAtFullStrictness) {
   expect_all_pass(validate(reference_options("reference")));
