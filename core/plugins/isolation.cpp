@@ -472,8 +472,18 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
   ::posix_spawnattr_setpgroup(&attributes, 0);
   ::posix_spawnattr_setflags(
       &attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  // The daemon's environment but its secrets.
+  std::vector<char*> envp;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view variable(*entry);
+    const std::string_view name = variable.substr(0, variable.find('='));
+    const bool hidden = std::find(options.hidden_env.begin(), options.hidden_env.end(), name) !=
+                        options.hidden_env.end();
+    if (!hidden) envp.push_back(*entry);
+  }
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
   ::posix_spawn_file_actions_destroy(&actions);
   ::posix_spawnattr_destroy(&attributes);
   if (rc != 0) {

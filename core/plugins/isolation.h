@@ -60,6 +60,9 @@ struct IsolationOptions {
   std::string ca_file;                             // passed on to the worker's HTTP transport
   std::string log_level = "info";                  // the worker logs to the daemon's stderr,
   bool log_json = false;                           // as text or JSON lines
+  // Environment variables a worker does not inherit: the daemon's secrets (the store's connection
+  // string, the gateway key, the admin token), which the plugins' code has no business reading.
+  std::vector<std::string> hidden_env;
 };
 
 // A file of a plugin (the library, or one it brings along) copied into a sealed in-memory file.

@@ -70,6 +70,10 @@ std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& c
   options.ca_file = config.gateway.ca_file;
   options.log_level = config.logging.level;
   options.log_json = config.logging.format == "json";
+  for (const std::string* secret :
+       {&config.store.connection_env, &config.gateway.api_key_env, &config.admin.token_env}) {
+    if (!secret->empty()) options.hidden_env.push_back(*secret);
+  }
   return options;
 }
 

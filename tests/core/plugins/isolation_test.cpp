@@ -116,6 +116,25 @@ class IsolatedConnector : public ::testing::Test {
   }
 };
 
+// A worker does not inherit the variables the daemon hides (its secrets: the store's connection
+// string, the gateway key, the admin token); it inherits the rest. Before, the plugins' code could
+// read every secret of the daemon with getenv().
+TEST_F(IsolatedConnector, AWorkerDoesNotInheritTheVariablesTheDaemonHides) {
+  ::setenv("BACKHAUL_TEST_HIDDEN_SECRET", "s3cret", 1);
+  ::setenv("BACKHAUL_TEST_PLAIN", "plain", 1);
+  IsolationOptions o = options(1);
+  o.hidden_env = {"BACKHAUL_TEST_HIDDEN_SECRET"};
+  auto env_seen = [&](const std::string& name) {
+    const Connector isolated =
+        plugin_.create_isolated(R"({"pages": 1, "per_page": 1, "env": ")" + name + "\"}", o);
+    return nlohmann::json::parse(isolated.fetch_page(params()).event(0).payload_json)["env"];
+  };
+  EXPECT_EQ(env_seen("BACKHAUL_TEST_HIDDEN_SECRET"), nullptr);
+  EXPECT_EQ(env_seen("BACKHAUL_TEST_PLAIN"), "plain");
+  ::unsetenv("BACKHAUL_TEST_HIDDEN_SECRET");
+  ::unsetenv("BACKHAUL_TEST_PLAIN");
+}
+
 TEST_F(IsolatedConnector, ServesTheSamePagesAsTheConnectorInThisProcess) {
   const std::string config = R"({"pages": 3, "per_page": 2, "rate_limit_remaining": 7})";
   const Connector here = plugin_.create(config);

@@ -131,6 +131,13 @@ TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
 
   config["plugins"]["isolation"]["workers"] = 2;
   EXPECT_EQ(isolation_options(parse_config(config.dump(), "/srv/backhaul", kEnv))->max_workers, 2u);
+
+  // The daemon's secrets are hidden from the workers (the plugins' code).
+  EXPECT_EQ(o->hidden_env, std::vector<std::string>{"ADMIN_TOKEN"});
+  config["gateway"]["api_key_env"] = "GW_KEY";
+  config["store"] = {{"backend", "mysql"}, {"connection_env", "MYSQL_DSN"}};
+  EXPECT_EQ(isolation_options(parse_config(config.dump(), "/srv/backhaul", kEnv))->hidden_env,
+            (std::vector<std::string>{"MYSQL_DSN", "GW_KEY", "ADMIN_TOKEN"}));
 }
 
 TEST(ConfigTest, FullConfigLoads) {

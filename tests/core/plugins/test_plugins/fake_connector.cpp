@@ -12,6 +12,7 @@
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
 //   abort_in_validate: "yes" — validate_config (create() too) calls abort().
+//   env: a variable's name — each event's payload has "env": its value (null when unset).
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
 //   grow_later_mb: the first fetch_page returns its page and leaves a thread that then allocates
 //   and writes that many MB (the process grows between calls); destroy() joins it.
@@ -117,6 +118,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
     fork_sleeper_ = config_value(config, "fork_sleeper");
     abort_in_scopes_ = config_value(config, "scopes") == "abort";
     http_url_ = config_value(config, "http_url");
+    env_name_ = config_value(config, "env");
   }
 
   static void validate_config(std::string_view config) {
@@ -175,7 +177,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
       out.events.push_back({id, std::string(request.entity_type),
                             "{\"n\":" + std::to_string(n) + ",\"http\":" + http_note +
                                 ",\"now_ms\":" + std::to_string(backhaul::sdk::Host::now_ms()) +
-                                "}"});
+                                env_note() + "}"});
     }
     out.raw_count = static_cast<uint64_t>(per_page_) + 1;  // pretend one item was filtered
     if (page < pages_) out.next_cursor = std::to_string(page + 1);
@@ -220,6 +222,15 @@ class FakeConnector final : public backhaul::sdk::Connector {
   std::string fail_;
   std::string fork_sleeper_;
   std::string http_url_;
+  std::string env_name_;
+
+  // ",\"env\":\"<value>\"" of the variable the config names ("env"), null when unset; "" when
+  // none is named.
+  std::string env_note() const {
+    if (env_name_.empty()) return "";
+    const char* value = std::getenv(env_name_.c_str());
+    return value ? ",\"env\":\"" + std::string(value) + "\"" : ",\"env\":null";
+  }
 };
 
 }  // namespace
