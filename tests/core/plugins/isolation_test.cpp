@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -652,6 +653,8 @@ TEST_F(IsolatedConnector, DestroyingThePoolEndsItsWorkers) {
 
 class LoadIsolated : public IsolatedConnector {
  protected:
+  static void expect_workers_run_the_loaded_files(
+      const std::string& name, const std::function<void(const fs::path&)>& change);
   static IsolationOptions options(
       std::chrono::milliseconds call_timeout = std::chrono::seconds(10)) {
     IsolationOptions o = IsolatedConnector::options();
@@ -821,12 +824,13 @@ TEST_F(LoadIsolated, ARegistryLoadsTheFilesOfADirectoryInWorkersAtOnce) {
   EXPECT_EQ(ids, (std::vector<std::string>{"rendezvousa", "rendezvousb"}));
 }
 
-// An upgrade in place (here each file is written over) after the load reaches no worker: they load
-// the sealed copies of what the load checked. Before, every new worker refused the new bytes, so
-// every call failed FATAL until a restart.
-TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver) {
+// Loads copies of the fake and of a plugin that bundles a library, from a directory of their
+// own, in workers; lets `change` do what it does to the files; then checks that new workers still
+// run what the load checked (the daemon's sealed copies).
+void LoadIsolated::expect_workers_run_the_loaded_files(
+    const std::string& name, const std::function<void(const fs::path&)>& change) {
   const fs::path dir =
-      fs::temp_directory_path() / ("backhaul-sealed-" + std::to_string(::getpid()));
+      fs::temp_directory_path() / ("backhaul-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path origin_dir = fs::path(TEST_PLUGIN_DIR) / "origin";
@@ -837,8 +841,7 @@ TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver)
   const Plugin origin = load_isolated(dir / "origin_runpath.so", options());
   ASSERT_EQ(origin.info().bundled_libraries.size(), 1u);
 
-  fs::copy_file(plugin_path("c_current"), dir / "fake.so", fs::copy_options::overwrite_existing);
-  std::ofstream(dir / "libbhtestdep.so", std::ios::trunc) << "not a library any more";
+  change(dir);
 
   const Connector connector = fake.create(R"({"pages": 2})");
   const Page page = connector.fetch_page(params());
@@ -851,29 +854,22 @@ TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver)
   fs::remove_all(dir);
 }
 
+// An upgrade in place (here each file is written over) after the load reaches no worker: they load
+// the sealed copies of what the load checked. Before, every new worker refused the new bytes, so
+// every call failed FATAL until a restart.
+TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreWrittenOver) {
+  expect_workers_run_the_loaded_files("sealed", [](const fs::path& dir) {
+    fs::copy_file(plugin_path("c_current"), dir / "fake.so", fs::copy_options::overwrite_existing);
+    std::ofstream(dir / "libbhtestdep.so", std::ios::trunc) << "not a library any more";
+  });
+}
+
 // The same when the files are deleted (a package removed while the daemon runs): the workers
 // load the sealed copies. They refused the missing path before looking at the copy ("file does
 // not exist", FATAL), and a missing bundled library was passed over, so every new worker failed.
 TEST_F(LoadIsolated, ItsWorkersRunWhatTheLoadCheckedAfterItsFilesAreDeleted) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("backhaul-sealed-deleted-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const fs::path origin_dir = fs::path(TEST_PLUGIN_DIR) / "origin";
-  fs::copy_file(plugin_path("fake"), dir / "fake.so");
-  fs::copy_file(origin_dir / "origin_runpath.so", dir / "origin_runpath.so");
-  fs::copy_file(origin_dir / "libbhtestdep.so", dir / "libbhtestdep.so");
-  const Plugin fake = load_isolated(dir / "fake.so", options());
-  const Plugin origin = load_isolated(dir / "origin_runpath.so", options());
-  ASSERT_EQ(origin.info().bundled_libraries.size(), 1u);
-  fs::remove_all(dir);
-
-  const Connector connector = fake.create(R"({"pages": 2})");
-  EXPECT_EQ(connector.fetch_page(params()).size(), 2u);
-  const ConnectorFailure e = failure_of([&] { fake.validate_config(R"({"pages": 0})"); });
-  EXPECT_STREQ(e.what(), "config.pages must be >= 1");
-  const Connector with_library = origin.create("{}");
-  EXPECT_NO_THROW(with_library.fetch_page(params()));
+  expect_workers_run_the_loaded_files("sealed-deleted",
+                                      [](const fs::path& dir) { fs::remove_all(dir); });
 }
 
 // A worker maps the daemon's sealed copy itself (the same inode in /proc/PID/maps) rather than a
