@@ -11,6 +11,7 @@
 #include <mutex>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -29,6 +30,7 @@
 #include <Poco/Net/Socket.h>
 #include <Poco/Net/SocketAddress.h>
 #include <Poco/Timespan.h>
+#include <Poco/URI.h>
 
 #include "core/common/redact.h"
 #include "core/common/unique_fd.h"
@@ -401,6 +403,10 @@ std::string failure_reason(const Poco::Exception& e, Phase phase) {
     return "cannot resolve host: " + detail(e);
   }
   if (dynamic_cast<const Poco::Net::SSLException*>(&e)) return "tls: " + detail(e);
+  // Only a proxy's CONNECT answer raises it while connecting.
+  if (dynamic_cast<const Poco::Net::HTTPException*>(&e) && phase == Phase::kConnecting) {
+    return "the proxy did not open a tunnel (" + detail(e) + ")";
+  }
   if (dynamic_cast<const Poco::Net::NoMessageException*>(&e)) {
     return "connection closed before a response arrived";
   }
@@ -634,6 +640,81 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
 
 }  // namespace
 
+ProxyOptions parse_proxy_url(std::string_view url) {
+  const auto invalid = [](const std::string& why) {
+    return std::invalid_argument("invalid proxy url: " + why);
+  };
+  constexpr std::string_view kScheme = "http://";
+  if (to_lower(url.substr(0, kScheme.size())) != kScheme) {
+    const size_t separator = url.find("://");
+    throw invalid(separator == std::string_view::npos
+                      ? "not an http:// url"
+                      : "the scheme must be http:// (a proxy reached over TLS is not supported), "
+                        "not " +
+                            redact(url.substr(0, separator + 3)));
+  }
+  std::string_view rest = url.substr(kScheme.size());
+  ProxyOptions proxy;
+  if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = rest.substr(0, at);
+    const size_t colon = userinfo.find(':');
+    Poco::URI::decode(std::string(userinfo.substr(0, colon)), proxy.username);
+    if (colon != std::string_view::npos) {
+      Poco::URI::decode(std::string(userinfo.substr(colon + 1)), proxy.password);
+    }
+    if (proxy.username.empty()) throw invalid("credentials without a user name");
+    rest.remove_prefix(at + 1);  // no credentials in any message below
+  }
+  if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  if (rest.find_first_of("/?#") != std::string_view::npos) {
+    throw invalid("http://" + redact(rest) + " has a path; give only http://host:port");
+  }
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || rest.find(']', colon) != std::string_view::npos) {
+    throw invalid("http://" + redact(rest) + " has no port");
+  }
+  try {
+    const Target target = parse_target("http://" + std::string(rest) + "/");
+    proxy.host = target.host;
+    proxy.port = target.port;
+  } catch (const RequestError& e) {
+    throw invalid(e.what());
+  }
+  return proxy;
+}
+
+void set_proxy_credentials(ProxyOptions& proxy, std::string_view user_colon_password) {
+  const size_t colon = user_colon_password.find(':');
+  if (colon == 0 || colon == std::string_view::npos) {
+    throw std::invalid_argument("proxy credentials must be user:password");
+  }
+  proxy.username = user_colon_password.substr(0, colon);
+  proxy.password = user_colon_password.substr(colon + 1);
+}
+
+bool goes_through_proxy(const ProxyOptions& proxy, std::string_view host) {
+  if (proxy.host.empty()) return false;
+  // An IP address is matched whole: "2.3" names no part of 10.1.2.3.
+  const bool address = host.find(':') != std::string_view::npos ||
+                       host.find_first_not_of("0123456789.") == std::string_view::npos;
+  for (const std::string& entry : proxy.no_proxy) {
+    std::string_view name = entry;
+    if (name == "*") return false;
+    if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
+      name = name.substr(1, name.size() - 2);
+    }
+    if (!name.empty() && name.front() == '.') name.remove_prefix(1);
+    if (name.empty() || name.size() > host.size()) continue;
+    // The host itself, or one of its subdomains (the match starts after a dot).
+    const std::string_view tail = host.substr(host.size() - name.size());
+    if (iequals(tail, name) &&
+        (host.size() == name.size() || (!address && host[host.size() - name.size() - 1] == '.'))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 struct PocoTransport::Impl {
   explicit Impl(PocoTransportOptions o) : options(std::move(o)) {}
 
@@ -652,6 +733,13 @@ struct PocoTransport::Impl {
   std::unique_ptr<PooledSession> take_idle(const std::string& key);
   std::unique_ptr<PooledSession> open(const Target& target);
   void give_back(const std::string& key, std::unique_ptr<PooledSession> session);
+  // " (through the proxy host:port)" for a target the proxy serves, else "": for error messages.
+  std::string through_proxy(const Target& target) const {
+    if (!goes_through_proxy(options.proxy, target.host)) return {};
+    const bool ipv6 = options.proxy.host.find(':') != std::string::npos;
+    return " (through the proxy " + (ipv6 ? "[" + options.proxy.host + "]" : options.proxy.host) +
+           ":" + std::to_string(options.proxy.port) + ")";
+  }
   Response exchange(PooledSession& pooled, const Target& target, const Request& request,
                     SteadyClock::time_point deadline, Progress& progress, bool& reusable);
 
@@ -697,12 +785,27 @@ std::unique_ptr<PooledSession> PocoTransport::Impl::take_idle(const std::string&
 }
 
 std::unique_ptr<PooledSession> PocoTransport::Impl::open(const Target& target) {
+  std::unique_ptr<PooledSession> session;
   if (!target.tls) {
-    return std::make_unique<CountingSession<Poco::Net::HTTPClientSession>>(opened, target.host,
-                                                                           target.port);
+    session = std::make_unique<CountingSession<Poco::Net::HTTPClientSession>>(opened, target.host,
+                                                                              target.port);
+  } else {
+    session = std::make_unique<CountingSession<Poco::Net::HTTPSClientSession>>(
+        opened, target.host, target.port, context());
   }
-  return std::make_unique<CountingSession<Poco::Net::HTTPSClientSession>>(opened, target.host,
-                                                                          target.port, context());
+  // Plain HTTP: Poco sends the request line in absolute form and Proxy-Authorization. HTTPS: its
+  // connect() opens a CONNECT tunnel (with Proxy-Authorization) and starts TLS inside it.
+  if (goes_through_proxy(options.proxy, target.host)) {
+    Poco::Net::HTTPClientSession::ProxyConfig proxy;
+    proxy.host = options.proxy.host;
+    proxy.port = options.proxy.port;
+    proxy.username = options.proxy.username;
+    proxy.password = options.proxy.password;
+    // Poco would send "Basic Og==" (an empty user and password) otherwise.
+    if (proxy.username.empty()) proxy.authMethod = Poco::Net::HTTPClientSession::PROXY_AUTH_NONE;
+    session->http().setProxyConfig(proxy);
+  }
+  return session;
 }
 
 void PocoTransport::Impl::give_back(const std::string& key,
@@ -844,8 +947,9 @@ Response PocoTransport::perform(const Request& request) {
       return response;
     } catch (const Poco::TimeoutException&) {
       // Never retried: the server is slow, not gone, and the deadline covers the whole call.
-      throw TransportError(describe(request, timeout_reason(progress.phase, request.timeout,
-                                                            impl_->options.connect_timeout)));
+      throw TransportError(describe(
+          request, timeout_reason(progress.phase, request.timeout, impl_->options.connect_timeout) +
+                       impl_->through_proxy(target)));
     } catch (const Poco::Exception& e) {
       // A kept-alive connection the server had already closed. Retrying is safe when the server
       // cannot have acted on the request: it answered nothing, and the request is idempotent or
@@ -856,7 +960,8 @@ Response PocoTransport::perform(const Request& request) {
         retried = true;
         continue;
       }
-      throw TransportError(describe(request, failure_reason(e, progress.phase)));
+      throw TransportError(
+          describe(request, failure_reason(e, progress.phase) + impl_->through_proxy(target)));
     }
   }
 }
@@ -922,7 +1027,7 @@ size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request
 std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>& requests) {
   if (requests.empty()) return {};
   const Target target = parse_target(requests.front().url);
-  bool pipelined = !target.tls;
+  bool pipelined = !target.tls && !goes_through_proxy(impl_->options.proxy, target.host);
   milliseconds timeout{0};
   for (const Request& r : requests) {
     validate(r);

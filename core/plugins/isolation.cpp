@@ -432,6 +432,15 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
     args.push_back("--ca-file");
     args.push_back(options.ca_file);
   }
+  if (!options.proxy_url.empty()) {
+    args.insert(args.end(), {"--proxy", options.proxy_url});
+    std::string hosts;
+    for (const std::string& host : options.no_proxy) hosts += (hosts.empty() ? "" : ",") + host;
+    if (!hosts.empty()) args.insert(args.end(), {"--no-proxy", hosts});
+    if (!options.proxy_credentials_env.empty()) {
+      args.insert(args.end(), {"--proxy-credentials-env", options.proxy_credentials_env});
+    }
+  }
   // Each sealed copy goes to its descriptor from a number above all of theirs, so that no dup2
   // below overwrites a copy before it is moved.
   std::vector<UniqueFd> staged;

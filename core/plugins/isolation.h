@@ -58,8 +58,14 @@ struct IsolationOptions {
   size_t memory_limit_mb = 0;
   std::chrono::milliseconds http_timeout{30'000};  // the worker's default for plugin HTTP calls
   std::string ca_file;                             // passed on to the worker's HTTP transport
-  std::string log_level = "info";                  // the worker logs to the daemon's stderr,
-  bool log_json = false;                           // as text or JSON lines
+  // The worker's HTTP proxy (http://host:port, no credentials; empty: none), the hosts it does not
+  // serve, and the variable with its user:password, which the worker reads: it needs them to send
+  // the plugin's requests, so the variable must not be one of hidden_env.
+  std::string proxy_url;
+  std::vector<std::string> no_proxy;
+  std::string proxy_credentials_env;
+  std::string log_level = "info";  // the worker logs to the daemon's stderr,
+  bool log_json = false;           // as text or JSON lines
   // Environment variables a worker does not inherit: the daemon's secrets (the store's connection
   // string, the gateway key, the admin token), which the plugins' code has no business reading.
   std::vector<std::string> hidden_env;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +48,8 @@ struct FetchOptions {
   int max_wait_s = 120;
   std::string ca_file;
   bool insecure = false;
+  std::string proxy;
+  std::vector<std::string> no_proxy;
   int timeout_ms = 30000;
 };
 
@@ -209,6 +212,14 @@ void run_fetch(const FetchOptions& o) {
   http::PocoTransportOptions transport_options;
   transport_options.ca_file = o.ca_file;
   transport_options.verify_peer = !o.insecure;
+  if (!o.proxy.empty()) {
+    try {
+      transport_options.proxy = http::parse_proxy_url(o.proxy);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("--proxy: ") + e.what());
+    }
+    transport_options.proxy.no_proxy = o.no_proxy;
+  }
   http::PocoTransport transport(transport_options);
   plugins::HostServices services{transport, SystemClock::instance(),
                                  std::chrono::milliseconds(o.timeout_ms)};
@@ -345,7 +356,14 @@ void add_fetch_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--ca-file", o->ca_file, "PEM CA bundle to trust for https");
   cmd->add_flag("--insecure", o->insecure, "do not verify TLS certificates");
-  cmd->add_option("--timeout-ms", o->timeout_ms, "HTTP timeout per request")->capture_default_str();
+  cmd->add_option("--proxy", o->proxy,
+                  "HTTP proxy of every request, http://[user:password@]host:port");
+  cmd->add_option("--no-proxy", o->no_proxy,
+                  "hosts reached without the proxy: a name (and its subdomains), an address, or *")
+      ->delimiter(',');
+  cmd->add_option("--timeout-ms", o->timeout_ms, "HTTP timeout per request")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([o] { run_fetch(*o); });
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/common/errors.h"
 #include "core/common/json_check.h"
@@ -182,6 +183,39 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   if (!config.gateway.api_key_env.empty()) {
     config.gateway.api_key =
         secret(env, config.gateway.api_key_env, "gateway.api_key_env", &problems);
+  }
+
+  const json& proxy = section(root, "proxy");
+  read(proxy, "url", &config.proxy.url);
+  read(proxy, "credentials_env", &config.proxy.credentials_env);
+  read(proxy, "no_proxy", &config.proxy.no_proxy);
+  if (!config.proxy.url.empty()) {
+    try {
+      config.proxy.options = http::parse_proxy_url(config.proxy.url);
+      config.proxy.options.no_proxy = config.proxy.no_proxy;
+    } catch (const std::invalid_argument& e) {
+      problems.add("proxy.url", e.what());
+    }
+    // Not in the file, which operators share and check in.
+    if (!config.proxy.options.username.empty()) {
+      problems.add("proxy.url",
+                   "holds credentials: put user:password in the variable proxy.credentials_env "
+                   "names");
+    }
+  }
+  if (!config.proxy.credentials_env.empty()) {
+    if (config.proxy.url.empty()) {
+      problems.add("proxy.credentials_env", "is set without proxy.url");
+    } else if (auto credentials =
+                   secret(env, config.proxy.credentials_env, "proxy.credentials_env", &problems)) {
+      try {
+        http::set_proxy_credentials(config.proxy.options, *credentials);
+      } catch (const std::invalid_argument&) {
+        problems.add(
+            "proxy.credentials_env",
+            "environment variable " + config.proxy.credentials_env + " must hold user:password");
+      }
+    }
   }
 
   const json& admin = section(root, "admin");

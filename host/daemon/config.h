@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/http/poco_transport.h"
+
 namespace backhaul::daemon {
 
 // The text of schemas/config.schema.json as built into this binary.
@@ -60,6 +62,14 @@ struct DaemonConfig {
     int64_t timeout_ms = 30'000;
     std::string ca_file;
   } gateway;
+
+  // The HTTP proxy of every request the daemon and its plugins send (gateway and providers).
+  struct Proxy {
+    std::string url;  // http://host:port; empty: none
+    std::string credentials_env;
+    std::vector<std::string> no_proxy;
+    http::ProxyOptions options;  // parsed from the above, with the credentials (the secret)
+  } proxy;
 
   struct Admin {
     std::string listen = "127.0.0.1";

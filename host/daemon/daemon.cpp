@@ -68,6 +68,9 @@ std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& c
   options.memory_limit_mb = static_cast<size_t>(c.memory_limit_mb);
   options.http_timeout = std::chrono::milliseconds(config.gateway.timeout_ms);
   options.ca_file = config.gateway.ca_file;
+  options.proxy_url = config.proxy.url;
+  options.no_proxy = config.proxy.no_proxy;
+  options.proxy_credentials_env = config.proxy.credentials_env;
   options.log_level = config.logging.level;
   options.log_json = config.logging.format == "json";
   for (const std::string* secret :
@@ -80,6 +83,7 @@ std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& c
 void Daemon::Impl::load_plugins() {
   http::PocoTransportOptions transport_options;
   transport_options.ca_file = config.gateway.ca_file;
+  transport_options.proxy = config.proxy.options;
   transport = std::make_unique<http::PocoTransport>(transport_options);
   registry = std::make_unique<plugins::PluginRegistry>(plugins::HostServices{
       *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms)});

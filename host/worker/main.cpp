@@ -3,7 +3,10 @@
 // says; it is not meant to be run by hand.
 //
 //   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] [--http-timeout-ms N]
-//       [--ca-file PEM] [--log-level LEVEL] [--log-format text|json] [--sealed PATH]...
+//       [--ca-file PEM] [--proxy URL [--no-proxy HOST,...] [--proxy-credentials-env NAME]]
+//       [--log-level LEVEL] [--log-format text|json] [--sealed PATH]...
+//
+// --proxy-credentials-env names the variable that holds the proxy's user:password.
 //
 // Each --sealed names a file of the plugin whose bytes are on a descriptor instead: the first on
 // descriptor 4, the next on 5, and so on (the daemon's sealed copies, isolation.h).
@@ -45,7 +48,9 @@ int main(int argc, char** argv) {
       sealed.emplace(argv[i + 1], next_sealed++);
       continue;
     }
-    if (name != "--plugin" && name != "--sha256" && !args.count(name) && name != "--ca-file") {
+    static const std::set<std::string> kOptional = {
+        "--plugin", "--sha256", "--ca-file", "--proxy", "--no-proxy", "--proxy-credentials-env"};
+    if (!args.count(name) && !kOptional.count(name)) {
       return usage("unknown option " + name);
     }
     args[name] = argv[i + 1];
@@ -72,6 +77,24 @@ int main(int argc, char** argv) {
       args["--log-level"]);
   backhaul::http::PocoTransportOptions transport_options;
   if (args.count("--ca-file")) transport_options.ca_file = args["--ca-file"];
+  if (args.count("--proxy")) {
+    try {
+      transport_options.proxy = backhaul::http::parse_proxy_url(args["--proxy"]);
+      std::stringstream hosts(args["--no-proxy"]);
+      for (std::string host; std::getline(hosts, host, ',');) {
+        transport_options.proxy.no_proxy.push_back(host);
+      }
+      if (args.count("--proxy-credentials-env")) {
+        const char* credentials = std::getenv(args["--proxy-credentials-env"].c_str());
+        if (credentials == nullptr) {
+          return usage("the variable " + args["--proxy-credentials-env"] + " is not set");
+        }
+        backhaul::http::set_proxy_credentials(transport_options.proxy, credentials);
+      }
+    } catch (const std::invalid_argument& e) {
+      return usage(e.what());
+    }
+  }
   backhaul::http::PocoTransport transport(transport_options);
   const backhaul::plugins::HostServices services{transport, backhaul::SystemClock::instance(),
                                                  std::chrono::milliseconds(http_timeout_ms)};

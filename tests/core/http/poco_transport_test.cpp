@@ -38,6 +38,8 @@
 
 #include "core/http/http.h"
 #include "tests/support/open_sockets.h"
+#include "tests/support/tcp_server.h"
+#include "tests/support/test_proxy.h"
 
 namespace backhaul::http {
 namespace {
@@ -244,35 +246,15 @@ class RawServer {
       : response_(std::move(response)),
         then_(then),
         trickle_(trickle),
-        listener_(Poco::Net::SocketAddress("127.0.0.1", 0)),
-        acceptor_([this] { accept_loop(); }) {}
-
-  ~RawServer() {
-    stop_ = true;
-    acceptor_.join();
-    std::lock_guard lock(mutex_);
-    for (std::thread& t : connections_) t.join();
-  }
+        server_([this](Poco::Net::StreamSocket& socket) { serve(socket); }) {}
 
   std::string url(std::string_view path) const {
-    return "http://127.0.0.1:" + std::to_string(listener_.address().port()) + std::string(path);
+    return "http://127.0.0.1:" + std::to_string(server_.port()) + std::string(path);
   }
   int requests() const { return requests_.load(); }
 
  private:
-  // Stop checks are the only reason for the poll timeouts; no test logic waits on them.
-  static Poco::Timespan poll_interval() { return Poco::Timespan(0, 20'000); }
-
-  void accept_loop() {
-    while (!stop_) {
-      if (!listener_.poll(poll_interval(), Poco::Net::Socket::SELECT_READ)) continue;
-      Poco::Net::StreamSocket socket = listener_.acceptConnection();
-      std::lock_guard lock(mutex_);
-      connections_.emplace_back([this, socket]() mutable { serve(socket); });
-    }
-  }
-
-  void serve(Poco::Net::StreamSocket socket) {
+  void serve(Poco::Net::StreamSocket& socket) {
     std::string buffer;
     int answered = 0;
     try {
@@ -281,7 +263,7 @@ class RawServer {
         if (then_ == Then::kCloseOnNextRequest && answered == 1) break;
         const size_t from = std::min(trickle_.from, response_.size());
         socket.sendBytes(response_.data(), static_cast<int>(from));
-        for (size_t at = from; at < response_.size() && !stop_; at += trickle_.step) {
+        for (size_t at = from; at < response_.size() && !server_.stopping(); at += trickle_.step) {
           std::this_thread::sleep_for(trickle_.gap);
           const size_t n = std::min(trickle_.step, response_.size() - at);
           socket.sendBytes(response_.data() + at, static_cast<int>(n));
@@ -311,8 +293,10 @@ class RawServer {
           return true;
         }
       }
-      if (stop_) return false;
-      if (!socket.poll(poll_interval(), Poco::Net::Socket::SELECT_READ)) continue;
+      if (server_.stopping()) return false;
+      if (!socket.poll(testing::TcpServer::poll_interval(), Poco::Net::Socket::SELECT_READ)) {
+        continue;
+      }
       char chunk[4096];
       const int n = socket.receiveBytes(chunk, sizeof chunk);
       if (n <= 0) return false;
@@ -323,12 +307,8 @@ class RawServer {
   const std::string response_;
   const Then then_;
   const Trickle trickle_;
-  Poco::Net::ServerSocket listener_;
-  std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
-  std::mutex mutex_;
-  std::vector<std::thread> connections_;  // guarded by mutex_
-  std::thread acceptor_;                  // last: starts once everything else exists
+  testing::TcpServer server_;  // last: stops before the members its connections use
 };
 
 const std::string kOkResponse = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
@@ -879,6 +859,151 @@ TEST(PocoTransportRedirectTest, KeepsAuthorizationOnTheSameHost) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Proxy
+
+TEST(ProxyUrlTest, ParsesHostPortAndDecodedCredentials) {
+  ProxyOptions p = parse_proxy_url("http://proxy.corp:3128");
+  EXPECT_EQ(p.host, "proxy.corp");
+  EXPECT_EQ(p.port, 3128);
+  EXPECT_EQ(p.username, "");
+  p = parse_proxy_url("HTTP://me%40corp:p%3Ass@[::1]:8080/");
+  EXPECT_EQ(p.host, "::1");
+  EXPECT_EQ(p.port, 8080);
+  EXPECT_EQ(p.username, "me@corp");
+  EXPECT_EQ(p.password, "p:ss");
+}
+
+TEST(ProxyUrlTest, RefusesWhatItCannotUseNamingWhyButNotThePassword) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"https://proxy:3128", "a proxy reached over TLS is not supported"},
+      {"socks5://proxy:1080", "must be http://"},
+      {"proxy:3128", "not an http:// url"},
+      {"http://u:secret@proxy", "has no port"},
+      {"http://[::1]", "has no port"},
+      {"http://proxy:3128/path", "has a path"},
+      {"http://proxy:99999", "invalid port"},
+      {"http://:secret@proxy:3128", "without a user name"},
+  };
+  for (const auto& [url, why] : cases) {
+    try {
+      parse_proxy_url(url);
+      ADD_FAILURE() << url << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), why)) << url << ": " << e.what();
+      EXPECT_FALSE(contains(e.what(), "secret")) << url << ": " << e.what();
+    }
+  }
+}
+
+TEST(ProxyUrlTest, NoProxyNamesAHostItsSubdomainsOrAnAddress) {
+  ProxyOptions p;
+  EXPECT_FALSE(goes_through_proxy(p, "api.github.com")) << "no proxy configured";
+  p.host = "proxy";
+  p.port = 3128;
+  p.no_proxy = {"Example.COM", ".internal", "10.0.0.1", "[::1]", "2.3"};
+  EXPECT_TRUE(goes_through_proxy(p, "api.github.com"));
+  EXPECT_FALSE(goes_through_proxy(p, "example.com"));
+  EXPECT_FALSE(goes_through_proxy(p, "api.example.com"));
+  EXPECT_TRUE(goes_through_proxy(p, "notexample.com"));
+  EXPECT_FALSE(goes_through_proxy(p, "internal"));
+  EXPECT_FALSE(goes_through_proxy(p, "db.internal"));
+  EXPECT_FALSE(goes_through_proxy(p, "10.0.0.1"));
+  EXPECT_TRUE(goes_through_proxy(p, "10.0.0.10"));
+  EXPECT_TRUE(goes_through_proxy(p, "10.1.2.3")) << "an address is matched whole";
+  EXPECT_FALSE(goes_through_proxy(p, "::1"));
+  p.no_proxy = {"*"};
+  EXPECT_FALSE(goes_through_proxy(p, "api.github.com"));
+}
+
+TEST(PocoTransportProxyTest, PlainHttpGoesToTheProxyInAbsoluteForm) {
+  RoutingServer origin;
+  testing::TestProxy proxy;
+  PocoTransportOptions options;
+  options.proxy = proxy.options();
+  PocoTransport transport(options);
+  Request request = get(origin.url("/echo?q=1"));
+  request.method = "POST";
+  request.body = "through the proxy";
+  request.headers = {{"X-Test", "kept"}};
+  const Response response = transport.perform(request);
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body, "through the proxy");
+  EXPECT_EQ(response.header("x-echo-uri"), "/echo?q=1");
+  EXPECT_EQ(response.header("x-echo-test"), "kept");
+  const std::vector<testing::TestProxy::Seen> seen = proxy.seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].request_line, "POST " + origin.url("/echo?q=1") + " HTTP/1.1");
+  EXPECT_EQ(seen[0].authorization, "<none>");
+}
+
+TEST(PocoTransportProxyTest, HostsInNoProxyAreReachedDirectly) {
+  RoutingServer origin;
+  testing::TestProxy proxy;
+  PocoTransportOptions options;
+  options.proxy = proxy.options();
+  options.proxy.no_proxy = {"localhost"};
+  PocoTransport transport(options);
+  EXPECT_EQ(transport.perform(get(origin.url("/echo", "localhost"))).status, 200);
+  EXPECT_EQ(proxy.seen().size(), 0u);
+  EXPECT_EQ(transport.perform(get(origin.url("/echo", "127.0.0.1"))).status, 200);
+  EXPECT_EQ(proxy.seen().size(), 1u);
+}
+
+// A batch for a proxied origin is not pipelined on a raw connection of its own to the origin:
+// each request goes through the proxy.
+TEST(PocoTransportProxyTest, ABatchGoesThroughTheProxyToo) {
+  RoutingServer origin;
+  testing::TestProxy proxy;
+  PocoTransportOptions options;
+  options.proxy = proxy.options();
+  PocoTransport transport(options);
+  std::vector<Request> batch;
+  for (int i = 0; i < 3; ++i) {
+    Request request = get(origin.url("/echo"));
+    request.method = "POST";
+    request.body = "event " + std::to_string(i);
+    batch.push_back(request);
+  }
+  const std::vector<BatchResult> results = transport.perform_batch(batch);
+  ASSERT_EQ(results.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].response) << results[i].error;
+    EXPECT_EQ(results[i].response->body, "event " + std::to_string(i));
+  }
+  EXPECT_EQ(proxy.seen().size(), 3u);
+}
+
+TEST(PocoTransportProxyTest, SendsTheProxyCredentialsAndReportsAnUnreachableProxy) {
+  RoutingServer origin;
+  // "user:pa ss" in Basic
+  testing::TestProxy proxy("Basic dXNlcjpwYSBzcw==");
+  PocoTransportOptions options;
+  options.proxy = proxy.options();
+  {
+    PocoTransport without(options);
+    EXPECT_EQ(without.perform(get(origin.url("/echo"))).status, 407);
+  }
+  options.proxy.username = "user";
+  options.proxy.password = "pa ss";
+  PocoTransport transport(options);
+  const Response response = transport.perform(get(origin.url("/echo")));
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.header("x-echo-authorization"), "<none>") << "not passed on to the origin";
+  ASSERT_EQ(proxy.seen().size(), 2u);
+  EXPECT_EQ(proxy.seen()[1].authorization, "Basic dXNlcjpwYSBzcw==");
+
+  // Nothing listens where the proxy is said to be: the error names it.
+  Poco::Net::ServerSocket closed(Poco::Net::SocketAddress("127.0.0.1", 0));
+  options.proxy.port = closed.address().port();
+  closed.close();
+  PocoTransport unreachable(options);
+  const std::string error = transport_error(unreachable, get(origin.url("/echo")));
+  EXPECT_TRUE(contains(error, "connection refused")) << error;
+  EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:" + std::to_string(options.proxy.port)))
+      << error;
+}
+
+// ---------------------------------------------------------------------------------------------
 // TLS
 
 // A CA and a server certificate for 127.0.0.1 (SAN IP:127.0.0.1), made with the openssl CLI.
@@ -980,6 +1105,18 @@ class PocoTransportTlsTest : public ::testing::Test {
 
   std::string url() const { return server_->url("/echo", "127.0.0.1", "https"); }
 
+  // POSTs "<prefix> 0", "<prefix> 1", … (`n` of them), each answered 200 with its own body.
+  void expect_echoed(PocoTransport& transport, const std::string& prefix, int n) const {
+    for (int i = 0; i < n; ++i) {
+      Request request = get(url());
+      request.method = "POST";
+      request.body = prefix + " " + std::to_string(i);
+      const Response response = transport.perform(request);
+      EXPECT_EQ(response.status, 200);
+      EXPECT_EQ(response.body, request.body);
+    }
+  }
+
   static TestPki* pki_;
   std::unique_ptr<TestServer> server_;
 };
@@ -990,14 +1127,7 @@ TEST_F(PocoTransportTlsTest, TrustsAServerSignedByTheConfiguredCa) {
   PocoTransportOptions options;
   options.ca_file = pki_->ca_file;
   PocoTransport transport(options);
-  for (int i = 0; i < 3; ++i) {
-    Request request = get(url());
-    request.method = "POST";
-    request.body = "over tls " + std::to_string(i);
-    const Response response = transport.perform(request);
-    EXPECT_EQ(response.status, 200);
-    EXPECT_EQ(response.body, request.body);
-  }
+  expect_echoed(transport, "over tls", 3);
   EXPECT_EQ(transport.connections_opened(), 1u);
 }
 
@@ -1013,6 +1143,37 @@ TEST_F(PocoTransportTlsTest, AcceptsAnyCertificateWhenVerificationIsOff) {
   options.verify_peer = false;
   PocoTransport transport(options);
   EXPECT_EQ(transport.perform(get(url())).status, 200);
+}
+
+// HTTPS through a proxy: a CONNECT tunnel with the proxy's credentials, TLS inside it to the
+// origin, whose certificate is the one verified.
+TEST_F(PocoTransportTlsTest, TunnelsThroughAProxyWithConnect) {
+  testing::TestProxy proxy("Basic dXNlcjpwYXNz");  // user:pass
+  PocoTransportOptions options;
+  options.ca_file = pki_->ca_file;
+  options.proxy = proxy.options();
+  {
+    PocoTransport refused(options);
+    const std::string error = transport_error(refused, get(url()));
+    EXPECT_TRUE(contains(error, "the proxy did not open a tunnel")) << error;
+    EXPECT_TRUE(contains(error, "Proxy Authentication Required")) << error;
+    EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:")) << error;
+  }
+  options.proxy.username = "user";
+  options.proxy.password = "pass";
+  PocoTransport transport(options);
+  expect_echoed(transport, "tunnelled", 2);
+  EXPECT_EQ(transport.connections_opened(), 1u) << "the tunnel is kept alive";
+  const std::vector<testing::TestProxy::Seen> seen = proxy.seen();
+  ASSERT_EQ(seen.size(), 2u);
+  const std::string authority = "127.0.0.1:" + std::to_string(server_->port());
+  EXPECT_EQ(seen[1].request_line, "CONNECT " + authority + " HTTP/1.1");
+  EXPECT_EQ(seen[1].authorization, "Basic dXNlcjpwYXNz");
+
+  // The tunnel does not stand in for verification: an untrusted origin is still refused.
+  options.ca_file.clear();
+  PocoTransport untrusted(options);
+  EXPECT_TRUE(contains(transport_error(untrusted, get(url())), "certificate"));
 }
 
 TEST_F(PocoTransportTlsTest, ReportsAMissingCaFile) {

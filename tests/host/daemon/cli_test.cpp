@@ -86,8 +86,9 @@ TEST_F(CliTest, WrongTokenAndMissingTokenFail) {
 }
 
 // Options that cannot be honoured are refused, naming the option: an unknown log level turned
-// logging off altogether, and a --since past the int64 range ended in "error: stoll".
-TEST_F(CliTest, AnUnknownLogLevelOrAnOutOfRangeSinceIsRefused) {
+// logging off altogether, a --since past the int64 range ended in "error: stoll", and a timeout of
+// 0 failed every request.
+TEST_F(CliTest, AnUnknownLogLevelAnOutOfRangeSinceOrAZeroTimeoutIsRefused) {
   const CommandResult level =
       run_command(BACKHAUL_CLI_PATH, {"--log-level", "INFO", "db", "migrate"}, {}, dir_);
   EXPECT_NE(level.exit_code, 0);
@@ -100,6 +101,13 @@ TEST_F(CliTest, AnUnknownLogLevelOrAnOutOfRangeSinceIsRefused) {
   EXPECT_NE(since.err.find("--since '99999999999999999999' is too large for a Unix ms time"),
             std::string::npos)
       << since.err;
+  // A timeout of 0 ms was taken, and every request failed at once.
+  const CommandResult timeout = run_command(BACKHAUL_CLI_PATH,
+                                            {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t",
+                                             "--resource-id", "1", "--timeout-ms", "0"},
+                                            {}, dir_);
+  EXPECT_NE(timeout.exit_code, 0);
+  EXPECT_NE(timeout.err.find("--timeout-ms"), std::string::npos) << timeout.err;
 }
 
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {

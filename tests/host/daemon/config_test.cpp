@@ -140,6 +140,35 @@ TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
             (std::vector<std::string>{"MYSQL_DSN", "GW_KEY", "ADMIN_TOKEN"}));
 }
 
+// The proxy serves every request of the daemon and of its workers; its credentials come from the
+// environment, and reach the workers, which send the plugins' requests.
+TEST(ConfigTest, TheProxyComesFromTheConfigAndItsCredentialsFromTheEnvironment) {
+  EXPECT_TRUE(parse_config(minimal().dump(), "/srv/backhaul", kEnv).proxy.options.host.empty());
+
+  json config = minimal();
+  config["proxy"] = {{"url", "http://proxy.corp:3128"},
+                     {"credentials_env", "PROXY_AUTH"},
+                     {"no_proxy", {"127.0.0.1", ".corp"}}};
+  config["plugins"]["isolation"] = {{"mode", "process"}};
+  config["gateway"]["api_key_env"] = "GW_KEY";
+  const DaemonConfig c =
+      parse_config(config.dump(), "/srv/backhaul",
+                   env_with({{"ADMIN_TOKEN", "t"}, {"GW_KEY", "k"}, {"PROXY_AUTH", "me:pa:ss"}}));
+  EXPECT_EQ(c.proxy.options.host, "proxy.corp");
+  EXPECT_EQ(c.proxy.options.port, 3128);
+  EXPECT_EQ(c.proxy.options.username, "me");
+  EXPECT_EQ(c.proxy.options.password, "pa:ss");
+  EXPECT_EQ(c.proxy.options.no_proxy, (std::vector<std::string>{"127.0.0.1", ".corp"}));
+
+  const std::optional<plugins::IsolationOptions> o = isolation_options(c);
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->proxy_url, "http://proxy.corp:3128");
+  EXPECT_EQ(o->no_proxy, (std::vector<std::string>{"127.0.0.1", ".corp"}));
+  EXPECT_EQ(o->proxy_credentials_env, "PROXY_AUTH");
+  EXPECT_EQ(o->hidden_env, (std::vector<std::string>{"GW_KEY", "ADMIN_TOKEN"}))
+      << "the workers need the proxy's credentials";
+}
+
 TEST(ConfigTest, FullConfigLoads) {
   json config = minimal();
   config["store"] = {{"backend", "mysql"}, {"connection_env", "MYSQL_DSN"}, {"pool_size", 4}};
@@ -257,6 +286,29 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: admin.token_env: environment variable NOT_SET_ANYWHERE is not set"},
         BadField{"GatewayKeyUnset", [](json& c) { c["gateway"]["api_key_env"] = "NOPE"; },
                  "config: gateway.api_key_env: environment variable NOPE is not set"},
+        BadField{"ProxyOverTls", [](json& c) { c["proxy"]["url"] = "https://proxy:3128"; },
+                 "config: proxy.url: invalid proxy url: the scheme must be http:// (a proxy "
+                 "reached over TLS is not supported)"},
+        BadField{"ProxyWithoutPort", [](json& c) { c["proxy"]["url"] = "http://proxy"; },
+                 "config: proxy.url: invalid proxy url: http://proxy has no port"},
+        BadField{"ProxyCredentialsInTheFile",
+                 [](json& c) { c["proxy"]["url"] = "http://me:secret@proxy:3128"; },
+                 "config: proxy.url: holds credentials: put user:password in the variable "
+                 "proxy.credentials_env names"},
+        BadField{"ProxyCredentialsUnset",
+                 [](json& c) {
+                   c["proxy"] = {{"url", "http://proxy:3128"}, {"credentials_env", "NOPE"}};
+                 },
+                 "config: proxy.credentials_env: environment variable NOPE is not set"},
+        BadField{"ProxyCredentialsWithoutAUser",
+                 [](json& c) {
+                   c["proxy"] = {{"url", "http://proxy:3128"}, {"credentials_env", "GW_KEY"}};
+                 },
+                 "config: proxy.credentials_env: environment variable GW_KEY must hold "
+                 "user:password"},
+        BadField{"ProxyCredentialsWithoutAProxy",
+                 [](json& c) { c["proxy"]["credentials_env"] = "GW_KEY"; },
+                 "config: proxy.credentials_env: is set without proxy.url"},
         BadField{"MysqlWithoutDsn", [](json& c) { c["store"]["backend"] = "mysql"; },
                  "config: store.connection_env: is required when store.backend is \"mysql\""},
         BadField{"StoreBackend", [](json& c) { c["store"]["backend"] = "postgres"; },
@@ -401,8 +453,8 @@ TEST(ConfigTest, AConfigNestedTooDeepIsRefused) {
 
 TEST(ConfigTest, SchemaIsBuiltInAndDescribesEverySection) {
   const json schema = json::parse(config_schema_text());
-  for (const char* section : {"store", "plugins", "gateway", "admin", "scheduler", "pipeline",
-                              "health", "shutdown", "logging"}) {
+  for (const char* section : {"store", "plugins", "gateway", "proxy", "admin", "scheduler",
+                              "pipeline", "health", "shutdown", "logging"}) {
     EXPECT_TRUE(schema["properties"].contains(section)) << section;
   }
   EXPECT_FALSE(schema["additionalProperties"].get<bool>());

@@ -66,12 +66,13 @@ uint16_t ProcessTest::start_daemon(const json& config) {
 
 uint16_t ProcessTest::start_daemon() {
   fs::remove(dir_ / "daemon.port");
+  std::vector<std::string> env = daemon_env_;
+  env.push_back(std::string(kTokenEnv) + "=" + kToken);
   daemon_ = std::make_unique<ChildProcess>(
       BACKHAULD_PATH,
       std::vector<std::string>{"--config", (dir_ / "config.json").string(), "--port-file",
                                (dir_ / "daemon.port").string()},
-      std::vector<std::string>{std::string(kTokenEnv) + "=" + kToken},
-      dir_ / ("daemon-" + std::to_string(daemon_starts_++) + ".stderr"));
+      env, dir_ / ("daemon-" + std::to_string(daemon_starts_++) + ".stderr"));
   admin_port_ = daemon_->wait_port(dir_ / "daemon.port", std::chrono::seconds(30));
   return admin_port_;
 }

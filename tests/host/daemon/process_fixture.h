@@ -85,6 +85,7 @@ class ProcessTest : public ::testing::Test {
   uint16_t sandbox_port_ = 0;
   uint16_t admin_port_ = 0;  // tests running the daemon in-process set it themselves
   int daemon_starts_ = 0;
+  std::vector<std::string> daemon_env_;  // NAME=value added to the daemon's environment
 };
 
 }  // namespace backhaul::daemon::testing

@@ -3,14 +3,17 @@
 // 127.0.0.1, runs started and read over the admin API or with the `backhaul` CLI. Each test checks
 // the run's view (GET /v1/runs/{id}) against what the sandbox saw (GET /_sandbox/report and the
 // per-resource request counts of GET /_sandbox/requests).
+#include <algorithm>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_store.h"
+#include "tests/host/daemon/child_process.h"
 #include "tests/host/daemon/process_fixture.h"
 #include "tests/host/daemon/sql_client.h"
+#include "tests/support/test_proxy.h"
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -68,6 +71,44 @@ class ScenarioTest : public ProcessTest {
         EXPECT_EQ(unit["eventsDispatched"], items);
       }
     }
+  }
+
+  // SPEC A3. A GitHub run with the daemon's proxy set to a test proxy that requires credentials,
+  // which come from the variable proxy.credentials_env names; the plugins' calls in worker
+  // processes when `isolated`. Every request of the run, the provider's and the gateway's, goes
+  // through the proxy with the credentials, and the run's counts are the sandbox's.
+  void run_through_a_proxy(bool isolated) {
+    backhaul::testing::TestProxy proxy("Basic dXNlcjpwQHNz");  // user:p@ss
+    ASSERT_NE(start_sandbox({"--repos", "1", "--items", "30", "--max-per-page", "10"}), 0)
+        << sandbox_->stderr_text();
+    json config = daemon_config();
+    const http::ProxyOptions where = proxy.options();
+    config["proxy"] = {{"url", "http://" + where.host + ":" + std::to_string(where.port)},
+                       {"credentials_env", "BACKHAUL_TEST_PROXY_AUTH"}};
+    if (isolated) config["plugins"]["isolation"] = {{"mode", "process"}};
+    daemon_env_ = {"BACKHAUL_TEST_PROXY_AUTH=user:p@ss"};
+    ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+    const int64_t run_id = start_run("gh-inst-1", "github");
+    ASSERT_NE(run_id, 0);
+    const json run = wait_finished(run_id);
+    ASSERT_EQ(run["status"], "succeeded") << run.dump(2) << daemon_->stderr_text();
+
+    const json sandbox = report("inst-1");
+    const json& github = sandbox["gateway"]["by_provider"]["github"];
+    EXPECT_EQ(github["missing"], 0) << sandbox.dump(2);
+    EXPECT_EQ(github["received"], 3 * 30) << sandbox.dump(2);
+    const std::vector<backhaul::testing::TestProxy::Seen> seen = proxy.seen();
+    for (const backhaul::testing::TestProxy::Seen& request : seen) {
+      EXPECT_NE(request.request_line.find(" " + sandbox_url() + "/"), std::string::npos)
+          << request.request_line;
+      EXPECT_EQ(request.authorization, "Basic dXNlcjpwQHNz") << request.request_line;
+    }
+    EXPECT_EQ(proxy.seen_containing(sandbox_url() + "/github/"),
+              sandbox["provider_requests"]["github"].get<size_t>())
+        << "every provider request went through the proxy";
+    EXPECT_EQ(proxy.seen_containing(sandbox_url() + "/gateway/webhooks/"), size_t{3 * 30})
+        << "every delivery went through the proxy";
+    EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
   }
 };
 
@@ -470,6 +511,64 @@ TEST_F(ScenarioTest, ReadyAnswers503NamingTheStoreWhileTheStoreIsUnusable) {
   EXPECT_EQ(recovered.status, 200) << recovered.body;
   EXPECT_EQ(recovered.json()["status"], "healthy");
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+TEST_F(ScenarioTest, WithAProxyEveryRequestOfARunGoesThroughIt) { run_through_a_proxy(false); }
+
+TEST_F(ScenarioTest, InIsolationModeTheWorkersRequestsGoThroughTheProxyToo) {
+  run_through_a_proxy(true);
+}
+
+// `backhaul fetch --proxy`: the provider's requests and the gateway's connection lookup go
+// through the proxy, with the credentials the url holds; a host in --no-proxy is reached directly.
+TEST_F(ScenarioTest, FetchSendsItsRequestsThroughTheProxyItIsGiven) {
+  backhaul::testing::TestProxy proxy("Basic dXNlcjpwQHNz");  // user:p@ss
+  ASSERT_NE(start_sandbox({"--repos", "1", "--items", "30", "--max-per-page", "10"}), 0)
+      << sandbox_->stderr_text();
+  const std::string proxy_url =
+      "http://user:p%40ss@127.0.0.1:" + std::to_string(proxy.options().port);
+  std::vector<std::string> args = {"fetch",
+                                   "--plugin",
+                                   "github",
+                                   "--plugin-dir",
+                                   BACKHAUL_TEST_PLUGIN_DIR,
+                                   "--base-url",
+                                   sandbox_url() + "/github",
+                                   "--gateway",
+                                   sandbox_url() + "/gateway",
+                                   "--connection",
+                                   "gh-inst-1",
+                                   "--all-resources",
+                                   "--depth",
+                                   "30",
+                                   "--quiet",
+                                   "--json",
+                                   "--proxy",
+                                   proxy_url};
+  const CommandResult fetched = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+  ASSERT_EQ(fetched.exit_code, 0) << fetched.err;
+  const json summary = json::parse(fetched.out);
+  EXPECT_EQ(summary["events"], 3 * 30) << fetched.out;
+  EXPECT_EQ(proxy.seen_containing(sandbox_url() + "/github/"),
+            report("inst-1")["provider_requests"]["github"].get<size_t>());
+  EXPECT_EQ(proxy.seen_containing(sandbox_url() + "/gateway/connections/gh-inst-1"), 2u)
+      << "the connection and its token";
+  for (const auto& request : proxy.seen()) {
+    EXPECT_EQ(request.authorization, "Basic dXNlcjpwQHNz") << request.request_line;
+  }
+
+  const size_t before = proxy.seen().size();
+  args.insert(args.end(), {"--no-proxy", "example.com,127.0.0.1"});
+  const CommandResult direct = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+  ASSERT_EQ(direct.exit_code, 0) << direct.err;
+  EXPECT_EQ(proxy.seen().size(), before);
+
+  *(std::find(args.begin(), args.end(), "--proxy") + 1) = "https://127.0.0.1:1";
+  const CommandResult refused = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("--proxy: invalid proxy url: the scheme must be http://"),
+            std::string::npos)
+      << refused.err;
 }
 
 }  // namespace
