@@ -1,5 +1,6 @@
 // `backhaul fetch`: page through one resource's entity types with a connector plugin, print what
 // comes back, and optionally deliver it to the gateway. The connector author's everyday tool.
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -133,18 +134,29 @@ class FetchRun {
       attempts = 0;
       refreshed = false;
       ++page_no;
-      handle_page(label, entity, page_no, *page, totals);
+      try {
+        handle_page(label, entity, page_no, *page, totals);
+      } catch (const gateway::GatewayError& e) {
+        // The unit stops where its events could not be delivered; the other units go on.
+        ++totals.failed_units;
+        std::cerr << label << " " << entity << ": failed: page " << page_no
+                  << " could not be dispatched: " << e.what() << "\n";
+        return;
+      }
       auto next = page->next_cursor();
       if (!next) {
-        if (!o_.quiet)
-          std::cout << label << " " << entity << ": done after " << page_no
-                    << " pages, final cursor (none)\n";
+        if (!o_.quiet) {
+          progress() << label << " " << entity << ": done after " << page_no
+                     << " pages, final cursor (none)\n";
+        }
         return;
       }
       params.cursor = std::string(*next);
     }
-    std::cout << label << " " << entity << ": stopped at --max-pages " << o_.max_pages
-              << ", final cursor " << params.cursor.value_or("(none)") << "\n";
+    if (!o_.quiet) {
+      progress() << label << " " << entity << ": stopped at --max-pages " << o_.max_pages
+                 << ", final cursor " << params.cursor.value_or("(none)") << "\n";
+    }
   }
 
  private:
@@ -170,15 +182,20 @@ class FetchRun {
     }
     if (gateway_ && o_.dispatch) dispatch(page, totals);
     if (o_.quiet) return;
-    std::cout << label << " " << entity << " page " << page_no << ": events=" << page.size()
-              << " raw=" << page.raw_count();
+    std::ostream& out = progress();
+    out << label << " " << entity << " page " << page_no << ": events=" << page.size()
+        << " raw=" << page.raw_count();
     if (auto rl = page.rate_limit()) {
-      std::cout << " rate=" << rl->remaining << "/" << rl->limit
-                << " reset=" << gateway::iso8601_ms(rl->reset_at_unix_ms);
+      out << " rate=" << rl->remaining << "/" << rl->limit
+          << " reset=" << gateway::iso8601_ms(rl->reset_at_unix_ms);
     }
     auto next = page.next_cursor();
-    std::cout << " next=" << (next ? std::string(*next) : std::string("(end)")) << "\n";
+    out << " next=" << (next ? std::string(*next) : std::string("(end)")) << "\n";
   }
+
+  // Where the per-page and per-unit lines go: stderr under --json, whose summary is then all of
+  // stdout (with the events of --events, JSON lines too).
+  std::ostream& progress() const { return o_.json_summary ? std::cerr : std::cout; }
 
   void dispatch(const plugins::Page& page, Totals& totals) {
     for (size_t i = 0; i < page.size(); ++i) {
@@ -194,9 +211,14 @@ class FetchRun {
           }
           break;
         } catch (const gateway::GatewayError& err) {
-          if (!err.retryable() || attempt >= o_.retries) throw;
+          // A 429 is waited out as long as it asks, within --max-wait-s.
+          const int64_t wait_ms = std::max<int64_t>(int64_t{100} << attempt, err.retry_after_ms());
+          if (!err.retryable() || attempt >= o_.retries ||
+              wait_ms > int64_t{o_.max_wait_s} * 1000) {
+            throw;
+          }
           ++totals.retries;
-          std::this_thread::sleep_for(std::chrono::milliseconds(100LL << attempt));
+          std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
         }
       }
     }
@@ -348,7 +370,8 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_flag("--quiet,-q", o->quiet, "print only the summary");
   cmd->add_flag("--dispatch", o->dispatch,
                 "deliver every event to POST {gateway}/webhooks/{provider}");
-  cmd->add_flag("--json", o->json_summary, "print the summary as one JSON object");
+  cmd->add_flag("--json", o->json_summary,
+                "print the summary as one JSON object (the progress lines go to stderr)");
   cmd->add_option("--retries", o->retries, "retries of a RETRYABLE or RATE_LIMITED page")
       ->capture_default_str();
   cmd->add_option("--max-wait-s", o->max_wait_s,

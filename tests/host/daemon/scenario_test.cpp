@@ -4,6 +4,7 @@
 // the run's view (GET /v1/runs/{id}) against what the sandbox saw (GET /_sandbox/report and the
 // per-resource request counts of GET /_sandbox/requests).
 #include <algorithm>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -71,6 +72,26 @@ class ScenarioTest : public ProcessTest {
         EXPECT_EQ(unit["eventsDispatched"], items);
       }
     }
+  }
+
+  // `backhaul fetch` of every resource of gh-inst-1 from the sandbox (depth 30), with `extra`.
+  std::vector<std::string> fetch_github(const std::vector<std::string>& extra) const {
+    std::vector<std::string> args = {"fetch",
+                                     "--plugin",
+                                     "github",
+                                     "--plugin-dir",
+                                     BACKHAUL_TEST_PLUGIN_DIR,
+                                     "--base-url",
+                                     sandbox_url() + "/github",
+                                     "--gateway",
+                                     sandbox_url() + "/gateway",
+                                     "--connection",
+                                     "gh-inst-1",
+                                     "--all-resources",
+                                     "--depth",
+                                     "30"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
   }
 
   // SPEC A3. A GitHub run with the daemon's proxy set to a test proxy that requires credentials,
@@ -527,24 +548,7 @@ TEST_F(ScenarioTest, FetchSendsItsRequestsThroughTheProxyItIsGiven) {
       << sandbox_->stderr_text();
   const std::string proxy_url =
       "http://user:p%40ss@127.0.0.1:" + std::to_string(proxy.options().port);
-  std::vector<std::string> args = {"fetch",
-                                   "--plugin",
-                                   "github",
-                                   "--plugin-dir",
-                                   BACKHAUL_TEST_PLUGIN_DIR,
-                                   "--base-url",
-                                   sandbox_url() + "/github",
-                                   "--gateway",
-                                   sandbox_url() + "/gateway",
-                                   "--connection",
-                                   "gh-inst-1",
-                                   "--all-resources",
-                                   "--depth",
-                                   "30",
-                                   "--quiet",
-                                   "--json",
-                                   "--proxy",
-                                   proxy_url};
+  std::vector<std::string> args = fetch_github({"--quiet", "--json", "--proxy", proxy_url});
   const CommandResult fetched = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
   ASSERT_EQ(fetched.exit_code, 0) << fetched.err;
   const json summary = json::parse(fetched.out);
@@ -569,6 +573,51 @@ TEST_F(ScenarioTest, FetchSendsItsRequestsThroughTheProxyItIsGiven) {
   EXPECT_NE(refused.err.find("--proxy: invalid proxy url: the scheme must be http://"),
             std::string::npos)
       << refused.err;
+}
+
+// `backhaul fetch --json`: stdout is the summary alone, whatever else is printed (the
+// --max-pages line came out on stdout even under --quiet, and the page lines without it). A page
+// whose events the gateway will not take fails its unit, which is counted and reported, and the
+// other units go on: before, the gateway's error ended the command with no summary.
+TEST_F(ScenarioTest, FetchJsonIsTheSummaryAloneAndAGatewayFailureFailsItsUnit) {
+  ASSERT_NE(start_sandbox({"--repos", "1", "--items", "30", "--max-per-page", "10",
+                           "--gateway-fail-rate", "1"}),
+            0)
+      << sandbox_->stderr_text();
+  const std::vector<std::string> fetch = fetch_github({"--json"});
+  for (const char* quiet : {"--quiet", "--events"}) {
+    std::vector<std::string> args = fetch;
+    args.insert(args.end(), {"--max-pages", "1", quiet});
+    const CommandResult limited = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+    ASSERT_EQ(limited.exit_code, 0) << limited.err;
+    std::istringstream lines(limited.out);
+    std::vector<json> parsed;
+    for (std::string line; std::getline(lines, line);) {
+      ASSERT_TRUE(json::accept(line)) << quiet << ": not JSON on stdout: " << line;
+      parsed.push_back(json::parse(line));
+    }
+    ASSERT_FALSE(parsed.empty());
+    EXPECT_EQ(parsed.back()["pages"], 3) << parsed.back().dump();
+    const size_t events = parsed.back()["events"].get<size_t>();
+    EXPECT_GT(events, 0u);
+    EXPECT_EQ(parsed.size(), std::string(quiet) == "--events" ? events + 1 : 1u) << quiet;
+    if (std::string(quiet) == "--events") {
+      EXPECT_NE(limited.err.find("stopped at --max-pages 1"), std::string::npos) << limited.err;
+    }
+  }
+
+  std::vector<std::string> args = fetch;
+  args.insert(args.end(), {"--dispatch", "--retries", "1", "--quiet"});
+  const CommandResult failed = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+  EXPECT_EQ(failed.exit_code, 2) << failed.err;
+  const json summary = json::parse(failed.out);
+  EXPECT_EQ(summary["units"], 3) << failed.out;
+  EXPECT_EQ(summary["failed_units"], 3) << failed.out;
+  EXPECT_EQ(summary["pages"], 3) << "each unit stops at its first page";
+  EXPECT_EQ(summary["accepted"], 0);
+  EXPECT_NE(failed.err.find("org-1/repo-1 pull_request: failed: page 1 could not be dispatched: "),
+            std::string::npos)
+      << failed.err;
 }
 
 }  // namespace
