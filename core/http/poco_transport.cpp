@@ -655,12 +655,18 @@ ProxyOptions parse_proxy_url(std::string_view url) {
   }
   std::string_view rest = url.substr(kScheme.size());
   ProxyOptions proxy;
-  if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
-    const std::string_view userinfo = rest.substr(0, at);
+  // Credentials end at the authority's last '@' (a password may hold one unencoded).
+  const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  if (const size_t at = authority.rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = authority.substr(0, at);
     const size_t colon = userinfo.find(':');
-    Poco::URI::decode(std::string(userinfo.substr(0, colon)), proxy.username);
-    if (colon != std::string_view::npos) {
-      Poco::URI::decode(std::string(userinfo.substr(colon + 1)), proxy.password);
+    try {
+      Poco::URI::decode(std::string(userinfo.substr(0, colon)), proxy.username);
+      if (colon != std::string_view::npos) {
+        Poco::URI::decode(std::string(userinfo.substr(colon + 1)), proxy.password);
+      }
+    } catch (const Poco::Exception&) {  // its text holds the credentials
+      throw invalid("the credentials are not valid percent-encoding");
     }
     if (proxy.username.empty()) throw invalid("credentials without a user name");
     rest.remove_prefix(at + 1);  // no credentials in any message below
@@ -670,7 +676,8 @@ ProxyOptions parse_proxy_url(std::string_view url) {
     throw invalid("http://" + redact(rest) + " has a path; give only http://host:port");
   }
   const size_t colon = rest.rfind(':');
-  if (colon == std::string_view::npos || rest.find(']', colon) != std::string_view::npos) {
+  if (colon == std::string_view::npos || colon + 1 == rest.size() ||
+      rest.find(']', colon) != std::string_view::npos) {
     throw invalid("http://" + redact(rest) + " has no port");
   }
   try {
@@ -681,6 +688,29 @@ ProxyOptions parse_proxy_url(std::string_view url) {
     throw invalid(e.what());
   }
   return proxy;
+}
+
+std::vector<std::string> parse_no_proxy(const std::vector<std::string>& entries) {
+  std::vector<std::string> hosts;
+  for (const std::string& entry : entries) {
+    std::string host = to_lower(trim(entry));
+    const std::string quoted = "no_proxy entry \"" + redact(entry) + "\"";
+    if (host.empty()) throw std::invalid_argument("an empty no_proxy entry");
+    if (host.find_first_of(", \t") != std::string::npos) {
+      throw std::invalid_argument(quoted + ": one host per entry");
+    }
+    if (host.rfind("*.", 0) == 0) host.erase(0, 1);  // "*.corp" as ".corp"
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    } else if (std::count(host.begin(), host.end(), ':') == 1) {
+      throw std::invalid_argument(quoted + ": give the host without a port");
+    }
+    if (host != "*" && host.find('*') != std::string::npos) {
+      throw std::invalid_argument(quoted + ": only a leading \"*.\" or \"*\" alone is understood");
+    }
+    hosts.push_back(std::move(host));
+  }
+  return hosts;
 }
 
 void set_proxy_credentials(ProxyOptions& proxy, std::string_view user_colon_password) {
@@ -829,9 +859,15 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   progress.phase = Phase::kConnecting;
   {
     const milliseconds left = remaining(deadline);
+    const Poco::Timespan connect = to_timespan(std::min(options.connect_timeout, left));
+    // A tunnel through the proxy is opened by Poco's own session to the proxy, with the receive
+    // timeout for everything: connecting, the CONNECT answer. It gets the connect timeout.
+    if (target.tls && !session.connected() && goes_through_proxy(options.proxy, target.host)) {
+      session.setTimeout(connect, connect, connect);
+      pooled.connect_now();
+    }
     // Also what Poco applies to a connection it reopens by itself inside sendRequest().
-    session.setTimeout(to_timespan(std::min(options.connect_timeout, left)), to_timespan(left),
-                       to_timespan(left));
+    session.setTimeout(connect, to_timespan(left), to_timespan(left));
   }
   pooled.connect_now();
 
@@ -944,6 +980,15 @@ Response PocoTransport::perform(const Request& request) {
       bool reusable = false;
       Response response = impl_->exchange(*session, target, request, deadline, progress, reusable);
       if (reusable) impl_->give_back(target.pool_key, std::move(session));
+      // Through the proxy, plain HTTP's 407 is the proxy's answer, not the origin's: a transport
+      // failure, as the tunnel's refusal is for HTTPS.
+      if (response.status == 407 && !target.tls &&
+          goes_through_proxy(impl_->options.proxy, target.host)) {
+        throw TransportError(describe(request,
+                                      "the proxy refused the request (407: its credentials are "
+                                      "missing or wrong)" +
+                                          impl_->through_proxy(target)));
+      }
       return response;
     } catch (const Poco::TimeoutException&) {
       // Never retried: the server is slow, not gone, and the deadline covers the whole call.

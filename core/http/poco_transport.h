@@ -31,6 +31,11 @@ struct ProxyOptions {
 // port, a path, a bad port.
 ProxyOptions parse_proxy_url(std::string_view url);
 
+// Checks and normalizes no_proxy entries (trimmed, lower case, "*.corp" as ".corp", "[::1]" as
+// "::1"). Throws std::invalid_argument naming an entry that is empty, holds several hosts, has a
+// port, or a wildcard elsewhere than in front.
+std::vector<std::string> parse_no_proxy(const std::vector<std::string>& entries);
+
 // Sets the proxy's credentials from "user:password" (as an environment variable holds them).
 // Throws std::invalid_argument, without the text, when there is no colon or no user.
 void set_proxy_credentials(ProxyOptions& proxy, std::string_view user_colon_password);

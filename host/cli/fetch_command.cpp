@@ -230,6 +230,8 @@ class FetchRun {
   std::optional<gateway::Connection> connection_;
 };
 
+constexpr const char* kProxyCredentialsEnv = "BACKHAUL_PROXY_CREDENTIALS";
+
 void run_fetch(const FetchOptions& o) {
   http::PocoTransportOptions transport_options;
   transport_options.ca_file = o.ca_file;
@@ -240,7 +242,21 @@ void run_fetch(const FetchOptions& o) {
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("--proxy: ") + e.what());
     }
-    transport_options.proxy.no_proxy = o.no_proxy;
+    // Kept off the command line (ps, shell history) when they are in the environment.
+    const char* credentials = std::getenv(kProxyCredentialsEnv);
+    if (transport_options.proxy.username.empty() && credentials != nullptr && *credentials) {
+      try {
+        http::set_proxy_credentials(transport_options.proxy, credentials);
+      } catch (const std::invalid_argument&) {
+        throw ConfigError(std::string("environment variable ") + kProxyCredentialsEnv +
+                          " must hold user:password");
+      }
+    }
+    try {
+      transport_options.proxy.no_proxy = http::parse_no_proxy(o.no_proxy);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("--no-proxy: ") + e.what());
+    }
   }
   http::PocoTransport transport(transport_options);
   plugins::HostServices services{transport, SystemClock::instance(),
@@ -380,7 +396,9 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_option("--ca-file", o->ca_file, "PEM CA bundle to trust for https");
   cmd->add_flag("--insecure", o->insecure, "do not verify TLS certificates");
   cmd->add_option("--proxy", o->proxy,
-                  "HTTP proxy of every request, http://[user:password@]host:port");
+                  std::string("HTTP proxy of every request, http://host:port (credentials: "
+                              "user:password in $") +
+                      kProxyCredentialsEnv + ", or in the url)");
   cmd->add_option("--no-proxy", o->no_proxy,
                   "hosts reached without the proxy: a name (and its subdomains), an address, or *")
       ->delimiter(',');

@@ -192,9 +192,13 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   if (!config.proxy.url.empty()) {
     try {
       config.proxy.options = http::parse_proxy_url(config.proxy.url);
-      config.proxy.options.no_proxy = config.proxy.no_proxy;
     } catch (const std::invalid_argument& e) {
       problems.add("proxy.url", e.what());
+    }
+    try {
+      config.proxy.options.no_proxy = http::parse_no_proxy(config.proxy.no_proxy);
+    } catch (const std::invalid_argument& e) {
+      problems.add("proxy.no_proxy", e.what());
     }
     // Not in the file, which operators share and check in.
     if (!config.proxy.options.username.empty()) {

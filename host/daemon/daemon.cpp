@@ -69,7 +69,7 @@ std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& c
   options.http_timeout = std::chrono::milliseconds(config.gateway.timeout_ms);
   options.ca_file = config.gateway.ca_file;
   options.proxy_url = config.proxy.url;
-  options.no_proxy = config.proxy.no_proxy;
+  options.no_proxy = config.proxy.options.no_proxy;
   options.proxy_credentials_env = config.proxy.credentials_env;
   options.log_level = config.logging.level;
   options.log_json = config.logging.format == "json";

@@ -80,10 +80,10 @@ int main(int argc, char** argv) {
   if (args.count("--proxy")) {
     try {
       transport_options.proxy = backhaul::http::parse_proxy_url(args["--proxy"]);
-      std::stringstream hosts(args["--no-proxy"]);
-      for (std::string host; std::getline(hosts, host, ',');) {
-        transport_options.proxy.no_proxy.push_back(host);
-      }
+      std::vector<std::string> hosts;
+      std::stringstream list(args["--no-proxy"]);
+      for (std::string host; std::getline(list, host, ',');) hosts.push_back(host);
+      transport_options.proxy.no_proxy = backhaul::http::parse_no_proxy(hosts);
       if (args.count("--proxy-credentials-env")) {
         const char* credentials = std::getenv(args["--proxy-credentials-env"].c_str());
         if (credentials == nullptr) {

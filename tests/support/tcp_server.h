@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include <Poco/Exception.h>
 #include <Poco/Net/ServerSocket.h>
 #include <Poco/Net/Socket.h>
 #include <Poco/Net/SocketAddress.h>
@@ -48,7 +49,12 @@ class TcpServer {
   void accept_loop() {
     while (!stop_) {
       if (!listener_.poll(poll_interval(), Poco::Net::Socket::SELECT_READ)) continue;
-      Poco::Net::StreamSocket socket = listener_.acceptConnection();
+      Poco::Net::StreamSocket socket;
+      try {
+        socket = listener_.acceptConnection();
+      } catch (const Poco::Exception&) {
+        continue;  // out of descriptors, say: the client sees its connection fail
+      }
       std::lock_guard lock(mutex_);
       connections_.emplace_back([this, socket]() mutable { serve_(socket); });
     }

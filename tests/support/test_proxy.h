@@ -94,7 +94,11 @@ class TestProxy {
         to_origin = method + " " + uri.getPathEtc() + " HTTP/1.1\r\n" + forwarded +
                     "Connection: close\r\n\r\n" + to_origin;
       }
-      Poco::Net::StreamSocket origin(Poco::Net::SocketAddress{authority});
+      Poco::Net::StreamSocket origin;
+      origin.connect(Poco::Net::SocketAddress{authority}, kSendTimeout);
+      // A peer that stops reading cannot hold the server's stop for ever.
+      origin.setSendTimeout(kSendTimeout);
+      client.setSendTimeout(kSendTimeout);
       if (method == "CONNECT") send_all(client, "HTTP/1.1 200 Connection established\r\n\r\n");
       send_all(origin, to_origin);
       relay(client, origin);
@@ -140,6 +144,8 @@ class TestProxy {
       }
     }
   }
+
+  static inline const Poco::Timespan kSendTimeout{10, 0};
 
   const std::string required_;
   mutable std::mutex mutex_;

@@ -145,6 +145,7 @@ void echo(HTTPServerRequest& request, HTTPServerResponse& response) {
   response.set("X-Echo-User-Agent", request.get("User-Agent", "<none>"));
   response.set("X-Echo-Test", request.get("X-Test", "<none>"));
   response.set("X-Echo-Authorization", request.get("Authorization", "<none>"));
+  response.set("X-Echo-Proxy-Authorization", request.get("Proxy-Authorization", "<none>"));
   response.set("X-Echo-Content-Length", request.get("Content-Length", "<none>"));
   reply(response, body);
 }
@@ -861,6 +862,17 @@ TEST(PocoTransportRedirectTest, KeepsAuthorizationOnTheSameHost) {
 // ---------------------------------------------------------------------------------------------
 // Proxy
 
+// The text of the std::invalid_argument that `parse` throws, or "" with a test failure.
+std::string refusal(const std::function<void()>& parse) {
+  try {
+    parse();
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
 TEST(ProxyUrlTest, ParsesHostPortAndDecodedCredentials) {
   ProxyOptions p = parse_proxy_url("http://proxy.corp:3128");
   EXPECT_EQ(p.host, "proxy.corp");
@@ -883,15 +895,14 @@ TEST(ProxyUrlTest, RefusesWhatItCannotUseNamingWhyButNotThePassword) {
       {"http://proxy:3128/path", "has a path"},
       {"http://proxy:99999", "invalid port"},
       {"http://:secret@proxy:3128", "without a user name"},
+      {"http://proxy:", "has no port"},
+      {"http://proxy:3128/?x=@evil:80", "has a path"},
+      {"http://u:secret%zz@proxy:3128", "the credentials are not valid percent-encoding"},
   };
   for (const auto& [url, why] : cases) {
-    try {
-      parse_proxy_url(url);
-      ADD_FAILURE() << url << " was accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_TRUE(contains(e.what(), why)) << url << ": " << e.what();
-      EXPECT_FALSE(contains(e.what(), "secret")) << url << ": " << e.what();
-    }
+    const std::string error = refusal([url = url] { parse_proxy_url(url); });
+    EXPECT_TRUE(contains(error, why)) << url << ": " << error;
+    EXPECT_FALSE(contains(error, "secret")) << url << ": " << error;
   }
 }
 
@@ -913,6 +924,21 @@ TEST(ProxyUrlTest, NoProxyNamesAHostItsSubdomainsOrAnAddress) {
   EXPECT_FALSE(goes_through_proxy(p, "::1"));
   p.no_proxy = {"*"};
   EXPECT_FALSE(goes_through_proxy(p, "api.github.com"));
+}
+
+TEST(ProxyUrlTest, NoProxyEntriesAreNormalizedOrRefusedNamingTheEntry) {
+  EXPECT_EQ(parse_no_proxy({" Example.COM ", "*.corp", "[::1]", "*", "10.0.0.1", "::1"}),
+            (std::vector<std::string>{"example.com", ".corp", "::1", "*", "10.0.0.1", "::1"}));
+  const std::pair<const char*, const char*> cases[] = {
+      {"a.com,b.com", "no_proxy entry \"a.com,b.com\": one host per entry"},
+      {"host:8080", "no_proxy entry \"host:8080\": give the host without a port"},
+      {"a*.b", "only a leading \"*.\" or \"*\" alone is understood"},
+      {"  ", "an empty no_proxy entry"},
+  };
+  for (const auto& [entry, why] : cases) {
+    const std::string error = refusal([entry = entry] { parse_no_proxy({entry}); });
+    EXPECT_TRUE(contains(error, why)) << entry << ": " << error;
+  }
 }
 
 TEST(PocoTransportProxyTest, PlainHttpGoesToTheProxyInAbsoluteForm) {
@@ -980,15 +1006,16 @@ TEST(PocoTransportProxyTest, SendsTheProxyCredentialsAndReportsAnUnreachableProx
   PocoTransportOptions options;
   options.proxy = proxy.options();
   {
+    // The proxy's 407 is not the origin's answer.
     PocoTransport without(options);
-    EXPECT_EQ(without.perform(get(origin.url("/echo"))).status, 407);
+    const std::string error = transport_error(without, get(origin.url("/echo")));
+    EXPECT_TRUE(contains(error, "the proxy refused the request (407")) << error;
+    EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:")) << error;
   }
   options.proxy.username = "user";
   options.proxy.password = "pa ss";
   PocoTransport transport(options);
-  const Response response = transport.perform(get(origin.url("/echo")));
-  EXPECT_EQ(response.status, 200);
-  EXPECT_EQ(response.header("x-echo-authorization"), "<none>") << "not passed on to the origin";
+  EXPECT_EQ(transport.perform(get(origin.url("/echo"))).status, 200);
   ASSERT_EQ(proxy.seen().size(), 2u);
   EXPECT_EQ(proxy.seen()[1].authorization, "Basic dXNlcjpwYSBzcw==");
 
@@ -1163,9 +1190,11 @@ TEST_F(PocoTransportTlsTest, TunnelsThroughAProxyWithConnect) {
   options.proxy.password = "pass";
   PocoTransport transport(options);
   expect_echoed(transport, "tunnelled", 2);
+  EXPECT_EQ(transport.perform(get(url())).header("x-echo-proxy-authorization"), "<none>")
+      << "the proxy's credentials are not sent inside the tunnel";
   EXPECT_EQ(transport.connections_opened(), 1u) << "the tunnel is kept alive";
   const std::vector<testing::TestProxy::Seen> seen = proxy.seen();
-  ASSERT_EQ(seen.size(), 2u);
+  ASSERT_EQ(seen.size(), 2u) << "one tunnel, kept alive";
   const std::string authority = "127.0.0.1:" + std::to_string(server_->port());
   EXPECT_EQ(seen[1].request_line, "CONNECT " + authority + " HTTP/1.1");
   EXPECT_EQ(seen[1].authorization, "Basic dXNlcjpwYXNz");
@@ -1174,6 +1203,31 @@ TEST_F(PocoTransportTlsTest, TunnelsThroughAProxyWithConnect) {
   options.ca_file.clear();
   PocoTransport untrusted(options);
   EXPECT_TRUE(contains(transport_error(untrusted, get(url())), "certificate"));
+}
+
+// Opening the tunnel is connecting: a proxy that accepts the connection but never answers the
+// CONNECT is given the connect timeout, not the request's (Poco gives its session to the proxy
+// the receive timeout for everything).
+TEST_F(PocoTransportTlsTest, AProxyThatDoesNotAnswerTheConnectTimesOutAsAConnect) {
+  std::atomic<bool> done{false};
+  testing::TcpServer mute([&done](Poco::Net::StreamSocket&) {  // accepts, never answers
+    while (!done) std::this_thread::sleep_for(20ms);
+  });
+  PocoTransportOptions options;
+  options.ca_file = pki_->ca_file;
+  options.proxy.host = "127.0.0.1";
+  options.proxy.port = mute.port();
+  options.connect_timeout = 200ms;
+  PocoTransport transport(options);
+  Request request = get(url());
+  request.timeout = 20s;
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error = transport_error(transport, request);
+  const auto took = std::chrono::steady_clock::now() - started;
+  done = true;
+  EXPECT_TRUE(contains(error, "connect timeout after 200 ms")) << error;
+  EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:")) << error;
+  EXPECT_LT(took, 10s) << "the request's 20 s, not the connect timeout";
 }
 
 TEST_F(PocoTransportTlsTest, ReportsAMissingCaFile) {

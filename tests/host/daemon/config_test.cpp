@@ -148,7 +148,7 @@ TEST(ConfigTest, TheProxyComesFromTheConfigAndItsCredentialsFromTheEnvironment) 
   json config = minimal();
   config["proxy"] = {{"url", "http://proxy.corp:3128"},
                      {"credentials_env", "PROXY_AUTH"},
-                     {"no_proxy", {"127.0.0.1", ".corp"}}};
+                     {"no_proxy", {"127.0.0.1", "*.Corp"}}};
   config["plugins"]["isolation"] = {{"mode", "process"}};
   config["gateway"]["api_key_env"] = "GW_KEY";
   const DaemonConfig c =
@@ -306,6 +306,12 @@ INSTANTIATE_TEST_SUITE_P(
                  },
                  "config: proxy.credentials_env: environment variable GW_KEY must hold "
                  "user:password"},
+        BadField{"NoProxyWithAPort",
+                 [](json& c) {
+                   c["proxy"] = {{"url", "http://proxy:3128"}, {"no_proxy", {"db:5432"}}};
+                 },
+                 "config: proxy.no_proxy: no_proxy entry \"db:5432\": give the host without a "
+                 "port"},
         BadField{"ProxyCredentialsWithoutAProxy",
                  [](json& c) { c["proxy"]["credentials_env"] = "GW_KEY"; },
                  "config: proxy.credentials_env: is set without proxy.url"},
