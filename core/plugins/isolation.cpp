@@ -16,6 +16,7 @@
 #include "core/common/logging.h"
 #include "core/common/proc.h"
 #include "core/common/signal_name.h"
+#include "core/http/http_metrics.h"
 #include "core/plugins/plugin_loader.h"
 #include <fcntl.h>
 #include <poll.h>
@@ -149,6 +150,31 @@ std::string ok_frame() {
   Writer w;
   w.u8(BACKHAUL_OK);
   return std::move(w).finish();
+}
+
+// Every answer ends with the HTTP tally of the call: the plugin's requests by outcome and their
+// summed time (http::HttpTally), counted in the worker and added to the daemon's metrics.
+constexpr size_t kTallyBytes = (http::HttpTally::kOutcomes + 1) * 8;
+
+std::string with_tally(std::string frame, const http::HttpTally& tally) {
+  Writer w;
+  for (uint64_t n : tally.requests) w.i64(static_cast<int64_t>(n));
+  w.i64(static_cast<int64_t>(tally.micros));
+  frame.append(std::move(w).finish().substr(4));
+  const auto n = static_cast<uint32_t>(frame.size() - 4);
+  for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  return frame;
+}
+
+// Takes the tally off the end of an answer's body.
+http::HttpTally take_tally(std::string& body) {
+  if (body.size() < kTallyBytes) throw MalformedFrame("an answer without its HTTP tally");
+  Reader r(std::string_view(body).substr(body.size() - kTallyBytes));
+  http::HttpTally tally;
+  for (uint64_t& n : tally.requests) n = static_cast<uint64_t>(r.i64());
+  tally.micros = static_cast<uint64_t>(r.i64());
+  body.resize(body.size() - kTallyBytes);
+  return tally;
 }
 
 // Reads an answer's status; a failure is thrown as the plugin's own ConnectorFailure.
@@ -542,7 +568,7 @@ void watch_memory(pid_t pid, int fd, int ended, SteadyClock::time_point deadline
 // when the worker dies (`ended`: its pidfd, or -1), hangs, outgrows the memory limit or answers
 // what is not a frame.
 std::string exchange(pid_t pid, int fd, int ended, const std::string& request, const char* what,
-                     const IsolationOptions& options) {
+                     const IsolationOptions& options, const std::string& plugin_id) {
   if (!send_frame(fd, request)) throw WorkerLost{std::string("closed its socket before ") + what};
   const auto deadline = SteadyClock::now() + options.call_timeout;
   if (options.memory_limit_mb > 0) {
@@ -551,6 +577,16 @@ std::string exchange(pid_t pid, int fd, int ended, const std::string& request, c
   std::string body;
   switch (read_frame(fd, &body, deadline, ended)) {
     case ReadEnd::kFrame:
+      try {
+        const http::HttpTally tally = take_tally(body);
+        if (options.http_metrics && !plugin_id.empty()) {
+          options.http_metrics->merge(plugin_id, tally);
+        }
+      } catch (const MalformedFrame& e) {
+        throw WorkerLost{
+            std::string("answered ") + what + " with a malformed frame (" + e.what() + ")", true,
+            WorkerLoss::kMalformed};
+      }
       return body;
     case ReadEnd::kClosed:
       throw WorkerLost{std::string("ended during ") + what};
@@ -584,8 +620,9 @@ std::string call_in_new_worker(const IsolationOptions& options, const std::files
                                const char* what) {
   Spawned worker = spawn_worker(options, plugin, sha256, who, sealed);
   try {
+    // Its requests are not counted: a one-off call has no plugin id to count them as yet.
     std::string body =
-        exchange(worker.pid, worker.socket.get(), worker.ended.get(), request, what, options);
+        exchange(worker.pid, worker.socket.get(), worker.ended.get(), request, what, options, "");
     worker.socket.reset();
     reap(worker.pid, false);
     return body;
@@ -808,7 +845,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   request.u8(static_cast<uint8_t>(Op::kCreate)).str(config_json_);
   try {
     std::string body = exchange(pid, worker->socket.get(), worker->ended.get(),
-                                std::move(request).finish(), "create", options_);
+                                std::move(request).finish(), "create", options_, info_.id);
     Reader answer(body);
     throw_if_failed(answer);
     answer.end();
@@ -912,8 +949,8 @@ template <class Decode>
 auto WorkerPool::run(const std::string& request, const char* what, Decode&& decode) {
   std::unique_ptr<Worker> worker = acquire();
   try {
-    auto result = decode(
-        exchange(worker->pid, worker->socket.get(), worker->ended.get(), request, what, options_));
+    auto result = decode(exchange(worker->pid, worker->socket.get(), worker->ended.get(), request,
+                                  what, options_, info_.id));
     give_back(std::move(worker));
     return result;
   } catch (const ConnectorFailure&) {  // the plugin's own answer: the worker is fine
@@ -1070,6 +1107,8 @@ int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
     } catch (const std::exception& e) {
       answer = failure_frame(BACKHAUL_FATAL, std::string("plugin worker: ") + e.what(), 0);
     }
+    answer = with_tally(std::move(answer), services.http_metrics ? services.http_metrics->take_all()
+                                                                 : http::HttpTally{});
     // Idle from here: the daemon may close its end as soon as it has the answer.
     worker_busy = false;
     if (!send_frame(fd, answer)) return 0;

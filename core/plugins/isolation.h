@@ -31,6 +31,10 @@
 #include "core/plugins/plugin.h"
 #include <sys/types.h>
 
+namespace backhaul::http {
+class HttpMetrics;  // core/http/http_metrics.h
+}  // namespace backhaul::http
+
 namespace backhaul::plugins {
 
 struct HostServices;
@@ -61,6 +65,9 @@ struct IsolationOptions {
   // The worker's HTTP proxy (http://host:port, no credentials; empty: none), the hosts it does not
   // serve, and the variable with its user:password, which the worker reads: it needs them to send
   // the plugin's requests, so the variable must not be one of hidden_env.
+  // Where the plugin's HTTP requests, counted in its workers and sent back with each answer, are
+  // added (as the plugin's id); null: nowhere. Must outlive the plugin.
+  http::HttpMetrics* http_metrics = nullptr;
   std::string proxy_url;
   std::vector<std::string> no_proxy;
   std::string proxy_credentials_env;

@@ -12,6 +12,7 @@
 
 #include "core/common/clock.h"
 #include "core/http/http.h"
+#include "core/http/http_metrics.h"
 #include "core/plugins/isolation.h"
 #include "core/plugins/plugin.h"
 
@@ -22,6 +23,9 @@ struct HostServices {
   http::Transport& transport;
   const Clock& clock = SystemClock::instance();
   std::chrono::milliseconds default_http_timeout{30'000};
+  // Where each plugin's requests are counted, as the plugin's id (after redirects: one request
+  // per call the plugin makes); null: nowhere. Must outlive the plugins too.
+  http::HttpMetrics* http_metrics = nullptr;
 };
 
 // Loads one library and checks, before running any of its code: the backhaul_entry symbol, the

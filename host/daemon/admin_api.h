@@ -45,6 +45,7 @@ struct AdminApiDeps {
   std::function<std::vector<std::string>()> handled_kinds;
   // Worker processes of the connectors in isolation mode, by plugin id; empty: none.
   std::function<std::map<std::string, plugins::WorkerStats>()> plugin_workers;
+  const http::HttpMetrics* http_metrics = nullptr;  // null: no HTTP metrics in /metrics
 };
 
 class AdminApi {

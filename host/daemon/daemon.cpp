@@ -11,6 +11,7 @@
 #include "core/common/errors.h"
 #include "core/common/logging.h"
 #include "core/gateway/gateway_client.h"
+#include "core/http/http_metrics.h"
 #include "core/http/poco_transport.h"
 #include "core/jobs/scheduler.h"
 #include "core/pipeline/pipeline.h"
@@ -28,7 +29,9 @@ struct Daemon::Impl {
   const Clock& clock;
   std::shared_ptr<spdlog::logger> log = logging::get("daemon");
   // Declaration order is teardown order reversed: the server goes first, the store last.
+  http::HttpMetrics http_metrics;  // of the plugins' requests and the gateway's
   std::unique_ptr<http::PocoTransport> transport;
+  std::unique_ptr<http::MeteredTransport> gateway_transport;  // transport, counted as "gateway"
   std::unique_ptr<jobs::JobStore> store;
   std::unique_ptr<plugins::PluginRegistry> registry;
   std::map<std::string, plugins::Connector> connectors;  // by provider id
@@ -86,14 +89,17 @@ void Daemon::Impl::load_plugins() {
   transport_options.proxy = config.proxy.options;
   transport = std::make_unique<http::PocoTransport>(transport_options);
   registry = std::make_unique<plugins::PluginRegistry>(plugins::HostServices{
-      *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms)});
+      *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms), &http_metrics});
   if (!config.plugins.allowed_sha256.empty()) {
     registry->set_allowed_sha256(
         {config.plugins.allowed_sha256.begin(), config.plugins.allowed_sha256.end()});
   }
   // In isolation mode, no code of a plugin runs here: each loads in a worker process.
-  const std::optional<plugins::IsolationOptions> isolation = isolation_options(config);
-  if (isolation) registry->set_isolation(*isolation);
+  std::optional<plugins::IsolationOptions> isolation = isolation_options(config);
+  if (isolation) {
+    isolation->http_metrics = &http_metrics;
+    registry->set_isolation(*isolation);
+  }
   for (const auto& dir : config.plugins.directories) {
     for (const plugins::LoadProblem& problem : registry->load_directory(dir)) {
       log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
@@ -128,8 +134,9 @@ void Daemon::Impl::load_plugins() {
 }
 
 void Daemon::Impl::start_pipeline() {
+  gateway_transport = std::make_unique<http::MeteredTransport>(*transport, http_metrics, "gateway");
   gateway = std::make_unique<gateway::GatewayClient>(
-      *transport, config.gateway.url, config.gateway.api_key, clock,
+      *gateway_transport, config.gateway.url, config.gateway.api_key, clock,
       std::chrono::milliseconds(config.gateway.timeout_ms));
   const DaemonConfig::Pipeline& p = config.pipeline;
   pipeline::PipelineOptions options;
@@ -214,7 +221,8 @@ void Daemon::start() {
                        if (auto stats = connector.worker_stats()) workers.emplace(id, *stats);
                      }
                      return workers;
-                   }},
+                   },
+                   &d.http_metrics},
       api_options);
   d.server = std::make_unique<AdminServer>(
       *d.api, AdminServerOptions{d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port),

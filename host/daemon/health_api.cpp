@@ -3,6 +3,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/http/http_metrics.h"
 #include "host/daemon/api_support.h"
 
 namespace backhaul::daemon {
@@ -32,13 +33,15 @@ std::string label(std::string_view value) {
   return out;
 }
 
-// `ms` in seconds, exactly ("61.5", "1234567.891", "0"): streamed as a double, a sum of job
+// `value` in seconds, exactly ("61.5", "1234567.891", "0"): streamed as a double, a sum of job
 // times past a million seconds printed as 1.23457e+06, a counter moving in 10 s steps.
-std::string seconds(int64_t ms) {
-  const uint64_t magnitude = ms < 0 ? 0 - static_cast<uint64_t>(ms) : static_cast<uint64_t>(ms);
-  std::string text = (ms < 0 ? "-" : "") + std::to_string(magnitude / 1000);
-  if (const uint64_t fraction = magnitude % 1000; fraction != 0) {
-    std::string digits = std::to_string(1000 + fraction).substr(1);  // "005", "500"
+// `per_second`: 1000 for milliseconds, 1000000 for microseconds.
+std::string seconds(int64_t value, uint64_t per_second = 1000) {
+  const uint64_t magnitude =
+      value < 0 ? 0 - static_cast<uint64_t>(value) : static_cast<uint64_t>(value);
+  std::string text = (value < 0 ? "-" : "") + std::to_string(magnitude / per_second);
+  if (const uint64_t fraction = magnitude % per_second; fraction != 0) {
+    std::string digits = std::to_string(per_second + fraction).substr(1);  // "005", "500"
     digits.erase(digits.find_last_not_of('0') + 1);
     text += '.' + digits;
   }
@@ -264,6 +267,28 @@ Response handle_metrics(Call& call) {
             << plugins::loss_name(static_cast<plugins::WorkerLoss>(r)) << "\"} " << w.lost[r]
             << '\n';
       }
+    }
+  }
+
+  if (call.deps.http_metrics) {
+    const std::map<std::string, http::HttpTally> tallies = call.deps.http_metrics->snapshot();
+    family(out, "backhaul_http_requests_total", "counter",
+           "HTTP requests the host sent, by client (a plugin's id: each request the plugin made, "
+           "after redirects, in worker processes too; gateway: each exchange) and outcome (the "
+           "status class, or error: no response).");
+    for (const auto& [client, tally] : tallies) {
+      for (size_t i = 0; i < http::HttpTally::kOutcomes; ++i) {
+        out << "backhaul_http_requests_total{client=\"" << label(client) << "\",outcome=\""
+            << http::HttpTally::kOutcomeNames[i] << "\"} " << tally.requests[i] << '\n';
+      }
+    }
+    family(out, "backhaul_http_request_seconds", "summary",
+           "Wall time of the HTTP requests the host sent, by client.");
+    for (const auto& [client, tally] : tallies) {
+      out << "backhaul_http_request_seconds_sum{client=\"" << label(client) << "\"} "
+          << seconds(static_cast<int64_t>(tally.micros), 1'000'000) << '\n'
+          << "backhaul_http_request_seconds_count{client=\"" << label(client) << "\"} "
+          << tally.total() << '\n';
     }
   }
 

@@ -22,6 +22,7 @@
 
 #include "core/common/logging.h"
 #include "core/common/unique_fd.h"
+#include "core/http/http_metrics.h"
 #include "core/http/poco_transport.h"
 #include "core/plugins/isolation.h"
 #include "core/plugins/plugin_loader.h"
@@ -96,8 +97,11 @@ int main(int argc, char** argv) {
     }
   }
   backhaul::http::PocoTransport transport(transport_options);
+  // Sent back with each answer (isolation.h): the daemon shows them in /metrics.
+  backhaul::http::HttpMetrics http_metrics;
   const backhaul::plugins::HostServices services{transport, backhaul::SystemClock::instance(),
-                                                 std::chrono::milliseconds(http_timeout_ms)};
+                                                 std::chrono::milliseconds(http_timeout_ms),
+                                                 &http_metrics};
   std::set<std::string> sha256;
   std::stringstream list(args["--sha256"]);
   for (std::string hex; std::getline(list, hex, ',');) sha256.insert(hex);

@@ -29,11 +29,16 @@ http::Exchange exchange(std::string url, int status, http::Headers headers = {},
   return e;
 }
 
-TEST(HostServicesTest, PluginHttpGoesThroughTheHostTransportAndFollowsRedirects) {
-  http::ReplayTransport transport;
+// /old answers 301 to /new?x=1, which answers 200.
+void record_a_redirect(http::ReplayTransport& transport) {
   transport.add(exchange("https://api.example.test/old", 301,
                          {{"location", "https://api.example.test/new?x=1"}}));
   transport.add(exchange("https://api.example.test/new?x=1", 200, {}, "{}"));
+}
+
+TEST(HostServicesTest, PluginHttpGoesThroughTheHostTransportAndFollowsRedirects) {
+  http::ReplayTransport transport;
+  record_a_redirect(transport);
   FakeClock clock;
   Connector connector = load_plugin(fake_plugin(), {transport, clock})
                             .create(R"({"http_url": "https://api.example.test/old"})");
@@ -54,6 +59,28 @@ TEST(HostServicesTest, PluginHttpGoesThroughTheHostTransportAndFollowsRedirects)
     }
     EXPECT_TRUE(has_auth) << r.url;
   }
+}
+
+// SPEC A3: the host keeps the metrics of its HTTP service. Each call the plugin makes counts once,
+// as the plugin's id, by the final answer (after redirects), or as an error when none came.
+TEST(HostServicesTest, EachRequestOfThePluginIsCountedAsItsIdByOutcome) {
+  http::ReplayTransport transport;
+  record_a_redirect(transport);
+  FakeClock clock;
+  http::HttpMetrics metrics;
+  Plugin plugin = load_plugin(fake_plugin(), {transport, clock, std::chrono::seconds(5), &metrics});
+  Connector connector = plugin.create(R"({"http_url": "https://api.example.test/old"})");
+  connector.fetch_page(first_page());
+  Connector failing = plugin.create(R"({"http_url": "https://api.example.test/unrecorded"})");
+  EXPECT_THROW(failing.fetch_page(first_page()), ConnectorFailure);
+
+  const std::map<std::string, http::HttpTally> tallies = metrics.snapshot();
+  ASSERT_EQ(tallies.size(), 1u);
+  const http::HttpTally& fake = tallies.at(plugin.info().id);
+  EXPECT_EQ(fake.requests[1], 1u) << "2xx: the redirect and its target are one request";
+  EXPECT_EQ(fake.requests[2], 0u) << "3xx";
+  EXPECT_EQ(fake.requests[5], 1u) << "error: no answer";
+  EXPECT_EQ(fake.total(), 2u);
 }
 
 TEST(HostServicesTest, NetworkErrorReachesThePluginAsRetryable) {

@@ -94,27 +94,63 @@ class ScenarioTest : public ProcessTest {
     return args;
   }
 
+  // Starts the sandbox (one repository of 30 items of each type, 10 per page) and a daemon with
+  // `overrides` merged into daemon_config(), the plugins' calls in worker processes when
+  // `isolated`; backfills gh-inst-1 to a success (or a fatal test failure), and sets `sandbox` to
+  // the sandbox's report of inst-1.
+  void backfill_one_repository(bool isolated, const json& overrides, json* sandbox) {
+    ASSERT_NE(start_sandbox({"--repos", "1", "--items", "30", "--max-per-page", "10"}), 0)
+        << sandbox_->stderr_text();
+    json config = daemon_config();
+    config.merge_patch(overrides);
+    if (isolated) config["plugins"]["isolation"] = {{"mode", "process"}};
+    ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+    const int64_t run_id = start_run("gh-inst-1", "github");
+    ASSERT_NE(run_id, 0);
+    const json run = wait_finished(run_id);
+    ASSERT_EQ(run["status"], "succeeded") << run.dump(2) << daemon_->stderr_text();
+    *sandbox = report("inst-1");
+  }
+
+  // SPEC A3. A GitHub run (the plugins' calls in worker processes when `isolated`), then
+  // /metrics: every request the plugin made counted as "github", every one the gateway client
+  // made as "gateway", with their time.
+  void expect_http_metrics_of_a_run(bool isolated) {
+    json sandbox;
+    backfill_one_repository(isolated, json::object(), &sandbox);
+    if (HasFatalFailure()) return;
+    const double provider = sandbox["provider_requests"]["github"].get<double>();
+    const auto series = [this](const std::string& client, const std::string& outcome) {
+      return metric("backhaul_http_requests_total{client=\"" + client + "\",outcome=\"" + outcome +
+                    "\"}");
+    };
+    EXPECT_EQ(series("github", "2xx"), provider) << "each provider request the sandbox saw";
+    EXPECT_GE(series("gateway", "2xx"), 3.0 * 30) << "every delivery, and the lookups";
+    for (const char* client : {"github", "gateway"}) {
+      for (const char* outcome : {"1xx", "3xx", "4xx", "5xx", "error"}) {
+        EXPECT_EQ(series(client, outcome), 0) << client << " " << outcome;
+      }
+    }
+    EXPECT_EQ(metric("backhaul_http_request_seconds_count{client=\"github\"}"), provider);
+    EXPECT_GT(metric("backhaul_http_request_seconds_sum{client=\"github\"}"), 0);
+    EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+  }
+
   // SPEC A3. A GitHub run with the daemon's proxy set to a test proxy that requires credentials,
   // which come from the variable proxy.credentials_env names; the plugins' calls in worker
   // processes when `isolated`. Every request of the run, the provider's and the gateway's, goes
   // through the proxy with the credentials, and the run's counts are the sandbox's.
   void run_through_a_proxy(bool isolated) {
     backhaul::testing::TestProxy proxy("Basic dXNlcjpwQHNz");  // user:p@ss
-    ASSERT_NE(start_sandbox({"--repos", "1", "--items", "30", "--max-per-page", "10"}), 0)
-        << sandbox_->stderr_text();
-    json config = daemon_config();
     const http::ProxyOptions where = proxy.options();
-    config["proxy"] = {{"url", "http://" + where.host + ":" + std::to_string(where.port)},
-                       {"credentials_env", "BACKHAUL_TEST_PROXY_AUTH"}};
-    if (isolated) config["plugins"]["isolation"] = {{"mode", "process"}};
     daemon_env_ = {"BACKHAUL_TEST_PROXY_AUTH=user:p@ss"};
-    ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
-    const int64_t run_id = start_run("gh-inst-1", "github");
-    ASSERT_NE(run_id, 0);
-    const json run = wait_finished(run_id);
-    ASSERT_EQ(run["status"], "succeeded") << run.dump(2) << daemon_->stderr_text();
-
-    const json sandbox = report("inst-1");
+    json sandbox;
+    backfill_one_repository(isolated,
+                            {{"proxy",
+                              {{"url", "http://" + where.host + ":" + std::to_string(where.port)},
+                               {"credentials_env", "BACKHAUL_TEST_PROXY_AUTH"}}}},
+                            &sandbox);
+    if (HasFatalFailure()) return;
     const json& github = sandbox["gateway"]["by_provider"]["github"];
     EXPECT_EQ(github["missing"], 0) << sandbox.dump(2);
     EXPECT_EQ(github["received"], 3 * 30) << sandbox.dump(2);
@@ -532,6 +568,14 @@ TEST_F(ScenarioTest, ReadyAnswers503NamingTheStoreWhileTheStoreIsUnusable) {
   EXPECT_EQ(recovered.status, 200) << recovered.body;
   EXPECT_EQ(recovered.json()["status"], "healthy");
   EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
+}
+
+TEST_F(ScenarioTest, MetricsCountEveryHttpRequestOfARunByClientAndOutcome) {
+  expect_http_metrics_of_a_run(false);
+}
+
+TEST_F(ScenarioTest, InIsolationModeMetricsCountTheRequestsTheWorkersMade) {
+  expect_http_metrics_of_a_run(true);
 }
 
 TEST_F(ScenarioTest, WithAProxyEveryRequestOfARunGoesThroughIt) { run_through_a_proxy(false); }
