@@ -9,6 +9,19 @@
 
 namespace backhaul::cli {
 
+void reading_answers(const std::function<void()>& command) {
+  try {
+    command();
+  } catch (const nlohmann::json::exception& e) {
+    // 403: a key not found; 302: a value of another type; 306: value() of what is not an object.
+    // Others (an argument that is not UTF-8, say) are not the answer's.
+    if (e.id != 403 && e.id != 302 && e.id != 306) throw;
+    throw AdminApiError(0, "UNEXPECTED_ANSWER",
+                        std::string("an answer of the admin API is not what this command reads (") +
+                            e.what() + "): is --url a backhauld of this version?");
+  }
+}
+
 void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint) {
   if (const char* url = std::getenv("BACKHAUL_URL")) endpoint.url = url;
   command.add_option("--url", endpoint.url, "admin API of backhauld (env BACKHAUL_URL)")

@@ -2,6 +2,7 @@
 // token from the environment, errors turned into one exception carrying the envelope's code.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,11 @@ struct AdminEndpoint {
   std::string token_env = "BACKHAUL_ADMIN_TOKEN";
   int timeout_ms = 30'000;
 };
+
+// Runs `command`, which reads answers of the admin API: one that lacks a field the command reads,
+// or has it of another type (a daemon of another version, or not a daemon at all), ends it with
+// an AdminApiError (code UNEXPECTED_ANSWER) naming the field, rather than in nlohmann's terms.
+void reading_answers(const std::function<void()>& command);
 
 // Adds --url and --token-env to a subcommand (shared by `run` and `dlq`).
 void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint);

@@ -31,17 +31,19 @@ struct DlqOptions {
 void print_letters(const json& page) {
   std::printf("%-8s %-8s %-16s %-20s %-9s %-7s %s\n", "ID", "JOB", "KIND", "KEY", "STATUS",
               "RETRIES", "ERROR");
-  for (const json& l : page["items"]) {
+  for (const json& l : page.at("items")) {
     std::string error = l.value("error", "");
     if (error.size() > 60) error = error.substr(0, 57) + "...";
     std::printf(
-        "%-8lld %-8lld %-16s %-20s %-9s %-7d %s\n", static_cast<long long>(l["id"].get<int64_t>()),
-        static_cast<long long>(l["jobId"].get<int64_t>()), l["kind"].get<std::string>().c_str(),
-        l["concurrencyKey"].get<std::string>().c_str(), l["status"].get<std::string>().c_str(),
-        l["retries"].get<int>(), error.c_str());
+        "%-8lld %-8lld %-16s %-20s %-9s %-7d %s\n",
+        static_cast<long long>(l.at("id").get<int64_t>()),
+        static_cast<long long>(l.at("jobId").get<int64_t>()),
+        l.at("kind").get<std::string>().c_str(), l.at("concurrencyKey").get<std::string>().c_str(),
+        l.at("status").get<std::string>().c_str(), l.at("retries").get<int>(), error.c_str());
   }
-  if (page["nextBefore"].is_number()) {
-    std::printf("more: --before %lld\n", static_cast<long long>(page["nextBefore"].get<int64_t>()));
+  if (page.value("nextBefore", json()).is_number()) {
+    std::printf("more: --before %lld\n",
+                static_cast<long long>(page.at("nextBefore").get<int64_t>()));
   }
 }
 
@@ -75,12 +77,12 @@ void stats(const DlqOptions& o) {
     return;
   }
   std::printf("%-24s %-10s %s\n", "KIND", "STATUS", "COUNT");
-  for (const json& row : body["items"]) {
-    std::printf("%-24s %-10s %lld\n", row["kind"].get<std::string>().c_str(),
-                row["status"].get<std::string>().c_str(),
-                static_cast<long long>(row["count"].get<int64_t>()));
+  for (const json& row : body.at("items")) {
+    std::printf("%-24s %-10s %lld\n", row.at("kind").get<std::string>().c_str(),
+                row.at("status").get<std::string>().c_str(),
+                static_cast<long long>(row.at("count").get<int64_t>()));
   }
-  std::printf("total %lld\n", static_cast<long long>(body["total"].get<int64_t>()));
+  std::printf("total %lld\n", static_cast<long long>(body.at("total").get<int64_t>()));
 }
 
 void retry(const DlqOptions& o) {
@@ -89,7 +91,7 @@ void retry(const DlqOptions& o) {
     const json letter = client.post("/v1/dead-letters/" + std::to_string(o.id) + "/retry");
     print(o, letter,
           "dead letter " + std::to_string(o.id) + " retried (job " +
-              std::to_string(letter["jobId"].get<int64_t>()) + " queued)");
+              std::to_string(letter.at("jobId").get<int64_t>()) + " queued)");
     return;
   }
   if (!o.all) throw ConfigError("dlq retry: give a dead letter ID, or --all with --limit");
@@ -98,7 +100,7 @@ void retry(const DlqOptions& o) {
   if (!o.kind.empty()) body["kind"] = o.kind;
   if (!o.key.empty()) body["key"] = o.key;
   const json result = client.post("/v1/dead-letters/retry", body);
-  print(o, result, "retried " + std::to_string(result["retried"].get<int>()) + " dead letters");
+  print(o, result, "retried " + std::to_string(result.at("retried").get<int>()) + " dead letters");
 }
 
 void ignore(const DlqOptions& o) {
@@ -111,7 +113,7 @@ void purge(const DlqOptions& o) {
   const json result = AdminClient(o.endpoint)
                           .post("/v1/dead-letters/purge", {{"olderThanDays", o.older_than_days}});
   print(o, result,
-        "purged " + std::to_string(result["purged"].get<int64_t>()) +
+        "purged " + std::to_string(result.at("purged").get<int64_t>()) +
             " resolved or ignored dead letters older than " + std::to_string(o.older_than_days) +
             " days");
 }
@@ -139,11 +141,11 @@ void add_dlq_command(CLI::App& app) {
   filters(list_cmd);
   list_cmd->add_option("--before", options->before, "paging: only ids below this");
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
-  list_cmd->callback([options] { list(*options); });
+  list_cmd->callback([options] { reading_answers([&] { list(*options); }); });
 
   CLI::App* stats_cmd = dlq->add_subcommand("stats", "counts by kind and status");
   common(stats_cmd);
-  stats_cmd->callback([options] { stats(*options); });
+  stats_cmd->callback([options] { reading_answers([&] { stats(*options); }); });
 
   CLI::App* retry_cmd = dlq->add_subcommand("retry", "retry one dead letter, or many with --all");
   common(retry_cmd);
@@ -152,12 +154,12 @@ void add_dlq_command(CLI::App& app) {
   retry_cmd->add_flag("--all", options->all, "retry every pending letter matching the filters");
   retry_cmd->add_option("--limit", options->limit, "with --all: at most this many")
       ->capture_default_str();
-  retry_cmd->callback([options] { retry(*options); });
+  retry_cmd->callback([options] { reading_answers([&] { retry(*options); }); });
 
   CLI::App* ignore_cmd = dlq->add_subcommand("ignore", "mark a dead letter as ignored");
   common(ignore_cmd);
   ignore_cmd->add_option("id", options->id, "dead letter id")->required();
-  ignore_cmd->callback([options] { ignore(*options); });
+  ignore_cmd->callback([options] { reading_answers([&] { ignore(*options); }); });
 
   CLI::App* purge_cmd = dlq->add_subcommand("purge", "delete resolved and ignored dead letters");
   common(purge_cmd);
@@ -166,7 +168,7 @@ void add_dlq_command(CLI::App& app) {
                    "only those last updated more than N days ago")
       ->required()
       ->check(CLI::NonNegativeNumber);
-  purge_cmd->callback([options] { purge(*options); });
+  purge_cmd->callback([options] { reading_answers([&] { purge(*options); }); });
 }
 
 }  // namespace backhaul::cli

@@ -80,16 +80,17 @@ void print_units(const json& run) {
   if (!run.contains("units")) return;
   std::printf("  %-8s %-28s %-14s %-10s %6s %8s %s\n", "JOB", "RESOURCE", "ENTITY", "STATUS",
               "PAGES", "EVENTS", "ERROR");
-  for (const json& u : run["units"]) {
-    const std::string resource = u["resourceName"].is_string()
-                                     ? u["resourceName"].get<std::string>()
-                                     : u["resourceId"].get<std::string>();
-    std::printf("  %-8lld %-28s %-14s %-10s %6lld %8lld %s\n",
-                static_cast<long long>(u["jobId"].get<int64_t>()), resource.c_str(),
-                u["entityType"].get<std::string>().c_str(), u["status"].get<std::string>().c_str(),
-                static_cast<long long>(u["pages"].get<int64_t>()),
-                static_cast<long long>(u["eventsDispatched"].get<int64_t>()),
-                u["error"].is_string() ? u["error"].get<std::string>().c_str() : "");
+  for (const json& u : run.at("units")) {
+    const std::string resource = u.value("resourceName", json()).is_string()
+                                     ? u.at("resourceName").get<std::string>()
+                                     : u.at("resourceId").get<std::string>();
+    std::printf(
+        "  %-8lld %-28s %-14s %-10s %6lld %8lld %s\n",
+        static_cast<long long>(u.at("jobId").get<int64_t>()), resource.c_str(),
+        u.at("entityType").get<std::string>().c_str(), u.at("status").get<std::string>().c_str(),
+        static_cast<long long>(u.at("pages").get<int64_t>()),
+        static_cast<long long>(u.at("eventsDispatched").get<int64_t>()),
+        u.value("error", json()).is_string() ? u.at("error").get<std::string>().c_str() : "");
   }
 }
 
@@ -118,11 +119,11 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id) {
   }
   if (tty) std::fprintf(progress, "\n");
   if (o.json_output) std::cout << run.dump(2) << "\n";
-  if (run["status"] != "succeeded") {
+  if (run.at("status") != "succeeded") {
     if (!o.json_output) print_units(run);  // the JSON has the units
-    if (run["error"].is_string()) {
+    if (run.value("error", json()).is_string()) {
       std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id),
-                   run["error"].get<std::string>().c_str());
+                   run.at("error").get<std::string>().c_str());
     }
     throw CLI::RuntimeError(1);
   }
@@ -134,16 +135,16 @@ void start(const RunOptions& o) {
   if (!o.org.empty()) body["orgId"] = o.org;
   if (!o.entity_types.empty()) body["entityTypes"] = o.entity_types;
   const json started = client.post("/v1/runs", body);
-  const int64_t id = started["runId"];
+  const int64_t id = started.at("runId");
   if (!o.wait || !o.json_output) {
     if (o.json_output) {
       std::cout << started.dump(2) << "\n";
     } else {
-      const std::string what = started["created"].get<bool>()
+      const std::string what = started.at("created").get<bool>()
                                    ? std::string("started")
                                    : "already active for " + o.installation;
       std::printf("run %lld %s (%s)\n", static_cast<long long>(id), what.c_str(),
-                  started["status"].get<std::string>().c_str());
+                  started.at("status").get<std::string>().c_str());
     }
   }
   if (o.wait) wait_for(client, o, id);
@@ -174,19 +175,20 @@ void list(const RunOptions& o) {
   }
   std::printf("%-8s %-20s %-8s %-10s %-7s %8s %10s\n", "ID", "INSTALLATION", "PROVIDER", "STATUS",
               "UNITS", "PAGES", "EVENTS");
-  for (const json& r : page["items"]) {
-    const std::string units = std::to_string(r["unitsDone"].get<int>()) + "/" +
-                              std::to_string(r["unitsTotal"].get<int>());
+  for (const json& r : page.at("items")) {
+    const std::string units = std::to_string(r.at("unitsDone").get<int>()) + "/" +
+                              std::to_string(r.at("unitsTotal").get<int>());
     std::printf("%-8lld %-20s %-8s %-10s %-7s %8lld %10lld\n",
-                static_cast<long long>(r["id"].get<int64_t>()),
-                r["request"]["installationId"].get<std::string>().c_str(),
-                r["request"]["provider"].get<std::string>().c_str(),
-                r["status"].get<std::string>().c_str(), units.c_str(),
-                static_cast<long long>(r["pages"].get<int64_t>()),
-                static_cast<long long>(r["eventsDispatched"].get<int64_t>()));
+                static_cast<long long>(r.at("id").get<int64_t>()),
+                r.at("request").at("installationId").get<std::string>().c_str(),
+                r.at("request").at("provider").get<std::string>().c_str(),
+                r.at("status").get<std::string>().c_str(), units.c_str(),
+                static_cast<long long>(r.at("pages").get<int64_t>()),
+                static_cast<long long>(r.at("eventsDispatched").get<int64_t>()));
   }
-  if (page["nextBefore"].is_number()) {
-    std::printf("more: --before %lld\n", static_cast<long long>(page["nextBefore"].get<int64_t>()));
+  if (page.value("nextBefore", json()).is_number()) {
+    std::printf("more: --before %lld\n",
+                static_cast<long long>(page.at("nextBefore").get<int64_t>()));
   }
 }
 
@@ -197,8 +199,8 @@ void cancel(const RunOptions& o) {
     return;
   }
   std::printf("run %lld: %s (status %s)\n", static_cast<long long>(o.id),
-              result["outcome"].get<std::string>().c_str(),
-              result["status"].get<std::string>().c_str());
+              result.at("outcome").get<std::string>().c_str(),
+              result.at("status").get<std::string>().c_str());
 }
 
 }  // namespace
@@ -235,13 +237,13 @@ void add_run_command(CLI::App& app) {
   start_cmd->add_option("--org", options->org, "organisation id (default: the connection's)");
   start_cmd->add_option("--entity-type", options->entity_types,
                         "entity types (repeatable; default: the connector's)");
-  start_cmd->callback([options] { start(*options); });
+  start_cmd->callback([options] { reading_answers([&] { start(*options); }); });
 
   CLI::App* status_cmd = run->add_subcommand("status", "a run with per-unit progress");
   common(status_cmd);
   waiting(status_cmd);
   status_cmd->add_option("id", options->id, "run id")->required();
-  status_cmd->callback([options] { status(*options); });
+  status_cmd->callback([options] { reading_answers([&] { status(*options); }); });
 
   CLI::App* list_cmd = run->add_subcommand("list", "runs, newest first");
   common(list_cmd);
@@ -250,12 +252,12 @@ void add_run_command(CLI::App& app) {
   list_cmd->add_option("--installation", options->installation, "only this installation");
   list_cmd->add_option("--before", options->before, "paging: only ids below this");
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
-  list_cmd->callback([options] { list(*options); });
+  list_cmd->callback([options] { reading_answers([&] { list(*options); }); });
 
   CLI::App* cancel_cmd = run->add_subcommand("cancel", "cancel a run and its units");
   common(cancel_cmd);
   cancel_cmd->add_option("id", options->id, "run id")->required();
-  cancel_cmd->callback([options] { cancel(*options); });
+  cancel_cmd->callback([options] { reading_answers([&] { cancel(*options); }); });
 }
 
 }  // namespace backhaul::cli

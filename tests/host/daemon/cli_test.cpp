@@ -7,6 +7,7 @@
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/child_process.h"
 #include "tests/host/daemon/daemon_fixture.h"
+#include "tests/support/tcp_server.h"
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -108,6 +109,43 @@ TEST_F(CliTest, AnUnknownLogLevelAnOutOfRangeSinceOrAZeroTimeoutIsRefused) {
                                             {}, dir_);
   EXPECT_NE(timeout.exit_code, 0);
   EXPECT_NE(timeout.err.find("--timeout-ms"), std::string::npos) << timeout.err;
+}
+
+// An answer without the fields a command reads (a daemon of another version, or something else
+// at --url) ends the command with exit 1 naming the field. nlohmann's const operator[] on a
+// missing key was an assertion: the CLI died of SIGABRT.
+TEST_F(CliTest, AnAnswerWithoutTheFieldsACommandReadsIsReportedNamingTheField) {
+  const std::string body =
+      R"({"items": [{"id": 1}], "nextBefore": null, "status": "failed", "units": [{"jobId": 1}]})";
+  const std::string answer =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  backhaul::testing::TcpServer impostor([&answer](Poco::Net::StreamSocket& socket) {
+    std::string request;
+    char chunk[4096];
+    while (request.find("\r\n\r\n") == std::string::npos) {
+      const int n = socket.receiveBytes(chunk, sizeof chunk);
+      if (n <= 0) return;
+      request.append(chunk, static_cast<size_t>(n));
+    }
+    socket.sendBytes(answer.data(), static_cast<int>(answer.size()));
+    socket.shutdown();
+  });
+  const std::string url = "http://127.0.0.1:" + std::to_string(impostor.port());
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"dlq", "list"}, std::vector<std::string>{"run", "list"},
+        std::vector<std::string>{"run", "status", "7"}}) {
+    std::vector<std::string> args = command;
+    args.insert(args.end(), {"--url", url});
+    const CommandResult result =
+        run_command(BACKHAUL_CLI_PATH, args, {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
+    EXPECT_EQ(result.exit_code, 1) << command[0] << " " << command[1] << ": " << result.err;
+    EXPECT_NE(result.err.find("UNEXPECTED_ANSWER: an answer of the admin API is not what this "
+                              "command reads ("),
+              std::string::npos)
+        << result.err;
+    EXPECT_NE(result.err.find("not found"), std::string::npos) << result.err;
+  }
 }
 
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
