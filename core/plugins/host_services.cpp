@@ -40,7 +40,10 @@ constexpr size_t kMinRequestSize = offsetof(backhaul_http_request_t, timeout_ms)
 
 HostBinding::HostBinding(const HostServices& services, const std::string& plugin_id)
     : services_(services),
-      plugin_id_(plugin_id),
+      metered_(services.http_metrics
+                   ? std::make_unique<http::MeteredTransport>(
+                         services.transport, *services.http_metrics, "plugin:" + plugin_id)
+                   : nullptr),
       log_(logging::get("plugin." + plugin_id)),
       http_log_(logging::get("http")) {
   host_.struct_size = sizeof(backhaul_host_t);
@@ -132,21 +135,14 @@ backhaul_status_t HostBinding::http(const backhaul_host_t* host,
                                     : me.services_.default_http_timeout;
 
     const auto started = std::chrono::steady_clock::now();
-    const auto elapsed = [started] {
-      return std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::steady_clock::now() - started);
-    };
     auto owned = std::make_unique<OwnedResponse>();
-    try {
-      owned->response = http::send(me.services_.transport, std::move(r));
-    } catch (const http::TransportError&) {
-      me.record(0, elapsed());
-      throw;
-    }
-    me.record(owned->response.status, elapsed());
+    owned->response = http::send(me.transport(), std::move(r));
     me.http_log_->debug("{} {} -> {} ({} bytes, {} us)", view(request->method),
                         redact(owned->response.url), owned->response.status,
-                        owned->response.body.size(), elapsed().count());
+                        owned->response.body.size(),
+                        std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - started)
+                            .count());
 
     const http::Response& resp = owned->response;
     owned->headers.reserve(resp.headers.size());

@@ -2,7 +2,6 @@
 // host's Transport (redirects followed, errors mapped to statuses), and the injected clock.
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,14 +42,14 @@ class HostBinding {
     return host ? static_cast<const HostBinding*>(host->host_data) : nullptr;
   }
 
-  // A request of the plugin in the host's HTTP metrics, when it keeps them. `status` 0: none came.
-  void record(int status, std::chrono::microseconds took) const {
-    if (services_.http_metrics) services_.http_metrics->record(plugin_id_, status, took);
+  // The host's transport, counted in its HTTP metrics as "plugin:<id>" when it keeps them.
+  http::Transport& transport() const {
+    return metered_ ? static_cast<http::Transport&>(*metered_) : services_.transport;
   }
 
   backhaul_host_t host_{};
   HostServices services_;
-  const std::string plugin_id_;
+  const std::unique_ptr<http::MeteredTransport> metered_;
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<spdlog::logger> http_log_;
   // Responses handed out and not yet released: http_release() frees only these, so a response

@@ -448,6 +448,8 @@ Spawned spawn_worker(const IsolationOptions& options, const std::filesystem::pat
                                    plugin.string(),
                                    "--sha256",
                                    sha256,
+                                   "--wire",
+                                   std::to_string(kWorkerWire),
                                    "--http-timeout-ms",
                                    std::to_string(options.http_timeout.count()),
                                    "--log-level",
@@ -580,7 +582,7 @@ std::string exchange(pid_t pid, int fd, int ended, const std::string& request, c
       try {
         const http::HttpTally tally = take_tally(body);
         if (options.http_metrics && !plugin_id.empty()) {
-          options.http_metrics->merge(plugin_id, tally);
+          options.http_metrics->merge("plugin:" + plugin_id, tally);
         }
       } catch (const MalformedFrame& e) {
         throw WorkerLost{

@@ -7,7 +7,10 @@
 // A worker is the backhaul-plugin-worker executable: it loads the same plugin file (refusing one
 // whose SHA-256 is not the daemon's), creates one instance from the connector's config, and
 // answers one call at a time over a UNIX socket on its descriptor 3 (kWorkerSocketFd). Each message
-// is a frame: a 4-byte little-endian length, then the body (worker_wire in isolation.cpp).
+// is a frame: a 4-byte little-endian length, then the body (worker_wire in isolation.cpp); each
+// answer ends with the HTTP tally of its call (http::HttpTally). The daemon passes the version of
+// this wire (kWorkerWire), and a worker of another version refuses to start, naming both: after
+// an upgrade that replaced the worker executable, restart the daemon.
 #pragma once
 
 #include <array>
@@ -42,6 +45,8 @@ struct WorkerLost;  // isolation.cpp: a worker that has to go, and how it ended
 
 // A worker's descriptors: its socket, and the sealed copies of the plugin's files from this one on
 // (in the order of its --sealed options).
+// The version of the daemon-worker wire; a change to it changes this.
+constexpr int kWorkerWire = 2;
 constexpr int kWorkerSocketFd = 3;
 constexpr int kWorkerFirstSealedFd = 4;
 
@@ -62,12 +67,12 @@ struct IsolationOptions {
   size_t memory_limit_mb = 0;
   std::chrono::milliseconds http_timeout{30'000};  // the worker's default for plugin HTTP calls
   std::string ca_file;                             // passed on to the worker's HTTP transport
+  // Where the plugin's HTTP exchanges, counted in its workers and sent back at the end of each
+  // answer, are added (as "plugin:<id>"); null: nowhere. Must outlive the plugin.
+  http::HttpMetrics* http_metrics = nullptr;
   // The worker's HTTP proxy (http://host:port, no credentials; empty: none), the hosts it does not
   // serve, and the variable with its user:password, which the worker reads: it needs them to send
   // the plugin's requests, so the variable must not be one of hidden_env.
-  // Where the plugin's HTTP requests, counted in its workers and sent back with each answer, are
-  // added (as the plugin's id); null: nowhere. Must outlive the plugin.
-  http::HttpMetrics* http_metrics = nullptr;
   std::string proxy_url;
   std::vector<std::string> no_proxy;
   std::string proxy_credentials_env;

@@ -23,8 +23,8 @@ struct HostServices {
   http::Transport& transport;
   const Clock& clock = SystemClock::instance();
   std::chrono::milliseconds default_http_timeout{30'000};
-  // Where each plugin's requests are counted, as the plugin's id (after redirects: one request
-  // per call the plugin makes); null: nowhere. Must outlive the plugins too.
+  // Where each plugin's HTTP exchanges are counted, as "plugin:<id>" (a redirect and its target
+  // are two); null: nowhere. Must outlive the plugins too.
   http::HttpMetrics* http_metrics = nullptr;
 };
 

@@ -2,7 +2,7 @@
 // daemon starts it with a UNIX socket on descriptor 3 and talks to it as core/plugins/isolation.h
 // says; it is not meant to be run by hand.
 //
-//   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] [--http-timeout-ms N]
+//   backhaul-plugin-worker --plugin PATH --sha256 HEX[,HEX...] --wire N [--http-timeout-ms N]
 //       [--ca-file PEM] [--proxy URL [--no-proxy HOST,...] [--proxy-credentials-env NAME]]
 //       [--log-level LEVEL] [--log-format text|json] [--sealed PATH]...
 //
@@ -49,8 +49,13 @@ int main(int argc, char** argv) {
       sealed.emplace(argv[i + 1], next_sealed++);
       continue;
     }
-    static const std::set<std::string> kOptional = {
-        "--plugin", "--sha256", "--ca-file", "--proxy", "--no-proxy", "--proxy-credentials-env"};
+    static const std::set<std::string> kOptional = {"--plugin",
+                                                    "--sha256",
+                                                    "--wire",
+                                                    "--ca-file",
+                                                    "--proxy",
+                                                    "--no-proxy",
+                                                    "--proxy-credentials-env"};
     if (!args.count(name) && !kOptional.count(name)) {
       return usage("unknown option " + name);
     }
@@ -58,6 +63,14 @@ int main(int argc, char** argv) {
   }
   if (!args.count("--plugin") || !args.count("--sha256")) {
     return usage("--plugin and --sha256 are required");
+  }
+  // A daemon and a worker of different builds cannot talk: the executable was replaced under a
+  // running daemon (an upgrade).
+  if (args["--wire"] != std::to_string(backhaul::plugins::kWorkerWire)) {
+    return usage("this worker speaks wire version " +
+                 std::to_string(backhaul::plugins::kWorkerWire) + ", the daemon " +
+                 (args["--wire"].empty() ? std::string("an older one") : args["--wire"]) +
+                 ": restart the daemon after an upgrade");
   }
   char* end = nullptr;
   const long long http_timeout_ms = std::strtoll(args["--http-timeout-ms"].c_str(), &end, 10);

@@ -81,5 +81,18 @@ TEST(MeteredTransportTest, CountsEachExchangeAndEachBatchResultAsItsClient) {
   EXPECT_EQ(gateway.total(), 5u);
 }
 
+// A request refused before it is sent (a malformed url) is no exchange.
+TEST(MeteredTransportTest, DoesNotCountARequestRefusedBeforeItWasSent) {
+  struct Refusing final : Transport {
+    Response perform(const Request& request) override {
+      throw RequestError("invalid url " + request.url);
+    }
+  } refusing;
+  HttpMetrics metrics;
+  MeteredTransport metered(refusing, metrics, "gateway");
+  EXPECT_THROW(metered.perform(get("ftp://gw.test/")), RequestError);
+  EXPECT_TRUE(metrics.snapshot().empty());
+}
+
 }  // namespace
 }  // namespace backhaul::http

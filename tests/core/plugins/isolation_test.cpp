@@ -896,6 +896,29 @@ TEST_F(LoadIsolated, AWorkerMapsTheSealedCopyItWasGivenWithoutCopyingItAgain) {
   EXPECT_EQ(workers.fetch_page(params())->events.size(), 2u);
 }
 
+// A worker executable of another build than the daemon's (replaced by an upgrade while the daemon
+// runs) refuses to start, naming both wire versions, rather than talk past the daemon: each answer
+// it sent would be taken for a malformed frame, and the worker killed.
+TEST(WorkerExecutable, RefusesAnotherWireVersionNamingBoth) {
+  const std::string run = std::string(PLUGIN_WORKER) + " --plugin x.so --sha256 00";
+  const std::pair<std::string, std::string> cases[] = {
+      {" --wire 1", "this worker speaks wire version " + std::to_string(kWorkerWire) +
+                        ", the daemon 1: restart the daemon after an upgrade"},
+      {"", "the daemon an older one: restart the daemon"},
+  };
+  for (const auto& [flag, expected] : cases) {
+    std::FILE* out = ::popen((run + flag + " 2>&1").c_str(), "r");
+    ASSERT_NE(out, nullptr);
+    std::string text;
+    char buffer[512];
+    while (std::fgets(buffer, sizeof buffer, out) != nullptr) text += buffer;
+    const int status = ::pclose(out);
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << text;
+    EXPECT_NE(text.find(expected), std::string::npos) << text;
+  }
+}
+
 // The worker's own watch: the daemon's end of its socket closes while the plugin is busy (here in
 // an init() that never returns). Nobody is left to wait for the plugin, so the worker ends.
 TEST_F(LoadIsolated, AWorkerWhoseDaemonGoesAwayWhileItIsBusyEnds) {
@@ -906,7 +929,9 @@ TEST_F(LoadIsolated, AWorkerWhoseDaemonGoesAwayWhileItIsBusyEnds) {
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
   std::string plugin = (fs::path(TEST_PLUGIN_DIR) / "init_waits" / "init_waits.so").string();
   std::string worker = PLUGIN_WORKER, sha256 = "--sha256", any = "", option = "--plugin";
-  char* argv[] = {worker.data(), option.data(), plugin.data(), sha256.data(), any.data(), nullptr};
+  std::string wire = "--wire", version = std::to_string(kWorkerWire);
+  char* argv[] = {worker.data(), option.data(), plugin.data(),  sha256.data(),
+                  any.data(),    wire.data(),   version.data(), nullptr};
   std::vector<std::string> env_strings = {"MISBEHAVING_INIT_MARKER=" + marker.string()};
   for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
   std::vector<char*> env;

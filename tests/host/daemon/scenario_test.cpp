@@ -113,8 +113,8 @@ class ScenarioTest : public ProcessTest {
   }
 
   // SPEC A3. A GitHub run (the plugins' calls in worker processes when `isolated`), then
-  // /metrics: every request the plugin made counted as "github", every one the gateway client
-  // made as "gateway", with their time.
+  // /metrics: every exchange of the plugin counted as "plugin:github", every one of the gateway
+  // client as "gateway", with their time.
   void expect_http_metrics_of_a_run(bool isolated) {
     json sandbox;
     backfill_one_repository(isolated, json::object(), &sandbox);
@@ -124,15 +124,15 @@ class ScenarioTest : public ProcessTest {
       return metric("backhaul_http_requests_total{client=\"" + client + "\",outcome=\"" + outcome +
                     "\"}");
     };
-    EXPECT_EQ(series("github", "2xx"), provider) << "each provider request the sandbox saw";
+    EXPECT_EQ(series("plugin:github", "2xx"), provider) << "each provider request the sandbox saw";
     EXPECT_GE(series("gateway", "2xx"), 3.0 * 30) << "every delivery, and the lookups";
-    for (const char* client : {"github", "gateway"}) {
+    for (const char* client : {"plugin:github", "gateway"}) {
       for (const char* outcome : {"1xx", "3xx", "4xx", "5xx", "error"}) {
         EXPECT_EQ(series(client, outcome), 0) << client << " " << outcome;
       }
     }
-    EXPECT_EQ(metric("backhaul_http_request_seconds_count{client=\"github\"}"), provider);
-    EXPECT_GT(metric("backhaul_http_request_seconds_sum{client=\"github\"}"), 0);
+    EXPECT_EQ(metric("backhaul_http_request_seconds_count{client=\"plugin:github\"}"), provider);
+    EXPECT_GT(metric("backhaul_http_request_seconds_sum{client=\"plugin:github\"}"), 0);
     EXPECT_TRUE(stop_daemon()) << daemon_->stderr_text();
   }
 
