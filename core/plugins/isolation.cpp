@@ -152,7 +152,7 @@ std::string ok_frame() {
   return std::move(w).finish();
 }
 
-// Every answer ends with the HTTP tally of the call: the plugin's requests by outcome and their
+// Every answer ends with the HTTP tally of the call: the plugin's exchanges by outcome and their
 // summed time (http::HttpTally), counted in the worker and added to the daemon's metrics.
 constexpr size_t kTallyBytes = (http::HttpTally::kOutcomes + 1) * 8;
 

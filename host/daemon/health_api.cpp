@@ -273,9 +273,8 @@ Response handle_metrics(Call& call) {
   if (call.deps.http_metrics) {
     const std::map<std::string, http::HttpTally> tallies = call.deps.http_metrics->snapshot();
     family(out, "backhaul_http_requests_total", "counter",
-           "HTTP requests the host sent, by client (a plugin's id: each request the plugin made, "
-           "after redirects, in worker processes too; gateway: each exchange) and outcome (the "
-           "status class, or error: no response).");
+           "HTTP exchanges the host sent, by client (plugin:<id>, in worker processes too, or "
+           "gateway) and outcome (the answer's status class, or error: no answer).");
     for (const auto& [client, tally] : tallies) {
       for (size_t i = 0; i < http::HttpTally::kOutcomes; ++i) {
         out << "backhaul_http_requests_total{client=\"" << label(client) << "\",outcome=\""
@@ -283,7 +282,7 @@ Response handle_metrics(Call& call) {
       }
     }
     family(out, "backhaul_http_request_seconds", "summary",
-           "Wall time of the HTTP requests the host sent, by client.");
+           "Wall time of the HTTP exchanges the host sent, by client.");
     for (const auto& [client, tally] : tallies) {
       out << "backhaul_http_request_seconds_sum{client=\"" << label(client) << "\"} "
           << seconds(static_cast<int64_t>(tally.micros), 1'000'000) << '\n'
