@@ -188,14 +188,28 @@ void throw_if_failed(Reader& r) {
 }
 
 // False when the other end is gone. MSG_NOSIGNAL: no SIGPIPE.
-bool send_frame(int fd, std::string_view frame) {
+enum class SendEnd { kSent, kClosed, kTimedOut };
+
+// Sends a whole frame. With a deadline, it gives up then: a peer that takes nothing from its
+// socket (a worker still in a plugin's init()) cannot hold the sender once the buffer is full.
+SendEnd send_frame(int fd, std::string_view frame,
+                   std::optional<SteadyClock::time_point> deadline = std::nullopt) {
   while (!frame.empty()) {
-    const ssize_t n = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+    const ssize_t n =
+        ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && deadline) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
+      if (left.count() <= 0) return SendEnd::kTimedOut;
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1'000'000)));
+      continue;
+    }
+    if (n <= 0) return SendEnd::kClosed;
     frame.remove_prefix(static_cast<size_t>(n));
   }
-  return true;
+  return SendEnd::kSent;
 }
 
 enum class ReadEnd { kFrame, kClosed, kTimedOut, kTooBig };
@@ -571,8 +585,20 @@ void watch_memory(pid_t pid, int fd, int ended, SteadyClock::time_point deadline
 // what is not a frame.
 std::string exchange(pid_t pid, int fd, int ended, const std::string& request, const char* what,
                      const IsolationOptions& options, const std::string& plugin_id) {
-  if (!send_frame(fd, request)) throw WorkerLost{std::string("closed its socket before ") + what};
   const auto deadline = SteadyClock::now() + options.call_timeout;
+  const auto timed_out = [&](const char* doing) {
+    return WorkerLost{std::string(doing) + what + " within " +
+                          std::to_string(options.call_timeout.count()) + " ms",
+                      true, WorkerLoss::kTimedOut};
+  };
+  switch (send_frame(fd, request, deadline)) {
+    case SendEnd::kSent:
+      break;
+    case SendEnd::kClosed:
+      throw WorkerLost{std::string("closed its socket before ") + what};
+    case SendEnd::kTimedOut:
+      throw timed_out("did not take ");
+  }
   if (options.memory_limit_mb > 0) {
     watch_memory(pid, fd, ended, deadline, options.memory_limit_mb, what);
   }
@@ -593,9 +619,7 @@ std::string exchange(pid_t pid, int fd, int ended, const std::string& request, c
     case ReadEnd::kClosed:
       throw WorkerLost{std::string("ended during ") + what};
     case ReadEnd::kTimedOut:
-      throw WorkerLost{std::string("did not answer ") + what + " within " +
-                           std::to_string(options.call_timeout.count()) + " ms",
-                       true, WorkerLoss::kTimedOut};
+      throw timed_out("did not answer ");
     case ReadEnd::kTooBig:
       break;
   }
@@ -1113,7 +1137,7 @@ int serve_plugin_worker(int fd, const std::filesystem::path& plugin_path,
                                                                  : http::HttpTally{});
     // Idle from here: the daemon may close its end as soon as it has the answer.
     worker_busy = false;
-    if (!send_frame(fd, answer)) return 0;
+    if (send_frame(fd, answer) != SendEnd::kSent) return 0;
   }
 }
 

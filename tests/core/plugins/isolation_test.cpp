@@ -336,6 +336,25 @@ TEST_F(IsolatedConnector, AnExitInAPluginIsReportedWithItsStatus) {
   EXPECT_THAT(e.what(), HasSubstr("ended during fetch_page: it exited with status 3"));
 }
 
+// A worker that takes nothing from its socket (here, still in an init() that never returns) holds
+// the sender no longer than the call timeout, however large the request: the send has the call's
+// deadline too. Before, a config larger than the socket's buffer blocked the sending thread for
+// ever (the admin API's validate-config, or a pool starting a worker, say).
+TEST_F(IsolatedConnector, ARequestTheWorkerDoesNotTakeEndsAtTheCallTimeout) {
+  ASSERT_EQ(std::getenv("MISBEHAVING_INIT_WAIT_MS"), nullptr);
+  ::setenv("MISBEHAVING_INIT_WAIT_MS", "0", 1);  // loaded here at once, in the worker for ever
+  const Plugin waits =
+      load_plugin(fs::path(TEST_PLUGIN_DIR) / "init_waits" / "init_waits.so", services_);
+  ::unsetenv("MISBEHAVING_INIT_WAIT_MS");
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::milliseconds(300);
+  const std::string config = R"({"pad": ")" + std::string(size_t{16} << 20, 'x') + "\"}";
+  const ConnectorFailure e = failure_of([&] { waits.create_isolated(config, o); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr(" did not take create within 300 ms"));
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "the worker is reaped";
+}
+
 TEST_F(IsolatedConnector, ACallThatDoesNotReturnIsKilledAtTheCallTimeout) {
   IsolationOptions o = options();
   o.call_timeout = std::chrono::milliseconds(300);
