@@ -388,10 +388,14 @@ void add_fetch_command(CLI::App& app) {
                 "deliver every event to POST {gateway}/webhooks/{provider}");
   cmd->add_flag("--json", o->json_summary,
                 "print the summary as one JSON object (the progress lines go to stderr)");
-  cmd->add_option("--retries", o->retries, "retries of a RETRYABLE or RATE_LIMITED page")
+  // Bounded: the backoff doubles per retry (500 ms << n), which past 2^62 would overflow.
+  cmd->add_option("--retries", o->retries,
+                  "retries of a RETRYABLE or RATE_LIMITED page, or of a delivery (0-30)")
+      ->check(CLI::Range(0, 30))
       ->capture_default_str();
   cmd->add_option("--max-wait-s", o->max_wait_s,
-                  "give up on a unit when asked to wait longer than this")
+                  "give up on a unit when asked to wait longer than this (1-86400)")
+      ->check(CLI::Range(1, 86'400))
       ->capture_default_str();
   cmd->add_option("--ca-file", o->ca_file, "PEM CA bundle to trust for https");
   cmd->add_flag("--insecure", o->insecure, "do not verify TLS certificates");

@@ -87,8 +87,8 @@ TEST_F(CliTest, WrongTokenAndMissingTokenFail) {
 }
 
 // Options that cannot be honoured are refused, naming the option: an unknown log level turned
-// logging off altogether, a --since past the int64 range ended in "error: stoll", and a timeout of
-// 0 failed every request.
+// logging off altogether, a --since past the int64 range ended in "error: stoll", a timeout of
+// 0 failed every request, and --retries without a bound could shift the backoff past int64.
 TEST_F(CliTest, AnUnknownLogLevelAnOutOfRangeSinceOrAZeroTimeoutIsRefused) {
   const CommandResult level =
       run_command(BACKHAUL_CLI_PATH, {"--log-level", "INFO", "db", "migrate"}, {}, dir_);
@@ -109,6 +109,16 @@ TEST_F(CliTest, AnUnknownLogLevelAnOutOfRangeSinceOrAZeroTimeoutIsRefused) {
                                             {}, dir_);
   EXPECT_NE(timeout.exit_code, 0);
   EXPECT_NE(timeout.err.find("--timeout-ms"), std::string::npos) << timeout.err;
+  // The backoff doubles per retry: 100 retries shifted past the width of int64 (undefined).
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--retries", "100"},
+                                              std::vector<std::string>{"--max-wait-s", "0"}}) {
+    std::vector<std::string> args = {"fetch",         "--plugin", FAKE_PLUGIN_PATH, "--token", "t",
+                                     "--resource-id", "1"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    const CommandResult refused = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+    EXPECT_NE(refused.exit_code, 0) << bad[0];
+    EXPECT_NE(refused.err.find(bad[0]), std::string::npos) << refused.err;
+  }
 }
 
 // An answer without the fields a command reads (a daemon of another version, or something else
