@@ -123,6 +123,7 @@ struct Target {
   std::string request_target;  // path and query as given ("/" when empty); no fragment
   std::string host_header;     // host[:port], the port only when not the scheme's default
   std::string pool_key;        // scheme://host:port
+  bool proxied = false;        // reached through the proxy (Impl::target)
 };
 
 [[noreturn]] void invalid_url(std::string_view url, std::string_view why) {
@@ -763,9 +764,15 @@ struct PocoTransport::Impl {
   std::unique_ptr<PooledSession> take_idle(const std::string& key);
   std::unique_ptr<PooledSession> open(const Target& target);
   void give_back(const std::string& key, std::unique_ptr<PooledSession> session);
+  // The parts of `url`, and whether the proxy serves it: decided once per request.
+  Target target(std::string_view url) const {
+    Target t = parse_target(url);
+    t.proxied = goes_through_proxy(options.proxy, t.host);
+    return t;
+  }
   // " (through the proxy host:port)" for a target the proxy serves, else "": for error messages.
   std::string through_proxy(const Target& target) const {
-    if (!goes_through_proxy(options.proxy, target.host)) return {};
+    if (!target.proxied) return {};
     const bool ipv6 = options.proxy.host.find(':') != std::string::npos;
     return " (through the proxy " + (ipv6 ? "[" + options.proxy.host + "]" : options.proxy.host) +
            ":" + std::to_string(options.proxy.port) + ")";
@@ -825,7 +832,7 @@ std::unique_ptr<PooledSession> PocoTransport::Impl::open(const Target& target) {
   }
   // Plain HTTP: Poco sends the request line in absolute form and Proxy-Authorization. HTTPS: its
   // connect() opens a CONNECT tunnel (with Proxy-Authorization) and starts TLS inside it.
-  if (goes_through_proxy(options.proxy, target.host)) {
+  if (target.proxied) {
     Poco::Net::HTTPClientSession::ProxyConfig proxy;
     proxy.host = options.proxy.host;
     proxy.port = options.proxy.port;
@@ -862,7 +869,7 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
     const Poco::Timespan connect = to_timespan(std::min(options.connect_timeout, left));
     // A tunnel through the proxy is opened by Poco's own session to the proxy, with the receive
     // timeout for everything: connecting, the CONNECT answer. It gets the connect timeout.
-    if (target.tls && !session.connected() && goes_through_proxy(options.proxy, target.host)) {
+    if (target.tls && !session.connected() && target.proxied) {
       session.setTimeout(connect, connect, connect);
       pooled.connect_now();
     }
@@ -966,7 +973,7 @@ PocoTransport::PocoTransport(PocoTransportOptions options)
 PocoTransport::~PocoTransport() = default;
 
 Response PocoTransport::perform(const Request& request) {
-  const Target target = parse_target(request.url);
+  const Target target = impl_->target(request.url);
   validate(request);
   const SteadyClock::time_point deadline = SteadyClock::now() + request.timeout;
 
@@ -982,8 +989,7 @@ Response PocoTransport::perform(const Request& request) {
       if (reusable) impl_->give_back(target.pool_key, std::move(session));
       // Through the proxy, plain HTTP's 407 is the proxy's answer, not the origin's: a transport
       // failure, as the tunnel's refusal is for HTTPS.
-      if (response.status == 407 && !target.tls &&
-          goes_through_proxy(impl_->options.proxy, target.host)) {
+      if (response.status == 407 && !target.tls && target.proxied) {
         throw TransportError(describe(request,
                                       "the proxy refused the request (407: its credentials are "
                                       "missing or wrong)" +
@@ -1071,8 +1077,8 @@ size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request
 
 std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>& requests) {
   if (requests.empty()) return {};
-  const Target target = parse_target(requests.front().url);
-  bool pipelined = !target.tls && !goes_through_proxy(impl_->options.proxy, target.host);
+  const Target target = impl_->target(requests.front().url);
+  bool pipelined = !target.tls && !target.proxied;
   milliseconds timeout{0};
   for (const Request& r : requests) {
     validate(r);

@@ -188,7 +188,8 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   const json& proxy = section(root, "proxy");
   read(proxy, "url", &config.proxy.url);
   read(proxy, "credentials_env", &config.proxy.credentials_env);
-  read(proxy, "no_proxy", &config.proxy.no_proxy);
+  std::vector<std::string> no_proxy;  // as written; options.no_proxy holds them checked
+  read(proxy, "no_proxy", &no_proxy);
   if (!config.proxy.url.empty()) {
     try {
       config.proxy.options = http::parse_proxy_url(config.proxy.url);
@@ -196,7 +197,7 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
       problems.add("proxy.url", e.what());
     }
     try {
-      config.proxy.options.no_proxy = http::parse_no_proxy(config.proxy.no_proxy);
+      config.proxy.options.no_proxy = http::parse_no_proxy(no_proxy);
     } catch (const std::invalid_argument& e) {
       problems.add("proxy.no_proxy", e.what());
     }

@@ -67,8 +67,8 @@ struct DaemonConfig {
   struct Proxy {
     std::string url;  // http://host:port; empty: none
     std::string credentials_env;
-    std::vector<std::string> no_proxy;  // as written
-    http::ProxyOptions options;         // parsed from the above, with the credentials (the secret)
+    // Parsed from the above and proxy.no_proxy, with the credentials (the secret).
+    http::ProxyOptions options;
   } proxy;
 
   struct Admin {
