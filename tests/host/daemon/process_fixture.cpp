@@ -64,17 +64,38 @@ uint16_t ProcessTest::start_daemon(const json& config) {
   return start_daemon();
 }
 
-uint16_t ProcessTest::start_daemon() {
-  fs::remove(dir_ / "daemon.port");
+namespace {
+
+std::unique_ptr<ChildProcess> spawn_backhauld(const fs::path& config, const fs::path& port_file,
+                                              const std::vector<std::string>& env,
+                                              const fs::path& stderr_path) {
+  fs::remove(port_file);
+  return std::make_unique<ChildProcess>(
+      BACKHAULD_PATH,
+      std::vector<std::string>{"--config", config.string(), "--port-file", port_file.string()}, env,
+      stderr_path);
+}
+
+}  // namespace
+
+std::vector<std::string> ProcessTest::daemon_env() const {
   std::vector<std::string> env = daemon_env_;
   env.push_back(std::string(kTokenEnv) + "=" + kToken);
-  daemon_ = std::make_unique<ChildProcess>(
-      BACKHAULD_PATH,
-      std::vector<std::string>{"--config", (dir_ / "config.json").string(), "--port-file",
-                               (dir_ / "daemon.port").string()},
-      env, dir_ / ("daemon-" + std::to_string(daemon_starts_++) + ".stderr"));
+  return env;
+}
+
+uint16_t ProcessTest::start_daemon() {
+  daemon_ = spawn_backhauld(dir_ / "config.json", dir_ / "daemon.port", daemon_env(),
+                            dir_ / ("daemon-" + std::to_string(daemon_starts_++) + ".stderr"));
   admin_port_ = daemon_->wait_port(dir_ / "daemon.port", std::chrono::seconds(30));
   return admin_port_;
+}
+
+std::unique_ptr<ChildProcess> ProcessTest::launch_daemon(const std::string& name,
+                                                         const json& config) {
+  std::ofstream(dir_ / (name + ".json")) << config.dump(2);
+  return spawn_backhauld(dir_ / (name + ".json"), dir_ / (name + ".port"), daemon_env(),
+                         dir_ / (name + ".stderr"));
 }
 
 bool ProcessTest::stop_daemon() {

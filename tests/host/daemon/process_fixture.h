@@ -43,6 +43,12 @@ class ProcessTest : public ::testing::Test {
   // daemon on the same store.
   uint16_t start_daemon(const nlohmann::json& config);
   uint16_t start_daemon();  // with dir_/config.json as it is
+  // Starts one more backhauld, named `name`, with `config` (written to dir_/<name>.json): for
+  // tests that run several daemons on one store, as several hosts do. It writes its admin port to
+  // dir_/<name>.port (wait_port) and its stderr to dir_/<name>.stderr. The api() helpers talk to
+  // admin_port_ only.
+  std::unique_ptr<ChildProcess> launch_daemon(const std::string& name,
+                                              const nlohmann::json& config);
   // SIGTERM, then waits for the exit; true when it exited with status 0.
   bool stop_daemon();
 
@@ -85,7 +91,8 @@ class ProcessTest : public ::testing::Test {
   uint16_t sandbox_port_ = 0;
   uint16_t admin_port_ = 0;  // tests running the daemon in-process set it themselves
   int daemon_starts_ = 0;
-  std::vector<std::string> daemon_env_;  // NAME=value added to the daemon's environment
+  std::vector<std::string> daemon_env_;         // NAME=value added to the daemon's environment
+  std::vector<std::string> daemon_env() const;  // daemon_env_ and the admin token
 };
 
 }  // namespace backhaul::daemon::testing
