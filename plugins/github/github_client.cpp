@@ -88,21 +88,23 @@ std::string describe(int status, std::string_view request, std::string_view mess
   return text;
 }
 
-// Primary, secondary and 429 limits (GitHub docs "Exceeding the rate limit"; the order follows
-// octokit/plugin-throttling, except that an exhausted primary window is checked first because its
-// reset time is exact). nullopt: a 403 that is not a rate limit.
+// Primary, secondary and 429 limits (GitHub docs "Exceeding the rate limit"): wait as long as
+// retry-after says, or until an exhausted primary window resets; when both are given, the longer,
+// since a secondary limit may outlast the primary window and retrying early under it is what
+// GitHub warns can get an integration banned. Else a minute. nullopt: a 403 that is not a rate
+// limit.
 std::optional<int64_t> rate_limit_wait_ms(const sdk::HttpResponse& response,
                                           std::string_view message, int64_t now_ms) {
   const std::optional<std::string_view> remaining = response.header("x-ratelimit-remaining");
   const bool exhausted = remaining && trim(*remaining) == "0";
+  std::optional<int64_t> wait_ms = seconds_header_ms(response, "retry-after");
   if (exhausted) {
     if (const auto reset_ms = seconds_header_ms(response, "x-ratelimit-reset")) {
-      return std::max<int64_t>(0, *reset_ms - now_ms) + kResetMarginMs;
+      wait_ms =
+          std::max(wait_ms.value_or(0), std::max<int64_t>(0, *reset_ms - now_ms) + kResetMarginMs);
     }
   }
-  if (const auto retry_after_ms = seconds_header_ms(response, "retry-after")) {
-    return *retry_after_ms;
-  }
+  if (wait_ms) return wait_ms;
   if (exhausted || contains_icase(message, "secondary rate") || response.status() == 429) {
     return kDefaultRateLimitWaitMs;
   }

@@ -438,7 +438,8 @@ Deployment read_deployment(const ordered_json& item, size_t index) {
   return {uid->get<std::string>(), *created, &item};
 }
 
-// pagination.next, or nullopt when pagination or next is missing or null (the last page).
+// pagination.next, or nullopt when pagination or next is missing, null or 0 (the last page; the
+// Vercel CLI pages `while (next)`).
 std::optional<int64_t> read_next(const ordered_json& doc) {
   const auto pagination = doc.find("pagination");
   if (pagination == doc.end() || pagination->is_null()) return std::nullopt;
@@ -447,6 +448,7 @@ std::optional<int64_t> read_next(const ordered_json& doc) {
   if (next == pagination->end() || next->is_null()) return std::nullopt;
   const std::optional<int64_t> value = json_int(*next);
   if (!value || *value < 0) malformed_response("pagination.next is not a timestamp");
+  if (*value == 0) return std::nullopt;
   return value;
 }
 
@@ -592,7 +594,11 @@ std::string deployments_url(const VercelConfig& config, const sdk::FetchRequest&
   std::string url = config.base_url + "/v6/deployments";
   append_param(url, "projectId", request.unit.resource_id);
   append_param(url, "limit", std::to_string(config.limit));
-  if (request.since_unix_ms > 0) append_param(url, "since", std::to_string(request.since_unix_ms));
+  // Vercel's `since` keeps deployments created strictly after it, the SDK's `since` those at or
+  // after it: ask from one millisecond earlier.
+  if (request.since_unix_ms > 0) {
+    append_param(url, "since", std::to_string(request.since_unix_ms - 1));
+  }
   if (config.team_id) append_param(url, "teamId", *config.team_id);
   if (cursor) append_param(url, "until", std::to_string(cursor->until()));
   return url;

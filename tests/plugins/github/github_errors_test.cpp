@@ -67,6 +67,26 @@ TEST_F(GithubStatusTest, SecondaryLimitHonoursRetryAfter) {
   expect_message(f, "secondary rate limit");
 }
 
+// A secondary limit hit while the primary window is also spent gives both signs: the longer
+// wait holds, whichever it is (the clock is at 1'700'000'000 s).
+constexpr const char* kSecondaryBody = R"({"message":"You have exceeded a secondary rate limit."})";
+
+TEST_F(GithubStatusTest, ARetryAfterLongerThanTheExhaustedWindowHolds) {
+  const auto f = fetch_failure_for(
+      403, kSecondaryBody,
+      {{"retry-after", "60"}, {"x-ratelimit-remaining", "0"}, {"x-ratelimit-reset", "1700000005"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+TEST_F(GithubStatusTest, AnExhaustedWindowLongerThanTheRetryAfterHolds) {
+  const auto f = fetch_failure_for(
+      429, kSecondaryBody,
+      {{"retry-after", "60"}, {"x-ratelimit-remaining", "0"}, {"x-ratelimit-reset", "1700000120"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 121'000);
+}
+
 TEST_F(GithubStatusTest, SecondaryLimitWithoutRetryAfterWaitsOneMinute) {
   const auto f = fetch_failure("403-secondary-no-retry-after");
   EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);

@@ -50,17 +50,17 @@ TEST_F(VercelFetchTest, FirstPageAsksForProjectAndLimitWithBearerToken) {
 
 TEST_F(VercelFetchTest, FirstPageCarriesSinceTeamAndConfiguredLimit) {
   const int64_t since = 1'784'000'000'000;
-  reply(list_url(kRecordedProject, "&since=1784000000000&teamId=team_a1B2c3", 25), 200,
+  reply(list_url(kRecordedProject, "&since=1783999999999&teamId=team_a1B2c3", 25), 200,
         fixture(kRecordedPage));
   connector(R"({"team_id":"team_a1B2c3","limit":25})")
       .fetch_page(params(kRecordedProject, {}, since));
   const std::vector<http::Request> asked = requests();
   ASSERT_EQ(asked.size(), 1u);
-  EXPECT_EQ(query_of(asked[0].url),
-            (std::map<std::string, std::string>{{"projectId", std::string(kRecordedProject)},
-                                                {"limit", "25"},
-                                                {"since", "1784000000000"},
-                                                {"teamId", "team_a1B2c3"}}));
+  EXPECT_EQ(query_of(asked[0].url), (std::map<std::string, std::string>{
+                                        {"projectId", std::string(kRecordedProject)},
+                                        {"limit", "25"},
+                                        {"since", "1783999999999"},  // strictly after, at Vercel
+                                        {"teamId", "team_a1B2c3"}}));
 }
 
 TEST_F(VercelFetchTest, QueryValuesAreUrlEncoded) {
@@ -211,7 +211,7 @@ TEST_F(VercelFetchTest, RepeatedUidWithinAPageIsEmittedOnce) {
 
 TEST_F(VercelFetchTest, SinceDropsOlderDeploymentsAndEndsTheWalk) {
   const int64_t since = 1784466735510;  // exactly the second deployment's `created`
-  reply(list_url(kRecordedProject, "&since=1784466735510"), 200, fixture(kRecordedPage));
+  reply(list_url(kRecordedProject, "&since=1784466735509"), 200, fixture(kRecordedPage));
   const plugins::Page page = connector().fetch_page(params(kRecordedProject, {}, since));
   EXPECT_EQ(uids_of(events_of(page)),
             (std::vector<std::string>{"dpl_CgLMoBQBdjzjr9f8PCCC75CZFxki",
@@ -222,7 +222,7 @@ TEST_F(VercelFetchTest, SinceDropsOlderDeploymentsAndEndsTheWalk) {
 }
 
 TEST_F(VercelFetchTest, SinceBeforeThePageKeepsEverythingAndContinues) {
-  reply(list_url(kRecordedProject, "&since=1784000000000"), 200, fixture(kRecordedPage));
+  reply(list_url(kRecordedProject, "&since=1783999999999"), 200, fixture(kRecordedPage));
   const plugins::Page page = connector().fetch_page(params(kRecordedProject, {}, 1784000000000));
   EXPECT_EQ(page.size(), 3u);
   EXPECT_TRUE(page.next_cursor().has_value());

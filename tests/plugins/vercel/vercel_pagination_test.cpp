@@ -166,7 +166,10 @@ INSTANTIATE_TEST_SUITE_P(
         LastPage{"NullNext", R"({"deployments":[{"uid":"dpl_a","created":5}],
                  "pagination":{"count":1,"next":null,"prev":5}})"},
         LastPage{"MissingNext", R"({"deployments":[{"uid":"dpl_a","created":5}],
-                 "pagination":{"count":1,"prev":5}})"}),
+                 "pagination":{"count":1,"prev":5}})"},
+        // Vercel's own CLI pages `while (next)`: 0 ends the walk there too.
+        LastPage{"ZeroNext", R"({"deployments":[{"uid":"dpl_a","created":5}],
+                 "pagination":{"count":1,"next":0,"prev":5}})"}),
     [](const ::testing::TestParamInfo<LastPage>& param_info) {
       return std::string(param_info.param.name);
     });
