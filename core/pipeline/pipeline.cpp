@@ -821,12 +821,23 @@ struct Pipeline::Impl {
     bool have_token = false;
     bool refreshed = false;
     int retried = 0;  // transient provider errors on the current page
+    // The error of this attempt's last failed try of the current page (an AUTH_EXPIRED that was
+    // refreshed, a RETRYABLE retried in place). A hold-back after it ends the attempt with that
+    // error instead of deferring: a deferral costs no attempt and the next claim tries the page
+    // afresh, so a page that always fails (its failures open the provider's circuit, or use up
+    // the throttle) would be deferred and tried again for ever instead of dying.
+    std::optional<std::string> page_error;
     while (true) {
       PipelineOptions o = snapshot();
       int64_t now = ctx.now_ms();
       Probes probes(*this);  // given back at the end of this page unless they reported
-      if (auto wait = hold_back(provider_breaker, installation, o, now, probes))
+      if (auto wait = hold_back(provider_breaker, installation, o, now, probes)) {
+        if (page_error) {
+          throw JobFailure(*page_error + " (not tried again: " + wait->reason + ")", false,
+                           std::max<int64_t>(0, wait->until_ms - now));
+        }
         return std::move(*wait);
+      }
       if (!have_token) {
         params.unit.access_token = token_for(installation, o);
         have_token = true;
@@ -839,7 +850,11 @@ struct Pipeline::Impl {
         }
         return *fetched.stop;
       }
-      if (!fetched.page) continue;  // the token was refreshed: fetch the same page again
+      if (!fetched.page) {  // the token was refreshed, or a transient error: the same page again
+        page_error = std::move(fetched.error);
+        continue;
+      }
+      page_error.reset();
       const plugins::Page& p = *fetched.page;
 
       // The gateway may have failed while the page was fetched. Not when this page is its
@@ -1006,6 +1021,7 @@ struct Pipeline::Impl {
     std::optional<plugins::Page> page;
     std::optional<Outcome> stop;
     bool rate_limited = false;  // stop: the provider's RATE_LIMITED, a wait for the unit's counts
+    std::optional<std::string> error = std::nullopt;  // neither: the error of the try to make again
   };
   Fetched fetch(const plugins::Connector& connector, plugins::FetchParams& params,
                 const std::string& installation, const PipelineOptions& o, JobContext& ctx,
@@ -1040,7 +1056,7 @@ struct Pipeline::Impl {
           ++token_refreshes;
           refreshed = true;
           params.unit.access_token = token_for(installation, o);
-          return {};
+          return {std::nullopt, std::nullopt, false, what};
         case BACKHAUL_RATE_LIMITED: {
           ++rate_limit_waits;
           int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
@@ -1055,7 +1071,7 @@ struct Pipeline::Impl {
             throw JobFailure(what, false, e.retry_after_ms());
           ++retries_in_place;
           pause(o, retried++);
-          return {};
+          return {std::nullopt, std::nullopt, false, what};
         default:
           throw JobFailure(what, true);
       }

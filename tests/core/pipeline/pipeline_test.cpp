@@ -796,6 +796,50 @@ TEST_F(PipelineTest, AnOpenProviderCircuitDefersUnitsInsteadOfBurningTheirAttemp
   EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].missing, 0);
 }
 
+// Review (E4, D4): a page that always fails opens the provider's circuit with its failures, and
+// each later try of it is a half-open probe that fails again, so the circuit is open again when
+// the page would be retried in place. That hold-back deferred the unit, which costs no attempt,
+// and the next claim tried the page afresh: the unit was deferred and probed for ever (until the
+// run's unit timeout, 4 h) instead of dying after its attempts with the provider's error.
+TEST_F(PipelineTest, APageThatAlwaysFailsDiesAfterItsAttemptsThoughItsFailuresOpenTheCircuit) {
+  const RunStart run = fanned_out({"issue"});  // circuits: 3 failures, open 60 s
+  sandbox::Faults failing;
+  failing.resource_faults = {{"org-1/repo-1", "issues", 0, 0, 500}};  // every request
+  sandbox_->set_faults(failing);
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].status, JobStatus::kDead);
+  EXPECT_EQ(units[0].attempts, units[0].max_attempts);
+  ASSERT_TRUE(units[0].last_error.has_value());
+  EXPECT_NE(units[0].last_error->find("RETRYABLE"), std::string::npos) << *units[0].last_error;
+  EXPECT_NE(units[0].last_error->find("500"), std::string::npos) << *units[0].last_error;
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], false) << result.dump(2);
+  EXPECT_EQ(result["failed"], 1);
+}
+
+// The same with a token that the provider always refuses while the installation's throttle is
+// spent: each claim refreshed the token, was throttled before it could try the new one, and
+// started over on the next claim with a fresh refresh, never failing.
+TEST_F(PipelineTest, ATokenAlwaysRefusedDiesAfterItsAttemptsUnderAThrottle) {
+  PipelineOptions options = fast();
+  options.throttle_per_hour = 3600;  // one request per second
+  options.throttle_burst = 1;
+  const RunStart run = fanned_out({"issue"}, options);
+  sandbox::Faults refusing;
+  refusing.resource_faults = {{"org-1/repo-1", "issues", 0, 0, 401}};
+  sandbox_->set_faults(refusing);
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].status, JobStatus::kDead);
+  ASSERT_TRUE(units[0].last_error.has_value());
+  EXPECT_NE(units[0].last_error->find("AUTH_EXPIRED"), std::string::npos) << *units[0].last_error;
+  EXPECT_LE(pipeline_->metrics().token_refreshes, units[0].max_attempts)
+      << "one refresh per attempt at most";
+}
+
 // Review (E4): the run's scope check is a provider request like a unit's page: while the
 // provider's circuit is open it waits (a run-after, no attempt burnt) instead of calling the
 // failing provider and spending the run's attempts.
