@@ -1270,6 +1270,8 @@ RunPage Pipeline::list_runs(const RunQuery& query) {
   q.concurrency_key = query.installation_id;
   q.before_id = query.before_id;
   q.limit = limit;
+  // The page's last run once the page is full: there is a next page only if one more matches.
+  std::optional<JobId> last;
   while (true) {
     jobs::JobPage jobs_page = impl_->store.list(q);
     for (const jobs::Job& job : jobs_page.jobs) {
@@ -1277,11 +1279,12 @@ RunPage Pipeline::list_runs(const RunQuery& query) {
       // Only a failed run can have been replayed since (its units read again, like get_run).
       if (v.status == "failed" && job.status == JobStatus::kSucceeded) v = live_view(job, false);
       if (query.status && v.status != *query.status) continue;
-      page.runs.push_back(std::move(v));
-      if (page.runs.size() == limit) {
-        page.next_before = job.id;
+      if (last) {
+        page.next_before = *last;
         return page;
       }
+      page.runs.push_back(std::move(v));
+      if (page.runs.size() == limit) last = job.id;
     }
     if (!jobs_page.next_before) return page;
     q.before_id = jobs_page.next_before;

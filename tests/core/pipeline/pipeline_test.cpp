@@ -1728,6 +1728,15 @@ TEST_F(PipelineTest, RunsAreListedNewestFirstWithAStatusFilter) {
   RunPage rest = pipeline_->list_runs({std::nullopt, std::nullopt, page.next_before, 2});
   ASSERT_EQ(rest.runs.size(), 1u);
   EXPECT_EQ(rest.runs[0].id, ids[0]);
+  EXPECT_FALSE(rest.next_before);
+  // A page that the last runs fill exactly is the last page too (review: it pointed at an empty
+  // one, and `backhaul run list` printed "more: --before N" with nothing more).
+  RunPage exact = pipeline_->list_runs({std::nullopt, std::nullopt, std::nullopt, 3});
+  EXPECT_EQ(exact.runs.size(), 3u);
+  EXPECT_FALSE(exact.next_before) << *exact.next_before;
+  RunPage last_two = pipeline_->list_runs({std::nullopt, std::nullopt, page.runs[0].id, 2});
+  EXPECT_EQ(last_two.runs.size(), 2u);
+  EXPECT_FALSE(last_two.next_before) << *last_two.next_before;
   EXPECT_EQ(pipeline_->list_runs({"succeeded", std::nullopt, std::nullopt, 50}).runs.size(), 3u);
   EXPECT_TRUE(pipeline_->list_runs({"running", std::nullopt, std::nullopt, 50}).runs.empty());
   EXPECT_THROW(pipeline_->list_runs({"done", std::nullopt, std::nullopt, 50}), InvalidRequest);
