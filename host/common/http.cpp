@@ -52,6 +52,12 @@ std::optional<std::string> Query::get(std::string_view key) const {
   return std::nullopt;
 }
 
+std::vector<std::string> Query::names() const {
+  std::vector<std::string> names;
+  for (const Param& param : params_) names.push_back(param.key);
+  return names;
+}
+
 std::string Query::raw_without(std::string_view skip_key) const {
   std::string out;
   for (const Param& param : params_) {
@@ -142,10 +148,26 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
     request.query = Query::parse(std::string_view(uri).substr(question + 1));
   }
   for (const auto& [name, value] : in) request.headers[lower(name)] = value;
-  if (!in.hasContentLength() && !in.getChunkedTransferEncoding()) return request;
+  if (raw_path.empty() || raw_path.front() != '/') {
+    throw std::runtime_error("request target: must begin with '/' (got \"" +
+                             std::string(raw_path.substr(0, 100)) + "\")");
+  }
+  // A malformed chunk size ends Poco's chunked stream as a clean end of body: the body would
+  // read as a valid shorter one (empty, asking for every default) and the bytes after it as the
+  // next request. Every client of these servers sends a length.
+  if (in.getChunkedTransferEncoding()) {
+    throw std::runtime_error(
+        "body: chunked transfer encoding is not accepted; send Content-Length");
+  }
+  if (!in.hasContentLength()) return request;
+  if (in.getContentLength64() < 0) {
+    throw std::runtime_error("body: Content-Length " + std::to_string(in.getContentLength64()) +
+                             " is negative");
+  }
   std::istream& body = in.stream();
   char buffer[16 * 1024];
-  if (!in.hasContentLength() || in.getContentLength64() <= static_cast<int64_t>(max_body_bytes)) {
+  const int64_t length = in.getContentLength64();
+  if (length <= static_cast<int64_t>(max_body_bytes)) {
     while (body && request.body.size() <= max_body_bytes) {
       body.read(buffer, sizeof buffer);
       request.body.append(buffer, static_cast<size_t>(body.gcount()));
@@ -153,12 +175,9 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
     // A body cut short (the client stopped sending: a read timeout, a reset, its end before the
     // length it announced) is no request: read as a whole it could be a valid, shorter one (an
     // empty body, say, asking for every default).
-    if (body.bad() || (in.hasContentLength() &&
-                       static_cast<int64_t>(request.body.size()) < in.getContentLength64())) {
-      throw std::runtime_error("body: ended after " + std::to_string(request.body.size()) +
-                               (in.hasContentLength()
-                                    ? " of " + std::to_string(in.getContentLength64()) + " bytes"
-                                    : " bytes"));
+    if (body.bad() || static_cast<int64_t>(request.body.size()) < length) {
+      throw std::runtime_error("body: ended after " + std::to_string(request.body.size()) + " of " +
+                               std::to_string(length) + " bytes");
     }
     if (request.body.size() <= max_body_bytes) return request;
     request.body.resize(max_body_bytes);

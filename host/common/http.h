@@ -30,6 +30,8 @@ class Query {
 
   // The decoded value of the first parameter named `key`.
   std::optional<std::string> get(std::string_view key) const;
+  // Every parameter's decoded name, in received order (repeats included).
+  std::vector<std::string> names() const;
   // The raw "key=value" pairs except those named `skip_key`, joined with '&', in received order.
   std::string raw_without(std::string_view skip_key) const;
 

@@ -1,5 +1,8 @@
 #include "host/daemon/admin_api.h"
 
+#include <algorithm>
+#include <set>
+
 #include <Poco/UUIDGenerator.h>
 
 #include "core/common/json_check.h"
@@ -72,6 +75,10 @@ Response route(Call& call) {
         {{"maxHeaderBytes", call.options.max_header_bytes}});
   }
   const std::vector<std::string_view> segments = host::path_segments(request);
+  // "/v1/jobs/" and "/v1//jobs" name no resource (an empty id is no id to validate).
+  if (std::any_of(segments.begin(), segments.end(), [](std::string_view s) { return s.empty(); })) {
+    throw not_found("NOT_FOUND", "no route for " + request.path);
+  }
   const Route all(segments);
   if (!segments.empty() && segments[0] == "health") return handle_health(call, all.subspan(1));
   if (segments.size() == 1 && segments[0] == "metrics") {
@@ -143,7 +150,10 @@ Response AdminApi::handle(const Request& request) {
     call.summary = "INTERNAL_ERROR";
   }
   response.add_header("X-Operation-Id", call.operation_id);
-  if (is_mutation(request.method) && request.path.rfind("/v1", 0) == 0) {
+  // By its segments, not its text: a target without its leading '/' ("v1/runs", refused as
+  // unreadable) is a mutation of /v1 all the same.
+  const std::vector<std::string_view> segments = host::path_segments(request);
+  if (is_mutation(request.method) && !segments.empty() && segments.front() == "v1") {
     try {
       deps_.audit.append({deps_.clock.now_ms(), call.operation_id, request.method, request.path,
                           response.status, call.summary});
@@ -208,8 +218,38 @@ size_t query_limit(const Request& request) {
 
 std::optional<std::string> query_string(const Request& request, const char* name) {
   std::optional<std::string> value = request.query.get(name);
-  if (value && value->empty()) return std::nullopt;
+  if (value && value->empty()) throw validation_error(name, "must not be empty");
   return value;
+}
+
+namespace {
+std::string joined(std::initializer_list<const char*> names) {
+  std::string text;
+  for (const char* name : names) text += (text.empty() ? "" : ", ") + std::string(name);
+  return text;
+}
+bool is_one_of(std::string_view name, std::initializer_list<const char*> names) {
+  return std::any_of(names.begin(), names.end(), [&](const char* n) { return name == n; });
+}
+}  // namespace
+
+void require_known_fields(const json& body, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : body.items()) {
+    if (!is_one_of(key, known)) {
+      throw validation_error(key, "is not a known field (known: " + joined(known) + ")");
+    }
+  }
+}
+
+void require_known_parameters(const Request& request, std::initializer_list<const char*> known) {
+  std::set<std::string> seen;
+  for (const std::string& name : request.query.names()) {
+    if (!is_one_of(name, known)) {
+      throw validation_error(name,
+                             "is not a parameter of this list (known: " + joined(known) + ")");
+    }
+    if (!seen.insert(name).second) throw validation_error(name, "is given more than once");
+  }
 }
 
 std::optional<std::string> query_key(const Request& request) { return request.query.get("key"); }

@@ -36,7 +36,11 @@ class Handler final : public Poco::Net::HTTPRequestHandler {
       in.path = request.getURI().substr(0, request.getURI().find('?'));
       in.unreadable = e.what();
     }
-    host::write_response(api_.handle(in), response);
+    const host::Response answer = api_.handle(in);
+    // Where an unreadable request ends on the connection is unknown: whatever follows it is no
+    // request of its own.
+    if (in.unreadable) response.setKeepAlive(false);
+    host::write_response(answer, response);
   }
 
  private:

@@ -70,11 +70,22 @@ struct Call {
 // and again at every start once stored as a checkpoint. No document of the API needs more than 5.
 inline constexpr size_t kMaxJsonDepth = 64;
 
+// A body's fields are only `known` ones: one it does not know (a misspelt filter, "entity_types"
+// for "entityTypes") would otherwise be ignored and widen the operation. Throws validation_error
+// naming it.
+void require_known_fields(const nlohmann::json& body, std::initializer_list<const char*> known);
+
+// A list's query names only `known` parameters, each once: a misspelt filter ("state" for
+// "status") or a repeated one would otherwise be ignored and list more than was asked. Throws
+// validation_error naming it.
+void require_known_parameters(const host::Request& request,
+                              std::initializer_list<const char*> known);
+
 // Query parameters. Each throws validation_error naming the parameter.
 std::optional<int64_t> query_int(const host::Request& request, const char* name, int64_t min,
                                  int64_t max);
 size_t query_limit(const host::Request& request);  // "limit", 1..500, default 50
-// A query parameter's value; empty counts as absent.
+// A query parameter's value; present and empty is refused (it would filter nothing).
 std::optional<std::string> query_string(const host::Request& request, const char* name);
 // "key", the concurrency key: present and empty selects the jobs without one.
 std::optional<std::string> query_key(const host::Request& request);

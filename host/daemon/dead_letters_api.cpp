@@ -24,16 +24,6 @@ std::optional<jobs::DeadLetterStatus> status_filter(const std::optional<std::str
   return status;
 }
 
-// A bulk operation's body names only `known` fields: one it does not know (a misspelt filter,
-// "concurrencyKey" for "key") would otherwise be ignored and widen the operation to every letter.
-void require_known_fields(const nlohmann::json& body, std::initializer_list<const char*> known) {
-  for (const auto& [key, value] : body.items()) {
-    if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
-      throw validation_error(key, "is not a known field");
-    }
-  }
-}
-
 jobs::DeadLetter require_letter(Call& call, int64_t id) {
   std::optional<jobs::DeadLetter> letter = call.deps.store.get_dead_letter(id);
   if (!letter) {
@@ -44,6 +34,7 @@ jobs::DeadLetter require_letter(Call& call, int64_t id) {
 }
 
 Response list(Call& call) {
+  require_known_parameters(call.request, {"status", "kind", "key", "before", "limit"});
   jobs::DeadLetterQuery query;
   query.status = status_filter(query_string(call.request, "status"), "status");
   query.kind = query_string(call.request, "kind");

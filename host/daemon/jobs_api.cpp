@@ -16,6 +16,7 @@ jobs::Job require_job(Call& call, jobs::JobId id) {
 }
 
 Response list_jobs(Call& call) {
+  require_known_parameters(call.request, {"status", "kind", "key", "parent", "before", "limit"});
   jobs::JobQuery query;
   if (auto status = query_string(call.request, "status")) {
     query.status = jobs::parse_job_status(*status);
@@ -80,13 +81,15 @@ Response checkpoint(Call& call, jobs::JobId id) {
     // Stored as sent: a re-serialization would sort its keys and round numbers beyond 64 bits.
     call.deps.store.set_checkpoint(id, call.request.body, call.now_ms());
     call.summary = "replace checkpoint of job " + std::to_string(id);
-    return call.ok(200, {{"jobId", id}, {"checkpoint", body}});
+    return call.ok(200,
+                   {{"jobId", id}, {"status", jobs::to_string(job.status)}, {"checkpoint", body}});
   }
   if (method == "DELETE") {
-    require_job(call, id);
+    const jobs::Job job = require_job(call, id);
     call.deps.store.set_checkpoint(id, std::nullopt, call.now_ms());
     call.summary = "reset checkpoint of job " + std::to_string(id);
-    return call.ok(200, {{"jobId", id}, {"checkpoint", nullptr}});
+    return call.ok(
+        200, {{"jobId", id}, {"status", jobs::to_string(job.status)}, {"checkpoint", nullptr}});
   }
   throw method_not_allowed(method, call.request.path);
 }

@@ -39,6 +39,7 @@ std::string required_string(const json& body, const char* field) {
 }
 
 pipeline::RunRequest run_request(const json& body) {
+  require_known_fields(body, {"installationId", "provider", "orgId", "depth", "entityTypes"});
   pipeline::RunRequest r;
   r.installation_id = required_string(body, "installationId");
   r.provider = required_string(body, "provider");
@@ -154,6 +155,7 @@ Response preview(Call& call) {
 
 Response list_runs(Call& call) {
   pipeline::Pipeline& p = require_pipeline(call);
+  require_known_parameters(call.request, {"status", "installationId", "before", "limit"});
   pipeline::RunQuery query;
   query.status = query_string(call.request, "status");
   query.installation_id = query_string(call.request, "installationId");

@@ -211,9 +211,22 @@ TEST_F(RunApiTest, RunRequestsAreValidatedAndRunsCanBeCancelled) {
       call("POST", "/v1/runs",
            R"({"installationId":"x","provider":"github","depth":7,"entityTypes":["nope"]})");
   EXPECT_EQ(bad_types.json()["error"]["details"]["field"], "entityTypes") << bad_types.body;
+  // A misspelt field would be ignored and widen the run to every entity type (review: the run
+  // started, with 3 types instead of the 1 meant); the preview refuses it alike.
+  for (const char* target : {"/v1/runs", "/v1/runs/preview"}) {
+    const HttpResult misspelt = call("POST", target,
+                                     R"({"installationId":"gh-inst-1","provider":"github",)"
+                                     R"("depth":7,"entity_types":["release"]})");
+    EXPECT_EQ(misspelt.status, 400) << target << ": " << misspelt.body;
+    EXPECT_EQ(misspelt.json()["error"]["details"]["field"], "entity_types") << misspelt.body;
+  }
+  EXPECT_EQ(call("GET", "/v1/runs?installationId=gh-inst-1").json()["items"].size(), 0u)
+      << "no run started";
   EXPECT_EQ(call("GET", "/v1/runs/123456").json()["error"]["code"], "RUN_NOT_FOUND");
   EXPECT_EQ(call("POST", "/v1/runs/123456/cancel").status, 404);
   EXPECT_EQ(call("GET", "/v1/runs?status=sleeping").json()["error"]["details"]["field"], "status");
+  EXPECT_EQ(call("GET", "/v1/runs?installation=gh-inst-1").json()["error"]["details"]["field"],
+            "installation");
 
   const HttpResult started =
       call("POST", "/v1/runs", R"({"installationId":"vc-inst-2","provider":"vercel","depth":90})");
