@@ -872,7 +872,7 @@ struct Pipeline::Impl {
       ++pages;
       dispatched += static_cast<int64_t>(p.size());
       counts.pages += 1;
-      counts.produced += static_cast<int64_t>(p.size());
+      counts.produced += static_cast<int64_t>(p.raw_count());  // seed 000: the page's rawCount
       counts.dispatched += static_cast<int64_t>(p.size());
 
       std::optional<std::string_view> next = p.next_cursor();

@@ -68,7 +68,7 @@ class ScenarioTest : public ProcessTest {
         EXPECT_EQ(unit["pages"].get<int64_t>() + (repo == refused_repo ? refused : 0),
                   count(requests[repo], type.list))
             << requests.dump();
-        EXPECT_EQ(unit["eventsProduced"], items);
+        EXPECT_EQ(unit["eventsProduced"], type.entries(items)) << "what the provider returned";
         EXPECT_EQ(unit["eventsDispatched"], items);
       }
     }
