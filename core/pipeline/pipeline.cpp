@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/common/logging.h"
+#include "core/common/redact.h"
 
 namespace backhaul::pipeline {
 namespace {
@@ -33,6 +34,20 @@ struct GatewayBusy {
   std::string message;
   int64_t retry_after_ms = 0;
 };
+
+// A plugin's message as the queue (last error, attempt history, dead letter) and the logs keep
+// it: without the unit's token, which a third-party plugin may echo (the bundled ones scrub it
+// themselves, and redact() knows only tokens of known shapes), and redacted (E2: the token is
+// never stored in the queue nor logged). A token this short is no secret worth garbling for.
+std::string plugin_said(std::string_view message, const std::string& token) {
+  std::string text(message);
+  if (token.size() >= 6) {
+    for (size_t at = text.find(token); at != std::string::npos; at = text.find(token, at)) {
+      text.replace(at, token.size(), "[REDACTED]");
+    }
+  }
+  return redact(text);
+}
 
 std::string provider_circuit(const std::string& provider) { return "provider:" + provider; }
 std::string throttle_key(const std::string& installation) { return "throttle:" + installation; }
@@ -617,7 +632,8 @@ struct Pipeline::Impl {
                       clock.now_ms());
       }
       std::string what = std::string("scope validation failed: ") +
-                         std::string(plugins::status_name(e.status())) + ": " + e.what();
+                         std::string(plugins::status_name(e.status())) + ": " +
+                         plugin_said(e.what(), unit.access_token);
       if (!crashed && e.status() == BACKHAUL_RATE_LIMITED) {  // a wait, not an attempt (D4)
         ++rate_limit_waits;
         const int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
@@ -1040,11 +1056,11 @@ struct Pipeline::Impl {
       // The plugin crashed, exited or hung in its worker process: an attempt of the job, and
       // nothing about the provider (no circuit event, no retry in place).
       note_call(started);
-      throw JobFailure(std::string("RETRYABLE: ") + e.what());
+      throw JobFailure("RETRYABLE: " + plugin_said(e.what(), params.unit.access_token));
     } catch (const plugins::ConnectorFailure& e) {
       note_call(started);
-      const std::string what =
-          std::string(plugins::status_name(e.status())) + ": " + std::string(e.what());
+      const std::string what = std::string(plugins::status_name(e.status())) + ": " +
+                               plugin_said(e.what(), params.unit.access_token);
       // The provider answered, about our token or our rate: it is up (and this may be its
       // half-open probe, which must report back).
       if (provider_answered(e.status()))

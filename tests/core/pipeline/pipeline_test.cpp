@@ -1113,6 +1113,44 @@ TEST_F(PipelineTest, AProviderProbeDeferredByTheThrottleIsGivenBack) {
   EXPECT_EQ(circuit("provider:github").state, "closed");
 }
 
+// E2: the token is never stored in the queue. A plugin that echoes it in an error (the bundled
+// ones scrub it; a third party's may not) had it stored as the job's last error, its attempt's
+// and its dead letter's, and shown by /v1/jobs; a token of no known shape escaped redact() too.
+TEST_F(PipelineTest, ATokenAPluginEchoesInAnErrorIsNeverStored) {
+  static const plugins::Plugin fake =
+      plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
+  start(data(1, 0, 10));
+  connectors_.erase("github");
+  connectors_.emplace("github", fake.create(R"({"fail": "echo_token"})"));
+  const std::string token = "plain0secret0of0no0known0shape";
+  gateway_transport_.reset(
+      [&](const http::Request& request, size_t) -> std::optional<http::Response> {
+        if (request.url.find("/token") == std::string::npos) return std::nullopt;
+        http::Response r = status_response(
+            200, R"({"accessToken":")" + token + R"(","expiresAt":"2099-01-01T00:00:00Z"})");
+        return r;
+      });
+  const RunStart run = start_run("gh-inst-1", "github");
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_FALSE(units.empty());
+  for (const jobs::Job& unit : units) {
+    EXPECT_EQ(unit.status, JobStatus::kDead);
+    ASSERT_TRUE(unit.last_error.has_value());
+    EXPECT_NE(unit.last_error->find("the provider refused token [REDACTED] for good"),
+              std::string::npos)
+        << *unit.last_error;
+    for (const jobs::Attempt& a : store_->attempts(unit.id)) {
+      EXPECT_EQ(a.error.value_or("").find(token), std::string::npos) << *a.error;
+    }
+  }
+  jobs::DeadLetterQuery q;
+  for (const jobs::DeadLetter& letter : store_->list_dead_letters(q).items) {
+    EXPECT_EQ(letter.error.find(token), std::string::npos) << letter.error;
+  }
+  EXPECT_EQ(run_result(run.run_id).dump().find(token), std::string::npos);
+}
+
 // E4: a run's scope check that is the provider's probe and fails for good (the token cannot read
 // the repository) gives the probe back: another installation's run probes at once. Before, the
 // circuit stayed half-open for the whole period and that run waited for it.

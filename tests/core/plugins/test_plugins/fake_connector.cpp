@@ -3,11 +3,12 @@
 // Config (all optional): {"pages": 3, "per_page": 2, "fail": "<mode>", "http_url": "<url>",
 //                         "rate_limit_remaining": N, "crash_on_page": N, "scopes": "abort"}
 //   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
-//         "unknown_exception" — every fetch_page fails that way; "abort" | "exit" | "hang" |
-//         "stdout" — every fetch_page calls abort(), calls _Exit(3), never returns, or prints to
-//         stdout first (for isolation mode: a host running it in-process ends or hangs too);
-//         "garble" — every fetch_page writes a frame header claiming a body of almost 1 GiB to
-//         descriptor 3 (a worker's socket, isolation.h; only for isolation mode), then never
+//         "unknown_exception" — every fetch_page fails that way; "echo_token" — fails FATAL with
+//         the unit's access token in its message, as a careless plugin would; "abort" | "exit" |
+//         "hang" | "stdout" — every fetch_page calls abort(), calls _Exit(3), never returns, or
+//         prints to stdout first (for isolation mode: a host running it in-process ends or hangs
+//         too); "garble" — every fetch_page writes a frame header claiming a body of almost 1 GiB
+//         to descriptor 3 (a worker's socket, isolation.h; only for isolation mode), then never
 //         returns.
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
@@ -146,6 +147,10 @@ class FakeConnector final : public backhaul::sdk::Connector {
         std::fprintf(out, "%d\n", static_cast<int>(child));
         std::fclose(out);
       }
+    }
+    if (fail_ == "echo_token") {
+      throw Error(BACKHAUL_FATAL, "the provider refused token " +
+                                      std::string(request.unit.access_token) + " for good");
     }
     fail_if_asked();
     if (grow_mb_ > 0) {
