@@ -489,6 +489,12 @@ struct Pipeline::Impl {
   Outcome fan_out(JobContext& ctx, const RunRequest& request) {
     const jobs::Job& job = ctx.job();
     PipelineOptions o = snapshot();
+    // A previous attempt enqueued the units (all of them: enqueue_batch is one transaction) and
+    // ended before it recorded its wait (a crash, a lost lease), or the checkpoint is corrupt:
+    // wait for those units, in the window they were given. Checking the connection and the scopes
+    // again could fail the run for good (the connection since deactivated) while they run on,
+    // and a dead run is "done" before its units (E3), its installation free for a second run.
+    if (std::optional<Outcome> adopted = adopt_units(ctx, o)) return std::move(*adopted);
     const plugins::Connector* connector = connectors(request.provider);
     if (!connector) throw JobFailure("no connector plugin for provider: " + request.provider, true);
 
@@ -552,21 +558,8 @@ struct Pipeline::Impl {
       for (const std::string& t : types) units.push_back({0, resource.id, resource.name, t});
     if (units.empty()) return Outcome::complete(aggregate(request, org_id, since, {}, {}).dump());
 
-    // A previous attempt may have enqueued some units before it crashed: adopt them (dedupe keys
-    // name the unit), so no unit is enqueued twice.
-    std::map<std::string, JobId> existing;
-    for (const jobs::Job& child : children(job.id)) {
-      if (child.dedupe_key) existing[*child.dedupe_key] = child.id;
-    }
     std::vector<jobs::JobSpec> specs;
-    std::vector<size_t> spec_unit;
-    for (size_t i = 0; i < units.size(); ++i) {
-      const UnitRef& u = units[i];
-      std::string key = dedupe_for(job.id, u.resource_id, u.entity_type);
-      if (auto it = existing.find(key); it != existing.end()) {
-        units[i].job_id = it->second;
-        continue;
-      }
+    for (const UnitRef& u : units) {
       json unit = {{"runId", job.id},
                    {"installationId", request.installation_id},
                    {"providerInstallationId", connection.installation_id},
@@ -581,26 +574,60 @@ struct Pipeline::Impl {
       spec.kind = kEntityKind;
       spec.payload = unit.dump();
       spec.concurrency_key = request.installation_id;
-      spec.dedupe_key = key;
+      spec.dedupe_key = dedupe_for(job.id, u.resource_id, u.entity_type);
       spec.max_attempts = o.entity_max_attempts;
       spec.parent_id = job.id;
       spec.timeout_ms = o.unit_timeout_ms;
       specs.push_back(std::move(spec));
-      spec_unit.push_back(i);
     }
-    if (!specs.empty()) {
-      std::vector<jobs::EnqueueResult> ids = store.enqueue_batch(specs, now);
-      for (size_t k = 0; k < ids.size(); ++k) units[spec_unit[k]].job_id = ids[k].id;
-    }
+    const std::vector<jobs::EnqueueResult> ids = store.enqueue_batch(specs, now);
+    for (size_t k = 0; k < ids.size(); ++k) units[k].job_id = ids[k].id;
+    log->info("run {}: {} units for {} ({} resources x {} entity types)", job.id, units.size(),
+              request.installation_id, connection.resources.size(), types.size());
+    return wait_for(units, since, org_id, now, o);
+  }
+
+  static Outcome wait_for(const std::vector<UnitRef>& units, int64_t since,
+                          const std::string& org_id, int64_t now, const PipelineOptions& o) {
     json cp = {{"stage", "waiting"},
                {"since", since},
                {"orgId", org_id},
                {"deadline", now + o.unit_timeout_ms},
                {"units", json::array()}};
     for (const UnitRef& u : units) cp["units"].push_back(unit_json(u));
-    log->info("run {}: {} units for {} ({} resources x {} entity types)", job.id, units.size(),
-              request.installation_id, connection.resources.size(), types.size());
     return Outcome::wait_for_children(now + o.unit_timeout_ms, cp.dump());
+  }
+
+  // The wait for the units a previous attempt of the run enqueued, rebuilt from the units
+  // themselves (oldest first, the order they were enqueued in); nullopt when there are none.
+  std::optional<Outcome> adopt_units(JobContext& ctx, const PipelineOptions& o) {
+    std::vector<jobs::Job> existing = children(ctx.job().id);
+    if (existing.empty()) return std::nullopt;
+    std::sort(existing.begin(), existing.end(),
+              [](const jobs::Job& a, const jobs::Job& b) { return a.id < b.id; });
+    std::vector<UnitRef> units;
+    int64_t since = 0;
+    std::string org_id;
+    for (const jobs::Job& child : existing) {
+      const json unit = json::parse(child.payload, nullptr, false);
+      UnitRef ref;
+      ref.job_id = child.id;
+      if (unit.is_object()) {
+        ref.entity_type = string_or(unit, "entityType");
+        const json resource = unit.value("resource", json::object());
+        if (resource.is_object()) {
+          ref.resource_id = string_or(resource, "id");
+          if (auto it = resource.find("name"); it != resource.end() && it->is_string())
+            ref.resource_name = it->get<std::string>();
+        }
+        since = int_or(unit, "since", since);
+        org_id = string_or(unit, "orgId", org_id);
+      }
+      units.push_back(std::move(ref));
+    }
+    log->warn("run {}: waiting for the {} units an earlier attempt enqueued", ctx.job().id,
+              units.size());
+    return wait_for(units, since, org_id, ctx.now_ms(), o);
   }
 
   // Throws JobFailure when the token cannot read the resources; returns the wait when the

@@ -1418,6 +1418,38 @@ TEST_F(PipelineTest, ARunThatFansOutAgainAdoptsItsExistingUnits) {
             sandbox_->report("inst-1").gateway_by_provider["github"].unique);
 }
 
+// Review (E3): a run whose attempt ended after it enqueued its units but before it recorded its
+// wait (a crash) fanned out again: it looked the connection up and checked the scopes again, and
+// computed a new `since`. A check that now failed for good (here the repository answers 404)
+// killed the run while its units ran on: "failed" before they were done, its installation free
+// for a second run. It now waits for the units it has, in their window, asking nobody again.
+TEST_F(PipelineTest, ARunThatFansOutAgainWaitsForItsUnitsWithoutCheckingAgain) {
+  start(data(2, 0, 120));
+  RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  ASSERT_EQ(units_of(run.run_id).size(), 6u);
+  const int64_t since = json::parse(units_of(run.run_id)[0].payload)["since"].get<int64_t>();
+  store_->set_checkpoint(run.run_id, std::nullopt, test_clock().now_ms());
+  test_clock().set_ms(test_clock().now_ms() + 3'600'000);
+  sandbox::Faults gone;
+  gone.resource_faults = {{"org-1/repo-1", "repository", 0, 0, 404}};
+  sandbox_->set_faults(gone);
+  plugin_transport().reset();
+  drive();
+  const std::optional<jobs::Job> job = store_->get(run.run_id);
+  ASSERT_EQ(job->status, JobStatus::kSucceeded) << job->last_error.value_or("");
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 6);
+  EXPECT_EQ(result["since"], since) << "the units' window, not a new one";
+  EXPECT_EQ(result["eventsDispatched"].get<int64_t>(),
+            sandbox_->report("inst-1").gateway_by_provider["github"].unique);
+  for (const std::string& url : plugin_transport().urls()) {
+    EXPECT_EQ(url.find("/repos/org-1/repo-1?"), std::string::npos) << "a scope check: " << url;
+    EXPECT_FALSE(url.ends_with("/repos/org-1/repo-1")) << "a scope check: " << url;
+  }
+}
+
 // Fan-in (D12): the run waits for its units up to the unit timeout. Past it, a unit still running
 // and one that never started (held queued by the installation's cap) are stopped and reported
 // "timed_out", each saying which it was; the run's result sums what did complete.
