@@ -26,6 +26,9 @@ using json = nlohmann::json;
 
 constexpr int64_t kDayMs = 24LL * 3600 * 1000;
 constexpr int64_t kCircuitRefreshMs = 1000;  // how stale this host's view of a circuit may be
+// How long a run past its unit timeout waits for the units it stopped to stop (each at its next
+// page boundary) before it reports them timed out all the same.
+constexpr int64_t kStopWaitMs = 10 * 60 * 1000;
 constexpr const char* kGatewayCircuit = "gateway";
 
 // The gateway answered a call with 429 (gateway_failed): the job waits `retry_after_ms` (handle).
@@ -233,6 +236,18 @@ void check_checkpoint_json(const json& cp, bool entity) {
   integer("since", INT64_MIN);
   integer("deadline", INT64_MIN);
   integer("retries", 0);
+  integer("stopBy", INT64_MIN);
+  if (auto stopped = cp.find("timedOut"); stopped != cp.end()) {
+    const bool ids =
+        stopped->is_array() && std::all_of(stopped->begin(), stopped->end(), [](const json& id) {
+          return id.is_number_integer() && id.get<int64_t>() > 0;
+        });
+    if (!ids) {
+      throw InvalidRequest("checkpoint.timedOut",
+                           "checkpoint.timedOut: must be an array of positive job ids (got " +
+                               stopped->dump() + ")");
+    }
+  }
   auto units = cp.find("units");
   if (units == cp.end()) return;  // no units: the run fans out again, adopting its units
   const std::string what =
@@ -726,8 +741,15 @@ struct Pipeline::Impl {
       auto it = by_id.find(u.job_id);
       if (it != by_id.end() && !jobs::is_terminal(it->second.status)) active.push_back(u.job_id);
     }
+    // The units this run stopped at its deadline, once it has (they may still be stopping).
     std::set<JobId> timed_out;
-    if (!active.empty()) {
+    for (const json& id : cp.value("timedOut", json::array())) timed_out.insert(id.get<JobId>());
+    if (!active.empty() && !timed_out.empty()) {
+      // Stopping: wait until they have stopped, or the stop wait is over (a unit stuck in a
+      // plugin call is left to its lease; the run reports it timed out all the same).
+      const int64_t stop_by = int_or(cp, "stopBy", now);
+      if (now < stop_by) return Outcome::wait_for_children(stop_by, cp.dump());
+    } else if (!active.empty()) {
       if (now < deadline) return Outcome::wait_for_children(deadline, cp.dump());
       // A run that died and that an operator retried (its units with it, often) gets a new unit
       // timeout for each retry: the deadline it died with has nothing to do with the retried
@@ -741,12 +763,25 @@ struct Pipeline::Impl {
                   job.id, retries, active.size());
         return Outcome::wait_for_children(renewed_deadline, renewed.dump());
       }
-      // Past the per-unit timeout: those units failed; stop them.
+      // Past the per-unit timeout: those units failed; stop them. A queued one is cancelled at
+      // once, a running one stops at its next page boundary: the run waits for that (E3: it is
+      // never done before its units), up to kStopWaitMs.
+      bool stopping = false;
       for (JobId id : active) {
         store.cancel(id, now);
         timed_out.insert(id);
+        if (std::optional<jobs::Job> unit = store.get(id)) {
+          stopping = stopping || !jobs::is_terminal(unit->status);
+          by_id[id] = std::move(*unit);
+        }
       }
       log->warn("run {}: {} units did not finish before the unit timeout", job.id, active.size());
+      if (stopping) {
+        json next = cp;
+        next["timedOut"] = json(timed_out);
+        next["stopBy"] = now + kStopWaitMs;
+        return Outcome::wait_for_children(now + kStopWaitMs, next.dump());
+      }
     }
     json result =
         aggregate(request, string_or(cp, "orgId"), int_or(cp, "since"), units, by_id, timed_out);
@@ -776,7 +811,7 @@ struct Pipeline::Impl {
         r["status"] = std::string(jobs::to_string(child.status));
         success = child.status == JobStatus::kSucceeded;
         c = counts_from(success ? child.result : child.checkpoint);
-        if (timed_out.count(child.id)) {
+        if (timed_out.count(child.id) && !success) {  // one that ended its last page succeeded
           // One unit timeout for all the run's units, from the fan-out (as the seed's waits):
           // a unit kept queued all along (caps, throttle, busy workers) is told apart.
           const std::string within = std::to_string(snapshot().unit_timeout_ms / 1000) + " s";

@@ -1453,27 +1453,84 @@ TEST_F(PipelineTest, ARunThatFansOutAgainWaitsForItsUnitsWithoutCheckingAgain) {
 // Fan-in (D12): the run waits for its units up to the unit timeout. Past it, a unit still running
 // and one that never started (held queued by the installation's cap) are stopped and reported
 // "timed_out", each saying which it was; the run's result sums what did complete.
-TEST_F(PipelineTest, UnitsNotDoneByTheUnitTimeoutAreStoppedAndReportedTimedOut) {
-  PipelineOptions options = fast();
-  options.entity_caps = {1, 30};
-  start(data(1, 0, 120), options);
-  RunStart run = start_run("gh-inst-1", "github");
-  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fans out three units and waits for them
-  ASSERT_EQ(units_of(run.run_id).size(), 3u);
-  // Another host runs one unit to its end and holds the next; the cap keeps the third queued.
-  const int64_t t0 = test_clock().now_ms();
-  const int64_t long_lease = options.unit_timeout_ms * 2;
-  jobs::ClaimRequest claim{"another-host", 10, t0, long_lease, {kEntityKind}};
-  std::vector<jobs::Claimed> done = store_->claim(claim);
-  ASSERT_EQ(done.size(), 1u);
-  store_->complete(done[0].job.id, done[0].lease_token,
-                   R"({"pages":2,"eventsProduced":7,"eventsDispatched":7})", t0);
-  std::vector<jobs::Claimed> held = store_->claim(claim);
-  ASSERT_EQ(held.size(), 1u);
+// A run of three units at its unit timeout: another host ran one to its end (7 events) and holds
+// the next (its lease outlasts the timeout); the installation's cap of 1 kept the third queued.
+// The run has just woken at the deadline, stopped the two, and waits for the held one to stop.
+struct PastTheTimeout {
+  RunStart run;
+  jobs::Claimed done;
+  jobs::Claimed held;
+};
 
-  test_clock().advance_ms(options.unit_timeout_ms + 1);
+class UnitTimeoutTest : public PipelineTest {
+ protected:
+  PastTheTimeout past_the_unit_timeout() {
+    PipelineOptions options = fast();
+    options.entity_caps = {1, 30};
+    start(data(1, 0, 120), options);
+    PastTheTimeout s;
+    s.run = start_run("gh-inst-1", "github");
+    EXPECT_EQ(scheduler_->run_once(1), 1u);  // fans out three units and waits for them
+    EXPECT_EQ(units_of(s.run.run_id).size(), 3u);
+    const int64_t t0 = test_clock().now_ms();
+    const int64_t long_lease = options.unit_timeout_ms * 2;
+    jobs::ClaimRequest claim{"another-host", 10, t0, long_lease, {kEntityKind}};
+    std::vector<jobs::Claimed> done = store_->claim(claim);
+    EXPECT_EQ(done.size(), 1u);
+    store_->complete(done.at(0).job.id, done.at(0).lease_token,
+                     R"({"pages":2,"eventsProduced":7,"eventsDispatched":7})", t0);
+    std::vector<jobs::Claimed> held = store_->claim(claim);
+    EXPECT_EQ(held.size(), 1u);
+    s.done = done.at(0);
+    s.held = held.at(0);
+
+    test_clock().advance_ms(options.unit_timeout_ms + 1);
+    EXPECT_EQ(store_->sweep(test_clock().now_ms()).parents_woken, 1);
+    EXPECT_EQ(scheduler_->run_once(1), 1u);  // the run: the queued unit is still capped
+    EXPECT_FALSE(run_result(s.run.run_id).is_object()) << "done while a unit still runs";
+    EXPECT_EQ(store_->get(s.run.run_id)->status, JobStatus::kWaiting);
+    EXPECT_TRUE(store_->get(s.held.job.id)->cancel_requested);
+    return s;
+  }
+};
+
+// E3: a run is never done before its units. Past the unit timeout, a unit still running is asked
+// to stop and the run waits for it; one that ends its last page meanwhile is reported as what it
+// is, succeeded, so the run's result and its view agree. Before, the run completed at once,
+// reporting it timed out, and the view then counted it succeeded.
+TEST_F(UnitTimeoutTest, ARunWaitsForTheUnitsItStopsAndReportsHowTheyEnded) {
+  const PastTheTimeout s = past_the_unit_timeout();
+  store_->complete(s.held.job.id, s.held.lease_token,
+                   R"({"pages":3,"eventsProduced":5,"eventsDispatched":5})", test_clock().now_ms());
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // woken by its last unit's end
+  const json result = run_result(s.run.run_id);
+  ASSERT_TRUE(result.is_object()) << "the run did not finish";
+  EXPECT_EQ(result["completed"], 2) << result.dump(2);
+  EXPECT_EQ(result["failed"], 1) << result.dump(2);
+  EXPECT_EQ(result["eventsDispatched"], 12) << result.dump(2);
+  for (const json& r : result["results"]) {
+    EXPECT_EQ(r["status"], r["jobId"] == s.held.job.id || r["jobId"] == s.done.job.id ? "succeeded"
+                                                                                      : "timed_out")
+        << result.dump(2);
+  }
+  const std::optional<RunView> view = pipeline_->get_run(s.run.run_id, false);
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(view->status, "failed");
+  EXPECT_EQ(view->units_done, 3);
+  EXPECT_EQ(view->units_failed, 1);
+  EXPECT_EQ(view->events_dispatched, 12);
+}
+
+// A unit that does not stop (its host stuck in a plugin call, or gone with a long lease) holds
+// the run for the stop wait (10 min) at most: then the run reports it timed out all the same.
+TEST_F(UnitTimeoutTest, UnitsNotDoneByTheUnitTimeoutAreStoppedAndReportedTimedOut) {
+  const PastTheTimeout s = past_the_unit_timeout();
+  const RunStart& run = s.run;
+  const std::vector<jobs::Claimed> done = {s.done};
+  const std::vector<jobs::Claimed> held = {s.held};
+  test_clock().advance_ms(10 * 60 * 1000 + 1);
   ASSERT_EQ(store_->sweep(test_clock().now_ms()).parents_woken, 1);
-  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the run: the queued unit is still capped
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
   const json result = run_result(run.run_id);
   ASSERT_TRUE(result.is_object()) << "the run did not finish";
   EXPECT_EQ(result["success"], false) << result.dump(2);
