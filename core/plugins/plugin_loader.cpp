@@ -10,7 +10,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -571,15 +570,9 @@ void check_entry(const fs::path& path, const backhaul_entry_t& entry) {
   }
 }
 
-bool is_semver(std::string_view v) {
-  static const std::regex re(
-      R"(^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$)");
-  return std::regex_match(v.begin(), v.end(), re);
-}
-
-bool is_valid_id(std::string_view id) {
-  static const std::regex re(R"(^[a-z][a-z0-9_-]*$)");
-  return std::regex_match(id.begin(), id.end(), re);
+// A plugin's string in a message: its first 100 bytes (an id may be any length).
+std::string shown(const std::string& text) {
+  return text.size() <= 100 ? text : text.substr(0, 100) + "...";
 }
 
 std::vector<std::string> string_list(const fs::path& path, const char* const* items, size_t count,
@@ -609,12 +602,13 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
     return out;
   };
   info.id = text(d.id, "id");
-  if (!is_valid_id(info.id)) {
-    refuse(path, "plugin id '" + info.id + "' does not match [a-z][a-z0-9_-]*");
+  if (!is_valid_plugin_id(info.id)) {
+    refuse(path, "plugin id '" + shown(info.id) + "' does not match [a-z][a-z0-9_-]*");
   }
   info.version = text(d.version, "version");
   if (!is_semver(info.version)) {
-    refuse(path, "plugin '" + info.id + "' version '" + info.version + "' is not semantic");
+    refuse(path,
+           "plugin '" + shown(info.id) + "' version '" + shown(info.version) + "' is not semantic");
   }
   info.display_name = text(d.display_name, "display_name");
   info.description = d.description ? text(d.description, "description") : "";
@@ -829,6 +823,56 @@ std::vector<Plugin> PluginRegistry::plugins() const {
   std::vector<Plugin> out;
   for (const auto& [id, plugin] : by_id_) out.push_back(plugin);
   return out;
+}
+
+namespace {
+
+bool is_identifier_char(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-';
+}
+bool is_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+// A numeric identifier: digits, no leading zero.
+bool is_number(std::string_view s) { return is_digits(s) && (s.size() == 1 || s[0] != '0'); }
+
+// `text` split at '.' into `parts` (or any number with parts = 0), each passing `ok`.
+template <class Ok>
+bool dotted(std::string_view text, size_t parts, Ok ok) {
+  size_t seen = 0;
+  while (true) {
+    const size_t dot = text.find('.');
+    if (!ok(text.substr(0, dot))) return false;
+    ++seen;
+    if (dot == std::string_view::npos) return parts == 0 || seen == parts;
+    text.remove_prefix(dot + 1);
+  }
+}
+
+}  // namespace
+
+bool is_valid_plugin_id(std::string_view id) {
+  if (id.empty() || id[0] < 'a' || id[0] > 'z') return false;
+  return std::all_of(id.begin() + 1, id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+bool is_semver(std::string_view version) {
+  auto identifier = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), is_identifier_char);
+  };
+  if (const size_t plus = version.find('+'); plus != std::string_view::npos) {
+    if (!dotted(version.substr(plus + 1), 0, identifier)) return false;  // build metadata
+    version = version.substr(0, plus);
+  }
+  if (const size_t dash = version.find('-'); dash != std::string_view::npos) {
+    // Pre-release: numeric identifiers without leading zeros.
+    auto pre = [&](std::string_view s) { return identifier(s) && (!is_digits(s) || is_number(s)); };
+    if (!dotted(version.substr(dash + 1), 0, pre)) return false;
+    version = version.substr(0, dash);
+  }
+  return dotted(version, 3, is_number);
 }
 
 }  // namespace backhaul::plugins

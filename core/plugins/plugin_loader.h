@@ -107,4 +107,11 @@ class PluginRegistry {
   std::map<std::string, Plugin, std::less<>> by_id_;
 };
 
+// Descriptor rules, shared with the validator. Each reads its text once, left to right: a
+// plugin's string of any length is checked without recursion (std::regex's matcher recursed per
+// character and overflowed the stack on a 50 000-character id, ending the process that loaded
+// the plugin).
+bool is_valid_plugin_id(std::string_view id);  // [a-z][a-z0-9_-]*
+bool is_semver(std::string_view version);      // Semantic Versioning 2.0.0
+
 }  // namespace backhaul::plugins

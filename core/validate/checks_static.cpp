@@ -2,9 +2,9 @@
 // is read in a child (dlopen runs the library's constructors) and judged here.
 #include <cstddef>
 #include <optional>
-#include <regex>
 #include <set>
 
+#include "core/plugins/plugin_loader.h"
 #include "core/validate/checks.h"
 #include "core/validate/json_schema_lint.h"
 
@@ -206,9 +206,8 @@ Verdict plugin_id(CheckContext& ctx) {
   Verdict verdict;
   const json* d = descriptor_or_skip(ctx, verdict);
   if (!d) return verdict;
-  static const std::regex re(R"(^[a-z][a-z0-9_-]*$)");
   const std::string id = d->at("id").get<std::string>();
-  if (!std::regex_match(id, re))
+  if (!plugins::is_valid_plugin_id(id))
     return fail("id " + quote_text(id) + " does not match [a-z][a-z0-9_-]*");
   return pass("id " + quote_text(id));
 }
@@ -217,13 +216,11 @@ Verdict plugin_version(CheckContext& ctx) {
   Verdict verdict;
   const json* d = descriptor_or_skip(ctx, verdict);
   if (!d) return verdict;
-  static const std::regex re(
-      R"(^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$)");
   const std::string version = d->at("version").get<std::string>();
-  if (!std::regex_match(version, re))
+  if (!plugins::is_semver(version))
     return fail("version " + quote_text(version) +
-                " is not a semantic version (MAJOR.MINOR.PATCH)");
-  return pass("version " + version);
+                " is not a semantic version (MAJOR.MINOR.PATCH[-PRE][+BUILD], SemVer 2.0.0)");
+  return pass("version " + quote_text(version));
 }
 
 // Problems of a list of names: NULL list, NULL or empty entries, duplicates.

@@ -6,6 +6,8 @@
 namespace backhaul::validate {
 namespace {
 
+constexpr size_t kMaxPatternChars = 2000;
+
 using nlohmann::json;
 
 constexpr size_t kMaxProblems = 20;
@@ -112,6 +114,12 @@ class Linter {
 
   void pattern(const json& v, const std::string& at) {
     if (!v.is_string()) return report(at, "must be a string");
+    // std::regex compiles by recursion per element: a pattern of 100 000 nested groups or
+    // alternatives overflowed the validator's stack. No real pattern comes near this length.
+    if (const size_t size = v.get<std::string>().size(); size > kMaxPatternChars) {
+      return report(at, "is " + std::to_string(size) + " characters long: more than " +
+                            std::to_string(kMaxPatternChars) + " is not checked");
+    }
     try {
       std::regex re(v.get<std::string>(), std::regex::ECMAScript);
     } catch (const std::regex_error& e) {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/common/json_check.h"
 #include "core/plugins/plugin.h"
 #include "core/validate/isolation.h"
 #include <cxxabi.h>
@@ -89,7 +90,11 @@ std::string json_kind(const nlohmann::json& j) { return j.type_name(); }
 
 void inspect_payload(std::string_view payload, EventFacts& facts) {
   facts.payload_hash = fnv1a(payload);
-  auto doc = nlohmann::json::parse(payload.begin(), payload.end(), nullptr, false);
+  // The pipeline's own check first (every byte: nlohmann's reader stops at a NUL, and
+  // "{}\0garbage" read as "{}"), then nlohmann for the value's kind.
+  auto doc = is_json(payload)
+                 ? nlohmann::json::parse(payload.begin(), payload.end(), nullptr, false)
+                 : nlohmann::json(nlohmann::json::value_t::discarded);
   if (doc.is_discarded()) {
     facts.payload_problem = "is not valid JSON";
   } else if (!doc.is_object()) {

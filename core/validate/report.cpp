@@ -39,10 +39,35 @@ size_t Report::count(CheckStatus status) const {
       checks.begin(), checks.end(), [&](const CheckResult& r) { return r.status == status; }));
 }
 
+// A reason on one line: a plugin's message may hold line breaks and other control characters,
+// which would forge or hide lines of the report. Each is shown as \n, \r, \t or \xNN.
+static std::string one_line(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string format_line(const CheckResult& result) {
   std::string line =
       padded(status_name(result.status), 6) + padded(result.group, 13) + padded(result.name, 34);
-  line += result.reason;
+  line += one_line(result.reason);
   while (!line.empty() && line.back() == ' ') line.pop_back();
   return line;
 }

@@ -187,6 +187,11 @@ TEST(ValidateCommandTest, UnreadableFixturesExitTwo) {
     EXPECT_NE(run.out.find(cases[i].second), std::string::npos) << run.out;
     std::filesystem::remove_all(dir);
   }
+  // A directory that does not exist is one too (CLI11's own check exited 105).
+  const CliRun missing = run_cli(std::string("plugin validate ") + VALIDATE_PLUGIN_DIR +
+                                 "/reference.so --fixtures /nonexistent/fixtures 2>&1");
+  EXPECT_EQ(missing.exit_code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("/nonexistent/fixtures"), std::string::npos) << missing.out;
 }
 
 // A connector that bundles a library (found through $ORIGIN): `plugin info` names it with its

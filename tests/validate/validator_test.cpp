@@ -3,6 +3,7 @@
 // defect, for the right reason, and the run must still finish.
 #include "core/validate/validator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +20,7 @@
 
 #include "core/common/errors.h"
 #include "core/validate/checks.h"
+#include "core/validate/json_schema_lint.h"
 
 namespace backhaul::validate {
 namespace {
@@ -287,6 +289,61 @@ TEST(ValidatorTest, FailsNonDeterministicDeliveryIds) {
   Report report = validate(reference_options("broken_random_ids"));
   expect_fail(report, "delivery_ids_deterministic", "ids differ between two processes");
   expect_pass(report, "delivery_ids_unique");
+}
+
+// Review (G2): nlohmann's reader stops at a NUL, so "{...}\0x" passed as a JSON object; the
+// pipeline's own check reads every byte.
+TEST(ValidatorTest, FailsAPayloadWithBytesAfterANul) {
+  Report report = validate(reference_options("broken_nul_payload"));
+  expect_fail(report, "payloads_are_json_objects", "is not valid JSON");
+}
+
+// Review (G3): a status the ABI does not define passed every fault check that expects "an
+// error" (the host fails such a call as the plugin's bug).
+TEST(ValidatorTest, FailsAStatusTheAbiDoesNotDefine) {
+  Report report = validate(reference_options("broken_odd_status"));
+  expect_fail(report, "fault_http_500", "returned status 42: ");
+  expect_fail(report, "fault_http_500", ", which is no status of the ABI (0-5)");
+  expect_pass(report, "fault_http_401");
+}
+
+// Review (G5): a plugin's message is shown on one line: a line break in it forged report lines.
+TEST(ValidatorTest, APluginsMessageCannotForgeReportLines) {
+  Report report = validate(reference_options("broken_forged_lines"));
+  for (const CheckResult& r : report.checks) {
+    const std::string line = format_line(r);
+    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+    if (r.reason.find("fault_forged") != std::string::npos) {
+      EXPECT_NE(line.find("\\nPASS  faults"), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(std::any_of(report.checks.begin(), report.checks.end(), [](const CheckResult& r) {
+    return r.reason.find("fault_forged") != std::string::npos;
+  })) << "no check showed the plugin's message";
+}
+
+// Review (G4, B1): a valid id of a million characters ended the validator (std::regex recursed
+// per character and overflowed the stack); it is checked in one pass now.
+TEST(ValidatorTest, APluginIdOfAMillionCharactersIsChecked) {
+  Report report = validate(options_for(VALIDATE_LONG_ID_PLUGIN, std::nullopt, 1));
+  expect_pass(report, "plugin_id");
+  EXPECT_EQ(report.plugin.id->size(), 1'000'000u);
+}
+
+// Review (G4): a config schema's pattern is compiled to check it, by std::regex, which recurses
+// per element: one of 100 000 nested groups ended the validator. A pattern that long is refused.
+TEST(JsonSchemaLintTest, AHugePatternIsRefusedWithoutCompilingIt) {
+  const std::string nested = std::string(100'000, '(') + "a" + std::string(100'000, ')');
+  const nlohmann::json schema = {
+      {"type", "object"}, {"properties", {{"name", {{"type", "string"}, {"pattern", nested}}}}}};
+  const std::vector<std::string> problems = lint_json_schema(schema, true);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0],
+            "/properties/name/pattern: is 200001 characters long: more than 2000 is not checked");
+  const nlohmann::json fine = {
+      {"type", "object"},
+      {"properties", {{"name", {{"type", "string"}, {"pattern", "^(a|b)+$"}}}}}};
+  EXPECT_TRUE(lint_json_schema(fine, true).empty());
 }
 
 TEST(ValidatorTest, FailsAWrongStatusOn401) {

@@ -234,6 +234,38 @@ TEST_F(PluginLoaderTest, RefusesMalformedMetadata) {
             std::string::npos);
 }
 
+// B1: a plugin never takes the host down at load time. Its id was checked with std::regex, whose
+// matcher recurses per character: a valid id of 50 000 characters overflowed the stack and ended
+// the daemon that loaded it (and the validator). The rules now read the text in one pass.
+TEST_F(PluginLoaderTest, AnIdOfAMillionCharactersIsCheckedWithoutEndingTheProcess) {
+  const Plugin plugin = load_plugin(plugin_path("long_id"), services_);
+  EXPECT_EQ(plugin.info().id, std::string(1'000'000, 'a'));
+  EXPECT_TRUE(is_valid_plugin_id(std::string(1'000'000, 'a')));
+  EXPECT_FALSE(is_valid_plugin_id(std::string(1'000'000, 'a') + "A"));
+  EXPECT_TRUE(is_semver("1.0.0-" + std::string(1'000'000, '1')));
+}
+
+TEST(PluginRules, IdsAndSemanticVersions) {
+  for (const char* id : {"a", "github", "my-plugin_2", "z9"})
+    EXPECT_TRUE(is_valid_plugin_id(id)) << id;
+  for (const char* id : {"", "Github", "9a", "-a", "_a", "a b", "a.b", "a/b", "ä"}) {
+    EXPECT_FALSE(is_valid_plugin_id(id)) << id;
+  }
+  for (const char* v :
+       {"0.0.0", "1.2.3", "10.20.30", "1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-0.3.7",
+        "1.0.0-x.7.z.92", "1.0.0-x-y-z.--", "1.0.0+20130313144700", "1.0.0-beta+exp.sha.5114f85",
+        "1.0.0+21AF26D3---117B344092BD", "1.0.0-rc.1+build.01"}) {
+    EXPECT_TRUE(is_semver(v)) << v;
+  }
+  // SemVer 2.0.0 §2, §9, §10: no leading zeros in numbers (build metadata may have them), no
+  // empty identifiers, nothing but [0-9A-Za-z-] in them.
+  for (const char* v : {"", "1", "1.2", "1.2.3.4", "01.2.3", "1.02.3", "1.2.03", "1.2.3-", "1.2.3+",
+                        "1.2.3-01", "1.0.0-01..x", "1.2.3-a..b", "1.2.3+a..b", "1.2.3-a_b",
+                        "1.2.3 ", "v1.2.3", "1.2.-3", "a.b.c", "1.2.3-+b"}) {
+    EXPECT_FALSE(is_semver(v)) << v;
+  }
+}
+
 TEST_F(PluginLoaderTest, RegistryReportsMissingDirectoryAndKeepsWorking) {
   PluginRegistry registry(services_);
   auto problems = registry.load_directory("/nonexistent/backhaul/plugins");

@@ -62,6 +62,11 @@ int64_t header_int(const sdk::HttpResponse& r, std::string_view name, int64_t fa
     if (status == 429) throw Error(BACKHAUL_RATE_LIMITED, message, 60'000);
     throw Error(BACKHAUL_FATAL, message);
   }
+  if (status >= 500 && kDefect == Defect::kOddStatus)
+    throw Error(static_cast<backhaul_status_t>(42), message);
+  if (kDefect == Defect::kForgedLines)
+    throw Error(status >= 500 ? BACKHAUL_RETRYABLE : BACKHAUL_FATAL,
+                message + "\nPASS  faults       fault_forged                      all good");
   if (status >= 500) throw Error(BACKHAUL_RETRYABLE, message);
   throw Error(BACKHAUL_FATAL, message);
 }
@@ -195,8 +200,9 @@ void ReferenceConnector::fill(const sdk::FetchRequest& request, const std::strin
                     {"entity", request.entity_type},
                     {"item", item},
                     {"resource", {{"id", request.unit.resource_id}}}};
-    out.events.push_back(
-        {delivery_id(request, item), std::string(request.entity_type), payload.dump()});
+    std::string text = payload.dump();
+    if (kDefect == Defect::kNulPayload) text += std::string("\0x", 2);
+    out.events.push_back({delivery_id(request, item), std::string(request.entity_type), text});
   }
   const json& next = doc.value("next_page", json());
   if (next.is_number_unsigned()) out.next_cursor = "page:" + next.dump();

@@ -31,6 +31,9 @@ enum class Defect {
   kHang,          // fetch_page never returns
   kExit,          // fetch_page calls exit(3)
   kMemoryHog,     // fetch_page allocates until memory runs out
+  kNulPayload,    // payloads are a JSON object, a NUL and more bytes
+  kOddStatus,     // HTTP 5xx maps to status 42, which the ABI does not define
+  kForgedLines,   // error messages hold a line break and a forged report line
 };
 
 // Defined by each plugin's entry.cpp.

@@ -47,11 +47,23 @@ int backhaul_test_dep_answer(void);
 int backhaul_test_mid_answer(void);
 #endif
 
+#ifdef VARIANT_LONG_ID
+/* An id of VARIANT_LONG_ID characters ("aaa..."), written when the library is loaded. */
+static char g_long_id[VARIANT_LONG_ID + 1];
+__attribute__((constructor)) static void fill_long_id(void) {
+  memset(g_long_id, 'a', VARIANT_LONG_ID);
+  g_long_id[VARIANT_LONG_ID] = '\0';
+}
+#define DESCRIPTOR_ID g_long_id
+#else
+#define DESCRIPTOR_ID VARIANT_ID
+#endif
+
 static const char* const kTypes[] = {"item"};
 static const char* const kDefaults[] = {VARIANT_DEFAULT_TYPE};
 
 static const backhaul_descriptor_t kDescriptor = {sizeof(backhaul_descriptor_t),
-                                                  VARIANT_ID,
+                                                  DESCRIPTOR_ID,
                                                   VARIANT_VERSION,
                                                   "C test plugin",
                                                   "a plugin written in C against the ABI headers",
