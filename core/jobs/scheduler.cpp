@@ -43,6 +43,13 @@ void JobContext::beat(const std::optional<std::string>& checkpoint) {
   } catch (const LeaseLost& e) {
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
   } catch (const StorageError& e) {
+    // A cancel an earlier beat learnt stands whether or not this one went through: the job ends
+    // cancelled, not as a failed attempt (a dead letter on its last) because the store went away.
+    if (cancelled_) {
+      throw JobInterrupted(
+          JobInterrupted::Reason::kCancelled,
+          std::string("job was cancelled (the last heartbeat failed: ") + e.what() + ")");
+    }
     // Draining, the job goes back without an attempt (SPEC F6) whether or not its last beat went
     // through: it resumes from the last checkpoint that did.
     if (stopping_) {

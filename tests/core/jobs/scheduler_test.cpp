@@ -311,6 +311,35 @@ TEST_F(SchedulerTest, StoppingTellsARunningHandlerOfACancelTheHeartbeatLearnt) {
   EXPECT_EQ(scheduler.stats().interrupted, 1);
 }
 
+// Review: a cancel the scheduler's heartbeat already learnt is what the handler hears at its next
+// beat even when that beat fails (the store went away meanwhile). Before, the beat's StorageError
+// ended the job as a failed attempt: a dead letter, on its last attempt.
+TEST_F(SchedulerTest, ACancelAlreadyLearntIsHeardAtABeatThatFails) {
+  FailsBeats store(*store_);
+  const SchedulerOptions o = beating(1, 60'000);
+  Scheduler scheduler(store, clock_, o);
+  std::atomic<bool> started{false};
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    started = true;
+    for (int i = 0; i < 15'000 && !c.stopping(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    store.refuse = true;
+    c.heartbeat();  // fails; the cancel stands
+    return Outcome::complete();
+  });
+  const JobId id = enqueue("work", 1);
+  scheduler.start();
+  wait_for([&] { return started.load(); });
+  ASSERT_TRUE(started);
+  ASSERT_EQ(store_->cancel(id, clock_.now_ms()), CancelOutcome::kRequested);
+  clock_.advance_ms(o.heartbeat_interval_ms);  // its beat is due: the store tells of the cancel
+  wait_for([&] { return store_->get(id)->status != JobStatus::kRunning; });
+  EXPECT_EQ(store_->get(id)->status, JobStatus::kCancelled);
+  EXPECT_FALSE(store_->get(id)->last_error.has_value()) << *store_->get(id)->last_error;
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
 // An ending the store cannot record is tried again for as long as the job's lease lasts (the
 // clock stands still here), beyond the 5 tries of a stopping scheduler: an outage of the store
 // shorter than the lease runs no job twice and counts no attempt for it.
