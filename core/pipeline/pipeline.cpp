@@ -741,46 +741,49 @@ struct Pipeline::Impl {
       auto it = by_id.find(u.job_id);
       if (it != by_id.end() && !jobs::is_terminal(it->second.status)) active.push_back(u.job_id);
     }
-    // The units this run stopped at its deadline, once it has (they may still be stopping).
+    // The units this run stopped at its deadline, once it has: it waits until they have stopped
+    // or the stop wait is over (a unit stuck in a plugin call is left to its lease; the run
+    // reports it timed out all the same).
     std::set<JobId> timed_out;
     for (const json& id : cp.value("timedOut", json::array())) timed_out.insert(id.get<JobId>());
-    if (!active.empty() && !timed_out.empty()) {
-      // Stopping: wait until they have stopped, or the stop wait is over (a unit stuck in a
-      // plugin call is left to its lease; the run reports it timed out all the same).
-      const int64_t stop_by = int_or(cp, "stopBy", now);
-      if (now < stop_by) return Outcome::wait_for_children(stop_by, cp.dump());
-    } else if (!active.empty()) {
-      if (now < deadline) return Outcome::wait_for_children(deadline, cp.dump());
+    if (!active.empty()) {
+      const bool stopping = !timed_out.empty();
+      const int64_t until = stopping ? int_or(cp, "stopBy", now) : deadline;
+      if (now < until) return Outcome::wait_for_children(until, cp.dump());
       // A run that died and that an operator retried (its units with it, often) gets a new unit
       // timeout for each retry: the deadline it died with has nothing to do with the retried
       // units, which would otherwise be stopped as "timed out" the moment it resumes.
       if (const int retries = letter_retries(job); retries > int_or(cp, "retries", 0)) {
         const int64_t renewed_deadline = now + snapshot().unit_timeout_ms;
         json renewed = cp;
+        renewed.erase("timedOut");
+        renewed.erase("stopBy");
         renewed["retries"] = retries;
         renewed["deadline"] = renewed_deadline;
         log->info("run {}: retried by an operator ({} times): a new unit timeout for its {} units",
                   job.id, retries, active.size());
         return Outcome::wait_for_children(renewed_deadline, renewed.dump());
       }
-      // Past the per-unit timeout: those units failed; stop them. A queued one is cancelled at
-      // once, a running one stops at its next page boundary: the run waits for that (E3: it is
-      // never done before its units), up to kStopWaitMs.
-      bool stopping = false;
-      for (JobId id : active) {
-        store.cancel(id, now);
-        timed_out.insert(id);
-        if (std::optional<jobs::Job> unit = store.get(id)) {
-          stopping = stopping || !jobs::is_terminal(unit->status);
-          by_id[id] = std::move(*unit);
+      if (!stopping) {
+        // Past the per-unit timeout: those units failed; stop them. A queued one is cancelled at
+        // once, a running one stops at its next page boundary: the run waits for that (E3: it
+        // is never done before its units), up to kStopWaitMs.
+        bool still_running = false;
+        for (JobId id : active) {
+          store.cancel(id, now);
+          timed_out.insert(id);
+          if (std::optional<jobs::Job> unit = store.get(id)) {
+            still_running = still_running || !jobs::is_terminal(unit->status);
+            by_id[id] = std::move(*unit);
+          }
         }
-      }
-      log->warn("run {}: {} units did not finish before the unit timeout", job.id, active.size());
-      if (stopping) {
-        json next = cp;
-        next["timedOut"] = json(timed_out);
-        next["stopBy"] = now + kStopWaitMs;
-        return Outcome::wait_for_children(now + kStopWaitMs, next.dump());
+        log->warn("run {}: {} units did not finish before the unit timeout", job.id, active.size());
+        if (still_running) {
+          json next = cp;
+          next["timedOut"] = json(timed_out);
+          next["stopBy"] = now + kStopWaitMs;
+          return Outcome::wait_for_children(now + kStopWaitMs, next.dump());
+        }
       }
     }
     json result =
