@@ -226,15 +226,7 @@ std::vector<Walk> walks_from_json(const json& j) {
 }
 
 std::string quote_text(std::string_view text, size_t max) {
-  std::string out = "\"";
-  for (char c : text.substr(0, max)) {
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += "\\x" + std::string(1, "0123456789abcdef"[(c >> 4) & 0xF]) +
-             std::string(1, "0123456789abcdef"[c & 0xF]);
-    } else {
-      out += c;
-    }
-  }
+  std::string out = "\"" + escape_controls(text.substr(0, max));
   if (text.size() > max) out += "...";
   return out + "\"";
 }

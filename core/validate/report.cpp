@@ -39,9 +39,7 @@ size_t Report::count(CheckStatus status) const {
       checks.begin(), checks.end(), [&](const CheckResult& r) { return r.status == status; }));
 }
 
-// A reason on one line: a plugin's message may hold line breaks and other control characters,
-// which would forge or hide lines of the report. Each is shown as \n, \r, \t or \xNN.
-static std::string one_line(std::string_view text) {
+std::string escape_controls(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {
@@ -67,7 +65,7 @@ static std::string one_line(std::string_view text) {
 std::string format_line(const CheckResult& result) {
   std::string line =
       padded(status_name(result.status), 6) + padded(result.group, 13) + padded(result.name, 34);
-  line += one_line(result.reason);
+  line += escape_controls(result.reason);
   while (!line.empty() && line.back() == ' ') line.pop_back();
   return line;
 }
