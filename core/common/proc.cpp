@@ -1,9 +1,8 @@
 #include "core/common/proc.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include <fcntl.h>
@@ -11,25 +10,41 @@
 
 namespace backhaul {
 
-int64_t resident_kb(pid_t pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/statm";
+std::optional<std::string> read_proc_file(pid_t pid, const char* name) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/" + name;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char text[128];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  if (fd < 0) return std::nullopt;
+  std::string text;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n > 0) {
+      text.append(chunk, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      ::close(fd);
+      return std::nullopt;  // ESRCH: the process ended after the open
+    }
+  }
   ::close(fd);
-  if (n <= 0) return 0;
-  text[n] = '\0';
+  return text;
+}
+
+int64_t resident_kb(pid_t pid) {
+  const std::optional<std::string> text = read_proc_file(pid, "statm");
+  if (!text) return 0;
   // "size resident shared text lib data dt", in pages.
   char* end = nullptr;
-  std::strtoll(text, &end, 10);
+  std::strtoll(text->c_str(), &end, 10);
   const long long resident_pages = std::strtoll(end, nullptr, 10);
   return resident_pages * (::sysconf(_SC_PAGESIZE) / 1024);
 }
 
 std::optional<ProcStat> read_proc_stat(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::optional<std::string> read = read_proc_file(pid, "stat");
+  if (!read) return std::nullopt;
+  const std::string& text = *read;
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so the fields are counted
   // from its last ')', with the state as field 3.
   const size_t open = text.find('('), close = text.rfind(')');

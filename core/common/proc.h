@@ -11,6 +11,11 @@
 
 namespace backhaul {
 
+// The text of /proc/PID/`name` ("stat", "status", ...); nullopt when the process is gone, before
+// the open or during the read (a read of an ended process's file fails with ESRCH, which an
+// std::ifstream turns into an exception).
+std::optional<std::string> read_proc_file(pid_t pid, const char* name);
+
 // The resident set of `pid` in KiB, from /proc/PID/statm; 0 when it cannot be read (the process is
 // gone). Cheap enough to call every few milliseconds: one open and one short read.
 int64_t resident_kb(pid_t pid);

@@ -1,4 +1,4 @@
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -9,7 +9,7 @@
 namespace backhaul::bench {
 
 int64_t proc_status_kb(pid_t pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::istringstream in(read_proc_file(pid, "status").value_or(""));
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));

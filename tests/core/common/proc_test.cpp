@@ -2,6 +2,8 @@
 #include "core/common/proc.h"
 
 #include <algorithm>
+#include <csignal>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -42,6 +44,40 @@ TEST(Proc, SeesAChildAsAZombieUntilItIsReaped) {
   EXPECT_EQ(resident_kb(child), 0);
   const std::vector<pid_t> after = child_pids(::getpid());
   EXPECT_EQ(std::find(after.begin(), after.end(), child), after.end());
+}
+
+// A process reaped while its /proc file is being read reads as gone. The kernel fails a read of a
+// file opened before the reap with ESRCH, which an std::ifstream threw as "basic_filebuf::
+// underflow error reading the file: No such process" (seen in CI, from a test watching plugin
+// workers end). Each child here is killed and reaped by another thread while this one reads it.
+TEST(Proc, AProcessReapedDuringAReadReadsAsGone) {
+  int gone = 0;
+  for (int round = 0; round < 1000; ++round) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      for (;;) ::pause();
+    }
+    std::thread reaper([child] {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, nullptr, 0);
+    });
+    bool ended = false;
+    for (int i = 0; i < 1'000'000 && !ended; ++i) {
+      try {
+        ended =
+            !read_proc_stat(child) || resident_kb(child) == 0 || !read_proc_file(child, "status");
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "reading child " << child << " threw: " << e.what();
+        ended = true;
+      }
+    }
+    reaper.join();
+    gone += ended;
+    EXPECT_FALSE(read_proc_stat(child));
+    EXPECT_FALSE(read_proc_file(child, "stat"));
+  }
+  EXPECT_EQ(gone, 1000);
 }
 
 }  // namespace
