@@ -177,14 +177,16 @@ http::HttpTally take_tally(std::string& body) {
   return tally;
 }
 
-// Reads an answer's status; a failure is thrown as the plugin's own ConnectorFailure.
+// Reads an answer's status; a failure is thrown as the plugin's own ConnectorFailure, taken as
+// one in this process is (plugin_failure): the plugin may have written the answer itself.
 void throw_if_failed(Reader& r) {
   const auto status = static_cast<backhaul_status_t>(r.u8());
   if (status == BACKHAUL_OK) return;
-  const std::string message(r.str());
+  std::string message(r.str());
   const int64_t retry_after_ms = r.i64();
   r.end();
-  throw ConnectorFailure(status, message, retry_after_ms);
+  throw plugin_failure("a worker process answered with unknown status " + std::to_string(status),
+                       status, std::move(message), retry_after_ms);
 }
 
 // False when the other end is gone. MSG_NOSIGNAL: no SIGPIPE.
@@ -256,7 +258,7 @@ ReadEnd read_exact(int fd, char* out, size_t size, std::optional<SteadyClock::ti
 constexpr size_t kReadChunk = size_t{1} << 20;
 
 ReadEnd read_frame(int fd, std::string* body, std::optional<SteadyClock::time_point> deadline,
-                   int ended = -1) {
+                   int ended = -1, size_t max_size = kMaxFrame) {
   unsigned char header[4];
   if (ReadEnd end = read_exact(fd, reinterpret_cast<char*>(header), 4, deadline, ended);
       end != ReadEnd::kFrame) {
@@ -264,7 +266,7 @@ ReadEnd read_frame(int fd, std::string* body, std::optional<SteadyClock::time_po
   }
   const size_t size = size_t{header[0]} | size_t{header[1]} << 8 | size_t{header[2]} << 16 |
                       size_t{header[3]} << 24;
-  if (size > kMaxFrame) return ReadEnd::kTooBig;
+  if (size > max_size) return ReadEnd::kTooBig;
   body->clear();
   while (body->size() < size) {
     const size_t got = body->size();
@@ -602,8 +604,14 @@ std::string exchange(pid_t pid, int fd, int ended, const std::string& request, c
   if (options.memory_limit_mb > 0) {
     watch_memory(pid, fd, ended, deadline, options.memory_limit_mb, what);
   }
+  // A worker's answer is a page it holds in its memory: with a limit, one bigger than that is not
+  // a page, and this process does not take it in (it has no limit of its own).
+  const size_t max_size =
+      options.memory_limit_mb > 0
+          ? std::min(kMaxFrame, static_cast<size_t>(options.memory_limit_mb) << 20)
+          : kMaxFrame;
   std::string body;
-  switch (read_frame(fd, &body, deadline, ended)) {
+  switch (read_frame(fd, &body, deadline, ended, max_size)) {
     case ReadEnd::kFrame:
       try {
         const http::HttpTally tally = take_tally(body);
@@ -623,8 +631,10 @@ std::string exchange(pid_t pid, int fd, int ended, const std::string& request, c
     case ReadEnd::kTooBig:
       break;
   }
-  throw WorkerLost{std::string("answered ") + what + " with an oversized frame", true,
-                   WorkerLoss::kMalformed};
+  throw WorkerLost{std::string("answered ") + what + " with an oversized frame (over " +
+                       std::to_string(max_size >> 20) + " MiB" +
+                       (max_size < kMaxFrame ? ", its memory limit" : "") + ")",
+                   true, WorkerLoss::kMalformed};
 }
 
 // "worker process N <how it ended>", once it is reaped (`end`: what reap() said).
@@ -655,6 +665,10 @@ std::string call_in_new_worker(const IsolationOptions& options, const std::files
   } catch (const WorkerLost& e) {
     worker.socket.reset();
     throw WorkerEnded(worker_ended(worker.pid, e, reap(worker.pid, e.kill)));
+  } catch (...) {  // a malformed answer, say: the worker is ended and reaped all the same
+    worker.socket.reset();
+    reap(worker.pid, true);
+    throw;
   }
 }
 
@@ -897,6 +911,11 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
     throw PluginCrashed(who + "worker process " + std::to_string(pid) +
                         " answered create with a malformed frame (" + e.what() +
                         ") and was killed");
+  } catch (
+      ...) {  // anything else: the worker is let go all the same (start_counted frees its slot)
+    count_loss(settle(pid) ? WorkerLoss::kStopped : WorkerLoss::kMalformed);
+    reap(pid, true);
+    throw;
   }
   logging::get("plugins")->debug("plugin '{}': worker process {} started", info_.id, pid);
   return worker;
@@ -987,6 +1006,12 @@ auto WorkerPool::run(const std::string& request, const char* what, Decode&& deco
   } catch (const MalformedFrame& e) {
     lost(std::move(worker),
          WorkerLost{std::string("answered ") + what + " with a malformed frame (" + e.what() + ")",
+                    true, WorkerLoss::kMalformed},
+         what);
+  } catch (const std::exception& e) {  // no memory for the answer, say: the worker is let go,
+    lost(std::move(worker),            // not kept busy for good with its slot
+         WorkerLost{std::string("answered ") + what + " with what this process could not take (" +
+                        e.what() + ")",
                     true, WorkerLoss::kMalformed},
          what);
   }

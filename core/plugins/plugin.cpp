@@ -49,23 +49,13 @@ backhaul_unit_t c_unit(const Unit& unit) {
   return c;
 }
 
-// A status the ABI does not define is the plugin's bug: report it as FATAL, keep the message.
 [[noreturn]] void throw_failure(const PluginInfo& info, std::string_view call,
                                 backhaul_status_t status, const backhaul_error_t& error) {
   backhaul_error_t copy = error;
   copy.message[sizeof(copy.message) - 1] = '\0';
-  std::string message(copy.message);
-  if (message.empty()) message = std::string(status_name(status)) + " without a message";
-  if (status < BACKHAUL_RETRYABLE || status > BACKHAUL_INVALID_ARGUMENT) {
-    message = "plugin '" + info.id + "' returned unknown status " + std::to_string(status) +
-              " from " + std::string(call) + ": " + message;
-    status = BACKHAUL_FATAL;
-  }
-  // A wait longer than a day is taken as a day: a bigger one (INT64_MAX, say) would overflow the
-  // time the job is deferred to.
-  constexpr int64_t kMaxRetryAfterMs = 24LL * 60 * 60 * 1000;
-  throw ConnectorFailure(status, message,
-                         std::clamp<int64_t>(error.retry_after_ms, 0, kMaxRetryAfterMs));
+  throw plugin_failure("plugin '" + info.id + "' returned unknown status " +
+                           std::to_string(status) + " from " + std::string(call),
+                       status, copy.message, error.retry_after_ms);
 }
 
 // What the exception in flight says, for a message (inside a catch only).
@@ -109,6 +99,44 @@ void guarded_noexcept(const PluginInfo& info, const char* call, Fn&& fn) noexcep
 }
 
 }  // namespace
+
+ConnectorFailure plugin_failure(std::string_view who, backhaul_status_t status, std::string message,
+                                int64_t retry_after_ms) {
+  if (message.empty()) message = std::string(status_name(status)) + " without a message";
+  if (status < BACKHAUL_RETRYABLE || status > BACKHAUL_INVALID_ARGUMENT) {
+    message = std::string(who) + ": " + message;
+    status = BACKHAUL_FATAL;
+  }
+  constexpr int64_t kMaxRetryAfterMs = 24LL * 60 * 60 * 1000;
+  return ConnectorFailure(status, message,
+                          std::clamp<int64_t>(retry_after_ms, 0, kMaxRetryAfterMs));
+}
+
+void check_page(std::string_view plugin_id, const backhaul_page_t& page) {
+  std::vector<std::string> problems = page_problems(page);
+  if (problems.empty()) {
+    // Two different events under one delivery id: the gateway would keep one and drop the other
+    // as a duplicate (the same event twice is harmless).
+    std::unordered_map<std::string_view, std::string_view> payload_of;
+    for (size_t i = 0; i < page.event_count && problems.empty(); ++i) {
+      const backhaul_event_t& e = page.events[i];
+      const std::string_view id(e.delivery_id.data, e.delivery_id.size);
+      const std::string_view payload(e.payload_json.data, e.payload_json.size);
+      auto [it, inserted] = payload_of.emplace(id, payload);
+      if (!inserted && it->second != payload) {
+        problems.push_back("event " + std::to_string(i) + ": delivery id \"" +
+                           std::string(id.substr(0, 200)) +
+                           "\" is also an earlier, different event's");
+      }
+    }
+  }
+  if (!problems.empty()) {
+    throw ConnectorFailure(
+        BACKHAUL_FATAL,
+        "plugin '" + std::string(plugin_id) + "' returned a malformed page: " + problems.front(),
+        0);
+  }
+}
 
 std::vector<std::string> page_problems(const backhaul_page_t& page) {
   std::vector<std::string> problems;
@@ -238,7 +266,13 @@ std::optional<WorkerStats> Connector::worker_stats() const {
 }
 
 Page Connector::fetch_page(const FetchParams& params) const {
-  if (workers_) return Page(workers_->fetch_page(params));  // checked in the worker
+  if (workers_) {
+    // Checked in the worker too, but the plugin shares the worker's process and may have written
+    // the answer itself.
+    std::shared_ptr<OwnedPage> owned = workers_->fetch_page(params);
+    check_page(info().id, owned->page);
+    return Page(std::move(owned));
+  }
   backhaul_fetch_request_t request{};
   request.struct_size = sizeof(request);
   request.unit = c_unit(params.unit);
@@ -264,28 +298,7 @@ Page Connector::fetch_page(const FetchParams& params) const {
   }
   // Owned from here: released whatever happens next.
   Page owned(library_, instance_, page);
-  std::vector<std::string> problems = page_problems(*page);
-  if (problems.empty()) {
-    // Two different events under one delivery id: the gateway would keep one and drop the other
-    // as a duplicate (the same event twice is harmless).
-    std::unordered_map<std::string_view, std::string_view> payload_of;
-    for (size_t i = 0; i < page->event_count && problems.empty(); ++i) {
-      const backhaul_event_t& e = page->events[i];
-      const std::string_view id(e.delivery_id.data, e.delivery_id.size);
-      const std::string_view payload(e.payload_json.data, e.payload_json.size);
-      auto [it, inserted] = payload_of.emplace(id, payload);
-      if (!inserted && it->second != payload) {
-        problems.push_back("event " + std::to_string(i) + ": delivery id \"" +
-                           std::string(id.substr(0, 200)) +
-                           "\" is also an earlier, different event's");
-      }
-    }
-  }
-  if (!problems.empty()) {
-    throw ConnectorFailure(
-        BACKHAUL_FATAL, "plugin '" + info.id + "' returned a malformed page: " + problems.front(),
-        0);
-  }
+  check_page(info.id, *page);
   return owned;
 }
 

@@ -70,6 +70,16 @@ class ConnectorFailure : public Error {
   int64_t retry_after_ms_;
 };
 
+// A plugin's failure as the host takes it, wherever the plugin ran: a status the ABI does not
+// define is FATAL (`who` names the plugin and the call, the message is kept), and the wait is
+// clamped to [0, one day] (a bigger one, INT64_MAX say, would overflow the time a job waits to).
+ConnectorFailure plugin_failure(std::string_view who, backhaul_status_t status, std::string message,
+                                int64_t retry_after_ms);
+
+// Throws a FATAL ConnectorFailure naming the first thing wrong with a page the plugin `plugin_id`
+// returned with BACKHAUL_OK: page_problems(), or two different events under one delivery id.
+void check_page(std::string_view plugin_id, const backhaul_page_t& page);
+
 // A call that ended the worker process it ran in (isolation.h): the plugin crashed, exited or
 // hung there. RETRYABLE, as another attempt runs in a new worker; it says nothing about the
 // provider, so it is no failure on the provider's circuit and no transient error to retry in place.

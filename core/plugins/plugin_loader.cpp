@@ -55,6 +55,8 @@ struct SealedCopy {
 };
 
 constexpr int kSealed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+// A plugin or a library it brings along bigger than this is refused rather than copied into memory.
+constexpr off_t kMaxLibraryBytes = off_t{512} << 20;
 
 // The bytes come from `sources[path]` when it has the path (read with pread: the descriptor's
 // offset may be shared with another process), else from the file. A source that is sealed already
@@ -62,6 +64,7 @@ constexpr int kSealed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& sources) {
   UniqueFd opened;
   int in = -1;
+  off_t size_limit = -1;  // read to its end: a sealed source cannot change
   SealedCopy copy;
   if (auto it = sources.find(path); it != sources.end()) {
     in = it->second;
@@ -71,9 +74,18 @@ SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& source
       if (!copy.fd) refuse(path, std::string("cannot be read: fcntl: ") + std::strerror(errno));
     }
   } else {
-    opened.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    // O_NONBLOCK: a FIFO at the path (a worker's describe answer names the files to copy) must
+    // not hold the open; only a regular file is read, and no further than its size.
+    opened.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
     if (!opened) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
     in = opened.get();
+    struct stat st {};
+    if (::fstat(in, &st) != 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) refuse(path, "is not a regular file");
+    if (st.st_size > kMaxLibraryBytes) {
+      refuse(path, "is larger than " + std::to_string(kMaxLibraryBytes >> 20) + " MiB");
+    }
+    size_limit = st.st_size;
   }
   const bool copying = !copy.fd;
   if (copying) {
@@ -88,8 +100,12 @@ SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& source
   Poco::SHA2Engine engine(Poco::SHA2Engine::SHA_256);
   std::vector<char> buffer(256 * 1024);
   bool first = true;
-  for (off_t offset = 0;;) {
-    ssize_t n = ::pread(in, buffer.data(), buffer.size(), offset);
+  for (off_t offset = 0; size_limit < 0 || offset < size_limit;) {
+    const size_t want = size_limit < 0
+                            ? buffer.size()
+                            : static_cast<size_t>(std::min<off_t>(static_cast<off_t>(buffer.size()),
+                                                                  size_limit - offset));
+    ssize_t n = ::pread(in, buffer.data(), want, offset);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
     if (n == 0) break;

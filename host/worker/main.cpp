@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/common/logging.h"
 #include "core/common/unique_fd.h"
@@ -77,7 +78,19 @@ int main(int argc, char** argv) {
   if (*end != '\0' || http_timeout_ms <= 0) return usage("--http-timeout-ms must be a number > 0");
   // Nothing of the daemon's but the socket and the sealed copies: descriptors it opened without
   // close-on-exec (a library's sockets, say) are not the plugin's to hold open.
-  ::close_range(static_cast<unsigned>(next_sealed), ~0U, 0);
+  if (::close_range(static_cast<unsigned>(next_sealed), ~0U, 0) != 0) {
+    // No close_range (a kernel before 5.9, a seccomp profile refusing it): one by one, from the
+    // list of what is open.
+    std::vector<int> open;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+      const int fd = std::atoi(entry.path().filename().c_str());
+      if (fd >= next_sealed) open.push_back(fd);
+    }
+    if (ec)
+      return usage("cannot list /proc/self/fd to close the daemon's descriptors: " + ec.message());
+    for (int fd : open) ::close(fd);  // the iterator's own descriptor is closed by then
+  }
   // Nor are these for a program the plugin runs: one that held the socket open would hide the
   // worker's end from the daemon's end-of-file (the daemon watches the worker's PID too).
   for (int fd = backhaul::plugins::kWorkerSocketFd; fd < next_sealed; ++fd) {

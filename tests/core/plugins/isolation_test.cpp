@@ -303,6 +303,24 @@ TEST_F(IsolatedConnector, AFrameLengthWithoutItsBytesCostsNoMemory) {
   EXPECT_EQ(only_loss(*workers), WorkerLoss::kTimedOut);
 }
 
+// With a memory limit, an answer bigger than the limit is no page the worker held: it is refused
+// at its length, before any of it is read in here (this process has no limit of its own, and
+// took up to 1 GiB per call).
+TEST_F(IsolatedConnector, AnAnswerLongerThanTheMemoryLimitIsRefusedAtItsLength) {
+  IsolationOptions o = options(1);
+  o.memory_limit_mb = 64;
+  o.call_timeout = std::chrono::seconds(60);
+  auto workers = pool(R"({"fail": "garble"})", o);
+  const pid_t pid = workers->idle_pids().at(0);
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("worker process " + std::to_string(pid) +
+                                  " answered fetch_page with an oversized frame (over 64 MiB, its "
+                                  "memory limit) and was killed"));
+  EXPECT_FALSE(alive(pid));
+  EXPECT_EQ(only_loss(*workers), WorkerLoss::kMalformed);
+}
+
 // interrupt() also ends the calls waiting for a worker (every worker of the pool is busy): each
 // fails at once, saying so, and starts no worker.
 TEST_F(IsolatedConnector, InterruptEndsTheCallsWaitingForAWorker) {
@@ -747,6 +765,30 @@ TEST_F(LoadIsolated, ItsInstancesAndItsConfigCheckRunInWorkerProcesses) {
   const ConnectorFailure e = failure_of([&] { plugin.validate_config(R"({"pages": 0})"); });
   EXPECT_EQ(e.status(), BACKHAUL_INVALID_ARGUMENT);
   EXPECT_STREQ(e.what(), "config.pages must be >= 1");
+}
+
+// The plugin shares its worker's process, so it can write an answer of its own past the checks
+// the worker makes (fake: "forge_*"). This process takes that answer as it takes a plugin's here:
+// a wait of INT64_MAX ms is a day (it would overflow the time the job waits to), a status the ABI
+// does not define is FATAL, and a page with two different events under one delivery id is
+// refused.
+TEST_F(LoadIsolated, AnAnswerThePluginForgedIsCheckedAsItsCallsAreHere) {
+  const Plugin plugin = load_isolated(plugin_path("fake"), options());
+  ConnectorFailure e =
+      failure_of([&] { plugin.create(R"({"fail": "forge_wait"})").fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_STREQ(e.what(), "slow down");
+  EXPECT_EQ(e.retry_after_ms(), 24LL * 60 * 60 * 1000);
+
+  e = failure_of([&] { plugin.create(R"({"fail": "forge_status"})").fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+  EXPECT_STREQ(e.what(), "a worker process answered with unknown status 77: odd");
+
+  e = failure_of([&] { plugin.create(R"({"fail": "forge_page"})").fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_FATAL);
+  EXPECT_STREQ(e.what(),
+               "plugin 'fake' returned a malformed page: event 1: delivery id \"same-id\" is also "
+               "an earlier, different event's");
 }
 
 TEST_F(LoadIsolated, RefusesWhatLoadingItHereRefusesWithTheSameReason) {

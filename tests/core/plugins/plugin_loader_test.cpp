@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <set>
 #include <thread>
@@ -16,6 +17,7 @@
 
 #include "core/http/replay_transport.h"
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
 #include <sys/stat.h>
 
@@ -100,6 +102,42 @@ void overwrite_in_place(const fs::path& to, const fs::path& from) {
   std::ifstream in(from, std::ios::binary);
   std::ofstream out(to, std::ios::binary | std::ios::trunc);
   out << in.rdbuf();
+}
+
+// seal_file() copies what a worker's describe answer names (isolation.cpp): only a regular file,
+// and no further than its size. /dev/zero would fill memory without end, and a FIFO would hold
+// the open for ever.
+TEST(SealFile, RefusesWhatIsNotARegularFileWithoutReadingIt) {
+  try {
+    seal_file("/dev/zero");
+    ADD_FAILURE() << "/dev/zero was sealed";
+  } catch (const PluginLoadError& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/zero: is not a regular file");
+  }
+
+  const fs::path fifo = fs::temp_directory_path() / ("seal-fifo-" + std::to_string(::getpid()));
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::promise<std::string> said;
+  std::thread sealing([&] {
+    try {
+      seal_file(fifo);
+      said.set_value("sealed");
+    } catch (const std::exception& e) {
+      said.set_value(e.what());
+    }
+  });
+  std::future<std::string> result = said.get_future();
+  // Readiness, not timing: on the old code the open never returned.
+  const bool ended = result.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!ended) {  // let the open return, so that the thread can be joined
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+  }
+  sealing.join();
+  fs::remove(fifo);
+  EXPECT_TRUE(ended) << "seal_file() of a FIFO did not return within 10 s";
+  EXPECT_EQ(result.get(), fifo.string() + ": is not a regular file");
 }
 
 TEST_F(PluginLoaderTest, LoadsCppPluginAndReadsItsDescriptor) {

@@ -9,7 +9,10 @@
 //         prints to stdout first (for isolation mode: a host running it in-process ends or hangs
 //         too); "garble" — every fetch_page writes a frame header claiming a body of almost 1 GiB
 //         to descriptor 3 (a worker's socket, isolation.h; only for isolation mode), then never
-//         returns.
+//         returns. "forge_wait" | "forge_status" | "forge_page" — every fetch_page writes an
+//         answer of its own to descriptor 3, then ends its worker with _Exit(0): RATE_LIMITED
+//         with a wait of INT64_MAX ms, status 77, or a page with two different events under one
+//         delivery id (what the host would refuse from fetch_page, written past its checks).
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
 //   abort_in_validate: "yes" — validate_config (create() too) calls abort().
@@ -22,8 +25,10 @@
 //   abort_in_create_if: create() calls abort() while a file of that path exists.
 //   hang_in_create_if: create() waits while a file of that path exists (for ever, if it is never
 //   removed).
+//   cut_payloads: "yes" — every payload lacks its closing brace (not JSON).
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,6 +84,37 @@ bool exists(const std::string& path) {
   return file != nullptr;
 }
 
+// A worker's answer as isolation.cpp frames it: little-endian lengths and integers, the body's
+// length in front, the HTTP tally (7 counts, all 0 here) at the end.
+class Frame {
+ public:
+  Frame& u8(uint8_t v) {
+    body_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  Frame& i64(int64_t v) {
+    for (int i = 0; i < 8; ++i)
+      body_.push_back(static_cast<char>(static_cast<uint64_t>(v) >> (8 * i)));
+    return *this;
+  }
+  Frame& str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    body_ += s;
+    return *this;
+  }
+  [[noreturn]] void send_and_exit() {
+    for (int i = 0; i < 7; ++i) i64(0);
+    std::string frame(4, '\0');
+    for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>(body_.size() >> (8 * i));
+    frame += body_;
+    if (::write(3, frame.data(), frame.size()) != static_cast<ssize_t>(frame.size())) std::abort();
+    std::_Exit(0);
+  }
+
+ private:
+  std::string body_;
+};
+
 [[noreturn]] void hang() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -120,6 +156,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
     abort_in_scopes_ = config_value(config, "scopes") == "abort";
     http_url_ = config_value(config, "http_url");
     env_name_ = config_value(config, "env");
+    cut_payloads_ = config_value(config, "cut_payloads") == "yes";
   }
 
   static void validate_config(std::string_view config) {
@@ -184,6 +221,9 @@ class FakeConnector final : public backhaul::sdk::Connector {
                                 ",\"now_ms\":" + std::to_string(backhaul::sdk::Host::now_ms()) +
                                 env_note() + "}"});
     }
+    if (cut_payloads_) {  // each payload loses its last byte: no longer JSON
+      for (auto& event : out.events) event.payload_json.pop_back();
+    }
     out.raw_count = static_cast<uint64_t>(per_page_) + 1;  // pretend one item was filtered
     if (page < pages_) out.next_cursor = std::to_string(page + 1);
     if (remaining_ >= 0) out.rate_limit = backhaul::sdk::RateLimit{remaining_, 5000, 1234000};
@@ -209,6 +249,17 @@ class FakeConnector final : public backhaul::sdk::Connector {
       if (::write(3, header, sizeof header) != sizeof header) std::abort();
       hang();
     }
+    if (fail_ == "forge_wait") {
+      Frame().u8(BACKHAUL_RATE_LIMITED).str("slow down").i64(INT64_MAX).send_and_exit();
+    }
+    if (fail_ == "forge_status") Frame().u8(77).str("odd").i64(0).send_and_exit();
+    if (fail_ == "forge_page") {
+      Frame page;
+      page.u8(BACKHAUL_OK).i64(2).u8(0).u8(0).i64(2);
+      page.str("same-id").str("issue").str(R"({"n":1})");
+      page.str("same-id").str("issue").str(R"({"n":2})");
+      page.send_and_exit();
+    }
     if (fail_ == "stdout") {
       std::fputs("a plugin's stray print\n", stdout);
       std::fflush(stdout);
@@ -228,6 +279,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
   std::string fork_sleeper_;
   std::string http_url_;
   std::string env_name_;
+  bool cut_payloads_ = false;
 
   // ",\"env\":\"<value>\"" of the variable the config names ("env"), null when unset; "" when
   // none is named.
