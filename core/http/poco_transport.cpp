@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <istream>
@@ -13,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -290,7 +292,17 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
       throw Poco::Net::MessageException("incomplete response header");
     }
     fields_ = parse_fields(raw);
-    std::istringstream copy(raw);
+    // Poco reads the status and the fields that frame the message; the rest are in fields_ only,
+    // out of reach of its limits (8 KiB a value: a long Content-Security-Policy would fail the
+    // response as malformed).
+    std::string framing(std::string_view(raw).substr(0, raw.find('\n') + 1));
+    for (const auto& [name, value] : fields_) {
+      if (name == "content-length" || name == "transfer-encoding" || name == "connection") {
+        framing.append(name).append(": ").append(value).append("\r\n");
+      }
+    }
+    framing.append("\r\n");
+    std::istringstream copy(framing);
     Poco::Net::HTTPResponse::read(copy);
   }
 
@@ -311,6 +323,101 @@ bool open_and_quiet(const Poco::Net::StreamSocket& socket) {
 }
 
 // A keep-alive connection to one origin, HTTP or HTTPS.
+// Shuts a socket down once its request's deadline has passed: the bound on the reads Poco makes in
+// loops of its own (a header line, a chunk's size line and its extensions), each receive given
+// the time left when it was set, so a server sending a byte now and then could hold the call
+// without end. One thread per transport, started with its first watch.
+class SocketDeadlines {
+ public:
+  // Watches `fd` from construction to destruction; the socket is not closed meanwhile.
+  class Watch {
+   public:
+    Watch(SocketDeadlines& owner, int fd, SteadyClock::time_point deadline)
+        : owner_(owner), id_(owner.add(fd, deadline)) {}
+    ~Watch() { owner_.remove(id_); }
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+    // Whether the socket was shut down: what was read from it since may be cut short.
+    bool expired() const { return owner_.expired(id_); }
+
+   private:
+    SocketDeadlines& owner_;
+    const uint64_t id_;
+  };
+
+  SocketDeadlines() = default;
+  SocketDeadlines(const SocketDeadlines&) = delete;
+  SocketDeadlines& operator=(const SocketDeadlines&) = delete;
+  ~SocketDeadlines() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Entry {
+    int fd;
+    SteadyClock::time_point deadline;
+    bool expired = false;
+  };
+
+  uint64_t add(int fd, SteadyClock::time_point deadline) {
+    bool sooner = false;
+    uint64_t id = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+      id = next_id_++;
+      entries_.emplace(id, Entry{fd, deadline});
+      sooner = deadline < waiting_until_;
+    }
+    if (sooner) changed_.notify_one();
+    return id;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard lock(mutex_);
+    entries_.erase(id);
+  }
+  bool expired(uint64_t id) {
+    std::lock_guard lock(mutex_);
+    auto it = entries_.find(id);
+    return it != entries_.end() && it->second.expired;
+  }
+
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      const SteadyClock::time_point now = SteadyClock::now();
+      waiting_until_ = SteadyClock::time_point::max();
+      for (auto& [id, entry] : entries_) {
+        if (entry.expired) continue;
+        if (entry.deadline <= now) {
+          ::shutdown(entry.fd, SHUT_RDWR);  // the read in progress ends; no more can start
+          entry.expired = true;
+        } else {
+          waiting_until_ = std::min(waiting_until_, entry.deadline);
+        }
+      }
+      if (waiting_until_ == SteadyClock::time_point::max()) {
+        changed_.wait(lock);
+      } else {
+        changed_.wait_until(lock, waiting_until_);
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<uint64_t, Entry> entries_;
+  uint64_t next_id_ = 0;
+  SteadyClock::time_point waiting_until_ = SteadyClock::time_point::max();
+  bool stopping_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
 class PooledSession {
  public:
   virtual ~PooledSession() = default;
@@ -752,6 +859,7 @@ struct PocoTransport::Impl {
   SslLibrary ssl;  // first member: outlives every TLS object below
   const PocoTransportOptions options;
   std::atomic<size_t> opened{0};
+  SocketDeadlines deadlines;
 
   std::mutex mutex;
   Poco::Net::Context::Ptr tls_context;  // guarded by mutex; made on the first https request
@@ -777,6 +885,9 @@ struct PocoTransport::Impl {
     return " (through the proxy " + (ipv6 ? "[" + options.proxy.host + "]" : options.proxy.host) +
            ":" + std::to_string(options.proxy.port) + ")";
   }
+  // The response to a request exchange() sent: its header and body.
+  Response receive(PooledSession& pooled, const Request& request, SteadyClock::time_point deadline,
+                   Progress& progress, bool& reusable);
   Response exchange(PooledSession& pooled, const Target& target, const Request& request,
                     SteadyClock::time_point deadline, Progress& progress, bool& reusable);
 
@@ -793,10 +904,15 @@ Poco::Net::Context::Ptr PocoTransport::Impl::context() {
   std::lock_guard lock(mutex);
   if (!tls_context) {
     Poco::Net::Context::Params params;
+    // A CA file adds to the system's CAs: the gateway's private CA must not make every provider
+    // (api.github.com, ...) untrusted, as one transport serves both.
     params.caLocation = options.ca_file;
-    params.loadDefaultCAs = options.ca_file.empty();
+    params.loadDefaultCAs = true;
+    // STRICT, not RELAXED: Poco's RELAXED skips the name check for a loopback host name, so any
+    // certificate a trusted CA signed would pass for 127.0.0.1 (for a client the two modes differ
+    // in nothing else).
     params.verificationMode =
-        options.verify_peer ? Poco::Net::Context::VERIFY_RELAXED : Poco::Net::Context::VERIFY_NONE;
+        options.verify_peer ? Poco::Net::Context::VERIFY_STRICT : Poco::Net::Context::VERIFY_NONE;
     params.cipherList = "DEFAULT";  // OpenSSL's vetted list rather than Poco's "ALL:…"
     Poco::Net::Context::Ptr created =
         new Poco::Net::Context(Poco::Net::Context::TLS_CLIENT_USE, params);
@@ -916,6 +1032,26 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   check(out, session);
 
   progress.phase = Phase::kWaiting;
+  // From here the socket is Poco's to read, in loops that this code does not see into: past the
+  // deadline it is shut down, and what it ended is a timeout.
+  const SocketDeadlines::Watch watch(deadlines, session.socket().impl()->sockfd(), deadline);
+  try {
+    Response result = receive(pooled, request, deadline, progress, reusable);
+    // A body cut by the shutdown may read as complete (a chunked one, say).
+    if (watch.expired()) throw Poco::TimeoutException("request deadline passed");
+    return result;
+  } catch (const Poco::TimeoutException&) {
+    throw;
+  } catch (...) {
+    if (watch.expired()) throw Poco::TimeoutException("request deadline passed");
+    throw;
+  }
+}
+
+Response PocoTransport::Impl::receive(PooledSession& pooled, const Request& request,
+                                      SteadyClock::time_point deadline, Progress& progress,
+                                      bool& reusable) {
+  Poco::Net::HTTPClientSession& session = pooled.http();
   pooled.set_receive_timeout(remaining(deadline));
   RecordingResponse response(progress, [&] { pooled.set_receive_timeout(remaining(deadline)); });
   std::istream* body_stream = &session.receiveResponse(response);
@@ -940,7 +1076,8 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   const bool has_body = !iequals(request.method, "HEAD") && result.status >= 200 &&
                         result.status != 204 && result.status != 304;
   if (has_body) {
-    const bool has_length = response.hasContentLength();
+    // With both, the chunks frame the body and the length means nothing (RFC 9112 6.3).
+    const bool has_length = response.hasContentLength() && !response.getChunkedTransferEncoding();
     const Poco::Int64 length = has_length ? response.getContentLength64() : 0;
     if (has_length && static_cast<Poco::UInt64>(length) > limit) throw too_large();
     if (has_length) result.body.reserve(static_cast<size_t>(length));
@@ -963,7 +1100,9 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   // A body delimited by the end of the connection leaves nothing to reuse.
   const bool delimited =
       !has_body || response.getChunkedTransferEncoding() || response.hasContentLength();
-  reusable = delimited && response.getKeepAlive() && session.connected();
+  // After 101 Switching Protocols the connection speaks another protocol: never reused.
+  reusable = delimited && response.getKeepAlive() && session.connected() &&
+             result.status != Poco::Net::HTTPResponse::HTTP_SWITCHING_PROTOCOLS;
   return result;
 }
 

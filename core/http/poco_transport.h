@@ -48,7 +48,7 @@ struct PocoTransportOptions {
   std::chrono::milliseconds connect_timeout{5'000};
   size_t max_idle_per_origin = 8;  // idle keep-alive sessions kept per (scheme, host, port)
   size_t max_response_bytes = 64 * 1024 * 1024;  // a larger body is a TransportError
-  // TLS: CA bundle to trust (PEM file). Empty: the system's default CA store.
+  // TLS: a CA bundle (PEM file) trusted besides the system's default CA store.
   std::string ca_file;
   bool verify_peer = true;
   std::string user_agent = "backhaul";  // sent when the request has no User-Agent
