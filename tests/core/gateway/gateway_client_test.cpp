@@ -45,6 +45,32 @@ TEST(GatewayClientTest, EachExchangeCarriesTheClientsTimeout) {
   }
 }
 
+// Any 2xx answers a connection or token request (a 201 with the token failed as "gateway answered
+// 201: {\"accessToken\": ...}", a message that became a dead letter with the token in it). A
+// refusal's body, shown for its reason, is redacted.
+TEST(GatewayClientTest, AnyTwoHundredAnswersATokenRequestAndARefusalsBodyIsRedacted) {
+  ScriptedTransport t;
+  t.then(201, {}, R"({"accessToken":"ghs_opaqueInstallationToken123"})");
+  t.then(203, {},
+         R"({"id":"c","installationId":"i","provider":"github","orgId":"o",)"
+         R"("status":"active","resources":[]})");
+  t.then(403, {}, R"({"error":"revoked","accessToken":"ghs_opaqueInstallationToken123"})");
+  const GatewayClient client(t, "http://127.0.0.1:1/gateway", std::nullopt, SystemClock::instance(),
+                             kTimeout);
+  EXPECT_EQ(client.access_token("c"), "ghs_opaqueInstallationToken123");
+  EXPECT_EQ(client.connection("c").org_id, "o");
+  try {
+    client.access_token("c");
+    ADD_FAILURE() << "a 403 gave a token";
+  } catch (const GatewayError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("get token for connection c: gateway answered 403: "), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("revoked"), std::string::npos) << what;
+    EXPECT_EQ(what.find("opaqueInstallationToken"), std::string::npos) << what;
+  }
+}
+
 // A 2xx is a delivery accepted unless its body's status is the string "duplicate"; a body of
 // another shape (a status that is a number or a bool, no object at all) is no error.
 TEST(GatewayClientTest, ADeliveryIsAcceptedWhateverTheShapeOfTheAnswer) {
