@@ -68,18 +68,19 @@ namespace mysql {
 
 namespace {
 
-bool parse_bool(const std::string& key, const std::string& value) {
+// `shown`: the value as an error may show it (quoted, or not at all when it may be a password's).
+bool parse_bool(const std::string& key, const std::string& value, const std::string& shown) {
   if (value == "true" || value == "1" || value == "yes" || value == "on") return true;
   if (value == "false" || value == "0" || value == "no" || value == "off") return false;
-  throw ConfigError("mysql connection string: " + key + " must be true or false, not '" + value +
-                    "'");
+  throw ConfigError("mysql connection string: " + key + " must be true or false, not " + shown);
 }
 
-unsigned parse_unsigned(const std::string& key, const std::string& value) {
+unsigned parse_unsigned(const std::string& key, const std::string& value,
+                        const std::string& shown) {
   unsigned out = 0;
   auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
   if (ec != std::errc() || end != value.data() + value.size()) {
-    throw ConfigError("mysql connection string: " + key + " must be a number, not '" + value + "'");
+    throw ConfigError("mysql connection string: " + key + " must be a number, not " + shown);
   }
   return out;
 }
@@ -125,14 +126,19 @@ Config parse_config(const std::string& connection_string) {
     };
     std::string key = strip(item.substr(0, eq));
     std::string value = strip(item.substr(eq + 1));
+    const std::string value_shown =
+        may_be_secret ? std::string(
+                            "its value (not shown: the item after password= may be the "
+                            "rest of a password holding ';', which a password cannot hold)")
+                      : "'" + value + "'";
     if (key == "host") {
       config.host = value;
     } else if (key == "port") {
       // The client library takes the port modulo 65536, and 0 as its default port (3306).
-      config.port = parse_unsigned(key, value);
+      config.port = parse_unsigned(key, value, value_shown);
       if (config.port < 1 || config.port > 65535) {
-        throw ConfigError("mysql connection string: port must be between 1 and 65535, not '" +
-                          value + "'");
+        throw ConfigError("mysql connection string: port must be between 1 and 65535, not " +
+                          value_shown);
       }
     } else if (key == "socket") {
       config.socket = value;
@@ -144,20 +150,20 @@ Config parse_config(const std::string& connection_string) {
       config.password = value;
       after_password = true;
     } else if (key == "compress") {
-      config.compress = parse_bool(key, value);
+      config.compress = parse_bool(key, value, value_shown);
     } else if (key == "connect-timeout") {
-      config.connect_timeout_s = parse_unsigned(key, value);
+      config.connect_timeout_s = parse_unsigned(key, value, value_shown);
     } else if (key == "read-timeout") {
-      config.read_timeout_s = parse_unsigned(key, value);
+      config.read_timeout_s = parse_unsigned(key, value, value_shown);
     } else if (key == "lock-wait-timeout") {
-      config.lock_wait_timeout_s = parse_unsigned(key, value);
+      config.lock_wait_timeout_s = parse_unsigned(key, value, value_shown);
     } else if (key == "migrate-wait") {
-      config.migrate_wait_s = parse_unsigned(key, value);
+      config.migrate_wait_s = parse_unsigned(key, value, value_shown);
     } else if (key == "character-set") {
       // The store needs utf8mb4 (4-byte UTF-8) and always uses it.
       if (value != "utf8mb4") {
-        throw ConfigError("mysql connection string: character-set must be utf8mb4, not '" + value +
-                          "'");
+        throw ConfigError("mysql connection string: character-set must be utf8mb4, not " +
+                          value_shown);
       }
     } else if (key == "auto-reconnect" || key == "secure-auth" || key == "reset" ||
                key == "fail-readonly") {

@@ -134,6 +134,13 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     }
   }
   read(plugins, "allowed_sha256", &config.plugins.allowed_sha256);
+  if (plugins.contains("allowed_sha256") && config.plugins.allowed_sha256.empty()) {
+    // An empty list would switch the check off (every plugin loads): say so rather than guess
+    // whether no plugin or every plugin was meant.
+    problems.add("plugins.allowed_sha256",
+                 "is empty, so no plugin could load: list the hashes to allow, or remove the key "
+                 "to allow every plugin");
+  }
   if (plugins.contains("connectors")) {
     for (const auto& [id, settings] : plugins["connectors"].items()) {
       config.plugins.connectors[id] = settings;
@@ -180,6 +187,17 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   read(gateway, "api_key_env", &config.gateway.api_key_env);
   read(gateway, "timeout_ms", &config.gateway.timeout_ms);
   read(gateway, "ca_file", &config.gateway.ca_file);
+  if (!config.gateway.ca_file.empty()) {
+    const fs::path ca_file = resolve(base_dir, config.gateway.ca_file);
+    config.gateway.ca_file = ca_file.string();
+    std::error_code ec;
+    if (::access(ca_file.c_str(), R_OK) != 0) {
+      problems.add("gateway.ca_file",
+                   ca_file.string() + " cannot be read (" + std::strerror(errno) + ")");
+    } else if (!fs::is_regular_file(ca_file, ec)) {
+      problems.add("gateway.ca_file", ca_file.string() + " is not a regular file");
+    }
+  }
   if (!config.gateway.api_key_env.empty()) {
     config.gateway.api_key =
         secret(env, config.gateway.api_key_env, "gateway.api_key_env", &problems);
@@ -301,10 +319,15 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
 }
 
 DaemonConfig load_config(const fs::path& path, const EnvLookup& env) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw ConfigError("config: cannot read " + path.string() + ": it is a directory");
+  }
   std::ifstream in(path);
-  if (!in) throw ConfigError("config: cannot read " + path.string());
+  if (!in) throw ConfigError("config: cannot read " + path.string() + ": " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
+  if (text.str().empty()) throw ConfigError("config: " + path.string() + " is empty");
   const fs::path base_dir = fs::absolute(path).parent_path();
   return parse_config(text.str(), base_dir, env);
 }

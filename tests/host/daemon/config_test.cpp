@@ -114,7 +114,12 @@ TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
   config["plugins"]["isolation"] = {{"mode", "process"}, {"memory_limit_mb", 300}};
   config["scheduler"] = {{"workers", 6}};
   config["gateway"]["timeout_ms"] = 7000;
-  config["gateway"]["ca_file"] = "/etc/ca.pem";
+  // Checked at load: a file that is there (its contents are OpenSSL's to judge).
+  const std::string ca_file =
+      (std::filesystem::temp_directory_path() / ("config-ca-" + std::to_string(::getpid())))
+          .string();
+  std::ofstream(ca_file) << "-----BEGIN CERTIFICATE-----\n";
+  config["gateway"]["ca_file"] = ca_file;
   config["logging"] = {{"level", "debug"}, {"format", "json"}};
   const DaemonConfig c = parse_config(config.dump(), "/srv/backhaul", kEnv);
   const std::optional<plugins::IsolationOptions> o = isolation_options(c);
@@ -125,7 +130,7 @@ TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
   EXPECT_EQ(o->start_wait, std::chrono::milliseconds(10'000));
   EXPECT_EQ(o->memory_limit_mb, 300u);
   EXPECT_EQ(o->http_timeout, std::chrono::milliseconds(7000));
-  EXPECT_EQ(o->ca_file, "/etc/ca.pem");
+  EXPECT_EQ(o->ca_file, ca_file);
   EXPECT_EQ(o->log_level, "debug");
   EXPECT_TRUE(o->log_json);
 
@@ -138,6 +143,7 @@ TEST(ConfigTest, IsolationOptionsComeFromTheConfig) {
   config["store"] = {{"backend", "mysql"}, {"connection_env", "MYSQL_DSN"}};
   EXPECT_EQ(isolation_options(parse_config(config.dump(), "/srv/backhaul", kEnv))->hidden_env,
             (std::vector<std::string>{"MYSQL_DSN", "GW_KEY", "ADMIN_TOKEN"}));
+  std::filesystem::remove(ca_file);
 }
 
 // The proxy serves every request of the daemon and of its workers; its credentials come from the
@@ -242,6 +248,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"WorkersNotAnInteger", [](json& c) { c["scheduler"]["workers"] = "eight"; },
                  "config: scheduler.workers: must be an integer between 1 and 1024 (got "
                  "\"eight\")"},
+        // An empty allow-list switched the check off: every plugin loaded.
+        BadField{"EmptyAllowList", [](json& c) { c["plugins"]["allowed_sha256"] = json::array(); },
+                 "config: plugins.allowed_sha256: is empty, so no plugin could load"},
         BadField{"WorkersZero", [](json& c) { c["scheduler"]["workers"] = 0; },
                  "config: scheduler.workers: must be an integer between 1 and 1024 (got 0)"},
         BadField{"WorkersFraction", [](json& c) { c["scheduler"]["workers"] = 2.5; },
@@ -426,6 +435,79 @@ TEST(ConfigTest, ABadMysqlConnectionStringIsReportedNamingTheFieldAndTheProblem)
   EXPECT_EQ(error_of(config, env_with({{"ADMIN_TOKEN", "t0ken"},
                                        {"DSN", "host=127.0.0.1;db=b;user=u;password=p"}})),
             "");
+}
+
+// A value after password= may be the rest of a password holding ';': no error quotes it, whatever
+// is wrong with it (the unknown-key check hid it; the number, flag and range checks quoted it).
+TEST(ConfigTest, AValueThatMayBePartOfThePasswordIsNeverQuoted) {
+  json config = minimal();
+  config["store"] = {{"backend", "mysql"}, {"connection_env", "DSN"}};
+  for (const std::string tail :
+       {"connect-timeout=Hunter2secret", "port=Hunter2secret", "compress=Hunter2secret",
+        "character-set=Hunter2secret", "port=99999Hunter2secret"}) {
+    const std::string dsn = "host=127.0.0.1;db=b;user=u;password=Xy;" + tail;
+    const std::string error = error_of(config, env_with({{"ADMIN_TOKEN", "t0ken"}, {"DSN", dsn}}));
+    EXPECT_EQ(error.rfind("config: store.connection_env: mysql connection string: ", 0), 0u)
+        << error;
+    EXPECT_EQ(error.find("Hunter2"), std::string::npos) << error;
+    EXPECT_NE(error.find("its value (not shown"), std::string::npos) << error;
+  }
+  // Not after a password, the value is shown.
+  EXPECT_NE(error_of(config, env_with({{"ADMIN_TOKEN", "t0ken"},
+                                       {"DSN", "host=h;connect-timeout=soon;db=b;password=p"}}))
+                .find("connect-timeout must be a number, not 'soon'"),
+            std::string::npos);
+}
+
+// gateway.ca_file is relative to the config file's directory, as every other path is, and a file
+// that cannot be read is a problem of the config, not a failure at the first HTTPS request.
+TEST(ConfigTest, TheCaFileIsFoundBesideTheConfigAndMustBeReadable) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("config-ca-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "ca.pem") << "-----BEGIN CERTIFICATE-----\n";
+  json config = minimal();
+  config["gateway"]["ca_file"] = "ca.pem";
+  EXPECT_EQ(parse_config(config.dump(), dir, kEnv).gateway.ca_file, (dir / "ca.pem").string());
+  config["gateway"]["ca_file"] = "missing.pem";
+  try {
+    parse_config(config.dump(), dir, kEnv);
+    ADD_FAILURE() << "a missing CA file passed";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "config: gateway.ca_file: " + (dir / "missing.pem").string() +
+                                         " cannot be read (No such file or directory)");
+  }
+  config["gateway"]["ca_file"] = ".";
+  try {
+    parse_config(config.dump(), dir, kEnv);
+    ADD_FAILURE() << "a directory passed as the CA file";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "config: gateway.ca_file: " + (dir / ".").string() + " is not a regular file");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A config file that is a directory, empty or missing is refused saying which (a directory and
+// an empty file read as "(root): not valid JSON", a missing one gave no reason).
+TEST(ConfigTest, AConfigFileThatIsADirectoryEmptyOrMissingIsRefusedSayingWhich) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("config-file-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "empty.json").flush();
+  auto error = [](const std::filesystem::path& path) {
+    try {
+      load_config(path, kEnv);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  EXPECT_EQ(error(dir), "config: cannot read " + dir.string() + ": it is a directory");
+  EXPECT_EQ(error(dir / "empty.json"), "config: " + (dir / "empty.json").string() + " is empty");
+  EXPECT_EQ(error(dir / "missing.json"), "config: cannot read " + (dir / "missing.json").string() +
+                                             ": No such file or directory");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ConfigTest, EveryProblemIsReportedOnItsOwnLine) {
