@@ -17,9 +17,11 @@ using nlohmann::json;
 
 struct DlqOptions {
   AdminEndpoint endpoint;
-  std::string status;
-  std::string kind;
-  std::string key;
+  // Sent when given, even empty: the API refuses an empty status or kind rather than widen the
+  // request to every letter, and reads an empty key as "no concurrency key".
+  std::optional<std::string> status;
+  std::optional<std::string> kind;
+  std::optional<std::string> key;
   int64_t before = 0;
   int limit = 50;
   int64_t id = 0;
@@ -57,9 +59,9 @@ void print(const DlqOptions& o, const json& body, const std::string& text) {
 
 void list(const DlqOptions& o) {
   std::string query;
-  if (!o.status.empty()) append_query(&query, "status", o.status);
-  if (!o.kind.empty()) append_query(&query, "kind", o.kind);
-  if (!o.key.empty()) append_query(&query, "key", o.key);
+  if (o.status) append_query(&query, "status", *o.status);
+  if (o.kind) append_query(&query, "kind", *o.kind);
+  if (o.key) append_query(&query, "key", *o.key);
   if (o.before > 0) append_query(&query, "before", std::to_string(o.before));
   append_query(&query, "limit", std::to_string(o.limit));
   const json page = AdminClient(o.endpoint).get("/v1/dead-letters" + query);
@@ -87,6 +89,9 @@ void stats(const DlqOptions& o) {
 
 void retry(const DlqOptions& o) {
   AdminClient client(o.endpoint);
+  if (o.id > 0 && (o.all || o.status || o.kind || o.key)) {
+    throw ConfigError("dlq retry: give a dead letter ID, or --all with filters, not both");
+  }
   if (o.id > 0) {
     const json letter = client.post("/v1/dead-letters/" + std::to_string(o.id) + "/retry");
     print(o, letter,
@@ -96,9 +101,9 @@ void retry(const DlqOptions& o) {
   }
   if (!o.all) throw ConfigError("dlq retry: give a dead letter ID, or --all with --limit");
   json body = {{"limit", o.limit}};
-  if (!o.status.empty()) body["status"] = o.status;
-  if (!o.kind.empty()) body["kind"] = o.kind;
-  if (!o.key.empty()) body["key"] = o.key;
+  if (o.status) body["status"] = *o.status;
+  if (o.kind) body["kind"] = *o.kind;
+  if (o.key) body["key"] = *o.key;
   const json result = client.post("/v1/dead-letters/retry", body);
   print(o, result, "retried " + std::to_string(result.at("retried").get<int>()) + " dead letters");
 }

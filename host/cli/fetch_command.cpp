@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/errors.h"
+#include "core/common/json_check.h"
 #include "core/gateway/gateway_client.h"
 #include "core/http/poco_transport.h"
 #include "core/plugins/plugin_loader.h"
@@ -107,6 +108,17 @@ class FetchRun {
       std::optional<plugins::Page> page;
       try {
         page.emplace(connector_.fetch_page(params));
+        // What the gateway would refuse (its client checks every payload): --events writes each
+        // payload into a JSON line as it is, so one that is not JSON would break the line.
+        for (size_t i = 0; i < page->size(); ++i) {
+          if (!is_json(page->event(i).payload_json)) {
+            throw plugins::ConnectorFailure(BACKHAUL_FATAL,
+                                            "plugin '" + connector_.info().id +
+                                                "' returned a malformed page: event " +
+                                                std::to_string(i) + ": payload is not valid JSON",
+                                            0);
+          }
+        }
       } catch (const plugins::ConnectorFailure& e) {
         if (e.status() == BACKHAUL_AUTH_EXPIRED && gateway_ && !refreshed) {
           std::cerr << label << " " << entity << ": token expired, refreshing once\n";

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -22,11 +23,13 @@ struct RunOptions {
   AdminEndpoint endpoint;
   std::string installation;
   std::string provider;
-  std::string org;
+  // Sent when given, even empty (the API then names what is wrong; nothing widens the request).
+  std::optional<std::string> org;
   int depth = 30;
   std::vector<std::string> entity_types;
   int64_t id = 0;
-  std::string status;
+  std::optional<std::string> status;
+  std::optional<std::string> list_installation;  // run list's filter
   int64_t before = 0;
   int limit = 20;
   bool wait = false;
@@ -132,7 +135,7 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id) {
 void start(const RunOptions& o) {
   AdminClient client(o.endpoint);
   json body = {{"installationId", o.installation}, {"provider", o.provider}, {"depth", o.depth}};
-  if (!o.org.empty()) body["orgId"] = o.org;
+  if (o.org) body["orgId"] = *o.org;
   if (!o.entity_types.empty()) body["entityTypes"] = o.entity_types;
   const json started = client.post("/v1/runs", body);
   const int64_t id = started.at("runId");
@@ -164,8 +167,8 @@ void status(const RunOptions& o) {
 
 void list(const RunOptions& o) {
   std::string query;
-  if (!o.status.empty()) append_query(&query, "status", o.status);
-  if (!o.installation.empty()) append_query(&query, "installationId", o.installation);
+  if (o.status) append_query(&query, "status", *o.status);
+  if (o.list_installation) append_query(&query, "installationId", *o.list_installation);
   if (o.before > 0) append_query(&query, "before", std::to_string(o.before));
   append_query(&query, "limit", std::to_string(o.limit));
   const json page = AdminClient(o.endpoint).get("/v1/runs" + query);
@@ -249,7 +252,7 @@ void add_run_command(CLI::App& app) {
   common(list_cmd);
   list_cmd->add_option("--status", options->status,
                        "queued, running, succeeded, failed, cancelled");
-  list_cmd->add_option("--installation", options->installation, "only this installation");
+  list_cmd->add_option("--installation", options->list_installation, "only this installation");
   list_cmd->add_option("--before", options->before, "paging: only ids below this");
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
   list_cmd->callback([options] { reading_answers([&] { list(*options); }); });

@@ -102,6 +102,9 @@ Response retry_bulk(Call& call) {
                                          std::string(to_string(*query.status)) + "\")");
   }
   query.kind = text("kind");
+  // As the list's filter: an empty kind would select nothing and read as "nothing to retry"; an
+  // empty key selects the letters without a concurrency key.
+  if (query.kind && query.kind->empty()) throw validation_error("kind", "must not be empty");
   query.concurrency_key = text("key");
   if (!body.contains("limit")) throw validation_error("limit", "is required");
   if (!body["limit"].is_number_integer() || body["limit"].get<int64_t>() < 1 ||

@@ -44,7 +44,9 @@ pipeline::RunRequest run_request(const json& body) {
   r.installation_id = required_string(body, "installationId");
   r.provider = required_string(body, "provider");
   if (body.contains("orgId") && !body["orgId"].is_null()) {
-    if (!body["orgId"].is_string()) throw validation_error("orgId", "must be a string");
+    if (!body["orgId"].is_string() || body["orgId"].get_ref<const std::string&>().empty()) {
+      throw validation_error("orgId", "must be a non-empty string (or left out: the connection's)");
+    }
     r.org_id = body["orgId"].get<std::string>();
   }
   if (!body.contains("depth")) throw validation_error("depth", "is required (7, 30 or 90)");

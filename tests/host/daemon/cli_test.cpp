@@ -1,6 +1,7 @@
 // `backhaul dlq ...` and `backhaul db migrate` as real processes against a daemon running
 // in-process (the `run` commands are tested with the sandbox in run_api_test.cpp).
 #include <filesystem>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -69,6 +70,36 @@ TEST_F(CliTest, DlqListStatsRetryIgnorePurge) {
   EXPECT_NE(missing.err.find("DEAD_LETTER_NOT_FOUND"), std::string::npos) << missing.err;
 }
 
+// A filter given empty is sent, not dropped: the API refuses an empty kind or status, naming it,
+// where the CLI used to leave the filter out and widen the request (`dlq retry --all --kind ""`
+// retried every pending letter); an empty key keeps its meaning, letters without a key. An id
+// with --all or filters is refused rather than half-read.
+TEST_F(CliTest, AnEmptyFilterIsSentAndRefusedNotDropped) {
+  start();
+  const int64_t a = make_dead_letter("kind.a", "inst-1", "FATAL: scopes missing");
+
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"dlq", "retry", "--all", "--limit", "5", "--kind", ""},
+        std::vector<std::string>{"dlq", "list", "--kind", ""},
+        std::vector<std::string>{"dlq", "list", "--status", ""}}) {
+    const CommandResult refused = cli(args);
+    EXPECT_EQ(refused.exit_code, 1) << args[1] << ": " << refused.out;
+    EXPECT_NE(refused.err.find("must not be empty"), std::string::npos) << refused.err;
+  }
+  EXPECT_EQ(store().get_dead_letter(a)->status, jobs::DeadLetterStatus::kPending);
+
+  const CommandResult no_key = cli({"dlq", "list", "--key", "", "--json"});
+  ASSERT_EQ(no_key.exit_code, 0) << no_key.err;
+  EXPECT_EQ(json::parse(no_key.out)["items"].size(), 0u) << "inst-1's letter has a key";
+
+  const CommandResult both = cli({"dlq", "retry", std::to_string(a), "--all"});
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_NE(both.err.find("give a dead letter ID, or --all with filters, not both"),
+            std::string::npos)
+      << both.err;
+  EXPECT_EQ(store().get_dead_letter(a)->status, jobs::DeadLetterStatus::kPending);
+}
+
 TEST_F(CliTest, WrongTokenAndMissingTokenFail) {
   start();
   CommandResult wrong =
@@ -119,6 +150,28 @@ TEST_F(CliTest, AnUnknownLogLevelAnOutOfRangeSinceOrAZeroTimeoutIsRefused) {
     EXPECT_NE(refused.exit_code, 0) << bad[0];
     EXPECT_NE(refused.err.find(bad[0]), std::string::npos) << refused.err;
   }
+}
+
+// A payload that is not JSON (the gateway's client would refuse it) fails its unit in `fetch`
+// (exit 2, the reason on stderr), and --events writes no line for it: every line it writes is
+// JSON. The payload went into the line as it was, and the command exited 0.
+TEST_F(CliTest, FetchFailsAUnitWhosePayloadIsNotJsonAndWritesOnlyJsonLines) {
+  const CommandResult fetched =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1",
+                   "--config", R"({"cut_payloads": "yes"})", "--events", "--json", "-q"},
+                  {}, dir_);
+  EXPECT_EQ(fetched.exit_code, 2) << fetched.err;
+  EXPECT_NE(fetched.err.find("failed: FATAL: plugin 'fake' returned a malformed page: event 0: "
+                             "payload is not valid JSON"),
+            std::string::npos)
+      << fetched.err;
+  std::istringstream lines(fetched.out);
+  int count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    EXPECT_TRUE(json::accept(line)) << line;
+  }
+  EXPECT_GE(count, 1) << "the summary line";
 }
 
 // An answer without the fields a command reads (a daemon of another version, or something else

@@ -220,6 +220,12 @@ TEST_F(RunApiTest, RunRequestsAreValidatedAndRunsCanBeCancelled) {
     EXPECT_EQ(misspelt.status, 400) << target << ": " << misspelt.body;
     EXPECT_EQ(misspelt.json()["error"]["details"]["field"], "entity_types") << misspelt.body;
   }
+  // An empty orgId would stamp every event with "" (left out, it is the connection's).
+  const HttpResult empty_org =
+      call("POST", "/v1/runs",
+           R"({"installationId":"gh-inst-1","provider":"github","depth":7,"orgId":""})");
+  EXPECT_EQ(empty_org.status, 400) << empty_org.body;
+  EXPECT_EQ(empty_org.json()["error"]["details"]["field"], "orgId") << empty_org.body;
   EXPECT_EQ(call("GET", "/v1/runs?installationId=gh-inst-1").json()["items"].size(), 0u)
       << "no run started";
   EXPECT_EQ(call("GET", "/v1/runs/123456").json()["error"]["code"], "RUN_NOT_FOUND");
