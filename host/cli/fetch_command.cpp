@@ -79,7 +79,13 @@ int64_t parse_since(const std::string& text) {
   if (!end) end = strptime(text.c_str(), "%Y-%m-%d", &tm);
   if (!end || (*end && std::string(end) != "Z"))
     throw ConfigError("--since '" + text + "' is not an ISO 8601 UTC time or a Unix ms time");
-  return static_cast<int64_t>(timegm(&tm)) * 1000;
+  // strptime takes any day up to 31 and timegm rolls it over: 2024-02-31 would be March 2nd.
+  const std::tm asked = tm;
+  const time_t seconds = timegm(&tm);
+  if (tm.tm_year != asked.tm_year || tm.tm_mon != asked.tm_mon || tm.tm_mday != asked.tm_mday ||
+      tm.tm_hour != asked.tm_hour || tm.tm_min != asked.tm_min || tm.tm_sec != asked.tm_sec)
+    throw ConfigError("--since '" + text + "' is not a date and time of the calendar");
+  return static_cast<int64_t>(seconds) * 1000;
 }
 
 std::string merged_config(const FetchOptions& o) {

@@ -170,7 +170,7 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     std::error_code ec;
     std::string why;
     if (::access(iso.worker_path.c_str(), X_OK) != 0) {
-      why = std::strerror(errno);
+      why = std::strerror(errno);  // nothing in between can change errno
     } else if (!fs::is_regular_file(iso.worker_path, ec)) {
       why = "not a regular file";
     }
@@ -192,8 +192,9 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     config.gateway.ca_file = ca_file.string();
     std::error_code ec;
     if (::access(ca_file.c_str(), R_OK) != 0) {
+      const int error = errno;
       problems.add("gateway.ca_file",
-                   ca_file.string() + " cannot be read (" + std::strerror(errno) + ")");
+                   ca_file.string() + " cannot be read (" + std::strerror(error) + ")");
     } else if (!fs::is_regular_file(ca_file, ec)) {
       problems.add("gateway.ca_file", ca_file.string() + " is not a regular file");
     }
@@ -225,6 +226,9 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
                    "holds credentials: put user:password in the variable proxy.credentials_env "
                    "names");
     }
+  }
+  if (!no_proxy.empty() && config.proxy.url.empty()) {
+    problems.add("proxy.no_proxy", "is set without proxy.url");
   }
   if (!config.proxy.credentials_env.empty()) {
     if (config.proxy.url.empty()) {
@@ -324,7 +328,10 @@ DaemonConfig load_config(const fs::path& path, const EnvLookup& env) {
     throw ConfigError("config: cannot read " + path.string() + ": it is a directory");
   }
   std::ifstream in(path);
-  if (!in) throw ConfigError("config: cannot read " + path.string() + ": " + std::strerror(errno));
+  if (!in) {
+    const int error = errno;
+    throw ConfigError("config: cannot read " + path.string() + ": " + std::strerror(error));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (text.str().empty()) throw ConfigError("config: " + path.string() + " is empty");

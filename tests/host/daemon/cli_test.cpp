@@ -133,6 +133,26 @@ TEST_F(CliTest, AnUnknownLogLevelAnOutOfRangeSinceOrAZeroTimeoutIsRefused) {
   EXPECT_NE(since.err.find("--since '99999999999999999999' is too large for a Unix ms time"),
             std::string::npos)
       << since.err;
+  // strptime takes any day up to 31 and timegm rolled it into the next month.
+  for (const std::string day :
+       {"2024-02-31", "2023-02-29", "2024-04-31T10:00:00Z", "2024-01-01T23:59:60Z"}) {
+    const CommandResult no_day = run_command(BACKHAUL_CLI_PATH,
+                                             {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t",
+                                              "--resource-id", "1", "--since", day},
+                                             {}, dir_);
+    EXPECT_EQ(no_day.exit_code, 1) << day;
+    EXPECT_NE(no_day.err.find("--since '" + day + "' is not a date and time of the calendar"),
+              std::string::npos)
+        << no_day.err;
+  }
+  for (const std::string day : {"2024-02-29", "2024-01-31T12:00:00Z"}) {
+    const CommandResult real_day =
+        run_command(BACKHAUL_CLI_PATH,
+                    {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1",
+                     "--since", day, "--json", "-q"},
+                    {}, dir_);
+    EXPECT_EQ(real_day.exit_code, 0) << day << ": " << real_day.err;
+  }
   // A timeout of 0 ms was taken, and every request failed at once.
   const CommandResult timeout = run_command(BACKHAUL_CLI_PATH,
                                             {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t",
