@@ -154,6 +154,21 @@ void erase_headers(Headers& headers, std::initializer_list<std::string_view> nam
   });
 }
 
+// What a request may carry to another origin. A plugin names its own credential headers
+// (PRIVATE-TOKEN, X-Auth-Token, ...), so rather than list the credentials, this lists the headers
+// known to be none: the rest stays with the origin it was given for.
+void keep_only_plain_headers(Headers& headers) {
+  static constexpr std::string_view kPlain[] = {
+      "accept",       "accept-encoding", "accept-language",   "cache-control",
+      "content-type", "content-length",  "content-encoding",  "content-language",
+      "if-match",     "if-none-match",   "if-modified-since", "if-unmodified-since",
+      "pragma",       "range",           "user-agent"};
+  std::erase_if(headers, [](const auto& header) {
+    return std::none_of(std::begin(kPlain), std::end(kPlain),
+                        [&](std::string_view name) { return iequals(header.first, name); });
+  });
+}
+
 }  // namespace
 
 std::optional<std::string_view> Response::header(std::string_view name) const {
@@ -241,10 +256,7 @@ Response send(Transport& transport, Request request, int max_redirects) {
       erase_headers(request.headers, {"content-type", "content-length", "content-encoding",
                                       "content-language", "content-location", "transfer-encoding"});
     }
-    if (origin_of(next) != original_origin) {  // X-Api-Key: the gateway's credential
-      erase_headers(request.headers,
-                    {"authorization", "proxy-authorization", "cookie", "x-api-key"});
-    }
+    if (origin_of(next) != original_origin) keep_only_plain_headers(request.headers);
     request.url = std::move(next);
   }
 }

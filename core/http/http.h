@@ -69,10 +69,10 @@ class Transport {
 
 // Performs `request`, following 301/302/303/307/308 up to `max_redirects` times (303, and 301/302
 // for a non-GET, continue as GET without a body, as browsers and curl do; HEAD stays HEAD).
-// Relative Location values are resolved against the current URL. The Authorization, Cookie,
-// Proxy-Authorization and X-Api-Key headers are dropped when a redirect leaves the original origin
-// (scheme, host or port). A redirect without Location, or the one after `max_redirects`, is
-// returned as is. [thread-safe] if the transport is.
+// Relative Location values are resolved against the current URL. When a redirect leaves the
+// original origin (scheme, host or port), only headers known to carry no credential go on
+// (Accept*, Content-*, Cache-Control, Pragma, If-*, Range, User-Agent). A redirect without
+// Location, or the one after `max_redirects`, is returned as is. [thread-safe] if the transport is.
 Response send(Transport& transport, Request request, int max_redirects = 5);
 
 // Resolves `location` (absolute, scheme-relative, absolute-path or relative) against `base`.

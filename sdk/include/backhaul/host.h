@@ -39,7 +39,10 @@ typedef struct backhaul_http_request {
 /* A response the host received. Owned by the host until the plugin passes it to
  * http_release(); valid (and unchanged) until then. Header names are lower case; a header that
  * appeared several times appears several times. Redirects (301, 302, 303, 307, 308) have already
- * been followed by the host (at most 5), so status is never a redirect unless the limit was hit. */
+ * been followed by the host (at most 5), so status is never a redirect unless the limit was hit.
+ * A redirect to another origin (scheme, host or port) carries only the request's Accept*,
+ * Content-*, Cache-Control, Pragma, If-*, Range and User-Agent headers: any other, which may be a
+ * credential, stays with the origin it was given for. */
 typedef struct backhaul_http_response {
   int32_t status; /* HTTP status code, e.g. 200 */
   const backhaul_http_header_t* headers;
