@@ -83,27 +83,80 @@ std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& c
   return options;
 }
 
-void Daemon::Impl::load_plugins() {
-  http::PocoTransportOptions transport_options;
-  transport_options.ca_file = config.gateway.ca_file;
-  transport_options.proxy = config.proxy.options;
-  transport = std::make_unique<http::PocoTransport>(transport_options);
-  registry = std::make_unique<plugins::PluginRegistry>(plugins::HostServices{
-      *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms), &http_metrics});
+namespace {
+
+std::unique_ptr<http::PocoTransport> make_transport(const DaemonConfig& config) {
+  http::PocoTransportOptions options;
+  options.ca_file = config.gateway.ca_file;
+  options.proxy = config.proxy.options;
+  return std::make_unique<http::PocoTransport>(options);
+}
+
+// The plugin directories loaded as the config says (allow-list, isolation); returns the files that
+// were not loaded, and why.
+std::vector<plugins::LoadProblem> load_plugin_directories(const DaemonConfig& config,
+                                                          plugins::PluginRegistry& registry,
+                                                          http::HttpMetrics* http_metrics) {
   if (!config.plugins.allowed_sha256.empty()) {
-    registry->set_allowed_sha256(
+    registry.set_allowed_sha256(
         {config.plugins.allowed_sha256.begin(), config.plugins.allowed_sha256.end()});
   }
   // In isolation mode, no code of a plugin runs here: each loads in a worker process.
   std::optional<plugins::IsolationOptions> isolation = isolation_options(config);
   if (isolation) {
-    isolation->http_metrics = &http_metrics;
-    registry->set_isolation(*isolation);
+    isolation->http_metrics = http_metrics;
+    registry.set_isolation(*isolation);
   }
+  std::vector<plugins::LoadProblem> problems;
   for (const auto& dir : config.plugins.directories) {
-    for (const plugins::LoadProblem& problem : registry->load_directory(dir)) {
-      log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
+    for (plugins::LoadProblem& problem : registry.load_directory(dir)) {
+      problems.push_back(std::move(problem));
     }
+  }
+  return problems;
+}
+
+std::string connector_config(const DaemonConfig& config, const std::string& id) {
+  auto settings = config.plugins.connectors.find(id);
+  return settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
+}
+
+}  // namespace
+
+PluginCheck check_plugins(const DaemonConfig& config, const Clock& clock) {
+  const std::unique_ptr<http::PocoTransport> transport = make_transport(config);
+  plugins::PluginRegistry registry(plugins::HostServices{
+      *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms), nullptr});
+  PluginCheck check;
+  for (const plugins::LoadProblem& problem : load_plugin_directories(config, registry, nullptr)) {
+    check.warnings.push_back("plugin " + problem.path.string() + " not loaded: " + problem.reason);
+  }
+  for (const plugins::Plugin& plugin : registry.plugins()) {
+    const std::string& id = plugin.info().id;
+    try {
+      plugin.validate_config(connector_config(config, id));
+    } catch (const plugins::PluginCrashed& e) {
+      check.warnings.push_back("plugins.connectors." + id +
+                               ": the plugin could not check it: " + e.what());
+    } catch (const plugins::ConnectorFailure& e) {
+      check.errors.push_back("config: plugins.connectors." + id + ": " + e.what());
+    }
+  }
+  for (const auto& [id, settings] : config.plugins.connectors) {
+    if (!registry.find(id)) {
+      check.warnings.push_back("plugins.connectors." + id + ": no such plugin is loaded");
+    }
+  }
+  return check;
+}
+
+void Daemon::Impl::load_plugins() {
+  transport = make_transport(config);
+  registry = std::make_unique<plugins::PluginRegistry>(plugins::HostServices{
+      *transport, clock, std::chrono::milliseconds(config.gateway.timeout_ms), &http_metrics});
+  for (const plugins::LoadProblem& problem :
+       load_plugin_directories(config, *registry, &http_metrics)) {
+    log->error("plugin {} not loaded: {}", problem.path.string(), problem.reason);
   }
   // Isolated or not, as it was loaded. An isolated plugin that crashes while starting costs
   // attempts of its jobs (SPEC B4), not the daemon's start; a refused config still ends it.
@@ -111,8 +164,7 @@ void Daemon::Impl::load_plugins() {
   const std::vector<plugins::Plugin> loaded = registry->plugins();
   std::vector<std::future<plugins::Connector>> created;
   for (const plugins::Plugin& plugin : loaded) {
-    auto settings = config.plugins.connectors.find(plugin.info().id);
-    std::string json = settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
+    std::string json = connector_config(config, plugin.info().id);
     created.push_back(std::async(plugin.isolated() ? std::launch::async : std::launch::deferred,
                                  [&plugin, json = std::move(json)] {
                                    return plugin.create(json, plugins::FirstWorkerCrash::kDefer);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "core/common/clock.h"
 #include "core/jobs/job_store.h"
@@ -18,6 +20,18 @@ namespace backhaul::daemon {
 // The options of each connector's worker pool, from plugins.isolation and the settings the workers
 // share with the daemon (log, HTTP timeout, CA file); nullopt when the mode is "none".
 std::optional<plugins::IsolationOptions> isolation_options(const DaemonConfig& config);
+
+// What `backhauld --check-config` checks beyond the file: the plugin directories loaded as start()
+// loads them (allow-list and isolation mode included, so a plugin's init() runs), and each loaded
+// plugin's check of its connector config (plugins.connectors.<id>, "{}" when absent). `errors`
+// are what would end start() ("config: plugins.connectors.<id>: why"); `warnings` what start()
+// logs and goes on after (a file not loaded, a config for no loaded plugin, a plugin whose worker
+// died checking). No store, gateway or port is touched.
+struct PluginCheck {
+  std::vector<std::string> errors;
+  std::vector<std::string> warnings;
+};
+PluginCheck check_plugins(const DaemonConfig& config, const Clock& clock = SystemClock::instance());
 
 class Daemon {
  public:

@@ -139,9 +139,12 @@ int main(int argc, char** argv) {
   }
 
   // First, so a signal from here on is caught (taken by SignalWatch or wait_for_termination()).
+  // Not for a check, which a signal ends as it comes: nothing would take it, and a plugin's init()
+  // that never returns would hold the check.
   sigset_t signals;
+  sigemptyset(&signals);
   try {
-    signals = host::catch_termination_signals();
+    if (!check_only) signals = host::catch_termination_signals();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cannot start: %s\n", e.what());
     return 1;
@@ -153,13 +156,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
-  if (check_only) {
-    std::printf("config: %s is valid\n", config_path.c_str());
-    return 0;
-  }
   logging::configure(
       config.logging.format == "json" ? logging::Format::kJson : logging::Format::kText,
       config.logging.level);
+  if (check_only) {
+    PluginCheck check;
+    try {
+      check = check_plugins(config);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cannot check the plugins: %s\n", e.what());
+      return 1;
+    }
+    for (const std::string& warning : check.warnings) {
+      std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    }
+    for (const std::string& error : check.errors) std::fprintf(stderr, "%s\n", error.c_str());
+    if (!check.errors.empty()) return 2;
+    std::printf("config: %s is valid\n", config_path.c_str());
+    return 0;
+  }
   const auto log = logging::get("daemon");
   std::unique_ptr<Daemon> daemon;
   int status = 0;

@@ -271,6 +271,41 @@ TEST_F(DaemonProcessTest, BadConfigExits2NamingTheField) {
       << daemon_->stderr_text();
 }
 
+// --check-config has each loaded plugin check its connector config, as a start does: it passed a
+// config the plugin refuses, and the start then exited 2. A config for no loaded plugin is a
+// warning, as in a start's log.
+TEST_F(DaemonProcessTest, CheckConfigHasEachPluginCheckItsConnectorConfig) {
+  json config = good_config();
+  config["plugins"]["connectors"] = {{"github", {{"api_base_url", "http://127.0.0.1:9"}}},
+                                     {"gitlab", json::object()}};
+  write_config(config);
+  const std::vector<std::string> args = {"--config", (dir_ / "config.json").string(),
+                                         "--check-config"};
+  const std::vector<std::string> env = {"BACKHAUL_PROCESS_TEST_TOKEN=t"};
+  const CommandResult refused = run_command(BACKHAULD_PATH, args, env, dir_);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("config: plugins.connectors.github: "), std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("unknown key \"api_base_url\""), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("warning: plugins.connectors.gitlab: no such plugin is loaded"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_EQ(refused.out.find("is valid"), std::string::npos) << refused.out;
+
+  config["plugins"]["connectors"].erase("github");
+  for (const char* mode : {"none", "process"}) {
+    config["plugins"]["isolation"] = {{"mode", mode}};
+    write_config(config);
+    const CommandResult valid = run_command(BACKHAULD_PATH, args, env, dir_);
+    EXPECT_EQ(valid.exit_code, 0) << mode << ": " << valid.err;
+    EXPECT_NE(valid.out.find("is valid"), std::string::npos) << mode << ": " << valid.out;
+    EXPECT_NE(valid.err.find("warning: plugins.connectors.gitlab"), std::string::npos) << valid.err;
+  }
+  // Neither store nor port file: the check touches neither.
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "backhaul.db"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "port"));
+}
+
 TEST_F(DaemonProcessTest, MissingTokenVariableExits2NamingIt) {
   write_config(good_config());
   spawn({});
