@@ -1,3 +1,7 @@
 #include "host/cli/cli.h"
+#include "host/common/process.h"
 
-int main(int argc, char** argv) { return backhaul::cli::run(argc, argv); }
+int main(int argc, char** argv) {
+  if (!backhaul::host::start_clean()) return 1;
+  return backhaul::cli::run(argc, argv);
+}

@@ -66,6 +66,24 @@ int next_signal(const sigset_t& signals, int wake_fd) {
 
 }  // namespace
 
+bool start_clean() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int opened = ::open("/dev/null", O_RDWR);  // the lowest free number: this one
+    if (opened != fd) {
+      if (opened >= 0) ::close(opened);
+      return false;
+    }
+  }
+  struct sigaction action {};
+  ::sigaction(SIGCHLD, nullptr, &action);
+  if (action.sa_handler == SIG_IGN) {
+    action.sa_handler = SIG_DFL;
+    ::sigaction(SIGCHLD, &action, nullptr);
+  }
+  return true;
+}
+
 sigset_t catch_termination_signals() {
   sigset_t signals;
   sigemptyset(&signals);

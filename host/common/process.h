@@ -11,6 +11,14 @@
 
 namespace backhaul::host {
 
+// Call first thing in main, before anything opens a descriptor. Opens /dev/null on whichever of
+// fds 0-2 the parent left closed: otherwise the next socket or pipe takes that number, and a log
+// line meant for stderr goes into it (an admin client's connection, the signal pipe). And puts
+// back SIGCHLD's default action if the parent left it ignored: the kernel would reap the children
+// itself, and waitpid() could not tell how a plugin worker or a checked plugin ended. Returns
+// false when /dev/null cannot be opened (a process to stop at once: where would it say why?).
+bool start_clean();
+
 // Catches SIGINT and SIGTERM (call first thing in main, before any thread starts): the handler
 // only writes the signal's number to a close-on-exec pipe, which wait_for_termination() and a
 // SignalWatch read, so no work happens in a signal handler. The signals are left unblocked (and

@@ -121,6 +121,7 @@ int start_within_reach_of_signals(Daemon& daemon, const sigset_t& signals, spdlo
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!host::start_clean()) return 1;
   CLI::App app{"backhauld: the Backhaul host daemon (admin API, job scheduler, connector plugins)"};
   app.set_version_flag("--version", BACKHAUL_VERSION);
   std::string config_path;

@@ -132,6 +132,7 @@ int run_report(const std::string& url, bool require_complete) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!backhaul::host::start_clean()) return 1;
   CLI::App app{
       "backhaul-sandbox: fake GitHub API (/github), Vercel API (/vercel) and ingest gateway "
       "(/gateway) on 127.0.0.1 with deterministic data, fault knobs and a delivery report "

@@ -144,7 +144,9 @@ Sandbox::~Sandbox() { stop(); }
 void Sandbox::start() {
   if (impl_->server) throw std::logic_error("sandbox already started");
   Poco::Net::ServerSocket socket;
-  socket.bind(Poco::Net::SocketAddress("127.0.0.1", impl_->options.port), /*reuseAddress=*/true);
+  // Poco's bind(address, true) sets SO_REUSEPORT too: a second sandbox on the port would share it.
+  socket.bind(Poco::Net::SocketAddress("127.0.0.1", impl_->options.port), /*reuseAddress=*/true,
+              /*reusePort=*/false);
   socket.listen(256);
   impl_->port = socket.address().port();
   impl_->context.base_url = "http://127.0.0.1:" + std::to_string(impl_->port.load());

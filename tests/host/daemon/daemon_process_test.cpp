@@ -338,6 +338,77 @@ TEST_F(DaemonProcessTest, ServesThenSigtermStopsWithExit0) {
   EXPECT_NE(daemon_->stderr_text().find("drained"), std::string::npos) << daemon_->stderr_text();
 }
 
+// A second daemon on a port the first listens on does not start (exit 1): Poco's bind(address,
+// true) set SO_REUSEPORT as well, so both listened and the kernel shared the requests between them.
+TEST_F(DaemonProcessTest, ASecondDaemonOnTheSameAdminPortCannotStart) {
+  write_config(good_config());
+  spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+  const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
+  ASSERT_NE(port, 0) << daemon_->stderr_text();
+  json second = good_config();
+  second["admin"] = {{"port", port}, {"token_env", kTokenEnv}};
+  second["store"] = {{"path", (dir_ / "second.db").string()}};
+  const std::unique_ptr<ChildProcess> other = launch_daemon("second", second);
+  const int status = other->wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "; " << other->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 1) << other->stderr_text();
+  EXPECT_NE(other->stderr_text().find("cannot start"), std::string::npos) << other->stderr_text();
+  EXPECT_NE(other->stderr_text().find("in use"), std::string::npos) << other->stderr_text();
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  EXPECT_EQ(daemon_->wait_exit(std::chrono::seconds(30)), 0) << daemon_->stderr_text();
+}
+
+// Started with fds 0-2 closed and SIGCHLD ignored (a careless service wrapper), the daemon has
+// /dev/null on 0-2 and SIGCHLD's default action. Before, the signal pipe took fds 0 and 1, the
+// next admin connection took fd 2 and got the daemon's log lines, and the kernel reaped the
+// plugin workers, so how one ended could not be told.
+TEST_F(DaemonProcessTest, AStartWithoutFds0To2OrWithSigchldIgnoredPutsBothRight) {
+  write_config(good_config());
+  const std::string config = (dir_ / "config.json").string();
+  const std::string port_file = (dir_ / "port").string();
+  std::vector<std::string> words = {BACKHAULD_PATH, "--config", config, "--port-file", port_file};
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  std::string token = "BACKHAUL_PROCESS_TEST_TOKEN=process-token";
+  char* envp[] = {token.data(), nullptr};
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGCHLD, SIG_IGN);
+    ::close(0);
+    ::close(1);
+    ::close(2);
+    ::execve(argv[0], argv.data(), envp);
+    ::_exit(127);
+  }
+  // Readiness: the port file, polled for at most 30 s.
+  for (int i = 0; i < 3000 && !std::filesystem::exists(port_file); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const bool up = std::filesystem::exists(port_file);
+  for (int fd = 0; up && fd <= 2; ++fd) {
+    const std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+    std::error_code ec;
+    EXPECT_EQ(std::filesystem::read_symlink(link, ec).string(), "/dev/null")
+        << link << ": " << ec.message();
+  }
+  std::ifstream status_file("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  std::string ignored;
+  while (std::getline(status_file, line)) {
+    if (line.rfind("SigIgn:", 0) == 0) ignored = line.substr(7);
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(up) << "backhauld did not come up (exit status " << status << ")";
+  ASSERT_FALSE(ignored.empty());
+  const unsigned long long mask = std::stoull(ignored, nullptr, 16);
+  EXPECT_EQ(mask & (1ULL << (SIGCHLD - 1)), 0u) << "SigIgn:" << ignored;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 // F6 with work in flight: SIGTERM mid-run exits 0, leaves nothing running, and releases the
 // interrupted units without counting an attempt; a restarted daemon finishes the run from the
 // checkpoints and the gateway receives every event.
