@@ -250,10 +250,12 @@ class JobStore {
   // Renews the lease and, when given, replaces the checkpoint in the same transaction. A
   // checkpoint is progress: `attempts` then counts from the running attempt again (it becomes 1),
   // so max_attempts bounds attempts without progress. A backfill interrupted at page 40, 41 and
-  // 42 by crashes keeps going; a job that fails at the same point every time still dies.
+  // 42 by crashes keeps going; a job that fails at the same point every time still dies. With
+  // `progress` false, the checkpoint is saved and `attempts` left as it is: a count of waits, say,
+  // where the work stands where it stood.
   virtual HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms,
-                                    int64_t lease_ms,
-                                    const std::optional<std::string>& checkpoint) = 0;
+                                    int64_t lease_ms, const std::optional<std::string>& checkpoint,
+                                    bool progress = true) = 0;
   virtual void complete(JobId id, const std::string& token, const std::string& result_json,
                         int64_t now_ms) = 0;
   // Returns the resulting status: kQueued (will retry), kDead (FATAL or attempts exhausted), or

@@ -2018,7 +2018,7 @@ class MysqlStore final : public JobStore {
   }
 
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                            const std::optional<std::string>& checkpoint) override {
+                            const std::optional<std::string>& checkpoint, bool progress) override {
     check_lease_ms("heartbeat", lease_ms);
     // A row held through one lock wait (50 s by default, often more than the lease) is not waited
     // for again: the scheduler beats the job again half an interval later, after the others, and a
@@ -2034,7 +2034,8 @@ class MysqlStore final : public JobStore {
           Sql sql("UPDATE jobs SET lease_expires_ms = ");
           sql << result.lease_expires_ms << ", updated_ms = " << now_ms;
           // Progress: the running attempt is the first since it (see JobStore::heartbeat).
-          if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint) << ", attempts = 1";
+          if (checkpoint) sql << ", checkpoint = " << quote(*checkpoint);
+          if (checkpoint && progress) sql << ", attempts = 1";
           sql << " WHERE id = " << id;
           tx.commit({std::move(sql)});
           return result;

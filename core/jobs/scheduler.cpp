@@ -17,9 +17,10 @@ bool JobContext::stopping() const noexcept {
   return stopping_.load() || cancelled_.load() || lease_lost_.load();
 }
 
-void JobContext::renew(int64_t now_ms, const std::optional<std::string>& checkpoint) {
+void JobContext::renew(int64_t now_ms, const std::optional<std::string>& checkpoint,
+                       bool progress) {
   try {
-    HeartbeatResult r = store_.heartbeat(job_.id, token_, now_ms, lease_ms_, checkpoint);
+    HeartbeatResult r = store_.heartbeat(job_.id, token_, now_ms, lease_ms_, checkpoint, progress);
     last_beat_ms_ = now_ms;
     note_beat(now_ms, nullptr);
     if (r.cancel_requested) cancelled_ = true;
@@ -33,13 +34,13 @@ void JobContext::renew(int64_t now_ms, const std::optional<std::string>& checkpo
   }
 }
 
-void JobContext::beat(const std::optional<std::string>& checkpoint) {
+void JobContext::beat(const std::optional<std::string>& checkpoint, bool progress) {
   if (lease_lost_) throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost");
   try {
-    renew(clock_.now_ms(), checkpoint);
+    renew(clock_.now_ms(), checkpoint, progress);
     // A checkpoint is progress: the store counts the running attempt as the first (SPEC D11), and
     // a failure from here on is retried after the first attempt's delay.
-    if (checkpoint) job_.attempts = 1;
+    if (checkpoint && progress) job_.attempts = 1;
   } catch (const LeaseLost& e) {
     throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, e.what());
   } catch (const StorageError& e) {
@@ -69,6 +70,9 @@ void JobContext::note_beat(int64_t now_ms, const char* error) {
 }
 
 void JobContext::checkpoint(const std::string& checkpoint_json) { beat(checkpoint_json); }
+void JobContext::checkpoint_without_progress(const std::string& checkpoint_json) {
+  beat(checkpoint_json, /*progress=*/false);
+}
 void JobContext::heartbeat() { beat(std::nullopt); }
 
 // --- Scheduler ------------------------------------------------------------------------------

@@ -87,6 +87,9 @@ class JobContext {
   // Saves progress atomically with a lease heartbeat. Throws JobInterrupted when the job was
   // cancelled, its lease was lost, or the scheduler is draining (after saving).
   void checkpoint(const std::string& checkpoint_json);
+  // Saves a checkpoint that is no progress (a count of waits: the work stands where it stood), so
+  // the attempts before it still count towards max_attempts. Same throws.
+  void checkpoint_without_progress(const std::string& checkpoint_json);
   // A heartbeat without a checkpoint; same throws.
   void heartbeat();
   // True once the handler should stop at its next page boundary, where checkpoint() and
@@ -107,10 +110,10 @@ class JobContext {
         token_(std::move(claimed.lease_token)),
         lease_ms_(lease_ms),
         stopping_(stopping) {}
-  void beat(const std::optional<std::string>& checkpoint);
+  void beat(const std::optional<std::string>& checkpoint, bool progress = true);
   // One heartbeat at `now_ms`, and what it tells (cancel requested, lease lost, the store failing)
   // recorded for the rounds and the stats. Rethrows the store's errors once recorded. [any-thread]
-  void renew(int64_t now_ms, const std::optional<std::string>& checkpoint);
+  void renew(int64_t now_ms, const std::optional<std::string>& checkpoint, bool progress = true);
   // Records how a beat at `now_ms` went (`error` null: it went through) for the heartbeat order
   // and SchedulerStats::store_failures.
   void note_beat(int64_t now_ms, const char* error);

@@ -806,16 +806,17 @@ std::vector<Claimed> claim_jobs(Connection& c, const ClaimRequest& r, TokenSourc
 const std::string kHeartbeat =
     "UPDATE jobs SET lease_expires_ms = ?3, updated_ms = ?4, "
     "checkpoint = CASE WHEN ?5 THEN ?6 ELSE checkpoint END, "
-    "attempts = CASE WHEN ?5 THEN 1 ELSE attempts END "
+    "attempts = CASE WHEN ?5 AND ?7 THEN 1 ELSE attempts END "
     "WHERE id = ?1 AND lease_token = ?2 AND status = 'running' RETURNING cancel_requested";
 
 HeartbeatResult heartbeat_job(Connection& c, JobId id, const std::string& token, int64_t now,
-                              int64_t lease_ms, const std::optional<std::string>& checkpoint) {
+                              int64_t lease_ms, const std::optional<std::string>& checkpoint,
+                              bool progress) {
   HeartbeatResult result;
   result.lease_expires_ms = later_by(now, lease_ms);
   {
     Query q = c.query(kHeartbeat);
-    q.args(id, token, result.lease_expires_ms, now, checkpoint.has_value(), checkpoint);
+    q.args(id, token, result.lease_expires_ms, now, checkpoint.has_value(), checkpoint, progress);
     if (q.step()) {
       result.cancel_requested = q.i64(0) != 0;
       return result;
@@ -1551,10 +1552,11 @@ class SqliteStore final : public SqliteJobStore {
     return write([&](Connection& c) { return claim_jobs(c, request, tokens_); });
   }
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                            const std::optional<std::string>& checkpoint) override {
+                            const std::optional<std::string>& checkpoint, bool progress) override {
     check_lease_ms("heartbeat", lease_ms);
-    return write(
-        [&](Connection& c) { return heartbeat_job(c, id, token, now_ms, lease_ms, checkpoint); });
+    return write([&](Connection& c) {
+      return heartbeat_job(c, id, token, now_ms, lease_ms, checkpoint, progress);
+    });
   }
   void complete(JobId id, const std::string& token, const std::string& result_json,
                 int64_t now_ms) override {

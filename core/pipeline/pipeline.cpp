@@ -927,7 +927,9 @@ struct Pipeline::Impl {
       if (fetched.stop) {
         if (fetched.rate_limited) {  // counted in the unit's result, as a low limit's wait is
           counts.rate_limit_waits += 1;
-          ctx.checkpoint(counts_json(counts).dump());  // throws JobInterrupted on cancel/drain
+          // No progress: the page is where it was, and the attempts before this one still count
+          // (as progress, the failures of 502, 502, 429, 502, ... were forgotten at each 429).
+          ctx.checkpoint_without_progress(counts_json(counts).dump());  // throws on cancel/drain
         }
         return *fetched.stop;
       }
@@ -1006,6 +1008,7 @@ struct Pipeline::Impl {
                      const PipelineOptions& o, int64_t started) {
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
+    std::atomic<bool> failed_transiently{false};  // a delivery of this page was retried here
     std::mutex error_mutex;
     std::optional<gateway::GatewayError> error;
     auto give_up = [&](gateway::GatewayError e) {
@@ -1020,6 +1023,7 @@ struct Pipeline::Impl {
     };
     // Retries `d` (its `retry`-th retry first, up to transient_retries); false once it gave up.
     auto retry_one = [&](const gateway::Delivery& d, int retry) {
+      failed_transiently = true;
       for (;; ++retry) {
         ++retries_in_place;
         pause(o, retry - 1);
@@ -1075,7 +1079,16 @@ struct Pipeline::Impl {
     }
     work();
     for (std::thread& t : helpers) t.join();
-    if (error) gateway_failed(*error, o, started);
+    if (!error) return;
+    if (error->rate_limited() && failed_transiently) {
+      // A wait would cost no attempt and the page would go again afresh: a gateway answering
+      // 500, 429, 500, 429, ... would defer the unit for ever. The attempt fails instead, retried
+      // no sooner than the gateway asked.
+      gateway_answered(*error, o, started);
+      throw JobFailure(std::string(error->what()) + " (after a transient failure of this page)",
+                       false, std::max<int64_t>(error->retry_after_ms(), 1000));
+    }
+    gateway_failed(*error, o, started);
   }
 
   // The installation's access token, from the gateway. Its answer counts on the gateway's
@@ -1136,11 +1149,24 @@ struct Pipeline::Impl {
           if (refreshed) throw JobFailure("token refreshed but still rejected: " + what);
           ++token_refreshes;
           refreshed = true;
-          params.unit.access_token = token_for(installation, o);
+          try {
+            params.unit.access_token = token_for(installation, o);
+          } catch (const GatewayBusy& busy) {
+            // Not a wait (no attempt): the next claim would meet the rejected token again, and a
+            // provider rejecting it while the gateway sheds load would never end the job.
+            throw JobFailure(what + " (the token could not be refreshed: " + busy.message + ")",
+                             false, std::max<int64_t>(busy.retry_after_ms, 1000));
+          }
           return {std::nullopt, std::nullopt, false, what};
         case BACKHAUL_RATE_LIMITED: {
           ++rate_limit_waits;
           int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
+          if (retried > 0 || refreshed) {
+            // After a failed try of this page in this attempt: a wait would cost no attempt and
+            // the next claim would try the page afresh, so a provider answering 502, 429, 502,
+            // 429, ... would never end the job. The attempt fails, retried after the wait.
+            throw JobFailure(what + " (after a failed try of this page)", false, wait);
+          }
           return {std::nullopt,
                   Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what),
                   true};

@@ -22,8 +22,8 @@ class ForwardingStore : public JobStore {
   }
   std::vector<Claimed> claim(const ClaimRequest& request) override { return inner_.claim(request); }
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                            const std::optional<std::string>& checkpoint) override {
-    return inner_.heartbeat(id, token, now_ms, lease_ms, checkpoint);
+                            const std::optional<std::string>& checkpoint, bool progress) override {
+    return inner_.heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
   }
   void complete(JobId id, const std::string& token, const std::string& result_json,
                 int64_t now_ms) override {

@@ -996,6 +996,11 @@ TEST_P(JobStoreConformance, ACheckpointMakesTheRunningAttemptTheFirstAgain) {
   EXPECT_EQ(second.job.attempts, 2);
   store().heartbeat(id, second.lease_token, kT0 + 2, kMinute, std::nullopt);
   EXPECT_EQ(get_job(id).attempts, 2) << "a heartbeat alone is not progress";
+  // A checkpoint saved as no progress (a count of waits) is stored, and the attempts stay.
+  store().heartbeat(id, second.lease_token, kT0 + 2, kMinute, R"({"page":1,"waits":1})",
+                    /*progress=*/false);
+  EXPECT_EQ(get_job(id).attempts, 2) << "a checkpoint that is no progress";
+  EXPECT_EQ(get_job(id).checkpoint, R"({"page":1,"waits":1})");
   store().heartbeat(id, second.lease_token, kT0 + 3, kMinute, R"({"page":2})");
   EXPECT_EQ(get_job(id).attempts, 1);
   EXPECT_EQ(store().fail(id, second.lease_token, retryable("page 3"), kT0 + 4), JobStatus::kQueued)

@@ -270,9 +270,9 @@ class FailsBeats : public ForwardingStore {
  public:
   using ForwardingStore::ForwardingStore;
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                            const std::optional<std::string>& checkpoint) override {
+                            const std::optional<std::string>& checkpoint, bool progress) override {
     if (refuse) throw StorageError("server unreachable", true);
-    return inner().heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    return inner().heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
   }
   std::atomic<bool> refuse{false};
 };
@@ -499,9 +499,9 @@ class RefusesWrites : public ForwardingStore {
     return inner().claim(request);
   }
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                            const std::optional<std::string>& checkpoint) override {
+                            const std::optional<std::string>& checkpoint, bool progress) override {
     refuse_if(beats);
-    return inner().heartbeat(id, token, now_ms, lease_ms, checkpoint);
+    return inner().heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
   }
   std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
     refuse_if(endings);
@@ -626,12 +626,13 @@ TEST_F(SchedulerTest, AHeartbeatBlipIsClearedByTheCheckpointsThatFollow) {
   struct LoopBeatFailsOnce : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       if (!checkpoint && refuse_next_loop_beat.exchange(false)) {
         ++refused;
         throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
       }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     std::atomic<bool> refuse_next_loop_beat{false};
     std::atomic<int> refused{0};
@@ -690,14 +691,15 @@ TEST_F(SchedulerTest, OneRowRefusingItsBeatsWhileOthersGoThroughIsNoEvidenceOfAn
   struct OneRowRefusesBeats : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       if (id == refused_id.load()) {
         refused_at = now_ms;
         ++refused;
         throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true);
       }
       ++passed;
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     std::atomic<JobId> refused_id{0};
     std::atomic<int64_t> refused_at{0};
@@ -790,7 +792,7 @@ TEST_F(SchedulerTest, FailuresNotedOutOfOrderKeepTheFirstAndTheLast) {
   struct RefusesBeats : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId, const std::string&, int64_t, int64_t,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint, bool) override {
       if (checkpoint) t_stall_next_clock_read = true;  // the note of this failure stalls
       ++calls;
       throw StorageError("mysql: error 1290: the server is running read-only", true);
@@ -850,9 +852,10 @@ TEST_F(SchedulerTest, AHandlersFailedBeatStaysFailingWhileItsJobIsInHand) {
   struct RefusesCheckpoints : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       if (checkpoint) throw StorageError("sqlite: database is locked", true);
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
   } store(*store_);
   const JobId id = enqueue("work", 1);
@@ -1148,7 +1151,8 @@ class PrefetchedJobs : public SchedulerTest {
   struct RefusesBeats : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       {
         std::lock_guard lock(mutex);
         if (refused.count(id)) {
@@ -1160,7 +1164,7 @@ class PrefetchedJobs : public SchedulerTest {
         }
         first_renewal_ms.try_emplace(id, now_ms);
       }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     void refuse(std::set<JobId> ids) {
       std::lock_guard lock(mutex);
@@ -1206,7 +1210,8 @@ class PrefetchedJobs : public SchedulerTest {
   struct FirstBeatWaits : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       {
         std::unique_lock lock(gate.mutex);
         if (armed && held == 0) {
@@ -1216,7 +1221,7 @@ class PrefetchedJobs : public SchedulerTest {
           made_ms.try_emplace(id, now_ms);
         }
       }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     JobId held_job() {
       std::lock_guard lock(gate.mutex);
@@ -1275,7 +1280,8 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesWereTakenWhileWaitingAreNotStarted) {
   struct CountingBeats : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       // Counted once the store has answered (here: LeaseLost), not when asked: a beat still under
       // way when the test let the worker go could leave its job to be started under the stale
       // lease (about 1 run in 500 did).
@@ -1283,7 +1289,7 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesWereTakenWhileWaitingAreNotStarted) {
         std::atomic<int>& beats;
         ~Count() { ++beats; }
       } count{beats};
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     std::atomic<int> beats{0};
   } store(*store_);
@@ -1308,12 +1314,13 @@ TEST_F(PrefetchedJobs, ThoseWhoseLeasesRanOutWhileTheStoreWasDownAreNotStarted) 
   struct BeatsFailWhileDown : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       if (down) {
         ++failed_beats;
         throw StorageError("store unreachable", true);
       }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     std::atomic<bool> down{false};
     std::atomic<int> failed_beats{0};
@@ -1394,14 +1401,15 @@ TEST_F(PrefetchedJobs, AHeartbeatRoundOnAStoreThatIsDownTriesItOncePerLane) {
   struct BeatsFailWhileDown : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       if (down) {
         std::unique_lock lock(gate.mutex);
         ++failed_at[now_ms];
         gate.pass(lock);  // a slow call: time moves on meanwhile
         throw StorageError("store unreachable", true);
       }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     int failed(int64_t at) {
       std::lock_guard lock(gate.mutex);
@@ -1500,13 +1508,14 @@ TEST_F(PrefetchedJobs, ABeatThatWaitsHoldsUpNoOtherJobsBeats) {
   struct OneBeatWaits : ForwardingStore {
     using ForwardingStore::ForwardingStore;
     HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint) override {
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
       if (id == waits_for) {
         std::unique_lock lock(gate.mutex);
         ++calls;
         gate.pass(lock);
       }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint);
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
     }
     JobId waits_for = 0;
     Gate gate;

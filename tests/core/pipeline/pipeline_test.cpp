@@ -819,6 +819,104 @@ TEST_F(PipelineTest, APageThatAlwaysFailsDiesAfterItsAttemptsThoughItsFailuresOp
   EXPECT_EQ(result["failed"], 1);
 }
 
+// A provider or gateway answering a transient error and a rate limit in turn never let a unit
+// die: the 429 deferred it (no attempt), and the next claim tried the page afresh, until the run's
+// unit timeout (4 h). `drive_until_the_unit_dies` runs the run's one unit and checks it died after
+// its attempts, and the run failed; returns the unit.
+class PipelineAlternatingTest : public PipelineTest {
+ protected:
+  jobs::Job drive_until_the_unit_dies(const RunStart& run) {
+    drive();
+    const std::vector<jobs::Job> units = units_of(run.run_id);
+    EXPECT_EQ(units.size(), 1u);
+    if (units.empty()) return {};
+    EXPECT_EQ(units[0].status, JobStatus::kDead);
+    EXPECT_EQ(units[0].attempts, units[0].max_attempts);
+    EXPECT_EQ(run_result(run.run_id)["success"], false);
+    return units[0];
+  }
+
+  // The provider answers `failures_per_429` 502s, then a 429, and again.
+  void alternate_the_provider(int failures_per_429) {
+    plugin_transport().reset(
+        [this, failures_per_429](const http::Request& r, size_t) -> std::optional<http::Response> {
+          if (r.url.find("/issues") == std::string::npos) return std::nullopt;
+          if (++tries_ % (failures_per_429 + 1) != 0)
+            return status_response(502, R"({"message":"x"})");
+          http::Response limited = status_response(429, R"({"message":"slow down"})");
+          limited.headers.emplace_back("retry-after", "1");
+          return limited;
+        });
+  }
+
+  std::atomic<int> tries_{0};
+};
+
+// The 429 after a 502 retried in place deferred the attempt.
+TEST_F(PipelineAlternatingTest, AProvidersFailureThenRateLimitEndsTheUnitAfterItsAttempts) {
+  const RunStart run = fanned_out({"issue"});
+  alternate_the_provider(1);
+  const jobs::Job unit = drive_until_the_unit_dies(run);
+  ASSERT_TRUE(unit.last_error.has_value());
+  EXPECT_NE(unit.last_error->find("after a failed try of this page"), std::string::npos)
+      << *unit.last_error;
+}
+
+// Three 502s failed an attempt, and the 429 at the start of the next was checkpointed as
+// progress, forgetting every failed attempt before it. It is a wait still, and counted.
+TEST_F(PipelineAlternatingTest, AProvidersRateLimitAfterFailedAttemptsForgetsNone) {
+  const RunStart run = fanned_out({"issue"});
+  alternate_the_provider(3);
+  const jobs::Job unit = drive_until_the_unit_dies(run);
+  int deferred = 0;
+  for (const jobs::Attempt& a : store_->attempts(unit.id)) {
+    deferred += a.outcome == "deferred" &&
+                a.error.value_or("").find("rate limited by the provider") != std::string::npos;
+  }
+  EXPECT_GT(deferred, 0);
+  ASSERT_TRUE(unit.checkpoint.has_value());
+  EXPECT_EQ(json::parse(*unit.checkpoint)["rateLimitWaits"], deferred) << *unit.checkpoint;
+}
+
+// A token the provider refuses, whose refresh the gateway answers 429: the refresh deferred the
+// unit, and the next claim got a token, was refused, and so on.
+TEST_F(PipelineAlternatingTest, ARefreshTheGatewayAnswers429EndsTheUnitAfterItsAttempts) {
+  const RunStart run = fanned_out({"issue"});
+  plugin_transport().reset([](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/issues") == std::string::npos) return std::nullopt;
+    return status_response(401, R"({"message":"Bad credentials"})");
+  });
+  std::atomic<int> tokens{0};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (!r.url.ends_with("/token") || tokens++ % 2 == 0) return std::nullopt;
+    return status_response(429, "{}");
+  });
+  const jobs::Job unit = drive_until_the_unit_dies(run);
+  ASSERT_TRUE(unit.last_error.has_value());
+  EXPECT_NE(unit.last_error->find("the token could not be refreshed"), std::string::npos)
+      << *unit.last_error;
+}
+
+// A delivery answered 500 is retried in place, and the retry's 429 deferred the unit.
+TEST_F(PipelineAlternatingTest, AGatewaysFailureThenRateLimitEndsTheUnitAfterItsAttempts) {
+  PipelineOptions options = fast();
+  options.dispatch_concurrency = 1;  // one pipelined slice: the answers alternate in order
+  const RunStart run = fanned_out({"issue"}, options);
+  bool last_was_500 = false;
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/webhooks/") == std::string::npos) return std::nullopt;
+    last_was_500 = !last_was_500;
+    if (last_was_500) return status_response(500, R"({"error":"oops"})");
+    http::Response busy = status_response(429, R"({"error":"slow down"})");
+    busy.headers.emplace_back("retry-after", "1");
+    return busy;
+  });
+  const jobs::Job unit = drive_until_the_unit_dies(run);
+  ASSERT_TRUE(unit.last_error.has_value());
+  EXPECT_NE(unit.last_error->find("after a transient failure of this page"), std::string::npos)
+      << *unit.last_error;
+}
+
 // The same with a token that the provider always refuses while the installation's throttle is
 // spent: each claim refreshed the token, was throttled before it could try the new one, and
 // started over on the next claim with a fresh refresh, never failing.
