@@ -147,10 +147,21 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
   if (question != std::string::npos) {
     request.query = Query::parse(std::string_view(uri).substr(question + 1));
   }
-  for (const auto& [name, value] : in) request.headers[lower(name)] = value;
+  size_t lengths = 0;
+  for (const auto& [name, value] : in) {
+    std::string key = lower(name);
+    lengths += key == "content-length";
+    request.headers[std::move(key)] = value;
+  }
   if (raw_path.empty() || raw_path.front() != '/') {
     throw std::runtime_error("request target: must begin with '/' (got \"" +
                              std::string(raw_path.substr(0, 100)) + "\")");
+  }
+  // Poco frames the body by the first; a proxy in front may take the last, and read what follows
+  // as a request of its own (request smuggling).
+  if (lengths > 1) {
+    throw std::runtime_error("headers: Content-Length is given " + std::to_string(lengths) +
+                             " times");
   }
   // A malformed chunk size ends Poco's chunked stream as a clean end of body: the body would
   // read as a valid shorter one (empty, asking for every default) and the bytes after it as the

@@ -29,14 +29,20 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// "Bearer <token>"; the scheme's name is case-insensitive (RFC 9110 11.1), and spaces may follow
+// it.
 bool authorized(const Request& request, const std::string& token) {
   const std::string* header = request.header("authorization");
-  const std::string_view prefix = "Bearer ";
-  if (header == nullptr || header->size() <= prefix.size() ||
-      header->compare(0, prefix.size(), prefix) != 0) {
+  const std::string_view scheme = "bearer";
+  if (header == nullptr || header->size() <= scheme.size() || (*header)[scheme.size()] != ' ' ||
+      !std::equal(scheme.begin(), scheme.end(), header->begin(), [](char a, char b) {
+        return a == std::tolower(static_cast<unsigned char>(b));
+      })) {
     return false;
   }
-  return constant_time_equal(std::string_view(*header).substr(prefix.size()), token);
+  const size_t credentials = header->find_first_not_of(' ', scheme.size());
+  if (credentials == std::string::npos) return false;
+  return constant_time_equal(std::string_view(*header).substr(credentials), token);
 }
 
 bool is_mutation(const std::string& method) {
@@ -55,7 +61,9 @@ Response error_response(const Call& call, const ApiError& error) {
                  {"message", error.what()},
                  {"details", error.details()},
                  {"retryable", error.retryable()}}}};
-  return call.ok(error.status(), std::move(body));
+  Response response = call.ok(error.status(), std::move(body));
+  for (const auto& [name, value] : error.headers()) response.add_header(name, value);
+  return response;
 }
 
 Response route(Call& call) {
@@ -82,7 +90,7 @@ Response route(Call& call) {
   const Route all(segments);
   if (!segments.empty() && segments[0] == "health") return handle_health(call, all.subspan(1));
   if (segments.size() == 1 && segments[0] == "metrics") {
-    if (request.method != "GET") throw method_not_allowed(request.method, request.path);
+    allow_only(call, {"GET"});
     return handle_metrics(call);
   }
   if (segments.empty() || segments[0] != "v1") {
@@ -111,6 +119,11 @@ AdminApi::AdminApi(AdminApiDeps deps, AdminApiOptions options)
 AdminApi::~AdminApi() = default;
 
 Response AdminApi::handle(const Request& request) {
+  if (request.method == "HEAD") {  // a GET whose body the server leaves out (RFC 9110 9.3.2)
+    Request get = request;
+    get.method = "GET";
+    return handle(get);
+  }
   static const auto log = logging::get("admin_api");
   Call call{deps_,
             options_,
@@ -174,8 +187,17 @@ ApiError not_found(const std::string& code, const std::string& message) {
   return ApiError(404, code, message);
 }
 
-ApiError method_not_allowed(const std::string& method, const std::string& path) {
-  return ApiError(405, "METHOD_NOT_ALLOWED", method + " is not allowed on " + path);
+void allow_only(const Call& call, std::initializer_list<std::string_view> allowed) {
+  const std::string& method = call.request.method;
+  if (std::find(allowed.begin(), allowed.end(), method) != allowed.end()) return;
+  std::string allow;
+  for (std::string_view name : allowed) {
+    allow += (allow.empty() ? "" : ", ") + std::string(name);
+    if (name == "GET") allow += ", HEAD";  // answered as GET is, without the body
+  }
+  throw ApiError(405, "METHOD_NOT_ALLOWED",
+                 method + " is not allowed on " + call.request.path + " (allowed: " + allow + ")")
+      .with_header("Allow", allow);
 }
 
 Response Call::ok(int status, json body) const {

@@ -1,20 +1,27 @@
 #include "host/daemon/admin_server.h"
 
 #include <atomic>
+#include <cerrno>
 #include <stdexcept>
 
+#include <Poco/Exception.h>
 #include <Poco/Net/HTTPRequestHandler.h>
 #include <Poco/Net/HTTPRequestHandlerFactory.h>
-#include <Poco/Net/HTTPServer.h>
+#include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/HTTPServerConnection.h>
 #include <Poco/Net/HTTPServerParams.h>
 #include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/Net/ServerSocket.h>
 #include <Poco/Net/SocketAddress.h>
+#include <Poco/Net/TCPServer.h>
+#include <Poco/Net/TCPServerConnectionFactory.h>
 #include <Poco/ThreadPool.h>
 
 #include "core/common/logging.h"
 #include "core/common/unique_fd.h"
+#include <fcntl.h>
+#include <sys/socket.h>
 
 namespace backhaul::daemon {
 namespace {
@@ -54,8 +61,74 @@ class HandlerFactory final : public Poco::Net::HTTPRequestHandlerFactory {
       const Poco::Net::HTTPServerRequest&) override {
     return new Handler(api_);
   }
+  // Closes the connections being served, as Poco's HTTPServer::stopAll(true) does.
+  void abort_connections() { serverStopped(this, true); }
 
  private:
+  AdminApi& api_;
+};
+
+// Poco's connection, except that a request whose headers it cannot take is answered. Poco builds
+// the request before any handler runs, and a Content-Length that is no number it can read ("abc",
+// past int64, "5, 5") throws out of its loop: the connection closed with no answer, nothing
+// logged. Here it is refused as every unreadable request is (400, the API's envelope), and the
+// connection closed. Its method and target are not known, so it is not audited.
+class Connection final : public Poco::Net::HTTPServerConnection {
+ public:
+  Connection(const Poco::Net::StreamSocket& socket, Poco::Net::HTTPServerParams::Ptr params,
+             Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api)
+      : HTTPServerConnection(socket, params, handlers), api_(api) {}
+
+  void run() override {
+    // Poco's session closes the socket as it ends, by an exception too: a duplicate to answer on.
+    const UniqueFd spare(::fcntl(socket().impl()->sockfd(), F_DUPFD_CLOEXEC, 0));
+    try {
+      HTTPServerConnection::run();
+    } catch (const Poco::SyntaxException& e) {
+      if (spare)
+        refuse(spare.get(),
+               "headers: " + e.displayText() + " (Content-Length must be one decimal number)");
+    }
+  }
+
+ private:
+  void refuse(int fd, const std::string& why) {
+    logging::get("admin_api")->warn("a request could not be read: {}", why);
+    host::Request request;
+    request.unreadable = why;
+    const host::Response answer = api_.handle(request);
+    std::string bytes = "HTTP/1.1 " + std::to_string(answer.status) + " " +
+                        Poco::Net::HTTPResponse::getReasonForStatus(
+                            static_cast<Poco::Net::HTTPResponse::HTTPStatus>(answer.status)) +
+                        "\r\nContent-Type: " + answer.content_type +
+                        "\r\nContent-Length: " + std::to_string(answer.body.size()) +
+                        "\r\nConnection: close\r\n";
+    for (const auto& [name, value] : answer.headers) bytes += name + ": " + value + "\r\n";
+    bytes += "\r\n" + answer.body;
+    // A few hundred bytes: the socket's send buffer takes them whether or not the client reads.
+    for (size_t sent = 0; sent < bytes.size();) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // the client went away: nothing more to do
+      sent += static_cast<size_t>(n);
+    }
+  }
+
+  AdminApi& api_;
+};
+
+class ConnectionFactory final : public Poco::Net::TCPServerConnectionFactory {
+ public:
+  ConnectionFactory(Poco::Net::HTTPServerParams::Ptr params,
+                    Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api)
+      : params_(std::move(params)), handlers_(std::move(handlers)), api_(api) {}
+  Poco::Net::TCPServerConnection* createConnection(const Poco::Net::StreamSocket& socket) override {
+    return new Connection(socket, params_, handlers_, api_);
+  }
+
+ private:
+  Poco::Net::HTTPServerParams::Ptr params_;
+  Poco::Net::HTTPRequestHandlerFactory::Ptr handlers_;
   AdminApi& api_;
 };
 
@@ -77,11 +150,13 @@ struct AdminServer::Impl {
   AdminServerOptions options;
   std::atomic<uint16_t> port{0};
   std::unique_ptr<Poco::ThreadPool> pool;
-  std::unique_ptr<Poco::Net::HTTPServer> server;
+  Poco::Net::HTTPRequestHandlerFactory::Ptr handlers;  // a HandlerFactory
+  HandlerFactory* handler_factory = nullptr;           // handlers, for abort_connections()
+  std::unique_ptr<Poco::Net::TCPServer> server;
 };
 
 AdminServer::AdminServer(AdminApi& api, AdminServerOptions options)
-    : impl_(new Impl{api, std::move(options), {}, nullptr, nullptr}) {}
+    : impl_(new Impl{api, std::move(options), {}, nullptr, nullptr, nullptr, nullptr}) {}
 
 AdminServer::~AdminServer() { stop(); }
 
@@ -99,7 +174,7 @@ void AdminServer::start() {
 
   const int threads = impl_->options.max_connections;
   const Poco::Timespan timeout(impl_->options.timeout_ms * 1000);
-  auto* params = new Poco::Net::HTTPServerParams;  // owned by the server (reference counted)
+  Poco::Net::HTTPServerParams::Ptr params = new Poco::Net::HTTPServerParams;
   params->setMaxThreads(threads);
   params->setMaxQueued(threads);  // beyond threads + queue, connections are refused
   params->setKeepAlive(true);
@@ -108,17 +183,23 @@ void AdminServer::start() {
   params->setTimeout(timeout);
   params->setServerName("backhauld");
   impl_->pool = std::make_unique<Poco::ThreadPool>(1, threads);
-  impl_->server = std::make_unique<Poco::Net::HTTPServer>(new HandlerFactory(impl_->api),
-                                                          *impl_->pool, socket, params);
+  impl_->handler_factory = new HandlerFactory(impl_->api);
+  impl_->handlers = impl_->handler_factory;  // owns it
+  impl_->server = std::make_unique<Poco::Net::TCPServer>(
+      new ConnectionFactory(params, impl_->handlers, impl_->api), *impl_->pool, socket,
+      Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
   impl_->server->setConnectionFilter(new CloseOnExec);
   impl_->server->start();
 }
 
 void AdminServer::stop() {
   if (!impl_->server) return;
-  impl_->server->stopAll(/*abortCurrent=*/true);
+  impl_->server->stop();
+  impl_->handler_factory->abort_connections();
   impl_->pool->joinAll();
   impl_->server.reset();
+  impl_->handlers = nullptr;
+  impl_->handler_factory = nullptr;
   impl_->pool.reset();
 }
 

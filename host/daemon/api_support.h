@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,18 +36,26 @@ class ApiError : public Error {
   const std::string& code() const noexcept { return code_; }
   const nlohmann::json& details() const noexcept { return details_; }
   bool retryable() const noexcept { return retryable_; }
+  // Headers the error's response carries (a 405's Allow).
+  const std::vector<std::pair<std::string, std::string>>& headers() const noexcept {
+    return headers_;
+  }
+  ApiError& with_header(std::string name, std::string value) {
+    headers_.emplace_back(std::move(name), std::move(value));
+    return *this;
+  }
 
  private:
   int status_;
   std::string code_;
   nlohmann::json details_;
   bool retryable_;
+  std::vector<std::pair<std::string, std::string>> headers_;
 };
 
 // 400 VALIDATION_ERROR whose message starts with the field name.
 ApiError validation_error(const std::string& field, const std::string& reason);
 ApiError not_found(const std::string& code, const std::string& message);
-ApiError method_not_allowed(const std::string& method, const std::string& path);
 
 using Route = std::span<const std::string_view>;
 
@@ -64,6 +75,10 @@ struct Call {
   // json_body() with `what` in the error: "must be <what>".
   nlohmann::json json_body(const char* what) const;
 };
+
+// Throws 405 METHOD_NOT_ALLOWED, with an Allow header listing `allowed` (and HEAD beside GET),
+// unless the request's method is one of them.
+void allow_only(const Call& call, std::initializer_list<std::string_view> allowed);
 
 // How deeply a request body, or stored JSON shown, may nest. nlohmann copies and dumps values
 // recursively: a body nested 300 000 deep ended the daemon at its first dump (a stack overflow),

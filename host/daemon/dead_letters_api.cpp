@@ -143,10 +143,7 @@ Response purge(Call& call) {
 }  // namespace
 
 Response handle_dead_letters(Call& call, Route rest) {
-  const std::string& method = call.request.method;
-  auto only = [&](const char* allowed) {
-    if (method != allowed) throw method_not_allowed(method, call.request.path);
-  };
+  auto only = [&](std::string_view allowed) { allow_only(call, {allowed}); };
   if (rest.empty()) {
     only("GET");
     return list(call);

@@ -152,8 +152,7 @@ std::string_view circuit_value(const std::string& state) {
 }  // namespace
 
 Response handle_health(Call& call, Route rest) {
-  if (call.request.method != "GET")
-    throw method_not_allowed(call.request.method, call.request.path);
+  allow_only(call, {"GET"});
   if (rest.size() == 1 && rest[0] == "live") return call.ok(200, {{"status", "alive"}});
   if (rest.size() == 1 && rest[0] == "ready") return ready(call);
   throw not_found("NOT_FOUND", "no route for " + call.request.path);

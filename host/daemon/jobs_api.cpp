@@ -91,24 +91,24 @@ Response checkpoint(Call& call, jobs::JobId id) {
     return call.ok(
         200, {{"jobId", id}, {"status", jobs::to_string(job.status)}, {"checkpoint", nullptr}});
   }
-  throw method_not_allowed(method, call.request.path);
+  allow_only(call, {"GET", "PUT", "DELETE"});
+  throw std::logic_error("allow_only let " + method + " through");
 }
 
 }  // namespace
 
 Response handle_jobs(Call& call, Route rest) {
-  const std::string& method = call.request.method;
   if (rest.empty()) {
-    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    allow_only(call, {"GET"});
     return list_jobs(call);
   }
   const jobs::JobId id = path_id(rest[0]);
   if (rest.size() == 1) {
-    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    allow_only(call, {"GET"});
     return get_job(call, id);
   }
   if (rest.size() == 2 && rest[1] == "cancel") {
-    if (method != "POST") throw method_not_allowed(method, call.request.path);
+    allow_only(call, {"POST"});
     return cancel_job(call, id);
   }
   if (rest.size() == 2 && rest[1] == "checkpoint") return checkpoint(call, id);

@@ -69,9 +69,8 @@ Response validate_config(Call& call, const std::string& id) {
 }  // namespace
 
 Response handle_plugins(Call& call, Route rest) {
-  const std::string& method = call.request.method;
   if (rest.empty()) {
-    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    allow_only(call, {"GET"});
     json items = json::array();
     const std::map<std::string, plugins::WorkerStats> workers = workers_of(call);
     for (const plugins::Plugin& plugin : call.deps.plugins.plugins()) {
@@ -81,13 +80,13 @@ Response handle_plugins(Call& call, Route rest) {
   }
   const std::string id(rest[0]);
   if (rest.size() == 1) {
-    if (method != "GET") throw method_not_allowed(method, call.request.path);
+    allow_only(call, {"GET"});
     const std::optional<plugins::Plugin> plugin = call.deps.plugins.find(id);
     if (!plugin) throw not_found("PLUGIN_NOT_FOUND", "plugin " + id + " is not loaded");
     return call.ok(200, plugin_json(*plugin, workers_of(call)));
   }
   if (rest.size() == 2 && rest[1] == "validate-config") {
-    if (method != "POST") throw method_not_allowed(method, call.request.path);
+    allow_only(call, {"POST"});
     return validate_config(call, id);
   }
   throw not_found("NOT_FOUND", "no route for " + call.request.path);

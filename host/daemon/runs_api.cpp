@@ -228,8 +228,7 @@ void read_caps(const json& body, const char* field, jobs::Caps* caps) {
 Response rate_limits(Call& call) {
   pipeline::Pipeline& p = require_pipeline(call);
   if (call.request.method == "GET") return call.ok(200, settings_json(p.rate_limits()));
-  if (call.request.method != "PUT")
-    throw method_not_allowed(call.request.method, call.request.path);
+  allow_only(call, {"GET", "PUT"});
   const json body = call.json_body();
   for (const auto& [key, value] : body.items()) {
     // "metadata": a GET's answer sent back as it is (ignored).
@@ -255,12 +254,10 @@ Response rate_limits(Call& call) {
 
 Response handle_runs(Call& call, Route rest) {
   const std::string& method = call.request.method;
-  auto only = [&](const char* allowed) {
-    if (method != allowed) throw method_not_allowed(method, call.request.path);
-  };
+  auto only = [&](std::string_view allowed) { allow_only(call, {allowed}); };
   if (rest.empty()) {
     if (method == "POST") return start_run(call);
-    only("GET");
+    allow_only(call, {"GET", "POST"});
     return list_runs(call);
   }
   if (rest.size() == 1 && rest[0] == "preview") {
@@ -283,9 +280,7 @@ Response handle_installations(Call& call, Route rest) {
   if (rest.size() != 2 || rest[1] != "cancel") {
     throw not_found("NOT_FOUND", "no route for " + call.request.path);
   }
-  if (call.request.method != "POST") {
-    throw method_not_allowed(call.request.method, call.request.path);
-  }
+  allow_only(call, {"POST"});
   const std::string installation(rest[0]);
   const int cancelled =
       validated([&] { return require_pipeline(call).cancel_installation(installation); });

@@ -128,9 +128,22 @@ Response Sandbox::Impl::dispatch(const Request& request) const {
 
 void Sandbox::Impl::serve(Poco::Net::HTTPServerRequest& in,
                           Poco::Net::HTTPServerResponse& out) const {
+  host::Request request;
+  try {
+    request = host::read_request(in, kMaxBodyBytes);
+  } catch (const std::exception& error) {
+    // Where a request that cannot be read ends on the connection is unknown: what follows it is
+    // no request of its own (it was answered as one, on a connection kept alive).
+    out.setKeepAlive(false);
+    host::write_response(
+        json_response(400,
+                      {{"message", std::string("request could not be read: ") + error.what()}}),
+        out);
+    return;
+  }
   Response response;
   try {
-    response = dispatch(host::read_request(in, kMaxBodyBytes));
+    response = dispatch(request);
   } catch (const std::exception& error) {
     response = internal_error(error.what());
   }

@@ -9,6 +9,9 @@
 #include <stdexcept>
 #include <string>
 
+#include <Poco/Net/SocketAddress.h>
+#include <Poco/Net/StreamSocket.h>
+#include <Poco/Timespan.h>
 #include <gtest/gtest.h>
 
 #include "tests/host/sandbox/test_client.h"
@@ -40,6 +43,26 @@ TEST(SandboxTest, StartsOnAnEphemeralPortAndStopsWithIdleConnectionsOpen) {
   sandbox.stop();
   EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(3));
   sandbox.stop();  // idempotent
+}
+
+// A request the sandbox cannot read was answered 500 on a connection kept alive, and the bytes
+// after it were read as a request of their own. Now it is a 400, the only answer: the connection
+// closes.
+TEST(SandboxTest, ARequestThatCannotBeReadIsAnsweredOnceAndItsConnectionClosed) {
+  Sandbox sandbox({});
+  sandbox.start();
+  Poco::Net::StreamSocket socket(Poco::Net::SocketAddress("127.0.0.1", sandbox.port()));
+  socket.setReceiveTimeout(Poco::Timespan(10, 0));
+  const std::string request =
+      "POST /gateway/webhooks/github HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+      "Content-Length: 40\r\n\r\n{}GET /_sandbox/health HTTP/1.1\r\nHost: x\r\n\r\n";
+  socket.sendBytes(request.data(), static_cast<int>(request.size()));
+  std::string answer;
+  char buffer[4096];
+  for (int n; (n = socket.receiveBytes(buffer, sizeof buffer)) > 0;) answer.append(buffer, n);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+  EXPECT_EQ(answer.find("HTTP/1.1 ", 1), std::string::npos) << "one answer: " << answer;
+  EXPECT_NE(answer.find("Content-Length is given 2 times"), std::string::npos) << answer;
 }
 
 TEST(SandboxTest, RejectsInvalidOptions) {
