@@ -35,6 +35,7 @@
 #include <Poco/URI.h>
 
 #include "core/common/redact.h"
+#include "core/common/socket_deadlines.h"
 #include "core/common/unique_fd.h"
 #include <sys/socket.h>
 
@@ -323,101 +324,6 @@ bool open_and_quiet(const Poco::Net::StreamSocket& socket) {
 }
 
 // A keep-alive connection to one origin, HTTP or HTTPS.
-// Shuts a socket down once its request's deadline has passed: the bound on the reads Poco makes in
-// loops of its own (a header line, a chunk's size line and its extensions), each receive given
-// the time left when it was set, so a server sending a byte now and then could hold the call
-// without end. One thread per transport, started with its first watch.
-class SocketDeadlines {
- public:
-  // Watches `fd` from construction to destruction; the socket is not closed meanwhile.
-  class Watch {
-   public:
-    Watch(SocketDeadlines& owner, int fd, SteadyClock::time_point deadline)
-        : owner_(owner), id_(owner.add(fd, deadline)) {}
-    ~Watch() { owner_.remove(id_); }
-    Watch(const Watch&) = delete;
-    Watch& operator=(const Watch&) = delete;
-    // Whether the socket was shut down: what was read from it since may be cut short.
-    bool expired() const { return owner_.expired(id_); }
-
-   private:
-    SocketDeadlines& owner_;
-    const uint64_t id_;
-  };
-
-  SocketDeadlines() = default;
-  SocketDeadlines(const SocketDeadlines&) = delete;
-  SocketDeadlines& operator=(const SocketDeadlines&) = delete;
-  ~SocketDeadlines() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  struct Entry {
-    int fd;
-    SteadyClock::time_point deadline;
-    bool expired = false;
-  };
-
-  uint64_t add(int fd, SteadyClock::time_point deadline) {
-    bool sooner = false;
-    uint64_t id = 0;
-    {
-      std::lock_guard lock(mutex_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-      id = next_id_++;
-      entries_.emplace(id, Entry{fd, deadline});
-      sooner = deadline < waiting_until_;
-    }
-    if (sooner) changed_.notify_one();
-    return id;
-  }
-  void remove(uint64_t id) {
-    std::lock_guard lock(mutex_);
-    entries_.erase(id);
-  }
-  bool expired(uint64_t id) {
-    std::lock_guard lock(mutex_);
-    auto it = entries_.find(id);
-    return it != entries_.end() && it->second.expired;
-  }
-
-  void run() {
-    std::unique_lock lock(mutex_);
-    while (!stopping_) {
-      const SteadyClock::time_point now = SteadyClock::now();
-      waiting_until_ = SteadyClock::time_point::max();
-      for (auto& [id, entry] : entries_) {
-        if (entry.expired) continue;
-        if (entry.deadline <= now) {
-          ::shutdown(entry.fd, SHUT_RDWR);  // the read in progress ends; no more can start
-          entry.expired = true;
-        } else {
-          waiting_until_ = std::min(waiting_until_, entry.deadline);
-        }
-      }
-      if (waiting_until_ == SteadyClock::time_point::max()) {
-        changed_.wait(lock);
-      } else {
-        changed_.wait_until(lock, waiting_until_);
-      }
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<uint64_t, Entry> entries_;
-  uint64_t next_id_ = 0;
-  SteadyClock::time_point waiting_until_ = SteadyClock::time_point::max();
-  bool stopping_ = false;
-  std::thread thread_;  // last: it uses the members above
-};
-
 class PooledSession {
  public:
   virtual ~PooledSession() = default;

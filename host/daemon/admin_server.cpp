@@ -1,7 +1,10 @@
 #include "host/daemon/admin_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <optional>
 #include <stdexcept>
 
 #include <Poco/Exception.h>
@@ -19,12 +22,57 @@
 #include <Poco/ThreadPool.h>
 
 #include "core/common/logging.h"
+#include "core/common/socket_deadlines.h"
 #include "core/common/unique_fd.h"
 #include <fcntl.h>
 #include <sys/socket.h>
 
 namespace backhaul::daemon {
 namespace {
+
+// The whole-request bound of a connection. Poco bounds each receive (admin.timeout_ms) but not a
+// request: a client sending a header byte now and then held a server thread as long as it liked,
+// and admin.max_connections of them shut everyone out, /health/live included. Each request must
+// be read within `read` of its connection's start, or of the previous answer plus the keep-alive
+// wait; at that deadline the socket is shut down and the connection ends. `read` is the receive
+// timeout twice (once plus a second at least), so that a client that stops sending is answered
+// (400, its body cut short) when its receive times out, before the deadline takes the connection. A
+// request being handled has no deadline (a plugin's validate-config may take its time).
+class RequestDeadline {
+ public:
+  RequestDeadline(SocketDeadlines& deadlines, int fd, std::chrono::milliseconds read,
+                  std::chrono::milliseconds keep_alive)
+      : deadlines_(deadlines), fd_(fd), read_(read), keep_alive_(keep_alive) {
+    arm(read_);
+    current_ = this;
+  }
+  ~RequestDeadline() { current_ = nullptr; }
+  RequestDeadline(const RequestDeadline&) = delete;
+  RequestDeadline& operator=(const RequestDeadline&) = delete;
+
+  // Of the connection this thread serves (the handler runs on the connection's thread).
+  static void request_read() {
+    if (current_) current_->watch_.reset();
+  }
+  static void answered() {
+    if (current_) current_->arm(current_->keep_alive_ + current_->read_);
+  }
+
+ private:
+  void arm(std::chrono::milliseconds budget) {
+    watch_.reset();
+    watch_.emplace(deadlines_, fd_, std::chrono::steady_clock::now() + budget);
+  }
+
+  static thread_local RequestDeadline* current_;
+  SocketDeadlines& deadlines_;
+  const int fd_;
+  const std::chrono::milliseconds read_;
+  const std::chrono::milliseconds keep_alive_;
+  std::optional<SocketDeadlines::Watch> watch_;
+};
+
+thread_local RequestDeadline* RequestDeadline::current_ = nullptr;
 
 class Handler final : public Poco::Net::HTTPRequestHandler {
  public:
@@ -43,11 +91,13 @@ class Handler final : public Poco::Net::HTTPRequestHandler {
       in.path = request.getURI().substr(0, request.getURI().find('?'));
       in.unreadable = e.what();
     }
+    RequestDeadline::request_read();
     const host::Response answer = api_.handle(in);
     // Where an unreadable request ends on the connection is unknown: whatever follows it is no
     // request of its own.
     if (in.unreadable) response.setKeepAlive(false);
     host::write_response(answer, response);
+    RequestDeadline::answered();
   }
 
  private:
@@ -76,12 +126,19 @@ class HandlerFactory final : public Poco::Net::HTTPRequestHandlerFactory {
 class Connection final : public Poco::Net::HTTPServerConnection {
  public:
   Connection(const Poco::Net::StreamSocket& socket, Poco::Net::HTTPServerParams::Ptr params,
-             Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api)
-      : HTTPServerConnection(socket, params, handlers), api_(api) {}
+             Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api,
+             SocketDeadlines& deadlines)
+      : HTTPServerConnection(socket, params, handlers),
+        api_(api),
+        deadlines_(deadlines),
+        read_(params->getTimeout().totalMilliseconds() +
+              std::max<int64_t>(params->getTimeout().totalMilliseconds(), 1000)),
+        keep_alive_(params->getKeepAliveTimeout().totalMilliseconds()) {}
 
   void run() override {
     // Poco's session closes the socket as it ends, by an exception too: a duplicate to answer on.
     const UniqueFd spare(::fcntl(socket().impl()->sockfd(), F_DUPFD_CLOEXEC, 0));
+    const RequestDeadline deadline(deadlines_, socket().impl()->sockfd(), read_, keep_alive_);
     try {
       HTTPServerConnection::run();
     } catch (const Poco::SyntaxException& e) {
@@ -115,21 +172,29 @@ class Connection final : public Poco::Net::HTTPServerConnection {
   }
 
   AdminApi& api_;
+  SocketDeadlines& deadlines_;
+  const std::chrono::milliseconds read_;
+  const std::chrono::milliseconds keep_alive_;
 };
 
 class ConnectionFactory final : public Poco::Net::TCPServerConnectionFactory {
  public:
   ConnectionFactory(Poco::Net::HTTPServerParams::Ptr params,
-                    Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api)
-      : params_(std::move(params)), handlers_(std::move(handlers)), api_(api) {}
+                    Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api,
+                    SocketDeadlines& deadlines)
+      : params_(std::move(params)),
+        handlers_(std::move(handlers)),
+        api_(api),
+        deadlines_(deadlines) {}
   Poco::Net::TCPServerConnection* createConnection(const Poco::Net::StreamSocket& socket) override {
-    return new Connection(socket, params_, handlers_, api_);
+    return new Connection(socket, params_, handlers_, api_, deadlines_);
   }
 
  private:
   Poco::Net::HTTPServerParams::Ptr params_;
   Poco::Net::HTTPRequestHandlerFactory::Ptr handlers_;
   AdminApi& api_;
+  SocketDeadlines& deadlines_;
 };
 
 // Runs on the accepting thread, as soon as a connection is accepted: neither is a connection
@@ -149,6 +214,7 @@ struct AdminServer::Impl {
   AdminApi& api;
   AdminServerOptions options;
   std::atomic<uint16_t> port{0};
+  SocketDeadlines deadlines;  // of the connections' requests; outlives them
   std::unique_ptr<Poco::ThreadPool> pool;
   Poco::Net::HTTPRequestHandlerFactory::Ptr handlers;  // a HandlerFactory
   HandlerFactory* handler_factory = nullptr;           // handlers, for abort_connections()
@@ -156,7 +222,7 @@ struct AdminServer::Impl {
 };
 
 AdminServer::AdminServer(AdminApi& api, AdminServerOptions options)
-    : impl_(new Impl{api, std::move(options), {}, nullptr, nullptr, nullptr, nullptr}) {}
+    : impl_(new Impl{api, std::move(options), {}, {}, nullptr, nullptr, nullptr, nullptr}) {}
 
 AdminServer::~AdminServer() { stop(); }
 
@@ -186,8 +252,8 @@ void AdminServer::start() {
   impl_->handler_factory = new HandlerFactory(impl_->api);
   impl_->handlers = impl_->handler_factory;  // owns it
   impl_->server = std::make_unique<Poco::Net::TCPServer>(
-      new ConnectionFactory(params, impl_->handlers, impl_->api), *impl_->pool, socket,
-      Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
+      new ConnectionFactory(params, impl_->handlers, impl_->api, impl_->deadlines), *impl_->pool,
+      socket, Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
   impl_->server->setConnectionFilter(new CloseOnExec);
   impl_->server->start();
 }

@@ -151,6 +151,39 @@ TEST_F(DaemonTest, HeadIsAnsweredAsGetWithoutTheBody) {
   EXPECT_EQ(jobs.substr(jobs.find("\r\n\r\n") + 4), "") << jobs;
 }
 
+// A client sending a header byte now and then held a server thread as long as it liked (each
+// receive had admin.timeout_ms afresh), and admin.max_connections of them shut everyone out,
+// /health/live included. A request must be read within twice admin.timeout_ms (plus 1 s at least):
+// then its connection is shut down, and the daemon serves the others.
+TEST_F(DaemonTest, ARequestTricklingInIsCutOffAtItsDeadline) {
+  start([](json& c) { c["admin"]["timeout_ms"] = 300; });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(daemon_->port()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string start_line = "GET /health/live HTTP/1.1\r\nHost: x\r\n";
+  ASSERT_EQ(::send(fd, start_line.data(), start_line.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(start_line.size()));
+  // A header line, a byte every 100 ms (under the 300 ms each receive may take), for up to 10 s.
+  const auto began = std::chrono::steady_clock::now();
+  bool closed = false;
+  const std::string header = "X-Slow: " + std::string(100, 'a');
+  for (size_t i = 0; i < header.size() && !closed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    char byte;
+    closed =
+        ::send(fd, &header[i], 1, MSG_NOSIGNAL) != 1 || ::recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
+  }
+  const auto took = std::chrono::steady_clock::now() - began;
+  ::close(fd);
+  EXPECT_TRUE(closed) << "the connection lived through 10 s of trickling";
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_EQ(call("GET", "/health/live").status, 200);
+}
+
 // How many answers `raw` holds.
 size_t answers_in(const std::string& raw) {
   size_t count = 0;
