@@ -48,6 +48,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -2189,13 +2190,30 @@ class MysqlStore final : public JobStore {
         lane_index[lane].push_back(other_item[k]);
       }
       std::vector<std::vector<FinishResult>> lane_results(lanes);
+      // A lane's error (the store failing) is rethrown here once every lane is done: thrown in a
+      // thread it was std::terminate. A thread that cannot be had runs its lane here.
+      std::vector<std::exception_ptr> lane_errors(lanes);
       auto run_lane = [&](size_t lane) {
-        lane_results[lane] = JobStore::finish(lane_items[lane], now_ms);
+        try {
+          lane_results[lane] = JobStore::finish(lane_items[lane], now_ms);
+        } catch (...) {
+          lane_errors[lane] = std::current_exception();
+        }
       };
       std::vector<std::thread> threads;
-      for (size_t lane = 1; lane < lanes; ++lane) threads.emplace_back(run_lane, lane);
-      run_lane(0);
+      std::vector<size_t> here = {0};
+      for (size_t lane = 1; lane < lanes; ++lane) {
+        try {
+          threads.emplace_back(run_lane, lane);
+        } catch (const std::system_error&) {
+          here.push_back(lane);
+        }
+      }
+      for (size_t lane : here) run_lane(lane);
       for (std::thread& t : threads) t.join();
+      for (const std::exception_ptr& error : lane_errors) {
+        if (error) std::rethrow_exception(error);
+      }
       for (size_t lane = 0; lane < lanes; ++lane) {
         for (size_t k = 0; k < lane_results[lane].size(); ++k)
           results[lane_index[lane][k]] = std::move(lane_results[lane][k]);

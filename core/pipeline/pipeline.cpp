@@ -959,13 +959,23 @@ struct Pipeline::Impl {
       counts.dispatched += static_cast<int64_t>(p.size());
 
       std::optional<std::string_view> next = p.next_cursor();
+      const std::string& token = params.unit.access_token;
+      if (next && token.size() >= 6 && next->find(token) != std::string_view::npos) {
+        // A cursor is stored in the checkpoint, which the admin API shows: never a token. (A
+        // provider that puts the token in its next-page links, as Graph APIs do, needs a plugin
+        // that takes it out.) The page itself was delivered.
+        throw JobFailure("plugin '" + connector->info().id +
+                             "' returned a next-page cursor that holds the unit's access token: "
+                             "it would be stored in the checkpoint",
+                         true);
+      }
       if (next && !fetched_cursors.emplace(*next).second) {
         // Following it would fetch these pages again, forever (a cursor that does not advance,
         // or a cycle). The page itself was delivered.
         throw JobFailure("plugin '" + connector->info().id +
                              "' returned as the next page's a cursor this unit already fetched: "
                              "the unit would never end (cursor \"" +
-                             std::string(next->substr(0, 200)) + "\")",
+                             plugin_said(next->substr(0, 200), token) + "\")",
                          true);
       }
       if (!next) {
@@ -1044,7 +1054,7 @@ struct Pipeline::Impl {
     const size_t threads =
         std::min<size_t>(static_cast<size_t>(std::max(o.dispatch_concurrency, 1)), p.size());
     const size_t slice = threads == 0 ? 1 : (p.size() + threads - 1) / threads;
-    auto work = [&] {
+    auto send_slices = [&] {
       for (size_t begin = next.fetch_add(slice); begin < p.size() && !failed;
            begin = next.fetch_add(slice)) {
         std::vector<gateway::Delivery> batch;
@@ -1067,6 +1077,16 @@ struct Pipeline::Impl {
           if (!retry_here(err, 0)) return give_up(err);
           if (!retry_one(batch[k], 1)) return;
         }
+      }
+    };
+    // Nothing may leave a helper thread (std::terminate) or the caller before the helpers are
+    // joined (a joinable std::thread destroyed: std::terminate too). A bad_alloc building a batch
+    // fails the page as an error of the gateway's call would.
+    auto work = [&] {
+      try {
+        send_slices();
+      } catch (const std::exception& e) {
+        give_up(gateway::GatewayError(std::string("sending the page: ") + e.what(), 0, true));
       }
     };
     std::vector<std::thread> helpers;

@@ -66,7 +66,9 @@ typedef struct backhaul_page {
   uint32_t struct_size;
   const backhaul_event_t* events;
   size_t event_count;
-  backhaul_string_t next_cursor; /* data == NULL: this was the last page */
+  backhaul_string_t next_cursor; /* data == NULL: this was the last page. Stored by the host in the
+                                  * job's checkpoint: one holding the unit's access token fails
+                                  * the unit (take the token out of a provider's next link). */
   uint64_t raw_count;     /* items the provider returned, before filtering (>= event_count) */
   int32_t has_rate_limit; /* nonzero: rate_limit holds the provider's last reported limits */
   backhaul_rate_limit_t rate_limit;

@@ -1851,6 +1851,40 @@ TEST_F(PipelineTest, ACursorThatDoesNotAdvanceFailsTheUnitInsteadOfLoopingForeve
   EXPECT_EQ(requests_to("/issues"), 2) << "the repeated cursor was not followed again";
 }
 
+// A cursor holding the unit's access token (a provider putting it in its next-page links) was
+// stored in the checkpoint, which the admin API shows. The unit fails (FATAL) instead, naming
+// why, and the token is nowhere in the job.
+TEST_F(PipelineTest, ACursorHoldingTheAccessTokenFailsTheUnitAndIsNeverStored) {
+  start(data(1, 0, 10));
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the run fans out
+  const jobs::JobId unit = units_of(run.run_id).at(0).id;
+  std::string token;
+  plugin_transport().reset(
+      [&token](const http::Request& r, size_t) -> std::optional<http::Response> {
+        if (r.url.find("/issues") == std::string::npos) return std::nullopt;
+        for (const auto& [name, value] : r.headers) {  // "Bearer <token>" or "token <token>"
+          if (http::to_lower(name) == "authorization") token = value.substr(value.find(' ') + 1);
+        }
+        http::Response page = status_response(200, "[]");
+        page.headers.emplace_back(
+            "link", "<" + r.url + "&page=2&access_token=" + token + ">; rel=\"next\"");
+        return page;
+      });
+  drive(20);
+  const jobs::Job job = store_->get(unit).value();
+  ASSERT_GE(token.size(), 6u) << "the provider saw the unit's token";
+  EXPECT_EQ(job.status, JobStatus::kDead);
+  EXPECT_THAT(job.last_error.value_or(""), HasSubstr("holds the unit's access token"));
+  EXPECT_EQ(requests_to("/issues"), 1) << "the cursor was not followed";
+  for (const std::optional<std::string>& text : {job.checkpoint, job.last_error, job.result}) {
+    EXPECT_EQ(text.value_or("").find(token), std::string::npos) << *text;
+  }
+  for (const jobs::Attempt& a : store_->attempts(unit)) {
+    EXPECT_EQ(a.error.value_or("").find(token), std::string::npos) << *a.error;
+  }
+}
+
 // The same for a cycle: pages A -> B -> A. Only a cursor that comes back is refused; every page
 // before it was fetched once.
 TEST_F(PipelineTest, ACursorCycleFailsTheUnitInsteadOfLoopingForever) {
