@@ -137,8 +137,11 @@ class Connection final : public Poco::Net::HTTPServerConnection {
 
   void run() override {
     // Poco's session closes the socket as it ends, by an exception too: a duplicate to answer on.
+    // The deadline watches it too, as it stays open until the watch ends: Poco's own number may
+    // be another connection's by then.
     const UniqueFd spare(::fcntl(socket().impl()->sockfd(), F_DUPFD_CLOEXEC, 0));
-    const RequestDeadline deadline(deadlines_, socket().impl()->sockfd(), read_, keep_alive_);
+    const RequestDeadline deadline(deadlines_, spare ? spare.get() : socket().impl()->sockfd(),
+                                   read_, keep_alive_);
     try {
       HTTPServerConnection::run();
     } catch (const Poco::SyntaxException& e) {
