@@ -77,6 +77,18 @@ FinishResult finish_failure(const std::exception_ptr& error) {
 
 std::optional<std::string> spec_problem(const JobSpec& spec) {
   if (spec.kind.empty()) return "enqueue: job kind is empty";
+  auto too_long = [](const char* what, size_t size, size_t limit) {
+    return std::string("enqueue: ") + what + " is longer than " + std::to_string(limit) +
+           " bytes (got " + std::to_string(size) + ")";
+  };
+  if (spec.kind.size() > kMaxKindBytes)
+    return too_long("job kind", spec.kind.size(), kMaxKindBytes);
+  if (spec.concurrency_key.size() > kMaxKeyBytes) {
+    return too_long("concurrency key", spec.concurrency_key.size(), kMaxKeyBytes);
+  }
+  if (spec.dedupe_key && spec.dedupe_key->size() > kMaxKeyBytes) {
+    return too_long("dedupe key", spec.dedupe_key->size(), kMaxKeyBytes);
+  }
   if (spec.max_attempts < 1) {
     return "enqueue: max_attempts must be at least 1 (got " + std::to_string(spec.max_attempts) +
            ")";

@@ -27,6 +27,11 @@ inline bool is_active(JobStatus s) { return !is_terminal(s); }
 using JobId = int64_t;
 
 // What enqueue() takes.
+// The longest kind, and the longest concurrency and dedupe key, a store takes (bytes): MySQL's
+// columns hold no more, and SQLite refuses the same, so a job is taken or refused alike by both.
+inline constexpr size_t kMaxKindBytes = 255;
+inline constexpr size_t kMaxKeyBytes = 1024;
+
 struct JobSpec {
   std::string kind;             // handler name, e.g. "backfill.run", "backfill.entity"
   std::string payload;          // JSON text, opaque to the store; never a secret

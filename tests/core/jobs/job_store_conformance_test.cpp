@@ -281,6 +281,17 @@ TEST_P(JobStoreConformance, EnqueueRefusesABadSpecAndWritesNothing) {
   JobSpec bad_timeout = spec();
   bad_timeout.timeout_ms = -5;
   EXPECT_THAT(refusal(bad_timeout), HasSubstr("timeout_ms must not be negative (got -5)"));
+  // Identifiers longer than MySQL's columns: MySQL refused them with "Data too long" (no retry
+  // helps), SQLite took them. Both refuse them now, naming the field, and take the longest.
+  JobSpec long_kind = spec();
+  long_kind.kind = std::string(kMaxKindBytes + 1, 'k');
+  EXPECT_THAT(refusal(long_kind), HasSubstr("job kind is longer than 255 bytes (got 256)"));
+  JobSpec long_key = spec();
+  long_key.concurrency_key = std::string(kMaxKeyBytes + 1, 'c');
+  EXPECT_THAT(refusal(long_key), HasSubstr("concurrency key is longer than 1024 bytes (got 1025)"));
+  JobSpec long_dedupe = spec();
+  long_dedupe.dedupe_key = std::string(kMaxKeyBytes + 1, 'd');
+  EXPECT_THAT(refusal(long_dedupe), HasSubstr("dedupe key is longer than 1024 bytes (got 1025)"));
 
   JobSpec bad = spec();
   bad.max_attempts = 0;
@@ -291,6 +302,15 @@ TEST_P(JobStoreConformance, EnqueueRefusesABadSpecAndWritesNothing) {
     EXPECT_THAT(e.what(), HasSubstr("(spec 1 of 2)"));
   }
   EXPECT_THAT(ids(list_all({})), ::testing::IsEmpty()) << "nothing was written";
+
+  JobSpec longest = spec();
+  longest.kind = std::string(kMaxKindBytes, 'k');
+  longest.concurrency_key = std::string(kMaxKeyBytes, 'c');
+  longest.dedupe_key = std::string(kMaxKeyBytes, 'd');
+  const JobId id = store().enqueue(longest, kT0).id;
+  EXPECT_EQ(get_job(id).kind, longest.kind);
+  EXPECT_EQ(get_job(id).concurrency_key, longest.concurrency_key);
+  EXPECT_EQ(get_job(id).dedupe_key, longest.dedupe_key);
 }
 
 TEST_P(JobStoreConformance, ClaimAndHeartbeatRefuseALeaseThatIsNotPositive) {
