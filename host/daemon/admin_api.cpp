@@ -189,14 +189,20 @@ ApiError not_found(const std::string& code, const std::string& message) {
 
 void allow_only(const Call& call, std::initializer_list<std::string_view> allowed) {
   const std::string& method = call.request.method;
-  if (std::find(allowed.begin(), allowed.end(), method) != allowed.end()) return;
+  if (std::find(allowed.begin(), allowed.end(), method) == allowed.end()) {
+    throw method_not_allowed(call, allowed);
+  }
+}
+
+ApiError method_not_allowed(const Call& call, std::initializer_list<std::string_view> allowed) {
+  const std::string& method = call.request.method;
   std::string allow;
   for (std::string_view name : allowed) {
     allow += (allow.empty() ? "" : ", ") + std::string(name);
     if (name == "GET") allow += ", HEAD";  // answered as GET is, without the body
   }
-  throw ApiError(405, "METHOD_NOT_ALLOWED",
-                 method + " is not allowed on " + call.request.path + " (allowed: " + allow + ")")
+  return ApiError(405, "METHOD_NOT_ALLOWED",
+                  method + " is not allowed on " + call.request.path + " (allowed: " + allow + ")")
       .with_header("Allow", allow);
 }
 

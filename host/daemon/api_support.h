@@ -79,6 +79,8 @@ struct Call {
 // Throws 405 METHOD_NOT_ALLOWED, with an Allow header listing `allowed` (and HEAD beside GET),
 // unless the request's method is one of them.
 void allow_only(const Call& call, std::initializer_list<std::string_view> allowed);
+// The 405 allow_only() throws, for a route that has already served the methods it takes.
+ApiError method_not_allowed(const Call& call, std::initializer_list<std::string_view> allowed);
 
 // How deeply a request body, or stored JSON shown, may nest. nlohmann copies and dumps values
 // recursively: a body nested 300 000 deep ended the daemon at its first dump (a stack overflow),

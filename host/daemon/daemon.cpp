@@ -116,6 +116,17 @@ std::vector<plugins::LoadProblem> load_plugin_directories(const DaemonConfig& co
   return problems;
 }
 
+// "plugins.connectors.<id>: no such plugin is loaded", for each config no loaded plugin takes.
+std::vector<std::string> configs_of_no_plugin(const DaemonConfig& config,
+                                              const plugins::PluginRegistry& registry) {
+  std::vector<std::string> unused;
+  for (const auto& [id, settings] : config.plugins.connectors) {
+    if (!registry.find(id))
+      unused.push_back("plugins.connectors." + id + ": no such plugin is loaded");
+  }
+  return unused;
+}
+
 std::string connector_config(const DaemonConfig& config, const std::string& id) {
   auto settings = config.plugins.connectors.find(id);
   return settings == config.plugins.connectors.end() ? "{}" : settings->second.dump();
@@ -142,10 +153,8 @@ PluginCheck check_plugins(const DaemonConfig& config, const Clock& clock) {
       check.errors.push_back("config: plugins.connectors." + id + ": " + e.what());
     }
   }
-  for (const auto& [id, settings] : config.plugins.connectors) {
-    if (!registry.find(id)) {
-      check.warnings.push_back("plugins.connectors." + id + ": no such plugin is loaded");
-    }
+  for (std::string& unused : configs_of_no_plugin(config, registry)) {
+    check.warnings.push_back(std::move(unused));
   }
   return check;
 }
@@ -180,9 +189,7 @@ void Daemon::Impl::load_plugins() {
     log->info("plugin {} {} loaded from {}{}", info.id, info.version, info.path.string(),
               loaded[i].isolated() ? " (in worker processes)" : "");
   }
-  for (const auto& [id, settings] : config.plugins.connectors) {
-    if (!registry->find(id)) log->warn("plugins.connectors.{}: no such plugin is loaded", id);
-  }
+  for (const std::string& unused : configs_of_no_plugin(config, *registry)) log->warn("{}", unused);
 }
 
 void Daemon::Impl::start_pipeline() {

@@ -91,8 +91,7 @@ Response checkpoint(Call& call, jobs::JobId id) {
     return call.ok(
         200, {{"jobId", id}, {"status", jobs::to_string(job.status)}, {"checkpoint", nullptr}});
   }
-  allow_only(call, {"GET", "PUT", "DELETE"});
-  throw std::logic_error("allow_only let " + method + " through");
+  throw method_not_allowed(call, {"GET", "PUT", "DELETE"});
 }
 
 }  // namespace
