@@ -234,6 +234,10 @@ class Scheduler {
   // [thread-safe]
   void hurry();
 
+  // True while a drain asks the handlers still running to stop (its grace ran out, or it was
+  // hurried): JobContext::stopping() is true for each of them. [thread-safe]
+  bool asking_handlers_to_stop() const noexcept { return stopping_.load(); }
+
   // Claims up to `limit` jobs and runs them on the calling thread, one after another; returns how
   // many ran. For tests and tools; do not mix with start(). [any-thread]
   size_t run_once(size_t limit);

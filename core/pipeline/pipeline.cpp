@@ -929,12 +929,17 @@ struct Pipeline::Impl {
           counts.rate_limit_waits += 1;
           // No progress: the page is where it was, and the attempts before this one still count
           // (as progress, the failures of 502, 502, 429, 502, ... were forgotten at each 429).
-          ctx.checkpoint_without_progress(counts_json(counts).dump());  // throws on cancel/drain
+          const std::string saved = counts_json(counts).dump();
+          return defer_after([&] { ctx.checkpoint_without_progress(saved); },
+                             std::move(*fetched.stop));
         }
         return *fetched.stop;
       }
       if (!fetched.page) {  // the token was refreshed, or a transient error: the same page again
         page_error = std::move(fetched.error);
+        // Asked to stop (a drain past its grace, a cancel): not another try of the page. The
+        // heartbeat throws JobInterrupted; the page's failure costs nothing when drained.
+        if (ctx.stopping()) ctx.heartbeat();
         continue;
       }
       page_error.reset();
@@ -995,16 +1000,19 @@ struct Pipeline::Impl {
       bool low = rl && rl->limit > 0 &&
                  static_cast<double>(rl->remaining) < o.rate_limit_floor * rl->limit &&
                  rl->reset_at_unix_ms > now;
-      if (low) counts.rate_limit_waits += 1;
-      ctx.checkpoint(counts_json(counts).dump());  // throws JobInterrupted on cancel/drain
-      if (low) {
-        ++rate_limit_waits;
-        // A reset further away than a day is a bad header (seconds read as milliseconds, say):
-        // waited for a day, as a connector's retry-after is at most (plugin.cpp).
-        return Outcome::defer(std::min(rl->reset_at_unix_ms, now + kDayMs),
-                              "rate limit: " + std::to_string(rl->remaining) + " of " +
-                                  std::to_string(rl->limit) + " requests left");
+      if (!low) {
+        ctx.checkpoint(counts_json(counts).dump());  // throws JobInterrupted on cancel/drain
+        continue;
       }
+      counts.rate_limit_waits += 1;
+      ++rate_limit_waits;
+      // A reset further away than a day is a bad header (seconds read as milliseconds, say):
+      // waited for a day, as a connector's retry-after is at most (plugin.cpp).
+      const std::string saved = counts_json(counts).dump();
+      return defer_after([&] { ctx.checkpoint(saved); },
+                         Outcome::defer(std::min(rl->reset_at_unix_ms, now + kDayMs),
+                                        "rate limit: " + std::to_string(rl->remaining) + " of " +
+                                            std::to_string(rl->limit) + " requests left"));
     }
   }
 
@@ -1210,6 +1218,19 @@ struct Pipeline::Impl {
   // nothing certain; a probe that ends with it is given back (Probes).
   static bool provider_answered(backhaul_status_t status) {
     return status == BACKHAUL_AUTH_EXPIRED || status == BACKHAUL_RATE_LIMITED;
+  }
+
+  // `deferral`, once `save` (a checkpoint) has run. Draining, the checkpoint throws after saving;
+  // the deferral stands all the same: released without its run-after, the job would be claimed
+  // at once (by this host's next start, or another host) and meet the same limit again.
+  template <typename Save>
+  static Outcome defer_after(Save save, Outcome deferral) {
+    try {
+      save();
+    } catch (const jobs::JobInterrupted& e) {
+      if (e.reason() != jobs::JobInterrupted::Reason::kDraining) throw;
+    }
+    return deferral;
   }
 
   // The short real wait before an in-place retry of a transient error (0 in tests).

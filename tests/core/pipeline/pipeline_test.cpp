@@ -6,8 +6,10 @@
 // edges.
 #include "core/pipeline/pipeline.h"
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -254,6 +256,17 @@ class PipelineTest : public ::testing::Test {
 
   // With `options`, both circuits opening after 3 failures for 60 s: a run of gh-inst-1's `types`
   // (150 items each, one repository) that has fanned out.
+  // A scheduler of `workers` threads of its own (not started) running the pipeline's jobs.
+  std::unique_ptr<jobs::Scheduler> threaded_scheduler(const std::string& owner, int workers) {
+    jobs::SchedulerOptions so;
+    so.owner = owner;
+    so.workers = workers;
+    so.idle_poll_ms = 5;
+    auto scheduler = std::make_unique<jobs::Scheduler>(*store_, test_clock(), so);
+    pipeline_->register_handlers(*scheduler);
+    return scheduler;
+  }
+
   RunStart fanned_out(std::vector<std::string> types = {"issue"},
                       PipelineOptions options = fast()) {
     options.provider_circuit = {3, 60'000};
@@ -706,6 +719,87 @@ TEST_F(PipelineTest, ARateLimitedPageIsCountedInTheUnitsRateLimitWaits) {
   EXPECT_EQ(json::parse(unit.result.value_or("{}"))["rateLimitWaits"], 1)
       << unit.result.value_or("-");
   EXPECT_EQ(pipeline_->metrics().rate_limit_waits, 1);
+}
+
+// A drain with no grace asks a unit to stop while its first page is under way (the provider's
+// answer waits for it); then the page is answered. Found by review: the checkpoint before a
+// rate limit's deferral threw, draining, and the unit was released with run-after now, where the
+// next start (or another host) would claim it at once and meet the limit again; and a page that
+// failed transiently was tried again in place, after the drain had asked the unit to stop.
+class PipelineDrainTest : public PipelineTest {
+ protected:
+  const int64_t now_ = kStart;  // the clock stands still
+
+  // Drains while the unit's first page waits, answered by `answer` (the sandbox's page passed in).
+  // Returns the unit as the drain left it; `requests` counts the provider requests it made.
+  jobs::Job drain_while_the_first_page_is_under_way(
+      const std::function<http::Response(http::Response)>& answer) {
+    RunStart run = fanned_out();
+    std::unique_ptr<jobs::Scheduler> scheduler = threaded_scheduler("draining", 1);
+    jobs::Scheduler& threaded = *scheduler;
+    std::promise<void> fetching;
+    std::atomic<bool> asked_to_stop{false};
+    http::PocoTransport direct;
+    plugin_transport().reset(
+        [&](const http::Request& r, size_t n) -> std::optional<http::Response> {
+          requests = static_cast<int>(n);
+          if (n != 1) return std::nullopt;  // the unit's first page
+          fetching.set_value();
+          for (int i = 0; i < 1000 && !threaded.asking_handlers_to_stop(); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          asked_to_stop = threaded.asking_handlers_to_stop();
+          return answer(direct.perform(r));
+        });
+    EXPECT_EQ(test_clock().now_ms(), now_);
+    threaded.start();
+    EXPECT_EQ(fetching.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    threaded.hurry();  // no grace: the unit is asked to stop while its page is under way
+    threaded.drain(std::chrono::milliseconds(0));
+    EXPECT_TRUE(asked_to_stop) << "the page was answered before the drain asked the unit to stop";
+    return units_of(run.run_id).at(0);
+  }
+
+  // The unit went back to wait for the rate limit (ten minutes), counted in its checkpoint.
+  void expect_waiting_ten_minutes(const jobs::Job& unit) {
+    EXPECT_EQ(unit.status, JobStatus::kQueued);
+    EXPECT_EQ(unit.attempts, 0) << "a wait, not an attempt";
+    EXPECT_EQ(unit.run_after_ms, now_ + 600'000) << "the unit goes back with its wait";
+    const json checkpoint = json::parse(unit.checkpoint.value_or("{}"));
+    EXPECT_EQ(checkpoint.value("rateLimitWaits", 0), 1) << checkpoint.dump();
+  }
+
+  std::atomic<int> requests{0};
+};
+
+TEST_F(PipelineDrainTest, ADrainKeepsTheRetryAfterOfA429) {
+  const jobs::Job unit = drain_while_the_first_page_is_under_way([](http::Response) {
+    http::Response limited = status_response(429, R"({"message":"slow down"})");
+    limited.headers.emplace_back("retry-after", "600");
+    return limited;
+  });
+  expect_waiting_ten_minutes(unit);
+}
+
+TEST_F(PipelineDrainTest, ADrainKeepsTheWaitForALowLimitsReset) {
+  const jobs::Job unit = drain_while_the_first_page_is_under_way([&](http::Response page) {
+    std::erase_if(page.headers, [](const auto& h) { return h.first.starts_with("x-ratelimit"); });
+    page.headers.emplace_back("x-ratelimit-limit", "5000");
+    page.headers.emplace_back("x-ratelimit-remaining", "0");
+    page.headers.emplace_back("x-ratelimit-reset", std::to_string(now_ / 1000 + 600));
+    return page;
+  });
+  expect_waiting_ten_minutes(unit);
+  const json checkpoint = json::parse(unit.checkpoint.value_or("{}"));
+  EXPECT_TRUE(checkpoint.value("cursor", json()).is_string()) << "the page it fetched is saved";
+}
+
+TEST_F(PipelineDrainTest, ADrainStopsAUnitFromTryingAFailedPageAgain) {
+  const jobs::Job unit = drain_while_the_first_page_is_under_way(
+      [](http::Response) { return status_response(502, R"({"message":"Bad Gateway"})"); });
+  EXPECT_EQ(requests, 1) << "the page was tried again after the drain asked the unit to stop";
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.attempts, 0) << "released by the drain, without an attempt";
+  EXPECT_EQ(unit.run_after_ms, now_);
 }
 
 // A rate-limit reset further away than a day (a bad header) is waited for a day, not for ever.
@@ -1738,12 +1832,8 @@ TEST_F(PipelineTest, ASmallInstallationFinishesWithoutWaitingForAHugeOne) {
   options.throttle_per_hour = 1e9;  // the fake clock stands still: no throttle waits here
   options.throttle_burst = 1e9;
   start(o, options);
-  jobs::SchedulerOptions so;
-  so.owner = "tenancy";
-  so.workers = 8;
-  so.idle_poll_ms = 5;
-  jobs::Scheduler threaded(*store_, test_clock(), so);
-  pipeline_->register_handlers(threaded);
+  std::unique_ptr<jobs::Scheduler> scheduler = threaded_scheduler("tenancy", 8);
+  jobs::Scheduler& threaded = *scheduler;
   RunStart huge = start_run("gh-inst-1", "github");
   RunStart small = start_run("gh-inst-2", "github");
   threaded.start();
