@@ -4,6 +4,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -30,7 +33,72 @@
 namespace backhaul::daemon {
 namespace {
 
-// The whole-request bound of a connection. Poco bounds each receive (admin.timeout_ms) but not a
+// The connections being served, so that a stop answers the requests under way: every connection
+// is shut for reading (its next read of a request meets the end of the stream, and a poll waiting
+// for one wakes), and one handling a request answers it, then ends. Aborting them all (Poco's
+// stopAll(true)) cut requests off while they committed: a run was started, and its client saw the
+// connection reset. [thread-safe]
+class Connections {
+ public:
+  // A connection served on `fd` (open until remove()); shut for reading at once after a stop.
+  void add(int fd) {
+    std::lock_guard lock(mutex_);
+    handling_[fd] = false;
+    if (stopping_) ::shutdown(fd, SHUT_RD);
+  }
+  void remove(int fd) {
+    std::lock_guard lock(mutex_);
+    handling_.erase(fd);
+    changed_.notify_all();
+  }
+  // The connection on `fd` began (true) or ended (false) handling a request.
+  void handling(int fd, bool yes) {
+    std::lock_guard lock(mutex_);
+    if (auto it = handling_.find(fd); it != handling_.end()) it->second = yes;
+    if (!yes) changed_.notify_all();
+  }
+  // No request is read from here on.
+  void stop_reading() {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    for (const auto& [fd, busy] : handling_) ::shutdown(fd, SHUT_RD);
+  }
+  // Waits until no connection is handling a request, `until` passes or hurry() is called; returns
+  // how many still are.
+  size_t wait_for_requests(std::chrono::steady_clock::time_point until) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_until(lock, until, [this] { return hurried_ || under_way_locked() == 0; });
+    return under_way_locked();
+  }
+  void hurry() {
+    std::lock_guard lock(mutex_);
+    hurried_ = true;
+    changed_.notify_all();
+  }
+  bool stopping() const {
+    std::lock_guard lock(mutex_);
+    return stopping_;
+  }
+  size_t under_way() const {
+    std::lock_guard lock(mutex_);
+    return under_way_locked();
+  }
+
+ private:
+  size_t under_way_locked() const {
+    return static_cast<size_t>(
+        std::count_if(handling_.begin(), handling_.end(), [](const auto& c) { return c.second; }));
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<int, bool> handling_;  // by descriptor: whether it is handling a request
+  bool stopping_ = false;
+  bool hurried_ = false;
+};
+
+// The connection a thread serves, registered in Connections while it lasts, and the bound of its
+// requests. The whole-request bound: Poco bounds each receive (admin.timeout_ms) but not a
 // request: a client sending a header byte now and then held a server thread as long as it liked,
 // and admin.max_connections of them shut everyone out, /health/live included. Each request must
 // be read within `read` of its connection's start, or of the previous answer plus the keep-alive
@@ -38,24 +106,38 @@ namespace {
 // timeout twice (once plus a second at least), so that a client that stops sending is answered
 // (400, its body cut short) when its receive times out, before the deadline takes the connection. A
 // request being handled has no deadline (a plugin's validate-config may take its time).
-class RequestDeadline {
+class ServedConnection {
  public:
-  RequestDeadline(SocketDeadlines& deadlines, int fd, std::chrono::milliseconds read,
-                  std::chrono::milliseconds keep_alive)
-      : deadlines_(deadlines), fd_(fd), read_(read), keep_alive_(keep_alive) {
+  ServedConnection(SocketDeadlines& deadlines, Connections& connections, int fd,
+                   std::chrono::milliseconds read, std::chrono::milliseconds keep_alive)
+      : deadlines_(deadlines),
+        connections_(connections),
+        fd_(fd),
+        read_(read),
+        keep_alive_(keep_alive) {
+    connections_.add(fd_);
     arm(read_);
     current_ = this;
   }
-  ~RequestDeadline() { current_ = nullptr; }
-  RequestDeadline(const RequestDeadline&) = delete;
-  RequestDeadline& operator=(const RequestDeadline&) = delete;
+  ~ServedConnection() {
+    current_ = nullptr;
+    connections_.remove(fd_);
+  }
+  ServedConnection(const ServedConnection&) = delete;
+  ServedConnection& operator=(const ServedConnection&) = delete;
 
   // Of the connection this thread serves (the handler runs on the connection's thread).
   static void request_read() {
-    if (current_) current_->watch_.reset();
+    if (!current_) return;
+    current_->watch_.reset();
+    current_->connections_.handling(current_->fd_, true);
   }
+  // Whether the server stopped taking requests: the answer closes the connection.
+  static bool last_answer() { return current_ && current_->connections_.stopping(); }
   static void answered() {
-    if (current_) current_->arm(current_->keep_alive_ + current_->read_);
+    if (!current_) return;
+    current_->connections_.handling(current_->fd_, false);
+    current_->arm(current_->keep_alive_ + current_->read_);
   }
 
  private:
@@ -64,15 +146,16 @@ class RequestDeadline {
     watch_.emplace(deadlines_, fd_, std::chrono::steady_clock::now() + budget);
   }
 
-  static thread_local RequestDeadline* current_;
+  static thread_local ServedConnection* current_;
   SocketDeadlines& deadlines_;
+  Connections& connections_;
   const int fd_;
   const std::chrono::milliseconds read_;
   const std::chrono::milliseconds keep_alive_;
   std::optional<SocketDeadlines::Watch> watch_;
 };
 
-thread_local RequestDeadline* RequestDeadline::current_ = nullptr;
+thread_local ServedConnection* ServedConnection::current_ = nullptr;
 
 class Handler final : public Poco::Net::HTTPRequestHandler {
  public:
@@ -91,13 +174,13 @@ class Handler final : public Poco::Net::HTTPRequestHandler {
       in.path = request.getURI().substr(0, request.getURI().find('?'));
       in.unreadable = e.what();
     }
-    RequestDeadline::request_read();
+    ServedConnection::request_read();
     const host::Response answer = api_.handle(in);
     // Where an unreadable request ends on the connection is unknown: whatever follows it is no
     // request of its own.
-    if (in.unreadable) response.setKeepAlive(false);
+    if (in.unreadable || ServedConnection::last_answer()) response.setKeepAlive(false);
     host::write_response(answer, response);
-    RequestDeadline::answered();
+    ServedConnection::answered();
   }
 
  private:
@@ -127,10 +210,11 @@ class Connection final : public Poco::Net::HTTPServerConnection {
  public:
   Connection(const Poco::Net::StreamSocket& socket, Poco::Net::HTTPServerParams::Ptr params,
              Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api,
-             SocketDeadlines& deadlines)
+             SocketDeadlines& deadlines, Connections& connections)
       : HTTPServerConnection(socket, params, handlers),
         api_(api),
         deadlines_(deadlines),
+        connections_(connections),
         read_(params->getTimeout().totalMilliseconds() +
               std::max<int64_t>(params->getTimeout().totalMilliseconds(), 1000)),
         keep_alive_(params->getKeepAliveTimeout().totalMilliseconds()) {}
@@ -140,8 +224,9 @@ class Connection final : public Poco::Net::HTTPServerConnection {
     // The deadline watches it too, as it stays open until the watch ends: Poco's own number may
     // be another connection's by then.
     const UniqueFd spare(::fcntl(socket().impl()->sockfd(), F_DUPFD_CLOEXEC, 0));
-    const RequestDeadline deadline(deadlines_, spare ? spare.get() : socket().impl()->sockfd(),
-                                   read_, keep_alive_);
+    const ServedConnection deadline(deadlines_, connections_,
+                                    spare ? spare.get() : socket().impl()->sockfd(), read_,
+                                    keep_alive_);
     try {
       HTTPServerConnection::run();
     } catch (const Poco::SyntaxException& e) {
@@ -176,6 +261,7 @@ class Connection final : public Poco::Net::HTTPServerConnection {
 
   AdminApi& api_;
   SocketDeadlines& deadlines_;
+  Connections& connections_;
   const std::chrono::milliseconds read_;
   const std::chrono::milliseconds keep_alive_;
 };
@@ -184,13 +270,14 @@ class ConnectionFactory final : public Poco::Net::TCPServerConnectionFactory {
  public:
   ConnectionFactory(Poco::Net::HTTPServerParams::Ptr params,
                     Poco::Net::HTTPRequestHandlerFactory::Ptr handlers, AdminApi& api,
-                    SocketDeadlines& deadlines)
+                    SocketDeadlines& deadlines, Connections& connections)
       : params_(std::move(params)),
         handlers_(std::move(handlers)),
         api_(api),
-        deadlines_(deadlines) {}
+        deadlines_(deadlines),
+        connections_(connections) {}
   Poco::Net::TCPServerConnection* createConnection(const Poco::Net::StreamSocket& socket) override {
-    return new Connection(socket, params_, handlers_, api_, deadlines_);
+    return new Connection(socket, params_, handlers_, api_, deadlines_, connections_);
   }
 
  private:
@@ -198,6 +285,7 @@ class ConnectionFactory final : public Poco::Net::TCPServerConnectionFactory {
   Poco::Net::HTTPRequestHandlerFactory::Ptr handlers_;
   AdminApi& api_;
   SocketDeadlines& deadlines_;
+  Connections& connections_;
 };
 
 // Runs on the accepting thread, as soon as a connection is accepted: neither is a connection
@@ -218,6 +306,7 @@ struct AdminServer::Impl {
   AdminServerOptions options;
   std::atomic<uint16_t> port{0};
   SocketDeadlines deadlines;  // of the connections' requests; outlives them
+  Connections connections;    // outlives them too
   std::unique_ptr<Poco::ThreadPool> pool;
   Poco::Net::HTTPRequestHandlerFactory::Ptr handlers;  // a HandlerFactory
   HandlerFactory* handler_factory = nullptr;           // handlers, for abort_connections()
@@ -225,7 +314,7 @@ struct AdminServer::Impl {
 };
 
 AdminServer::AdminServer(AdminApi& api, AdminServerOptions options)
-    : impl_(new Impl{api, std::move(options), {}, {}, nullptr, nullptr, nullptr, nullptr}) {}
+    : impl_(new Impl{api, std::move(options), {}, {}, {}, nullptr, nullptr, nullptr, nullptr}) {}
 
 AdminServer::~AdminServer() { stop(); }
 
@@ -255,17 +344,32 @@ void AdminServer::start() {
   impl_->handler_factory = new HandlerFactory(impl_->api);
   impl_->handlers = impl_->handler_factory;  // owns it
   impl_->server = std::make_unique<Poco::Net::TCPServer>(
-      new ConnectionFactory(params, impl_->handlers, impl_->api, impl_->deadlines), *impl_->pool,
-      socket, Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
+      new ConnectionFactory(params, impl_->handlers, impl_->api, impl_->deadlines,
+                            impl_->connections),
+      *impl_->pool, socket, Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
   impl_->server->setConnectionFilter(new CloseOnExec);
   impl_->server->start();
 }
 
-void AdminServer::stop() {
+void AdminServer::stop_taking_requests() {
   if (!impl_->server) return;
-  impl_->server->stop();
+  impl_->server->stop();  // accepts no more; those accepted and not yet served are closed
+  impl_->connections.stop_reading();
+}
+
+size_t AdminServer::requests_under_way() const { return impl_->connections.under_way(); }
+
+void AdminServer::hurry() { impl_->connections.hurry(); }
+
+void AdminServer::stop(std::chrono::steady_clock::time_point answer_until) {
+  if (!impl_->server) return;
+  stop_taking_requests();
+  if (const size_t left = impl_->connections.wait_for_requests(answer_until); left > 0) {
+    logging::get("admin_api")
+        ->warn("stop: {} admin requests still under way; closing their connections", left);
+  }
   impl_->handler_factory->abort_connections();
-  impl_->pool->joinAll();
+  impl_->pool->joinAll();  // a handler still in a call into a plugin: the stop's watchdog
   impl_->server.reset();
   impl_->handlers = nullptr;
   impl_->handler_factory = nullptr;

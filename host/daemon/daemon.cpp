@@ -294,19 +294,27 @@ void Daemon::stop() {
   Impl& d = *impl_;
   if (!d.started || d.stopped) return;
   d.stopped = true;
-  if (d.server) d.server->stop();  // no new API requests from here on
+  const auto grace = std::chrono::milliseconds(d.config.shutdown.grace_ms);
+  const auto grace_ends = std::chrono::steady_clock::now() + grace;
+  // No new API requests from here on; those under way are answered within the grace too.
+  if (d.server) d.server->stop_taking_requests();
   if (d.scheduler) {
-    const auto grace = std::chrono::milliseconds(d.config.shutdown.grace_ms);
     d.log->info("draining: up to {} ms for in-flight pages", grace.count());
     d.scheduler->drain(grace);
     const jobs::SchedulerStats stats = d.scheduler->stats();
     d.log->info("drained: {} jobs released, {} interrupted", stats.released, stats.interrupted);
+  }
+  if (d.server) {
+    if (const size_t requests = d.server->requests_under_way(); requests > 0)
+      d.log->info("stop: waiting for {} admin requests under way to be answered", requests);
+    d.server->stop(grace_ends);
   }
   d.log->info("stopped");
 }
 
 void Daemon::hurry() {
   if (impl_->scheduler) impl_->scheduler->hurry();
+  if (impl_->server) impl_->server->hurry();
 }
 
 size_t Daemon::interrupt_plugin_calls() {
@@ -319,6 +327,10 @@ const char* Daemon::start_step() const { return impl_->start_step; }
 
 int64_t Daemon::in_flight() const {
   return impl_->scheduler ? impl_->scheduler->stats().in_flight : 0;
+}
+
+size_t Daemon::admin_requests_under_way() const {
+  return impl_->server ? impl_->server->requests_under_way() : 0;
 }
 
 uint16_t Daemon::port() const { return impl_->server ? impl_->server->port() : 0; }

@@ -3,6 +3,7 @@
 // main() lives here so tests can run a whole daemon in-process.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,10 +49,12 @@ class Daemon {
   void start();
   // Graceful shutdown (SPEC F6): stops accepting API requests, then drains the scheduler within
   // shutdown.grace_ms (in-flight pages finish, the rest is released without counting an
-  // attempt). Idempotent. [main-thread]
+  // attempt); the API requests under way are answered within that grace too (then their
+  // connections are closed, and their handlers waited for). Idempotent. [main-thread]
   void stop();
   // Ends the grace of the stop() under way now (or of the next one): the jobs still in a handler
-  // are asked to stop at their next page boundary and released. For a second SIGTERM. Call it
+  // are asked to stop at their next page boundary and released, and the connections of API
+  // requests under way are closed. For a second SIGTERM. Call it
   // only after start() has returned. [thread-safe]
   void hurry();
 
@@ -69,6 +72,8 @@ class Daemon {
   // Jobs the scheduler has claimed and not finished (in a handler, or about to be); 0 before
   // start(). [thread-safe]
   int64_t in_flight() const;
+  // API requests being handled (read, not yet answered); 0 before start(). [thread-safe]
+  size_t admin_requests_under_way() const;
   // The admin API's bound port; 0 before start(). [thread-safe]
   uint16_t port() const;
   const DaemonConfig& config() const noexcept;

@@ -22,15 +22,16 @@ namespace backhaul::daemon {
 namespace {
 
 // Stops and destroys the daemon. A handler learns of the stop at its next page boundary; one
-// stuck in a call into a plugin never gets there, and stop() would wait for it forever. So if jobs
-// are still in a handler once the grace and then shutdown.abandon_ms have passed:
+// stuck in a call into a plugin never gets there, and stop() would wait for it forever, as it
+// would for an API request stuck in one (a validate-config). So if jobs or API requests are still
+// in a handler once the grace and then shutdown.abandon_ms have passed:
 // - in isolation mode, this kills the plugin worker processes running calls. Those calls fail
 //   (an attempt each) and their handlers get shutdown.abandon_ms (at least 1 s) more to return;
 // - otherwise, or when they still have not, this logs them and ends the process with status 1,
 //   as a crash would. Those jobs keep their leases until they expire, and the sweep of any host
 //   takes them back (attempt counted). An ending the finisher had not written yet (a store failing
 //   at that moment) is lost the same way.
-// Once no job is in a handler, stop() is only writing and releasing, and is left to finish.
+// Once neither is, stop() is only writing and releasing, and is left to finish.
 // Destroying the daemon then unloads the plugins, whose deinit() may not return either: that gets
 // shutdown.abandon_ms of its own (at least 1 s), after which the process ends with status 1 too.
 // Also after a start that failed, once plugins may be loaded. A second signal meanwhile ends the
@@ -44,26 +45,30 @@ void stop_and_unload(std::unique_ptr<Daemon>& daemon, const sigset_t& signals,
   {
     Watchdog stop(limit, [&] {
       const int64_t running = daemon->in_flight();
-      if (running == 0) return;
+      const size_t requests = daemon->admin_requests_under_way();
+      if (running == 0 && requests == 0) return;
+      auto still = [&] {
+        return daemon->in_flight() > 0 || daemon->admin_requests_under_way() > 0;
+      };
       if (const size_t killed = daemon->interrupt_plugin_calls(); killed > 0) {
         // Isolation mode: the calls the handlers wait on fail now (an attempt each), and the
         // handlers return. They get abandon_ms (at least 1 s) more for that.
         log.warn(
-            "stop: {} jobs still in a handler {} ms after the signal; killed the {} plugin worker "
-            "processes running their calls",
-            running, limit.count(), killed);
+            "stop: {} jobs and {} API requests still in a handler {} ms after the signal; killed "
+            "the {} plugin worker processes running their calls",
+            running, requests, limit.count(), killed);
         const auto until = std::chrono::steady_clock::now() +
                            std::chrono::milliseconds(std::max<int64_t>(abandon_ms, 1'000));
-        while (daemon->in_flight() > 0 && std::chrono::steady_clock::now() < until) {
+        while (still() && std::chrono::steady_clock::now() < until) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
-        if (daemon->in_flight() == 0) return;
+        if (!still()) return;
       }
       log.error(
-          "stop: {} jobs still in a handler {} ms after the signal (a call into a plugin that "
-          "does not return?); exiting without them: their leases expire and the sweep takes "
-          "them back",
-          running, limit.count());
+          "stop: {} jobs and {} API requests still in a handler {} ms after the signal (a call "
+          "into a plugin that does not return?); exiting without them: the jobs' leases expire "
+          "and the sweep takes them back",
+          running, requests, limit.count());
       log.flush();
       std::_Exit(1);
     });

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -191,6 +192,14 @@ class DaemonProcessTest : public ProcessTest {
   // An isolated daemon (mode process, and `isolation`) against the sandbox, with the fake plugin
   // too, configured with `fake`; a test failure when either does not start.
   void start_isolated_with_fake(const json& fake, json isolation) {
+    isolation["mode"] = "process";
+    start_with_fake(fake, {{"plugins", {{"isolation", std::move(isolation)}}}});
+  }
+
+  // A daemon against the sandbox with the fake plugin too, configured with `fake`, and the
+  // config's objects replaced by those of `overrides` (one level down); a test failure when
+  // either does not start.
+  void start_with_fake(const json& fake, const json& overrides = json::object()) {
     ASSERT_NE(start_sandbox({"--repos", "1", "--items", "20"}), 0) << sandbox_->stderr_text();
     const std::filesystem::path fake_dir = dir_ / "fake";
     std::filesystem::create_directories(fake_dir);
@@ -198,10 +207,45 @@ class DaemonProcessTest : public ProcessTest {
     json config = daemon_config();
     config["plugins"]["directories"].push_back(fake_dir.string());
     config["plugins"]["connectors"]["fake"] = fake;
-    isolation["mode"] = "process";
-    config["plugins"]["isolation"] = std::move(isolation);
+    for (const auto& [section, fields] : overrides.items()) {
+      for (const auto& [name, value] : fields.items()) config[section][name] = value;
+    }
     ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
   }
+
+  // A daemon (plugins in-process, logging at info, `shutdown`) with the fake plugin, and a
+  // POST /v1/plugins/fake/validate-config on a thread of its own, held inside the plugin while the
+  // file held_ exists. Returns once the request is inside (readiness, at most 30 s).
+  void hold_an_api_request_inside_the_plugin(const json& shutdown) {
+    start_with_fake(json::object(), {{"shutdown", shutdown}, {"logging", {{"level", "info"}}}});
+    if (HasFatalFailure()) return;
+    held_ = dir_ / "held";
+    std::ofstream(held_) << "held";
+    const json body = {{"config", {{"wait_in_validate_if", held_.string()}}}};
+    answer_ = std::async(std::launch::async, [this, body] {
+      try {
+        const sandbox::testing::HttpResult got =
+            api("POST", "/v1/plugins/fake/validate-config", body.dump());
+        return std::to_string(got.status) + " " + got.body;
+      } catch (const std::exception& e) {
+        return std::string("no answer: ") + e.what();
+      }
+    });
+    const std::filesystem::path entered = held_.string() + ".entered";
+    for (int i = 0; i < 3000 && !std::filesystem::exists(entered); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(std::filesystem::exists(entered)) << daemon_->stderr_text();
+  }
+
+  // Polls the daemon's log for `line` for at most 30 s (readiness, not timing).
+  bool wait_for_log(const std::string& line) const {
+    for (int i = 0; i < 3000 && daemon_->stderr_text().find(line) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return daemon_->stderr_text().find(line) != std::string::npos;
+  }
+
+  std::filesystem::path held_;       // dir_/held, once a request is held
+  std::future<std::string> answer_;  // of the held request: "<status> <body>" or "no answer: ..."
 
   // start_isolated_with_fake(), with a fake plugin whose create() waits while the file
   // dir_/wait-in-create exists: the daemon has started (start_wait_ms 200, call_timeout_ms 10
@@ -407,6 +451,43 @@ TEST_F(DaemonProcessTest, AStartWithoutFds0To2OrWithSigchldIgnoredPutsBothRight)
   const unsigned long long mask = std::stoull(ignored, nullptr, 16);
   EXPECT_EQ(mask & (1ULL << (SIGCHLD - 1)), 0u) << "SigIgn:" << ignored;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// A SIGTERM while an API request is under way answers it before the daemon exits 0. The stop
+// aborted every connection at once: the request went on (a run being started committed), and its
+// client saw the connection reset.
+TEST_F(DaemonProcessTest, AnApiRequestUnderWayAtSigtermIsAnsweredBeforeTheExit) {
+  hold_an_api_request_inside_the_plugin({{"grace_ms", 30'000}});
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(daemon_->signal(SIGTERM));
+  EXPECT_TRUE(wait_for_log("stop: waiting for 1 admin requests under way to be answered"))
+      << daemon_->stderr_text();
+  std::filesystem::remove(held_);  // the plugin returns
+  ASSERT_EQ(answer_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const std::string answer = answer_.get();
+  EXPECT_EQ(answer.substr(0, 4), "200 ") << answer;
+  EXPECT_NE(answer.find(R"("valid":true)"), std::string::npos) << answer;
+  const int status = daemon_->wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << daemon_->stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->stderr_text();
+}
+
+// An API request stuck inside a plugin (a validate-config that never returns) holds the stop no
+// longer than shutdown.grace_ms + abandon_ms: the daemon exits 1, naming it. The stop's watchdog
+// looked at jobs only, and with none in a handler the daemon waited for the request for ever.
+TEST_F(DaemonProcessTest, AnApiRequestStuckInAPluginHoldsTheStopNoLongerThanGraceAndAbandon) {
+  hold_an_api_request_inside_the_plugin({{"grace_ms", 100}, {"abandon_ms", 400}});
+  if (HasFatalFailure()) return;
+  expect_exit_1_within_10s_of_sigterm();
+  EXPECT_NE(daemon_->stderr_text().find("0 jobs and 1 API requests still in a handler"),
+            std::string::npos)
+      << daemon_->stderr_text();
+  EXPECT_NE(daemon_->stderr_text().find("1 admin requests still under way; closing"),
+            std::string::npos)
+      << daemon_->stderr_text();
+  std::filesystem::remove(held_);
+  ASSERT_EQ(answer_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(answer_.get().substr(0, 10), "no answer:");
 }
 
 // F6 with work in flight: SIGTERM mid-run exits 0, leaves nothing running, and releases the

@@ -25,6 +25,8 @@
 //   abort_in_create_if: create() calls abort() while a file of that path exists.
 //   hang_in_create_if: create() waits while a file of that path exists (for ever, if it is never
 //   removed).
+//   wait_in_validate_if: validate_config waits while a file of that path exists, having created
+//   the file "<that path>.entered" (for a request of the host's held inside the plugin).
 //   cut_payloads: "yes" — every payload lacks its closing brace (not JSON).
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
 #include <chrono>
@@ -161,6 +163,10 @@ class FakeConnector final : public backhaul::sdk::Connector {
 
   static void validate_config(std::string_view config) {
     if (config_value(config, "abort_in_validate") == "yes") std::abort();
+    if (const std::string wait = config_value(config, "wait_in_validate_if"); exists(wait)) {
+      if (std::FILE* entered = std::fopen((wait + ".entered").c_str(), "w")) std::fclose(entered);
+      while (exists(wait)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     if (config.empty() || config.front() != '{') {
       throw Error(BACKHAUL_INVALID_ARGUMENT, "config must be a JSON object");
     }
