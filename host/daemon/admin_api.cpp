@@ -1,6 +1,8 @@
 #include "host/daemon/admin_api.h"
 
 #include <algorithm>
+#include <mutex>
+#include <optional>
 #include <set>
 
 #include <Poco/UUIDGenerator.h>
@@ -8,6 +10,7 @@
 #include "core/common/json_check.h"
 #include "core/common/logging.h"
 #include "core/gateway/gateway_client.h"
+#include "core/jobs/token_bucket.h"
 #include "host/daemon/api_support.h"
 
 namespace backhaul::daemon {
@@ -113,10 +116,43 @@ Response route(Call& call) {
 
 }  // namespace
 
+struct AdminApi::RefusedAudit {
+  std::mutex mutex;
+  std::optional<jobs::Bucket> bucket;  // none: full
+  int64_t left_out = 0;                // since the last line written
+};
+
 AdminApi::AdminApi(AdminApiDeps deps, AdminApiOptions options)
-    : deps_(std::move(deps)), options_(std::move(options)) {}
+    : deps_(std::move(deps)),
+      options_(std::move(options)),
+      refused_(std::make_unique<RefusedAudit>()) {
+  jobs::check_take(1, options_.unauthorized_audit_burst, options_.unauthorized_audit_per_hour);
+}
 
 AdminApi::~AdminApi() = default;
+
+bool AdminApi::audit_refused(int64_t now_ms, std::string& summary) {
+  std::lock_guard lock(refused_->mutex);
+  const jobs::Take take = jobs::take_from(refused_->bucket, 1, options_.unauthorized_audit_burst,
+                                          options_.unauthorized_audit_per_hour, now_ms);
+  refused_->bucket = take.bucket;
+  if (take.wait_ms > 0) {
+    if (refused_->left_out++ == 0) {
+      logging::get("admin_api")
+          ->warn(
+              "audit log: mutations without a valid token come faster than {} an hour; the "
+              "next audit line of one counts those left out",
+              options_.unauthorized_audit_per_hour);
+    }
+    return false;
+  }
+  if (refused_->left_out > 0) {
+    summary += " (and " + std::to_string(refused_->left_out) +
+               " more refused for their token since the last such line, not written)";
+    refused_->left_out = 0;
+  }
+  return true;
+}
 
 Response AdminApi::handle(const Request& request) {
   if (request.method == "HEAD") {  // a GET whose body the server leaves out (RFC 9110 9.3.2)
@@ -167,9 +203,11 @@ Response AdminApi::handle(const Request& request) {
   // unreadable) is a mutation of /v1 all the same.
   const std::vector<std::string_view> segments = host::path_segments(request);
   if (is_mutation(request.method) && !segments.empty() && segments.front() == "v1") {
+    const int64_t now = deps_.clock.now_ms();
+    if (response.status == 401 && !audit_refused(now, call.summary)) return response;
     try {
-      deps_.audit.append({deps_.clock.now_ms(), call.operation_id, request.method, request.path,
-                          response.status, call.summary});
+      deps_.audit.append(
+          {now, call.operation_id, request.method, request.path, response.status, call.summary});
     } catch (const std::exception& e) {
       log->error("audit log {}: {}", deps_.audit.path().string(), e.what());
     }

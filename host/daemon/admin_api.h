@@ -30,6 +30,11 @@ struct AdminApiOptions {
   int64_t store_failure_grace_ms = 10'000;
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 * 1024;
+  // Audit lines of mutations refused for want of a valid token (401): this many in a row, then
+  // as many an hour. An outsider sending them would otherwise grow the audit log without end;
+  // the next line written counts the ones left out.
+  double unauthorized_audit_burst = 60;
+  double unauthorized_audit_per_hour = 600;
 };
 
 // What the API reads and drives. Every reference must outlive the AdminApi.
@@ -62,8 +67,14 @@ class AdminApi {
   const AdminApiOptions& options() const noexcept { return options_; }
 
  private:
+  struct RefusedAudit;
+  // Whether the audit line of a 401 at `now_ms` is written; `summary` gains the count of those
+  // left out since the last one written.
+  bool audit_refused(int64_t now_ms, std::string& summary);
+
   AdminApiDeps deps_;
   AdminApiOptions options_;
+  std::unique_ptr<RefusedAudit> refused_;
 };
 
 }  // namespace backhaul::daemon

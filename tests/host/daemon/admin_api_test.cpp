@@ -997,6 +997,53 @@ class MadeUpSchedulerStats : public ::testing::Test {
   std::unique_ptr<AdminApi> api_;
 };
 
+// The audit lines of mutations refused for want of a valid token are bounded: an outsider
+// sending them grew the audit log without end. A burst is written, then so many an hour, and the
+// next line written counts those left out; every other mutation is still audited.
+TEST_F(MadeUpSchedulerStats, MutationsWithoutTheTokenAreAuditedAtABoundedRate) {
+  options_.token = "the-token";
+  options_.unauthorized_audit_burst = 3;
+  options_.unauthorized_audit_per_hour = 600;  // one every 6 s
+  api_ = std::make_unique<AdminApi>(
+      AdminApiDeps{*store_, clock_, registry_, audit_, [this] { return stats_; }, nullptr, {}, {}},
+      options_);
+  auto post = [&](const std::string& token) {
+    host::Request request;
+    request.method = "POST";
+    request.path = "/v1/jobs/1/cancel";
+    if (!token.empty()) request.headers["authorization"] = "Bearer " + token;
+    return api_->handle(request).status;
+  };
+  auto lines = [&] {
+    std::ifstream in(dir_.path / "audit.log");
+    std::vector<json> out;
+    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+    return out;
+  };
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(post("wrong"), 401);
+  EXPECT_EQ(post(""), 401);
+  EXPECT_EQ(lines().size(), 3u) << "the burst, then none while the clock stands still";
+  EXPECT_EQ(post("the-token"), 404) << "no job 1";
+  ASSERT_EQ(lines().size(), 4u) << "a mutation with the token is audited whatever the rate";
+  EXPECT_EQ(lines().back()["status"], 404);
+
+  clock_.advance_ms(5'999);
+  EXPECT_EQ(post("wrong"), 401);
+  EXPECT_EQ(lines().size(), 4u);
+  clock_.advance_ms(1);
+  EXPECT_EQ(post("wrong"), 401);
+  const std::vector<json> written = lines();
+  ASSERT_EQ(written.size(), 5u);
+  EXPECT_EQ(written.back()["status"], 401);
+  EXPECT_EQ(written.back()["summary"],
+            "UNAUTHORIZED (and 9 more refused for their token since the last such line, not "
+            "written)");
+  clock_.advance_ms(6'000);
+  EXPECT_EQ(post("wrong"), 401);
+  ASSERT_EQ(lines().size(), 6u);
+  EXPECT_EQ(lines().back()["summary"], "UNAUTHORIZED") << "none left out since";
+}
+
 // The readiness rule on made-up scheduler stats: a failing operation is "degraded" until its
 // failures span (first to last) health.store_failure_ms, and for heartbeats also their
 // evidence_ms (one heartbeat interval); then the store is "unhealthy" and named in `failing`.
