@@ -46,6 +46,12 @@ json resource_id_json(std::string_view resource_id) {
   return std::string(resource_id);
 }
 
+// A webhook's `sender` is who acted; for an item of a list, its author (`key`), when it has one.
+void add_sender(json& payload, const json& item, const char* key) {
+  const auto author = item.find(key);
+  if (author != item.end() && author->is_object()) payload["sender"] = *author;
+}
+
 }  // namespace
 
 std::optional<RepositoryName> parse_repository_name(std::string_view full_name) {
@@ -70,6 +76,12 @@ EventBuilder::EventBuilder(std::string_view installation_id, std::string_view re
 sdk::Event EventBuilder::pull_request(json&& item) const {
   std::string number = integer_text(item, "number", "pull request");
   json payload = {{"action", open_or_closed(item)}, {"number", item["number"]}};
+  add_sender(payload, item, "user");
+  // A list item lacks the webhook's `merged`, which a receiver of "closed" reads.
+  if (!item.contains("merged")) {
+    const auto merged_at = item.find("merged_at");
+    item["merged"] = merged_at != item.end() && !merged_at->is_null();
+  }
   payload["pull_request"] = std::move(item);
   payload["repository"] = repository_;
   return {delivery_prefix_ + "pr-" + number, "pull_request", dump(payload)};
@@ -78,6 +90,7 @@ sdk::Event EventBuilder::pull_request(json&& item) const {
 sdk::Event EventBuilder::issue(json&& item) const {
   std::string number = integer_text(item, "number", "issue");
   json payload = {{"action", open_or_closed(item)}};
+  add_sender(payload, item, "user");
   payload["issue"] = std::move(item);
   payload["repository"] = repository_;
   return {delivery_prefix_ + "issue-" + number, "issues", dump(payload)};
@@ -88,6 +101,7 @@ sdk::Event EventBuilder::release(json&& item) const {
   const auto draft = item.find("draft");
   const bool is_draft = draft != item.end() && draft->is_boolean() && draft->get<bool>();
   json payload = {{"action", is_draft ? "created" : "published"}};
+  add_sender(payload, item, "author");
   payload["release"] = std::move(item);
   payload["repository"] = repository_;
   return {delivery_prefix_ + "release-" + id, "release", dump(payload)};

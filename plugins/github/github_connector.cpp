@@ -47,7 +47,7 @@ std::string repository_url(const Config& config, const RepositoryName& name) {
 }
 
 // Pull requests and issues come most recently updated first, so `since` can stop the walk
-// (pulls have no `since` parameter); releases come newest first and take no parameters at all.
+// (pulls have no `since` parameter); releases take no parameters at all, and are all walked.
 std::string first_page_url(const Config& config, EntityKind kind, const RepositoryName& name,
                            int64_t since_ms) {
   const std::string repo = repository_url(config, name);
@@ -171,22 +171,19 @@ Filtered issues(json& items, const EventBuilder& builder) {
   return out;
 }
 
-// Newest first, but by creation, while a release's date is when it was published (drafts: when
-// created): drop the older ones, and stop only when a whole page is older.
+// A release's date is when it was published (a draft's: when created); older ones are dropped.
+// The list is in `created_at` order, the date of the tag's commit (GitHub's docs), not of the
+// publishing: a release published today from an old commit (a patch of a maintenance branch)
+// comes after pages of older ones. So no page ends the walk before the last: releases are few.
 Filtered releases(json& items, const EventBuilder& builder, int64_t since_ms) {
   Filtered out;
   out.events.reserve(items.size());
-  size_t older = 0;
   for (json& item : items) {
     std::optional<int64_t> date = timestamp(item, "published_at");
     if (!date) date = timestamp(item, "created_at");
-    if (since_ms > 0 && date && *date < since_ms) {
-      ++older;
-      continue;
-    }
+    if (since_ms > 0 && date && *date < since_ms) continue;
     out.events.push_back(builder.release(std::move(item)));
   }
-  out.reached_since = !items.empty() && older == items.size();
   return out;
 }
 
@@ -223,8 +220,14 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   const std::string url = request.cursor ? checked_cursor(*request.cursor, config)
                                          : first_page_url(config, kind, name, since_ms);
 
-  const sdk::HttpResponse response = client.get(url, request.unit.access_token);
+  const sdk::HttpResponse response = client.send(url, request.unit.access_token);
   sdk::Page page;
+  // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
+  // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
+  // mirrors often have them off). Every other 410 is FATAL.
+  if (kind == EntityKind::kIssue && response.status() == 410) return page;
+  if (response.status() < 200 || response.status() >= 300)
+    throw error_for_response(response, "GET " + url, sdk::Host::now_ms());
   page.rate_limit = rate_limit_of(response);
   if (response.status() == 204) return page;  // "No Content": an empty last page
 

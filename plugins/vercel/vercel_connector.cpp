@@ -27,6 +27,7 @@ using sdk::Error;
 constexpr std::string_view kEntityType = "deployment";
 constexpr std::string_view kUserAgent = "backhaul-vercel/1.0";
 constexpr int64_t kDefaultRetryAfterMs = 60'000;  // Vercel's rate-limit buckets are one minute
+constexpr int64_t kResetMarginMs = 1'000;         // the reset second itself may still be limited
 constexpr size_t kMaxQuotedLength = 200;          // of provider text quoted in messages
 constexpr size_t kMaxUidLength = 128;
 
@@ -321,12 +322,13 @@ std::optional<sdk::RateLimit> read_rate_limit(const sdk::HttpResponse& response)
 }
 
 // How long to wait after a rate-limited answer: retry-after (seconds) when present, else until
-// x-ratelimit-reset, else one minute.
+// x-ratelimit-reset and a second more (the reset is a whole second, which may still be limited,
+// by a clock that may differ from ours), else one minute.
 int64_t retry_after_ms(const sdk::HttpResponse& response) {
   if (const std::optional<int64_t> seconds = header_int(response, "retry-after"))
     return seconds_to_ms(*seconds);
   if (const std::optional<int64_t> reset = header_int(response, "x-ratelimit-reset"))
-    return std::max<int64_t>(0, seconds_to_ms(*reset) - sdk::Host::now_ms());
+    return std::max<int64_t>(0, seconds_to_ms(*reset) - sdk::Host::now_ms()) + kResetMarginMs;
   return kDefaultRetryAfterMs;
 }
 

@@ -144,6 +144,17 @@ TEST_F(GithubStatusTest, GoneIsFatal) {
   expect_message(f, "Issues are disabled for this repo");
 }
 
+// Except on the issues list, where it means the repository has issues turned off: none to fetch.
+// Such a repository's issue unit failed for good on every backfill, and its run with it.
+TEST_F(GithubStatusTest, AnIssuesListThatIsGoneIsAnEmptyLastPage) {
+  const std::string issues = std::string(kApi) + "/repos/" + kRepo +
+                             "/issues?state=all&sort=updated&direction=desc&per_page=100";
+  add_get(issues, 410, R"({"message":"Issues are disabled for this repo"})");
+  const plugins::Page page = connect().fetch_page(params("issue"));
+  EXPECT_EQ(page.size(), 0u);
+  EXPECT_FALSE(page.next_cursor());
+}
+
 TEST_F(GithubStatusTest, ValidationFailedIsFatalWithTheRecordedErrors) {
   // The real 422 recording (a POST in octokit's scenario), replayed for our GET.
   http::Exchange e = load_nock("recorded/errors-422.normalized-fixture.json", "POST").at(0);

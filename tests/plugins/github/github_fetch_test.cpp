@@ -370,16 +370,42 @@ TEST_F(GithubFetchTest, SinceIsInclusive) {
   EXPECT_FALSE(page.next_cursor());
 }
 
-TEST_F(GithubFetchTest, ReleasesDropOlderOnesAndStopWhenAWholePageIsOlder) {
+TEST_F(GithubFetchTest, ReleasesDropOlderOnesOnEveryPage) {
   add_all(load_nock("synthetic/releases.json"));
   const Walk w =
       walk(connect(R"({"per_page":3})"), params("release", std::nullopt, kSince20240301Ms));
-  // Page 1: the draft (created 03-12) and v3.0.0 (published 03-10) stay, v2.0.0 goes. Page 2 is
-  // all older, so its next link to page 3 is not followed.
+  // Page 1: the draft (created 03-12) and v3.0.0 (published 03-10) stay, v2.0.0 goes. Pages 2
+  // and 3 are all older, and walked all the same.
   EXPECT_EQ(w.delivery_ids, (std::vector<std::string>{"backfill-inst-42-1000-release-1004",
                                                       "backfill-inst-42-1000-release-1003"}));
-  EXPECT_EQ(w.pages, 2);
-  EXPECT_EQ(w.raw_count, 5u);
+  EXPECT_EQ(w.pages, 3);
+  EXPECT_EQ(w.raw_count, 6u);
+  EXPECT_EQ(transport_.request_count(), 3u);
+}
+
+// Releases are listed by `created_at`, the date of the tag's commit: a release published inside
+// the window from an old commit (a maintenance branch's patch) comes after a page of releases
+// older than the window. The walk stopped at that page, and the release was never fetched.
+TEST_F(GithubFetchTest, AReleasePublishedLateFromAnOldCommitIsFoundAfterAPageOfOlderOnes) {
+  const std::string first = std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=2";
+  const std::string second = std::string(kApi) + "/repositories/1000/releases?per_page=2&page=2";
+  auto release = [](int id, const char* created, const char* published) {
+    return json{{"id", id},
+                {"tag_name", "v" + std::to_string(id)},
+                {"draft", false},
+                {"created_at", created},
+                {"published_at", published}};
+  };
+  add_get(first, 200,
+          json::array({release(10, "2024-02-20T00:00:00Z", "2024-02-20T00:00:00Z"),
+                       release(9, "2024-02-10T00:00:00Z", "2024-02-10T00:00:00Z")})
+              .dump(),
+          {{"link", "<" + second + R"(>; rel="next")"}});
+  add_get(second, 200,
+          json::array({release(8, "2023-04-01T00:00:00Z", "2024-03-15T00:00:00Z")}).dump());
+  const Walk w =
+      walk(connect(R"({"per_page":2})"), params("release", std::nullopt, kSince20240301Ms));
+  EXPECT_EQ(w.delivery_ids, (std::vector<std::string>{"backfill-inst-42-1000-release-8"}));
   EXPECT_EQ(transport_.request_count(), 2u);
 }
 
@@ -429,9 +455,13 @@ TEST_F(GithubFetchTest, PullRequestEventsAreWebhookShaped) {
     EXPECT_EQ(page.event(i).event_type, "pull_request");
     const json payload = payload_of(page, i);
     ASSERT_TRUE(payload.is_object());
-    EXPECT_EQ(payload.size(), 4u) << payload.dump().substr(0, 200);
+    EXPECT_EQ(payload.size(), 5u) << payload.dump().substr(0, 200);
     EXPECT_EQ(payload["number"], items[i]["number"]);
-    EXPECT_EQ(payload["pull_request"], items[i]);  // the list item, verbatim
+    json item = items[i];
+    item["merged"] = !item["merged_at"].is_null();
+    EXPECT_TRUE(payload["pull_request"] == item)  // the list item, with the webhook's `merged`
+        << payload["pull_request"].dump().substr(0, 200);
+    EXPECT_TRUE(payload["sender"] == items[i]["user"]) << payload["sender"].dump();
     EXPECT_EQ(payload["repository"],
               json::parse(R"({"id":1000,"full_name":"octokit-fixture-org/hello-world",)"
                           R"("name":"hello-world","owner":{"login":"octokit-fixture-org"}})"));
@@ -480,7 +510,26 @@ TEST_F(GithubFetchTest, PayloadsMatchRealWebhookDeliveries) {
     EXPECT_EQ(ours["repository"]["owner"]["login"].type(),
               real["repository"]["owner"]["login"].type());
     EXPECT_EQ(ours[c.item_key]["id"].type(), real[c.item_key]["id"].type());
+    // The keys every delivery has, and the pull request's `merged` (a list item lacks it).
+    for (const char* key : {"action", "repository", "sender"})
+      EXPECT_TRUE(ours.contains(key)) << c.webhook << ": ours has no " << key;
+    EXPECT_EQ(ours["sender"]["login"].type(), real["sender"]["login"].type()) << c.webhook;
+    EXPECT_EQ(ours[c.item_key].contains("merged"), real[c.item_key].contains("merged"))
+        << c.webhook;
   }
+}
+
+// `merged`, which a receiver of a "closed" pull_request reads, is derived from `merged_at`.
+TEST_F(GithubFetchTest, APullRequestsMergedComesFromItsMergedAt) {
+  add_get(pulls_url(), 200, R"([
+    {"number": 2, "state": "closed", "merged_at": "2024-03-01T00:00:00Z", "user": {"login": "a"}},
+    {"number": 1, "state": "closed", "merged_at": null, "user": {"login": "b"}}])");
+  const plugins::Page page = connect().fetch_page(params("pull_request"));
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_EQ(payload_of(page, 0)["pull_request"]["merged"], true);
+  EXPECT_EQ(payload_of(page, 1)["pull_request"]["merged"], false);
+  EXPECT_EQ(payload_of(page, 0)["sender"]["login"], "a");
+  EXPECT_EQ(payload_of(page, 1)["sender"]["login"], "b");
 }
 
 TEST_F(GithubFetchTest, DraftReleasesAreCreatedAndOthersPublished) {

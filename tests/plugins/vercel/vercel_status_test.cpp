@@ -60,7 +60,7 @@ TEST_F(VercelStatusTest, Http403WithExhaustedRateLimitIsRateLimited) {
       fetch_failure(403, R"({"error":{"code":"forbidden","message":"Rate limit exceeded"}})",
                     rate_limit_headers(0, 100, kResetSeconds));
   EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
-  EXPECT_EQ(failure.retry_after_ms(), 60'000);
+  EXPECT_EQ(failure.retry_after_ms(), 60'000 + 1'000) << "the reset, and a second more";
 }
 
 // --- rate limits -------------------------------------------------------------------------------
@@ -78,14 +78,15 @@ TEST_F(VercelStatusTest, Http429WithOnlyResetWaitsUntilTheResetByTheHostClock) {
   clock_.set_ms(kResetSeconds * 1000 - 42'500);
   const auto failure = fetch_failure(429, recorded_error_body(4), rate_limit_headers(0));
   EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
-  EXPECT_EQ(failure.retry_after_ms(), 42'500);
+  EXPECT_EQ(failure.retry_after_ms(), 42'500 + 1'000) << "the reset, and a second more";
 }
 
-TEST_F(VercelStatusTest, Http429WithResetInThePastWaitsZero) {
+// Answered 429 all the same: the reset's second (by Vercel's clock) may not be over.
+TEST_F(VercelStatusTest, Http429WithResetInThePastWaitsASecond) {
   clock_.set_ms(kResetSeconds * 1000 + 5'000);
   const auto failure = fetch_failure(429, recorded_error_body(4), rate_limit_headers(0));
   EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
-  EXPECT_EQ(failure.retry_after_ms(), 0);
+  EXPECT_EQ(failure.retry_after_ms(), 1'000);
 }
 
 TEST_F(VercelStatusTest, Http429WithoutHeadersWaitsOneMinute) {
