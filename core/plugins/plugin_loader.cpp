@@ -642,6 +642,10 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
     }
   }
   info.config_schema_json = text(d.config_schema_json, "config_schema_json");
+  if (const size_t depth = json_depth(info.config_schema_json); depth > kMaxConfigSchemaDepth) {
+    refuse(path, "plugin '" + info.id + "' config schema nests " + std::to_string(depth) +
+                     " deep; at most " + std::to_string(kMaxConfigSchemaDepth));
+  }
   auto schema = nlohmann::json::parse(info.config_schema_json, nullptr, false);
   if (schema.is_discarded() || !schema.is_object()) {
     refuse(path, "plugin '" + info.id + "' config schema is not a JSON object");

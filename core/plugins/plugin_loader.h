@@ -1,6 +1,7 @@
 // Finds, checks and loads connector plugins (Boost.DLL), and keeps them by provider id.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -28,11 +29,15 @@ struct HostServices {
   http::HttpMetrics* http_metrics = nullptr;
 };
 
+// How deeply a plugin's config schema may nest its objects and arrays. One nested hundreds of
+// thousands deep parses, then overflows the stack where it is copied or dumped (GET /v1/plugins).
+inline constexpr size_t kMaxConfigSchemaDepth = 64;
+
 // Loads one library and checks, before running any of its code: the backhaul_entry symbol, the
 // magic block, the ABI version (same major, minor <= ours), the entry's size, then the descriptor
 // (id pattern, semantic version, entity types non-empty and unique, defaults a subset, schema is
-// a JSON object), then `options.before_init`. Then calls init(). Throws PluginLoadError whose
-// message names the file and the reason.
+// a JSON object nested at most kMaxConfigSchemaDepth deep), then `options.before_init`. Then calls
+// init(). Throws PluginLoadError whose message names the file and the reason.
 //
 // The library is mapped from a sealed in-memory copy of the file, made and hashed (SHA-256, in
 // PluginInfo::sha256) in one read: a non-empty `options.allowed_sha256` refuses a copy whose hash

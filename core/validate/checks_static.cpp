@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "core/common/json_check.h"
 #include "core/plugins/plugin_loader.h"
 #include "core/validate/checks.h"
 #include "core/validate/json_schema_lint.h"
@@ -284,8 +285,15 @@ Verdict default_entity_types(CheckContext& ctx) {
 std::optional<json> config_schema(CheckContext& ctx, Verdict& verdict) {
   const json* d = descriptor_or_skip(ctx, verdict);
   if (!d) return std::nullopt;
+  const std::string text = d->at("config_schema_json").get<std::string>();
+  if (const size_t depth = json_depth(text); depth > plugins::kMaxConfigSchemaDepth) {
+    verdict = fail("config_schema_json nests " + std::to_string(depth) + " deep; at most " +
+                   std::to_string(plugins::kMaxConfigSchemaDepth) +
+                   " (the host refuses it: deeper, a copy or a dump of it overflows the stack)");
+    return std::nullopt;
+  }
   try {
-    return json::parse(d->at("config_schema_json").get<std::string>());
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     verdict = fail(std::string("config_schema_json is not valid JSON: ") + e.what());
     return std::nullopt;

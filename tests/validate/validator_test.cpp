@@ -330,6 +330,15 @@ TEST(ValidatorTest, APluginIdOfAMillionCharactersIsChecked) {
   EXPECT_EQ(report.plugin.id->size(), 1'000'000u);
 }
 
+// Review (G1, B1): a config schema nested 100 000 objects deep passed every check; backhauld
+// loaded the plugin and died on GET /v1/plugins, which copies and dumps the schema recursively.
+// Both the check and the loader refuse it, naming the depth.
+TEST(ValidatorTest, AConfigSchemaNestedTooDeeplyFails) {
+  Report report = validate(options_for(VALIDATE_DEEP_SCHEMA_PLUGIN, std::nullopt, 1));
+  expect_fail(report, "config_schema_json", "config_schema_json nests 100001 deep; at most 64");
+  expect_fail(report, "loader_accepts", "config schema nests 100001 deep; at most 64");
+}
+
 // Review (G4): a config schema's pattern is compiled to check it, by std::regex, which recurses
 // per element: one of 100 000 nested groups ended the validator. A pattern that long is refused.
 TEST(JsonSchemaLintTest, AHugePatternIsRefusedWithoutCompilingIt) {

@@ -22,7 +22,8 @@ typedef struct backhaul_descriptor {
   size_t entity_type_count;
   const char* const* default_entity_types; /* fetched when a run names none; subset of the above */
   size_t default_entity_type_count;
-  const char* config_schema_json; /* JSON Schema (an object) of the create() config */
+  const char* config_schema_json; /* JSON Schema (an object, nested at most 64 deep) of the
+                                     create() config */
 } backhaul_descriptor_t;
 
 /* One provider resource (a GitHub repository, a Vercel project). */

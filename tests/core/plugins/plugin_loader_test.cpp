@@ -283,6 +283,15 @@ TEST_F(PluginLoaderTest, AnIdOfAMillionCharactersIsCheckedWithoutEndingTheProces
   EXPECT_TRUE(is_semver("1.0.0-" + std::string(1'000'000, '1')));
 }
 
+// B1: a config schema nested 100 000 objects deep was loaded, and the daemon died on
+// GET /v1/plugins, which copies and dumps it recursively. It is refused, naming the depth.
+TEST_F(PluginLoaderTest, AConfigSchemaNestedTooDeeplyIsRefused) {
+  const std::string error = load_error(plugin_path("deep_schema"));
+  EXPECT_NE(error.find("plugin 'deepschema' config schema nests 100001 deep; at most 64"),
+            std::string::npos)
+      << error;
+}
+
 TEST(PluginRules, IdsAndSemanticVersions) {
   for (const char* id : {"a", "github", "my-plugin_2", "z9"})
     EXPECT_TRUE(is_valid_plugin_id(id)) << id;

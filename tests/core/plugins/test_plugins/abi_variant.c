@@ -13,6 +13,8 @@
  *   VARIANT_ORIGIN_DEP    links libbhtestdep.so (test_plugins/origin_dep.c), found beside the
  *                         plugin through $ORIGIN; init() fails unless its function answers
  *   VARIANT_ORIGIN_MID    the same with libbhtestmid.so (test_plugins/origin_mid.c)
+ *   VARIANT_SCHEMA_DEPTH  a config schema of that many objects nested in one another
+ *                         ({"a":{"a":...{}...}}), written when the library is loaded
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
  */
@@ -59,6 +61,21 @@ __attribute__((constructor)) static void fill_long_id(void) {
 #define DESCRIPTOR_ID VARIANT_ID
 #endif
 
+#ifdef VARIANT_SCHEMA_DEPTH
+static char g_deep_schema[VARIANT_SCHEMA_DEPTH * 6 + 3];
+__attribute__((constructor)) static void fill_deep_schema(void) {
+  char* at = g_deep_schema;
+  for (int i = 0; i < VARIANT_SCHEMA_DEPTH; ++i, at += 5) memcpy(at, "{\"a\":", 5);
+  memcpy(at, "{}", 2);
+  at += 2;
+  memset(at, '}', VARIANT_SCHEMA_DEPTH);
+  at[VARIANT_SCHEMA_DEPTH] = '\0';
+}
+#define DESCRIPTOR_SCHEMA g_deep_schema
+#else
+#define DESCRIPTOR_SCHEMA "{\"type\":\"object\"}"
+#endif
+
 static const char* const kTypes[] = {"item"};
 static const char* const kDefaults[] = {VARIANT_DEFAULT_TYPE};
 
@@ -71,7 +88,7 @@ static const backhaul_descriptor_t kDescriptor = {sizeof(backhaul_descriptor_t),
                                                   1,
                                                   kDefaults,
                                                   1,
-                                                  "{\"type\":\"object\"}"};
+                                                  DESCRIPTOR_SCHEMA};
 
 static void set_message(backhaul_error_t* error, const char* message) {
   strncpy(error->message, message, sizeof(error->message) - 1);
