@@ -557,13 +557,8 @@ void check_entry(const fs::path& path, const backhaul_entry_t& entry) {
   }
   const backhaul_magic_t& m = entry.magic;
   if (m.magic != BACKHAUL_ABI_MAGIC) refuse(path, "backhaul_entry has a wrong magic number");
-  if (m.pointer_size != sizeof(void*) || m.string_size != sizeof(backhaul_string_t) ||
-      m.error_size != sizeof(backhaul_error_t) || m.event_size != sizeof(backhaul_event_t)) {
-    refuse(path, "backhaul_entry layout does not match this host (pointer " +
-                     std::to_string(m.pointer_size) + ", string " + std::to_string(m.string_size) +
-                     ", error " + std::to_string(m.error_size) + ", event " +
-                     std::to_string(m.event_size) + " bytes)");
-  }
+  // The versions before the layout: another major may well change the sizes, and the message
+  // that helps is the one naming both versions (SPEC A5).
   const backhaul_version_t ours = BACKHAUL_ABI_VERSION_INIT;
   const backhaul_version_t theirs = entry.abi_version;
   if (theirs.major != ours.major) {
@@ -573,6 +568,13 @@ void check_entry(const fs::path& path, const backhaul_entry_t& entry) {
   if (theirs.minor > ours.minor) {
     refuse(path, "plugin ABI " + version_string(theirs) + " is newer than host ABI " +
                      version_string(ours) + "; upgrade the host");
+  }
+  if (m.pointer_size != sizeof(void*) || m.string_size != sizeof(backhaul_string_t) ||
+      m.error_size != sizeof(backhaul_error_t) || m.event_size != sizeof(backhaul_event_t)) {
+    refuse(path, "backhaul_entry layout does not match this host (pointer " +
+                     std::to_string(m.pointer_size) + ", string " + std::to_string(m.string_size) +
+                     ", error " + std::to_string(m.error_size) + ", event " +
+                     std::to_string(m.event_size) + " bytes)");
   }
   size_t needed = theirs.minor == 0 ? BACKHAUL_ENTRY_SIZE_V1_0 : sizeof(backhaul_entry_t);
   if (entry.struct_size < needed) {

@@ -73,7 +73,10 @@ json entry_facts_of(const backhaul_entry_t& e) {
 #undef BACKHAUL_FN_FACT
   out["functions"] = functions;
   const bool magic_ok = out.contains("magic") && e.magic.magic == BACKHAUL_ABI_MAGIC;
-  if (magic_ok && has(offsetof(backhaul_entry_t, descriptor), sizeof(void*))) {
+  // Another major's descriptor may be laid out otherwise: read as this one's, it could crash the
+  // child, and every check would report that instead of the versions.
+  const bool same_major = magic_ok && e.abi_version.major == BACKHAUL_ABI_VERSION_MAJOR;
+  if (same_major && has(offsetof(backhaul_entry_t, descriptor), sizeof(void*))) {
     out["descriptor"] = e.descriptor ? descriptor_facts(*e.descriptor) : json(nullptr);
   }
   return out;

@@ -177,7 +177,9 @@ Verdict descriptor_layout(CheckContext& ctx) {
   const json* facts = entry_facts_or_skip(ctx, verdict);
   if (!facts) return verdict;
   if (!facts->contains("descriptor"))
-    return skip("the entry is too small or its magic is wrong (see entry_layout)");
+    return skip(
+        "the entry is too small, its magic is wrong or its ABI major is another (see "
+        "entry_layout, abi_version): its descriptor is not read");
   const json& d = facts->at("descriptor");
   if (d.is_null()) return fail("backhaul_entry.descriptor is NULL");
   const uint32_t size = d.value("struct_size", 0u);

@@ -339,6 +339,20 @@ TEST(ValidatorTest, AConfigSchemaNestedTooDeeplyFails) {
   expect_fail(report, "loader_accepts", "config schema nests 100001 deep; at most 64");
 }
 
+// Review (A5): a plugin of another ABI major is reported for its version, and its descriptor is
+// not read as this major's (laid out otherwise, reading it could crash the child, and every check
+// would report the crash instead).
+TEST(ValidatorTest, APluginOfAnotherMajorIsReportedForItsVersionAndItsDescriptorNotRead) {
+  Report report = validate(options_for(VALIDATE_NEWER_MAJOR_LAYOUT_PLUGIN, std::nullopt, 1));
+  const std::string versions = "plugin ABI 2.0 is incompatible with host ABI 1." +
+                               std::to_string(BACKHAUL_ABI_VERSION_MINOR);
+  expect_fail(report, "abi_version", versions);
+  expect_fail(report, "loader_accepts", versions);
+  const CheckResult* descriptor = find(report, "descriptor_layout");
+  ASSERT_NE(descriptor, nullptr);
+  EXPECT_EQ(descriptor->status, CheckStatus::kSkip) << descriptor->reason;
+}
+
 // Review (G4): a config schema's pattern is compiled to check it, by std::regex, which recurses
 // per element: one of 100 000 nested groups ended the validator. A pattern that long is refused.
 TEST(JsonSchemaLintTest, AHugePatternIsRefusedWithoutCompilingIt) {

@@ -229,6 +229,16 @@ TEST_F(PluginLoaderTest, RefusesNewerMajorNamingBothVersions) {
       << error;
 }
 
+// A5, from review: another major that also changed the layout was refused for its layout
+// ("pointer 8, string 16, error 4096 ..."), naming neither version.
+TEST_F(PluginLoaderTest, RefusesANewerMajorOfAnotherLayoutNamingBothVersions) {
+  std::string error = load_error(plugin_path("newer_major_layout"));
+  EXPECT_NE(error.find("plugin ABI 2.0 is incompatible with host ABI 1." +
+                       std::to_string(BACKHAUL_ABI_VERSION_MINOR)),
+            std::string::npos)
+      << error;
+}
+
 TEST_F(PluginLoaderTest, RefusesNewerMinor) {
   std::string error = load_error(plugin_path("newer_minor"));
   EXPECT_NE(error.find("plugin ABI 1.9 is newer than host ABI"), std::string::npos) << error;

@@ -6,6 +6,7 @@
  *   VARIANT_ABI_MAJOR     overrides the declared ABI major
  *   VARIANT_ABI_MINOR     overrides the declared ABI minor
  *   VARIANT_BAD_MAGIC     declares a wrong magic number
+ *   VARIANT_ERROR_SIZE    declares that size of backhaul_error_t in the magic block
  *   VARIANT_INIT_FAILS    init() returns 0 with a message
  *   VARIANT_INIT_LOG      init() appends the id and a newline to the file named by the
  *                         environment variable BACKHAUL_TEST_INIT_LOG
@@ -229,6 +230,12 @@ static void plugin_release_page(backhaul_instance_t* instance, backhaul_page_t* 
   {                                                                            \
     0xDEADBEEFu, (uint16_t)sizeof(void*), (uint16_t)sizeof(backhaul_string_t), \
         (uint32_t)sizeof(backhaul_error_t), (uint32_t)sizeof(backhaul_event_t) \
+  }
+#elif defined(VARIANT_ERROR_SIZE)
+#define VARIANT_MAGIC                                                                 \
+  {                                                                                   \
+    BACKHAUL_ABI_MAGIC, (uint16_t)sizeof(void*), (uint16_t)sizeof(backhaul_string_t), \
+        (uint32_t)(VARIANT_ERROR_SIZE), (uint32_t)sizeof(backhaul_event_t)            \
   }
 #else
 #define VARIANT_MAGIC BACKHAUL_MAGIC_INIT
