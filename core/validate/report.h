@@ -48,7 +48,8 @@ struct Report {
 };
 
 // `text` on one line: control characters (a plugin's text may hold any) shown as \n, \r, \t or
-// \xNN, so that they cannot forge or hide lines of a report.
+// \xNN, and C1 controls and bidi overrides as \uNNNN, so that they cannot forge or hide lines of a
+// report, or move what a terminal shows of them.
 std::string escape_controls(std::string_view text);
 // "PASS  static       abi_version                     plugin ABI 1.1, host ABI 1.1"
 std::string format_line(const CheckResult& result);

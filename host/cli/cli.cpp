@@ -12,10 +12,14 @@ namespace backhaul::cli {
 namespace fs = std::filesystem;
 
 fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>& dirs) {
-  if (spec.find('/') != std::string::npos || fs::path(spec).extension() == ".so") return spec;
+  std::error_code ec;
+  if (spec.find('/') != std::string::npos || fs::path(spec).extension() == ".so") {
+    // A file that is not there is a mistake in the command, as an id found nowhere is.
+    if (!fs::exists(spec, ec)) throw ConfigError("plugin file '" + spec + "' does not exist");
+    return spec;
+  }
   std::vector<fs::path> candidates;
   for (const auto& d : dirs) candidates.push_back(fs::path(d) / (spec + ".so"));
-  std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back(self.parent_path().parent_path() / "plugins" / (spec + ".so"));
   candidates.push_back(fs::path(BACKHAUL_DEFAULT_PLUGIN_DIR) / (spec + ".so"));

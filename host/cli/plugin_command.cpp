@@ -10,6 +10,7 @@
 #include "core/common/watchdog.h"
 #include "core/http/replay_transport.h"
 #include "core/plugins/plugin_loader.h"
+#include "core/validate/report.h"
 #include "host/cli/cli.h"
 #include "host/cli/crash_report.h"
 
@@ -45,25 +46,28 @@ void print_info(const plugins::PluginInfo& info, bool json) {
     std::cout << j.dump(2) << "\n";
     return;
   }
-  auto join = [](const std::vector<std::string>& v) {
+  // The plugin's own text, which may hold anything: escaped, so that it cannot move the cursor,
+  // clear a line or forge one ("\r" + "id: github", a newline and "sha256: ...").
+  const auto shown = [](std::string_view text) { return validate::escape_controls(text); };
+  auto join = [&](const std::vector<std::string>& v) {
     std::string out;
-    for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+    for (const auto& s : v) out += (out.empty() ? "" : ", ") + shown(s);
     return out;
   };
-  std::cout << "id:                   " << info.id << "\n"
-            << "version:              " << info.version << "\n"
-            << "name:                 " << info.display_name << "\n"
-            << "description:          " << info.description << "\n"
+  std::cout << "id:                   " << shown(info.id) << "\n"
+            << "version:              " << shown(info.version) << "\n"
+            << "name:                 " << shown(info.display_name) << "\n"
+            << "description:          " << shown(info.description) << "\n"
             << "abi:                  " << abi << "\n"
             << "entity types:         " << join(info.entity_types) << "\n"
             << "default entity types: " << join(info.default_entity_types) << "\n"
-            << "path:                 " << info.path.string() << "\n"
+            << "path:                 " << shown(info.path.string()) << "\n"
             << "sha256:               " << info.sha256 << "\n";
   for (const plugins::BundledLibrary& library : info.bundled_libraries) {
-    std::cout << "bundled library:      " << library.path.string() << " (sha256 " << library.sha256
-              << ")\n";
+    std::cout << "bundled library:      " << shown(library.path.string()) << " (sha256 "
+              << library.sha256 << ")\n";
   }
-  std::cout << "config schema:        " << info.config_schema_json << "\n";
+  std::cout << "config schema:        " << shown(info.config_schema_json) << "\n";
 }
 
 void run_info(const InfoOptions& o) {

@@ -1,6 +1,7 @@
 // `backhaul plugin validate`: run the conformance validator (core/validate) on a plugin and print
 // one line per check and a summary, or the JSON report. Exit status: 0 when no check failed, 1
-// when one did, 2 when the validator could not run (unreadable fixtures, bad options).
+// when one did, 2 when the validator could not run (no such plugin file or id, fixtures it cannot
+// read); a malformed command line gets CLI11's usage message and exit status (105, 106, 109...).
 #include <iostream>
 
 #include <CLI/CLI.hpp>

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/validate/report.h"
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,6 +27,7 @@ extern char** environ;
 
 namespace {
 
+using backhaul::validate::escape_controls;
 using nlohmann::json;
 
 struct CliRun {
@@ -192,6 +194,13 @@ TEST(ValidateCommandTest, UnreadableFixturesExitTwo) {
                                  "/reference.so --fixtures /nonexistent/fixtures 2>&1");
   EXPECT_EQ(missing.exit_code, 2) << missing.out;
   EXPECT_NE(missing.out.find("/nonexistent/fixtures"), std::string::npos) << missing.out;
+  // So is a plugin file that does not exist, as a plugin id found nowhere is (it exited 1, as if
+  // checks had failed).
+  const CliRun no_plugin = run_cli("plugin validate /nonexistent/plugin.so 2>&1");
+  EXPECT_EQ(no_plugin.exit_code, 2) << no_plugin.out;
+  EXPECT_NE(no_plugin.out.find("plugin file '/nonexistent/plugin.so' does not exist"),
+            std::string::npos)
+      << no_plugin.out;
 }
 
 // A connector that bundles a library (found through $ORIGIN): `plugin info` names it with its
@@ -215,6 +224,40 @@ TEST(ValidateCommandTest, APluginThatBundlesALibraryIsLoadedAndItsLibraryListed)
   CliRun validate = run_cli("plugin validate " + plugin.string() + " 2>/dev/null");
   EXPECT_NE(validate.out.find("PASS  static       loader_accepts"), std::string::npos)
       << validate.out;
+}
+
+// Review: `plugin info` printed a plugin's name and description as they were, so a plugin could
+// rewrite what the operator's terminal shows: an escape sequence and "\r" over the id line, a
+// forged "sha256:" line after a newline, C1 controls, bidi overrides. They are escaped now.
+TEST(ValidateCommandTest, PluginInfoShowsAPluginsTerminalControlsEscaped) {
+  CliRun info =
+      run_cli(std::string("plugin info ") + VALIDATE_HOSTILE_TEXT_PLUGIN + " 2>/dev/null");
+  ASSERT_EQ(info.exit_code, 0) << info.out;
+  EXPECT_NE(info.out.find("name:                 E\\x1b[2K\\rid: github\n"), std::string::npos)
+      << info.out;
+  EXPECT_NE(info.out.find("description:          fine\\nsha256: forged \\u009b2J "
+                          "\\u202edesrever\n"),
+            std::string::npos)
+      << info.out;
+  for (const char* raw : {"\033", "\r", "\xC2\x9B", "\xE2\x80\xAE"})
+    EXPECT_EQ(info.out.find(raw), std::string::npos) << "a raw control got through";
+  size_t sha_lines = 0;
+  for (size_t at = info.out.find("\nsha256:"); at != std::string::npos;
+       at = info.out.find("\nsha256:", at + 1))
+    ++sha_lines;
+  EXPECT_EQ(sha_lines, 1u) << info.out;
+}
+
+TEST(EscapeControlsTest, C1ControlsAndBidiOverridesAreEscapedAndOtherTextKept) {
+  // (Literals split where a hex escape would run on into the next letter.)
+  EXPECT_EQ(escape_controls("a\xC2\x85"
+                            "b\xE2\x80\xAA"
+                            "c\xE2\x81\xA9"
+                            "d"),
+            "a\\u0085b\\u202ac\\u2069d");
+  EXPECT_EQ(escape_controls("caf\xC3\xA9 \xE2\x80\x94 \xC2\xA0"),
+            "caf\xC3\xA9 \xE2\x80\x94 \xC2\xA0");
+  EXPECT_EQ(escape_controls("cut \xC2"), "cut \xC2");  // a lone lead byte is no control
 }
 
 // `plugin info` runs the plugin's init() and deinit() in-process: one that never returns ends

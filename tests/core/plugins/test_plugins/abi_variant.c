@@ -17,6 +17,8 @@
  *   VARIANT_SCHEMA_DEPTH  a config schema of that many objects nested in one another
  *                         ({"a":{"a":...{}...}}), written when the library is loaded
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
+ *   VARIANT_HOSTILE_TEXT  a display name and a description holding terminal controls (an
+ *                         escape sequence, a line forged after a newline, C1 and bidi controls)
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
  */
 #include "backhaul/backhaul.h"
@@ -77,14 +79,25 @@ __attribute__((constructor)) static void fill_deep_schema(void) {
 #define DESCRIPTOR_SCHEMA "{\"type\":\"object\"}"
 #endif
 
+#ifdef VARIANT_HOSTILE_TEXT
+#define DESCRIPTOR_NAME "E\033[2K\rid: github"
+#define DESCRIPTOR_DESCRIPTION    \
+  "fine\nsha256: forged \xC2\x9B" \
+  "2J \xE2\x80\xAE"               \
+  "desrever"
+#else
+#define DESCRIPTOR_NAME "C test plugin"
+#define DESCRIPTOR_DESCRIPTION "a plugin written in C against the ABI headers"
+#endif
+
 static const char* const kTypes[] = {"item"};
 static const char* const kDefaults[] = {VARIANT_DEFAULT_TYPE};
 
 static const backhaul_descriptor_t kDescriptor = {sizeof(backhaul_descriptor_t),
                                                   DESCRIPTOR_ID,
                                                   VARIANT_VERSION,
-                                                  "C test plugin",
-                                                  "a plugin written in C against the ABI headers",
+                                                  DESCRIPTOR_NAME,
+                                                  DESCRIPTOR_DESCRIPTION,
                                                   kTypes,
                                                   1,
                                                   kDefaults,
