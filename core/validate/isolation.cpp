@@ -5,7 +5,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -18,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,9 +154,42 @@ struct Watch {
   bool exited = false;
   bool timed_out = false;
   bool memory_exceeded = false;
+  bool pipes_held = false;  // still open a while after the child ended: another process has them
+  int held_by = 0;          // the processes found holding them, killed
   int status = 0;
   rusage usage{};
 };
+
+// A process the child started, in a session of its own (setsid()), is out of the group the
+// supervisor kills, and holds the child's pipes for as long as it lives. Long enough after the
+// child's end for the kernel to have closed the child's own ends.
+constexpr std::chrono::milliseconds kHeldPipesGrace{500};
+
+// Kills every process that has the pipe of `read_fd` open, found through /proc (they are this
+// user's). Returns how many it found.
+int kill_pipe_holders(int read_fd) {
+  struct stat pipe_stat {};
+  if (::fstat(read_fd, &pipe_stat) != 0) return 0;
+  const std::string target = "pipe:[" + std::to_string(pipe_stat.st_ino) + "]";
+  int killed = 0;
+  std::error_code ec;
+  for (const auto& process : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = process.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == ::getpid()) continue;
+    std::error_code fd_ec;
+    for (const auto& fd : std::filesystem::directory_iterator(process.path() / "fd", fd_ec)) {
+      std::error_code link_ec;
+      if (std::filesystem::read_symlink(fd.path(), link_ec).string() == target) {
+        ::kill(pid, SIGKILL);
+        ++killed;
+        break;
+      }
+    }
+  }
+  return killed;
+}
 
 // Notices that the child ended without reaping it: a zombie keeps its pid (and so its process
 // group id) from being reused, which makes the kill of the group after it safe.
@@ -188,14 +225,22 @@ void poll_pipes(Watch& w, std::chrono::milliseconds wait) {
 
 // Reads the pipes until the child has ended and both are at EOF, or until the deadline, or until
 // the child outgrows the memory limit. Then kills the child's process group (a grandchild may
-// still hold the pipes) and reaps the child.
+// still hold the pipes) and reaps the child. Pipes still open kHeldPipesGrace after the child
+// ended are held by a process it started out of its group: not waited for (every check would
+// take the whole timeout), but found, killed and reported.
 void supervise(Watch& w, const ChildLimits& limits) {
   const auto deadline = Clock::now() + limits.timeout;
   const int64_t limit_kb = static_cast<int64_t>(limits.memory_bytes / 1024);
+  std::optional<Clock::time_point> ended;
   while (true) {
     const auto now = Clock::now();
     if (has_exited(w)) {
-      if ((!w.result_open && !w.err_open) || now >= deadline) break;
+      if (!w.result_open && !w.err_open) break;
+      if (!ended) ended = now;
+      if (now - *ended >= kHeldPipesGrace || now >= deadline) {
+        w.pipes_held = true;
+        break;
+      }
       poll_pipes(w, kWatchTick);
       continue;
     }
@@ -212,6 +257,11 @@ void supervise(Watch& w, const ChildLimits& limits) {
   }
   ::kill(-w.pid, SIGKILL);
   ::kill(w.pid, SIGKILL);
+  if (w.pipes_held) {
+    // After the group's kill: what still holds them is out of it.
+    w.held_by = std::max(kill_pipe_holders(w.result_fd), kill_pipe_holders(w.err_fd));
+    if (w.held_by == 0) w.pipes_held = false;  // they were only slow to close
+  }
   pid_t r;
   do {
     r = ::wait4(w.pid, &w.status, 0, &w.usage);
@@ -238,6 +288,9 @@ ChildOutcome classify(Watch& w, const char* activity) {
   std::string payload;
   if (w.timed_out) {
     out.end = ChildEnd::kTimedOut;
+  } else if (w.pipes_held) {
+    out.end = ChildEnd::kLeftProcesses;
+    out.left_processes = w.held_by;
   } else if (w.memory_exceeded) {
     out.end = ChildEnd::kMemoryExceeded;
   } else if (parse_frame(w.result, tag, payload)) {
@@ -314,6 +367,10 @@ std::string ChildOutcome::describe(const ChildLimits& limits) const {
     case ChildEnd::kMemoryExceeded:
       return "exceeded the memory limit of " + std::to_string(limit_mb) + " MB" + where(activity) +
              " and was killed (unbounded allocation in plugin code?)";
+    case ChildEnd::kLeftProcesses:
+      return "left " + std::to_string(left_processes) +
+             " process(es) running after it ended, out of its process group (setsid() in plugin "
+             "code?); killed. Plugin code must not leave processes behind";
     case ChildEnd::kExited:
       return with_stderr("exited with status " + std::to_string(exit_code) + where(activity) +
                              " before the check finished (exit() called in plugin code, or a "

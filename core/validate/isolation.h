@@ -28,6 +28,7 @@ enum class ChildEnd {
   kSignaled,        // killed by a signal it raised itself (SIGSEGV, SIGABRT, SIGXCPU, ...)
   kTimedOut,        // killed by us at the deadline
   kMemoryExceeded,  // killed by us when its resident set passed the limit
+  kLeftProcesses,   // ended, but processes it started (out of its group) still held its pipes
 };
 
 struct ChildOutcome {
@@ -35,6 +36,7 @@ struct ChildOutcome {
   std::string payload;
   int exit_code = 0;        // kExited
   int signal = 0;           // kSignaled
+  int left_processes = 0;   // kLeftProcesses: how many held its pipes (each killed)
   std::string stderr_tail;  // the last few KB the child wrote to stderr
   std::string activity;     // the child's last note_activity(), e.g. "in fetch_page()"
   int64_t peak_rss_kb = 0;

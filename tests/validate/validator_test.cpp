@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "core/common/errors.h"
+#include "core/common/proc.h"
 #include "core/validate/checks.h"
 #include "core/validate/json_schema_lint.h"
 
@@ -337,6 +339,39 @@ TEST(ValidatorTest, AConfigSchemaNestedTooDeeplyFails) {
   Report report = validate(options_for(VALIDATE_DEEP_SCHEMA_PLUGIN, std::nullopt, 1));
   expect_fail(report, "config_schema_json", "config_schema_json nests 100001 deep; at most 64");
   expect_fail(report, "loader_accepts", "config schema nests 100001 deep; at most 64");
+}
+
+// Review (G4): a plugin whose create() starts a process in a session of its own (setsid()) escaped
+// the process group the validator kills: the process outlived the validator, and as it held the
+// child's pipes every such check waited its whole timeout, and passed. Now the check fails, the
+// process is found by the pipe it holds and killed, and the check does not wait for it.
+TEST(ValidatorTest, AProcessThatEscapesTheChildsGroupFailsTheCheckAndIsKilled) {
+  const fs::path pids =
+      fs::path(::testing::TempDir()) / ("escaped-pids-" + std::to_string(::getpid()));
+  fs::remove(pids);
+  ValidateOptions o = options_for(VALIDATE_FAKE_PLUGIN, std::nullopt, 1);
+  o.config_json = nlohmann::json{{"escape_in_create", pids.string()}}.dump();
+  o.timeout = 30'000ms;  // far longer than a check takes when it does not wait for the process
+  Report report = validate(o);
+  expect_fail(report, "config_accepted", "left 1 process(es) running after it ended");
+  const CheckResult* check = find(report, "config_accepted");
+  ASSERT_NE(check, nullptr);
+  EXPECT_LT(check->duration, 30'000ms) << "the check waited its timeout for the escaped process";
+  std::ifstream in(pids);
+  int escaped = 0;
+  for (int pid = 0; in >> pid;) {
+    ++escaped;
+    // Gone, or a zombie its new parent has not reaped yet: not running. (SIGKILL takes effect a
+    // moment after kill() returns: readiness, at most 10 s.)
+    auto running = [pid] {
+      const std::optional<ProcStat> stat = read_proc_stat(pid);
+      return stat && stat->state != 'Z' && stat->state != 'X';
+    };
+    for (int i = 0; i < 1000 && running(); ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_FALSE(running()) << "escaped process " << pid << " still runs";
+  }
+  EXPECT_GE(escaped, 1) << "the plugin started no process";
+  fs::remove(pids);
 }
 
 // Review (A5): a plugin of another ABI major is reported for its version, and its descriptor is

@@ -25,6 +25,8 @@
 //   abort_in_create_if: create() calls abort() while a file of that path exists.
 //   hang_in_create_if: create() waits while a file of that path exists (for ever, if it is never
 //   removed).
+//   escape_in_create: create() forks a child that leaves the process group for a session of its
+//   own (setsid()) and sleeps for ever, and appends its PID to the file of that path.
 //   wait_in_validate_if: validate_config waits while a file of that path exists, having created
 //   the file "<that path>.entered" (for a request of the host's held inside the plugin).
 //   cut_payloads: "yes" — every payload lacks its closing brace (not JSON).
@@ -143,6 +145,17 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (exists(config_value(config, "abort_in_create_if"))) std::abort();
     while (exists(config_value(config, "hang_in_create_if"))) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (const std::string escape = config_value(config, "escape_in_create"); !escape.empty()) {
+      const pid_t child = ::fork();
+      if (child == 0) {
+        ::setsid();
+        for (;;) ::pause();
+      }
+      if (std::FILE* out = std::fopen(escape.c_str(), "a")) {
+        std::fprintf(out, "%d\n", static_cast<int>(child));
+        std::fclose(out);
+      }
     }
     if (auto v = config_value(config, "pages"); !v.empty()) pages_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
