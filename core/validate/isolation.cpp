@@ -165,9 +165,10 @@ struct Watch {
 // child's end for the kernel to have closed the child's own ends.
 constexpr std::chrono::milliseconds kHeldPipesGrace{500};
 
-// Kills every process that has the pipe of `read_fd` open, found through /proc (they are this
-// user's). Returns how many it found.
-int kill_pipe_holders(int read_fd) {
+// Kills every process out of process group `group` that has the pipe of `read_fd` open, found
+// through /proc (they are this user's). Returns how many it found. The group's own members were
+// killed with it, but may not have died yet: they are not counted.
+int kill_pipe_holders(int read_fd, pid_t group) {
   struct stat pipe_stat {};
   if (::fstat(read_fd, &pipe_stat) != 0) return 0;
   const std::string target = "pipe:[" + std::to_string(pipe_stat.st_ino) + "]";
@@ -177,7 +178,7 @@ int kill_pipe_holders(int read_fd) {
     const std::string name = process.path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
     const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (pid == ::getpid()) continue;
+    if (pid == ::getpid() || ::getpgid(pid) == group) continue;
     std::error_code fd_ec;
     for (const auto& fd : std::filesystem::directory_iterator(process.path() / "fd", fd_ec)) {
       std::error_code link_ec;
@@ -259,8 +260,8 @@ void supervise(Watch& w, const ChildLimits& limits) {
   ::kill(w.pid, SIGKILL);
   if (w.pipes_held) {
     // After the group's kill: what still holds them is out of it.
-    w.held_by = std::max(kill_pipe_holders(w.result_fd), kill_pipe_holders(w.err_fd));
-    if (w.held_by == 0) w.pipes_held = false;  // they were only slow to close
+    w.held_by = std::max(kill_pipe_holders(w.result_fd, w.pid), kill_pipe_holders(w.err_fd, w.pid));
+    if (w.held_by == 0) w.pipes_held = false;  // held by the group's own, killed with it
   }
   pid_t r;
   do {
