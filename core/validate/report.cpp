@@ -55,8 +55,12 @@ std::string escape_controls(std::string_view text) {
     size_t length = 0;
     if (byte == 0xC2 && next(1) >= 0x80 && next(1) <= 0x9F) {
       code = next(1), length = 2;
-    } else if (byte == 0xE2 && next(1) == 0x80 && next(2) >= 0xAA && next(2) <= 0xAE) {
-      code = 0x2000 + (next(2) - 0x80), length = 3;
+    } else if (byte == 0xE2 && next(1) == 0x80 &&
+               ((next(2) >= 0xAA && next(2) <= 0xAE) || next(2) == 0x8E || next(2) == 0x8F ||
+                next(2) == 0xA8 || next(2) == 0xA9)) {
+      code = 0x2000 + (next(2) - 0x80), length = 3;  // and the marks LRM, RLM, LS, PS
+    } else if (byte == 0xD8 && next(1) == 0x9C) {
+      code = 0x061C, length = 2;  // ALM
     } else if (byte == 0xE2 && next(1) == 0x81 && next(2) >= 0xA6 && next(2) <= 0xA9) {
       code = 0x2040 + (next(2) - 0x80), length = 3;
     }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <istream>
+#include <ostream>
 
 #include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerResponse.h>
@@ -209,7 +210,13 @@ void write_response(const Response& response, Poco::Net::HTTPServerResponse& out
   out.setContentType(response.content_type);
   for (const auto& [name, value] : response.headers) out.add(name, value);
   if (response.status == 413) out.setKeepAlive(false);
-  out.sendBuffer(response.body.data(), response.body.size());
+  out.setContentLength64(static_cast<Poco::Int64>(response.body.size()));
+  out.setChunkedTransferEncoding(false);
+  // Flushed here, not when Poco destroys the response: the answer is on the socket when this
+  // returns (a stop waiting for it then closes the connection). No body for HEAD (Poco's stream).
+  std::ostream& stream = out.send();
+  stream.write(response.body.data(), static_cast<std::streamsize>(response.body.size()));
+  stream.flush();
 }
 
 }  // namespace backhaul::host

@@ -34,6 +34,9 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 
 // "Bearer <token>"; the scheme's name is case-insensitive (RFC 9110 11.1), and spaces may follow
 // it.
+// The path of a request without a valid token, in its audit line, at most.
+constexpr size_t kMaxUnauthorizedPathBytes = 200;
+
 bool authorized(const Request& request, const std::string& token) {
   const std::string* header = request.header("authorization");
   const std::string_view scheme = "bearer";
@@ -148,7 +151,7 @@ bool AdminApi::audit_refused(int64_t now_ms, std::string& summary) {
   }
   if (refused_->left_out > 0) {
     summary += " (and " + std::to_string(refused_->left_out) +
-               " more refused for their token since the last such line, not written)";
+               " more without a valid token since the last such line, not written)";
     refused_->left_out = 0;
   }
   return true;
@@ -204,10 +207,17 @@ Response AdminApi::handle(const Request& request) {
   const std::vector<std::string_view> segments = host::path_segments(request);
   if (is_mutation(request.method) && !segments.empty() && segments.front() == "v1") {
     const int64_t now = deps_.clock.now_ms();
-    if (response.status == 401 && !audit_refused(now, call.summary)) return response;
+    // Without a valid token, whatever the answer (401, or a 400, 404, 413 or 431 refused before
+    // the token is looked at): bounded, and its path cut, as anyone reaching the port sends these.
+    std::string path = request.path;
+    if (!authorized(request, options_.token)) {
+      if (!audit_refused(now, call.summary)) return response;
+      if (path.size() > kMaxUnauthorizedPathBytes)
+        path = path.substr(0, kMaxUnauthorizedPathBytes) + "...";
+    }
     try {
       deps_.audit.append(
-          {now, call.operation_id, request.method, request.path, response.status, call.summary});
+          {now, call.operation_id, request.method, std::move(path), response.status, call.summary});
     } catch (const std::exception& e) {
       log->error("audit log {}: {}", deps_.audit.path().string(), e.what());
     }

@@ -30,9 +30,10 @@ struct AdminApiOptions {
   int64_t store_failure_grace_ms = 10'000;
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 * 1024;
-  // Audit lines of mutations refused for want of a valid token (401): this many in a row, then
-  // as many an hour. An outsider sending them would otherwise grow the audit log without end;
-  // the next line written counts the ones left out.
+  // Audit lines of mutations without a valid token (refused 401, or refused before the token is
+  // looked at: 400, 404, 413, 431): this many in a row, then as many an hour, each path cut to 200
+  // bytes. An outsider sending them would otherwise grow the audit log without end; the next line
+  // written counts the ones left out.
   double unauthorized_audit_burst = 60;
   double unauthorized_audit_per_hour = 600;
 };

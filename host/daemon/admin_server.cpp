@@ -51,17 +51,23 @@ class Connections {
     handling_.erase(fd);
     changed_.notify_all();
   }
-  // The connection on `fd` began (true) or ended (false) handling a request.
+  // The connection on `fd` began (true) or ended (false) handling a request: from its headers to
+  // its answer on the socket. One that ends after the stop is shut for reading then.
   void handling(int fd, bool yes) {
     std::lock_guard lock(mutex_);
     if (auto it = handling_.find(fd); it != handling_.end()) it->second = yes;
+    if (!yes && stopping_) ::shutdown(fd, SHUT_RD);
     if (!yes) changed_.notify_all();
   }
-  // No request is read from here on.
+  // No new request from here on: a connection waiting for one is shut for reading (the wait meets
+  // the end of the stream). One handling a request (its body perhaps still arriving) reads it
+  // whole, and its answer closes the connection.
   void stop_reading() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    for (const auto& [fd, busy] : handling_) ::shutdown(fd, SHUT_RD);
+    for (const auto& [fd, busy] : handling_) {
+      if (!busy) ::shutdown(fd, SHUT_RD);
+    }
   }
   // Waits until no connection is handling a request, `until` passes or hurry() is called; returns
   // how many still are.
@@ -108,35 +114,40 @@ class Connections {
 // request being handled has no deadline (a plugin's validate-config may take its time).
 class ServedConnection {
  public:
-  ServedConnection(SocketDeadlines& deadlines, Connections& connections, int fd,
+  // `own_fd`: `fd` is a duplicate of the connection's, open as long as this lives. Only such a
+  // connection is registered in `connections`: Poco's own descriptor is closed before this ends,
+  // and its number may be another socket's by then.
+  ServedConnection(SocketDeadlines& deadlines, Connections& connections, int fd, bool own_fd,
                    std::chrono::milliseconds read, std::chrono::milliseconds keep_alive)
       : deadlines_(deadlines),
         connections_(connections),
         fd_(fd),
+        registered_(own_fd),
         read_(read),
         keep_alive_(keep_alive) {
-    connections_.add(fd_);
+    if (registered_) connections_.add(fd_);
     arm(read_);
     current_ = this;
   }
   ~ServedConnection() {
     current_ = nullptr;
-    connections_.remove(fd_);
+    if (registered_) connections_.remove(fd_);
   }
   ServedConnection(const ServedConnection&) = delete;
   ServedConnection& operator=(const ServedConnection&) = delete;
 
   // Of the connection this thread serves (the handler runs on the connection's thread).
+  static void request_begun() {
+    if (current_ && current_->registered_) current_->connections_.handling(current_->fd_, true);
+  }
   static void request_read() {
-    if (!current_) return;
-    current_->watch_.reset();
-    current_->connections_.handling(current_->fd_, true);
+    if (current_) current_->watch_.reset();
   }
   // Whether the server stopped taking requests: the answer closes the connection.
   static bool last_answer() { return current_ && current_->connections_.stopping(); }
   static void answered() {
     if (!current_) return;
-    current_->connections_.handling(current_->fd_, false);
+    if (current_->registered_) current_->connections_.handling(current_->fd_, false);
     current_->arm(current_->keep_alive_ + current_->read_);
   }
 
@@ -150,6 +161,7 @@ class ServedConnection {
   SocketDeadlines& deadlines_;
   Connections& connections_;
   const int fd_;
+  const bool registered_;
   const std::chrono::milliseconds read_;
   const std::chrono::milliseconds keep_alive_;
   std::optional<SocketDeadlines::Watch> watch_;
@@ -162,6 +174,7 @@ class Handler final : public Poco::Net::HTTPRequestHandler {
   explicit Handler(AdminApi& api) : api_(api) {}
   void handleRequest(Poco::Net::HTTPServerRequest& request,
                      Poco::Net::HTTPServerResponse& response) override {
+    ServedConnection::request_begun();
     host::Request in;
     try {
       in = host::read_request(request, api_.options().max_body_bytes);
@@ -224,9 +237,9 @@ class Connection final : public Poco::Net::HTTPServerConnection {
     // The deadline watches it too, as it stays open until the watch ends: Poco's own number may
     // be another connection's by then.
     const UniqueFd spare(::fcntl(socket().impl()->sockfd(), F_DUPFD_CLOEXEC, 0));
-    const ServedConnection deadline(deadlines_, connections_,
-                                    spare ? spare.get() : socket().impl()->sockfd(), read_,
-                                    keep_alive_);
+    const ServedConnection served(deadlines_, connections_,
+                                  spare ? spare.get() : socket().impl()->sockfd(),
+                                  static_cast<bool>(spare), read_, keep_alive_);
     try {
       HTTPServerConnection::run();
     } catch (const Poco::SyntaxException& e) {
@@ -305,8 +318,9 @@ struct AdminServer::Impl {
   AdminApi& api;
   AdminServerOptions options;
   std::atomic<uint16_t> port{0};
-  SocketDeadlines deadlines;  // of the connections' requests; outlives them
-  Connections connections;    // outlives them too
+  SocketDeadlines deadlines;         // of the connections' requests; outlives them
+  Connections connections;           // outlives them too
+  Poco::Net::ServerSocket listener;  // the server's, shared: closed as soon as it stops accepting
   std::unique_ptr<Poco::ThreadPool> pool;
   Poco::Net::HTTPRequestHandlerFactory::Ptr handlers;  // a HandlerFactory
   HandlerFactory* handler_factory = nullptr;           // handlers, for abort_connections()
@@ -314,7 +328,8 @@ struct AdminServer::Impl {
 };
 
 AdminServer::AdminServer(AdminApi& api, AdminServerOptions options)
-    : impl_(new Impl{api, std::move(options), {}, {}, {}, nullptr, nullptr, nullptr, nullptr}) {}
+    : impl_(new Impl{api, std::move(options), {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr}) {
+}
 
 AdminServer::~AdminServer() { stop(); }
 
@@ -329,6 +344,7 @@ void AdminServer::start() {
   // Not into a process a plugin starts: one outliving backhauld would hold the admin port.
   set_close_on_exec(socket.impl()->sockfd());
   impl_->port = socket.address().port();
+  impl_->listener = socket;
 
   const int threads = impl_->options.max_connections;
   const Poco::Timespan timeout(impl_->options.timeout_ms * 1000);
@@ -354,6 +370,9 @@ void AdminServer::start() {
 void AdminServer::stop_taking_requests() {
   if (!impl_->server) return;
   impl_->server->stop();  // accepts no more; those accepted and not yet served are closed
+  // The accepting thread is joined: the port is closed now, and a new connection is refused at
+  // once (a listening socket would let the kernel take connections nobody reads).
+  impl_->listener.close();
   impl_->connections.stop_reading();
 }
 

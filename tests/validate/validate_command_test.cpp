@@ -258,6 +258,11 @@ TEST(EscapeControlsTest, C1ControlsAndBidiOverridesAreEscapedAndOtherTextKept) {
   EXPECT_EQ(escape_controls("caf\xC3\xA9 \xE2\x80\x94 \xC2\xA0"),
             "caf\xC3\xA9 \xE2\x80\x94 \xC2\xA0");
   EXPECT_EQ(escape_controls("cut \xC2"), "cut \xC2");  // a lone lead byte is no control
+  EXPECT_EQ(escape_controls("\xE2\x80\x8F"
+                            "x\xE2\x80\xA8"
+                            "y\xD8\x9C"
+                            "z"),
+            "\\u200fx\\u2028y\\u061cz");
 }
 
 // `plugin info` runs the plugin's init() and deinit() in-process: one that never returns ends

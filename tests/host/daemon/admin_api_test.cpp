@@ -1007,10 +1007,10 @@ TEST_F(MadeUpSchedulerStats, MutationsWithoutTheTokenAreAuditedAtABoundedRate) {
   api_ = std::make_unique<AdminApi>(
       AdminApiDeps{*store_, clock_, registry_, audit_, [this] { return stats_; }, nullptr, {}, {}},
       options_);
-  auto post = [&](const std::string& token) {
+  auto post = [&](const std::string& token, const std::string& path = "/v1/jobs/1/cancel") {
     host::Request request;
     request.method = "POST";
-    request.path = "/v1/jobs/1/cancel";
+    request.path = path;
     if (!token.empty()) request.headers["authorization"] = "Bearer " + token;
     return api_->handle(request).status;
   };
@@ -1020,8 +1020,11 @@ TEST_F(MadeUpSchedulerStats, MutationsWithoutTheTokenAreAuditedAtABoundedRate) {
     for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
     return out;
   };
-  for (int i = 0; i < 10; ++i) ASSERT_EQ(post("wrong"), 401);
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(post("wrong"), 401);
   EXPECT_EQ(post(""), 401);
+  // Refused before the token is looked at, they count as well (they were audited every time).
+  EXPECT_EQ(post("", "/v1/"), 404);
+  EXPECT_EQ(post("", "/v1//jobs"), 404);
   EXPECT_EQ(lines().size(), 3u) << "the burst, then none while the clock stands still";
   EXPECT_EQ(post("the-token"), 404) << "no job 1";
   ASSERT_EQ(lines().size(), 4u) << "a mutation with the token is audited whatever the rate";
@@ -1036,12 +1039,17 @@ TEST_F(MadeUpSchedulerStats, MutationsWithoutTheTokenAreAuditedAtABoundedRate) {
   ASSERT_EQ(written.size(), 5u);
   EXPECT_EQ(written.back()["status"], 401);
   EXPECT_EQ(written.back()["summary"],
-            "UNAUTHORIZED (and 9 more refused for their token since the last such line, not "
+            "UNAUTHORIZED (and 9 more without a valid token since the last such line, not "
             "written)");
   clock_.advance_ms(6'000);
   EXPECT_EQ(post("wrong"), 401);
   ASSERT_EQ(lines().size(), 6u);
   EXPECT_EQ(lines().back()["summary"], "UNAUTHORIZED") << "none left out since";
+  // The path of one without a valid token is cut (it could be as long as the headers allow).
+  clock_.advance_ms(6'000);
+  EXPECT_EQ(post("wrong", "/v1/" + std::string(10'000, 'x')), 401);
+  ASSERT_EQ(lines().size(), 7u);
+  EXPECT_EQ(lines().back()["path"], "/v1/" + std::string(196, 'x') + "...");
 }
 
 // The readiness rule on made-up scheduler stats: a failing operation is "degraded" until its

@@ -1,4 +1,5 @@
 // backhauld as a real process: a bad config exits 2 naming the field, SIGTERM drains and exits 0.
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -462,6 +463,15 @@ TEST_F(DaemonProcessTest, AnApiRequestUnderWayAtSigtermIsAnsweredBeforeTheExit) 
   ASSERT_TRUE(daemon_->signal(SIGTERM));
   EXPECT_TRUE(wait_for_log("stop: waiting for 1 admin requests under way to be answered"))
       << daemon_->stderr_text();
+  // Meanwhile the port is closed: a new connection is refused at once, not taken by the kernel
+  // and left unread (a health probe hung until its own timeout).
+  UniqueFd late(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(admin_port_);
+  EXPECT_NE(::connect(late.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  EXPECT_EQ(errno, ECONNREFUSED);
   std::filesystem::remove(held_);  // the plugin returns
   ASSERT_EQ(answer_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   const std::string answer = answer_.get();
