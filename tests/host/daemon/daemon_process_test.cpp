@@ -2,6 +2,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -32,6 +33,21 @@ namespace backhaul::daemon::testing {
 namespace {
 
 using nlohmann::json;
+
+// A TCP connection to 127.0.0.1:`port`; an empty descriptor, errno saying why, when there is none.
+UniqueFd connect_loopback(uint16_t port) {
+  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  if (::connect(client.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    const int saved = errno;
+    client = UniqueFd();
+    errno = saved;
+  }
+  return client;
+}
 
 // A socket listening on 127.0.0.1 at a port of the kernel's choosing that nobody answers on;
 // closed at the end of the scope.
@@ -465,12 +481,7 @@ TEST_F(DaemonProcessTest, AnApiRequestUnderWayAtSigtermIsAnsweredBeforeTheExit) 
       << daemon_->stderr_text();
   // Meanwhile the port is closed: a new connection is refused at once, not taken by the kernel
   // and left unread (a health probe hung until its own timeout).
-  UniqueFd late(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(admin_port_);
-  EXPECT_NE(::connect(late.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  EXPECT_FALSE(connect_loopback(admin_port_)) << "a new connection was taken during the stop";
   EXPECT_EQ(errno, ECONNREFUSED);
   std::filesystem::remove(held_);  // the plugin returns
   ASSERT_EQ(answer_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
@@ -933,12 +944,8 @@ TEST_F(DaemonProcessTest, TheDaemonsOwnDescriptorsAreClosedOnExec) {
   const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
   ASSERT_NE(port, 0) << daemon_->stderr_text();
   // A kept-alive connection, answered: backhauld holds its end open while the fds are read.
-  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(port);
-  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const UniqueFd client = connect_loopback(port);
+  ASSERT_TRUE(client) << std::strerror(errno);
   const std::string request = "GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   ASSERT_EQ(::send(client.get(), request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
