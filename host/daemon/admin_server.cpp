@@ -33,9 +33,9 @@
 namespace backhaul::daemon {
 namespace {
 
-// The connections being served, so that a stop answers the requests under way: every connection
-// is shut for reading (its next read of a request meets the end of the stream, and a poll waiting
-// for one wakes), and one handling a request answers it, then ends. Aborting them all (Poco's
+// The connections being served, so that a stop answers the requests under way: a connection
+// waiting for a request is shut for reading (its wait meets the end of the stream), and one
+// handling a request answers it, then is shut for reading and ends. Aborting them all (Poco's
 // stopAll(true)) cut requests off while they committed: a run was started, and its client saw the
 // connection reset. [thread-safe]
 class Connections {
