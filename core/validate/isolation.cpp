@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -165,13 +166,16 @@ struct Watch {
 // child's end for the kernel to have closed the child's own ends.
 constexpr std::chrono::milliseconds kHeldPipesGrace{500};
 
-// Kills every process out of process group `group` that has the pipe of `read_fd` open, found
-// through /proc (they are this user's). Returns how many it found. The group's own members were
-// killed with it, but may not have died yet: they are not counted.
-int kill_pipe_holders(int read_fd, pid_t group) {
-  struct stat pipe_stat {};
-  if (::fstat(read_fd, &pipe_stat) != 0) return 0;
-  const std::string target = "pipe:[" + std::to_string(pipe_stat.st_ino) + "]";
+// Kills every process out of process group `group` that has the pipe of `read_fd` or `other_fd`
+// open, found through /proc in one pass (they are this user's). Returns how many it found. The
+// group's own members were killed with it, but may not have died yet: they are not counted.
+int kill_pipe_holders(int read_fd, int other_fd, pid_t group) {
+  std::set<std::string> targets;
+  for (int fd : {read_fd, other_fd}) {
+    struct stat pipe_stat {};
+    if (::fstat(fd, &pipe_stat) == 0)
+      targets.insert("pipe:[" + std::to_string(pipe_stat.st_ino) + "]");
+  }
   int killed = 0;
   std::error_code ec;
   for (const auto& process : std::filesystem::directory_iterator("/proc", ec)) {
@@ -182,7 +186,7 @@ int kill_pipe_holders(int read_fd, pid_t group) {
     std::error_code fd_ec;
     for (const auto& fd : std::filesystem::directory_iterator(process.path() / "fd", fd_ec)) {
       std::error_code link_ec;
-      if (std::filesystem::read_symlink(fd.path(), link_ec).string() == target) {
+      if (targets.count(std::filesystem::read_symlink(fd.path(), link_ec).string())) {
         ::kill(pid, SIGKILL);
         ++killed;
         break;
@@ -260,7 +264,7 @@ void supervise(Watch& w, const ChildLimits& limits) {
   ::kill(w.pid, SIGKILL);
   if (w.pipes_held) {
     // After the group's kill: what still holds them is out of it.
-    w.held_by = std::max(kill_pipe_holders(w.result_fd, w.pid), kill_pipe_holders(w.err_fd, w.pid));
+    w.held_by = kill_pipe_holders(w.result_fd, w.err_fd, w.pid);
     if (w.held_by == 0) w.pipes_held = false;  // held by the group's own, killed with it
   }
   pid_t r;

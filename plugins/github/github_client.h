@@ -24,9 +24,10 @@ class GithubClient {
   // did.
   sdk::HttpResponse send(const std::string& url, std::string_view token) const;
 
-  // As send(), but returns only 2xx responses (204 included) and throws error_for_response()
-  // for the others. Messages name the status, the request and GitHub's message.
-  sdk::HttpResponse get(const std::string& url, std::string_view token) const;
+  // As send(), but returns only 2xx responses (204 included), and one of status `also` when
+  // given, and throws error_for_response() for the others. Messages name the status, the request
+  // and GitHub's message.
+  sdk::HttpResponse get(const std::string& url, std::string_view token, int also = 0) const;
 
  private:
   const Config& config_;

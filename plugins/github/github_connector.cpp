@@ -220,14 +220,13 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   const std::string url = request.cursor ? checked_cursor(*request.cursor, config)
                                          : first_page_url(config, kind, name, since_ms);
 
-  const sdk::HttpResponse response = client.send(url, request.unit.access_token);
-  sdk::Page page;
   // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
   // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
   // mirrors often have them off). Every other 410 is FATAL.
-  if (kind == EntityKind::kIssue && response.status() == 410) return page;
-  if (response.status() < 200 || response.status() >= 300)
-    throw error_for_response(response, "GET " + url, sdk::Host::now_ms());
+  const bool issues = kind == EntityKind::kIssue;
+  const sdk::HttpResponse response = client.get(url, request.unit.access_token, issues ? 410 : 0);
+  sdk::Page page;
+  if (response.status() == 410) return page;
   page.rate_limit = rate_limit_of(response);
   if (response.status() == 204) return page;  // "No Content": an empty last page
 
