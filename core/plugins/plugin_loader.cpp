@@ -21,6 +21,7 @@
 
 #include "core/common/json_check.h"
 #include "core/common/logging.h"
+#include "core/common/seal.h"
 #include "core/common/unique_fd.h"
 #include "core/plugins/loaded_library.h"
 #include <dlfcn.h>
@@ -123,8 +124,10 @@ SealedCopy seal_copy(const fs::path& path, const std::map<fs::path, int>& source
       written += w;
     }
   }
-  if (copying && ::fcntl(copy.fd.get(), F_ADD_SEALS, kSealed | F_SEAL_SEAL) != 0) {
-    refuse(path, std::string("cannot be sealed: ") + std::strerror(errno));
+  if (copying) {
+    if (const int error = add_seals(copy.fd.get(), kSealed | F_SEAL_SEAL); error != 0) {
+      refuse(path, std::string("cannot be sealed: ") + std::strerror(error));
+    }
   }
   copy.sha256 = Poco::DigestEngine::digestToHex(engine.digest());
   return copy;
