@@ -189,6 +189,86 @@ Verdict faults_in_validate_scopes(CheckContext& ctx) {
   return pass("401, 403/429 rate limits, 500 and connection errors map as for fetch_page");
 }
 
+// G3's "any request": the checks above fault every request of a first page, so they reach only
+// the first request a plugin makes. Here each request of the first, second and last page of every
+// entity type's walk over the fixtures is answered with each of these faults in turn, the requests
+// before it replayed from the fixtures: a cursor's code path, and a page's second request (after
+// an access check, say), must map them as the first page's first request does.
+const Fault kAnyRequestFaults[] = {
+    Fault::kHttp401,       Fault::kRateLimit403, Fault::kRateLimit429,   Fault::kHttp500,
+    Fault::kTruncatedBody, Fault::kNonJsonBody,  Fault::kConnectionError};
+constexpr size_t kMaxRequestsPerPage = 16;  // a page's requests past these are not faulted
+
+struct PageProbe {
+  std::string entity_type;
+  size_t page = 0;                    // 0: the first
+  std::optional<std::string> cursor;  // what the walk asked that page with
+};
+
+std::vector<PageProbe> pages_to_probe(const std::vector<Walk>& walks) {
+  std::vector<PageProbe> probes;
+  for (const Walk& walk : walks) {
+    const size_t pages = walk.steps.size();
+    for (size_t page : {size_t{0}, size_t{1}, pages - 1}) {
+      if (page >= pages) continue;
+      if (!probes.empty() && probes.back().entity_type == walk.entity_type &&
+          probes.back().page >= page) {
+        continue;  // the last page is the first or second one
+      }
+      probes.push_back({walk.entity_type, page, walk.steps[page].cursor});
+    }
+  }
+  return probes;
+}
+
+Verdict faults_on_any_request(CheckContext& ctx) {
+  const Target& t = ctx.target();
+  const std::vector<PageProbe> probes = pages_to_probe(ctx.baseline());
+  if (probes.empty()) return fail("the walk over the fixtures fetched no page to fault");
+  json results = ctx.in_child([&] {
+    FakeClock clock(kValidationEpochMs);
+    FixtureTransport fixtures(ctx.fixtures()->exchanges);
+    FaultTransport faults(Fault::kHttp401, clock);
+    FaultAfterTransport transport(fixtures, faults);
+    PluginDriver driver(t.plugin_path, transport, clock);
+    InstanceHandle instance = driver.create_or_throw(t.config_json);
+    json out = json::array();
+    for (const PageProbe& probe : probes) {
+      FetchSpec spec = t.first_page(probe.entity_type);
+      spec.cursor = probe.cursor;
+      for (Fault fault : kAnyRequestFaults) {
+        faults.set_fault(fault);
+        // A first page's first request has had every fault already (the checks above).
+        for (size_t replayed = probe.page == 0 ? 1 : 0; replayed < kMaxRequestsPerPage;
+             ++replayed) {
+          transport.reset(replayed);
+          CallResult result = driver.fetch(instance.get(), spec).result;
+          if (transport.request_count() <= replayed) break;  // each request has had the fault
+          json r = call_json(result);
+          r["requests"] = 1;
+          r["request_ms"] = faults.last_request_ms();
+          if (auto reset = faults.last_reset_s()) r["reset_s"] = *reset;
+          r["where"] = "page " + std::to_string(probe.page + 1) + " of " + probe.entity_type +
+                       ", its request " + std::to_string(replayed + 1);
+          r["fault"] = static_cast<int>(fault);
+          out.push_back(std::move(r));
+        }
+      }
+    }
+    return out;
+  });
+  for (const json& r : results) {
+    const auto fault = static_cast<Fault>(r["fault"].get<int>());
+    Verdict v = judge(expectation(fault), r, "fetch_page");
+    if (v.status != CheckStatus::kPass) {
+      return fail(r["where"].get<std::string>() + ", " + std::string(fault_name(fault)) + ": " +
+                  v.reason);
+    }
+  }
+  return pass(std::to_string(results.size()) + " faults on " + std::to_string(probes.size()) +
+              " pages map as on a first page");
+}
+
 // Every fault but the slow and the huge one (they only cost time): no message may carry the token.
 Verdict error_messages_hide_token(CheckContext& ctx) {
   const Target& t = ctx.target();
@@ -268,6 +348,10 @@ std::vector<Check> fault_checks() {
       {"fault_slow_response", "faults", 2, Needs::kLoadedPlugin,
        "a response that does not come within the request timeout is RETRYABLE",
        fault_check<Fault::kSlowResponse>},
+      {"faults_on_any_request", "faults", 2, Needs::kFixtures,
+       "401, rate limits, 500, broken bodies and connection errors on any request of a page, "
+       "not only the first page's first, map as on that one",
+       faults_on_any_request},
       {"fault_http_404", "faults", 3, Needs::kLoadedPlugin, "HTTP 404 is FATAL",
        fault_check<Fault::kHttp404>},
       {"faults_in_validate_scopes", "faults", 3, Needs::kLoadedPlugin,

@@ -72,4 +72,32 @@ class FaultTransport final : public http::Transport {
   std::string huge_body_;  // built on first use: only the huge-body check pays for it
 };
 
+// A Transport that passes the first `replayed` requests since its last reset() to `before` (the
+// fixtures) and answers every later one with `faults`: a fault on any request of a call, the
+// second of a page that makes two, say, not only its first. [thread-safe]
+class FaultAfterTransport final : public http::Transport {
+ public:
+  // Both must outlive this object.
+  FaultAfterTransport(http::Transport& before, FaultTransport& faults)
+      : before_(before), faults_(faults) {}
+
+  // From now on: `replayed` requests to the fixtures, then faults. Counts requests from 0 again.
+  void reset(size_t replayed) {
+    replayed_.store(replayed);
+    requests_.store(0);
+  }
+  size_t request_count() const { return requests_.load(); }
+
+  http::Response perform(const http::Request& request) override {
+    return requests_.fetch_add(1) < replayed_.load() ? before_.perform(request)
+                                                     : faults_.perform(request);
+  }
+
+ private:
+  http::Transport& before_;
+  FaultTransport& faults_;
+  std::atomic<size_t> replayed_{0};
+  std::atomic<size_t> requests_{0};
+};
+
 }  // namespace backhaul::validate

@@ -427,6 +427,33 @@ TEST(ValidatorTest, FailsAWrongStatusOn401) {
   expect_pass(report, "fault_http_500");
 }
 
+// G3's "any request": a 401 mapped wrong only where the first page's first request never goes.
+TEST(ValidatorTest, FailsAWrongStatusOn401OnALaterPage) {
+  Report report = validate(reference_options("broken_late_401"));
+  expect_pass(report, "fault_http_401");
+  expect_fail(report, "faults_on_any_request",
+              "page 2 of ticket, its request 1, http_401: fetch_page returned FATAL");
+  expect_fail(report, "faults_on_any_request", "expected AUTH_EXPIRED");
+}
+
+TEST(ValidatorTest, FailsAWrongStatusOn401OnAPagesSecondRequest) {
+  Report report = validate(reference_options("broken_second_401"));
+  expect_pass(report, "fault_http_401");
+  expect_pass(report, "faults_in_validate_scopes");
+  expect_fail(report, "faults_on_any_request",
+              "page 1 of ticket, its request 2, http_401: fetch_page returned FATAL");
+}
+
+TEST(ValidatorTest, FaultsEveryRequestOfTheFirstSecondAndLastPages) {
+  Report report = validate(reference_options("reference"));
+  // tickets: pages 1 (its one request already faulted by the checks above), 2 and 3; notes: 1.
+  // 7 faults on each of pages 2 and 3 of ticket.
+  const CheckResult* r = find(report, "faults_on_any_request");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status, CheckStatus::kPass) << r->reason;
+  EXPECT_EQ(r->reason, "14 faults on 4 pages map as on a first page");
+}
+
 TEST(ValidatorTest, FailsALeakedPage) {
   Report report = validate(reference_options("broken_leaks_page"));
   expect_fail(report, "page_release_frees", "release_page does not free the page");

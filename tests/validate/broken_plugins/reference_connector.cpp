@@ -50,8 +50,12 @@ int64_t header_int(const sdk::HttpResponse& r, std::string_view name, int64_t fa
 [[noreturn]] void throw_for_status(const sdk::HttpResponse& r, const std::string& what) {
   const int status = r.status();
   const std::string message = "reference: HTTP " + std::to_string(status) + " for " + what;
-  if (status == 401)
-    throw Error(kDefect == Defect::kWrong401 ? BACKHAUL_FATAL : BACKHAUL_AUTH_EXPIRED, message);
+  const bool listing = what.find("?limit=") != std::string::npos;
+  const bool wrong_401 =
+      kDefect == Defect::kWrong401 ||
+      (kDefect == Defect::kLate401 && what.find("&page=") != std::string::npos) ||
+      (kDefect == Defect::kSecond401 && listing);
+  if (status == 401) throw Error(wrong_401 ? BACKHAUL_FATAL : BACKHAUL_AUTH_EXPIRED, message);
   if (status == 403 || status == 429) {
     if (header_int(r, "x-ratelimit-remaining", -1) == 0 && r.header("x-ratelimit-reset")) {
       const int64_t wait = header_int(r, "x-ratelimit-reset", 0) * 1000 - sdk::Host::now_ms();
@@ -169,6 +173,7 @@ sdk::Page ReferenceConnector::fetch_page(const sdk::FetchRequest& request) {
                     "/" + std::string(request.entity_type) +
                     "s?limit=" + std::to_string(config_.page_size);
   if (page > 1) url += "&page=" + std::to_string(page);
+  if (kDefect == Defect::kSecond401) validate_scopes(request.unit);
   sdk::Page out;
   if (kDefect == Defect::kEndless) {
     try {

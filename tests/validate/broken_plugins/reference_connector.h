@@ -34,6 +34,8 @@ enum class Defect {
   kNulPayload,    // payloads are a JSON object, a NUL and more bytes
   kOddStatus,     // HTTP 5xx maps to status 42, which the ABI does not define
   kForgedLines,   // error messages hold a line break and a forged report line
+  kLate401,       // maps HTTP 401 to FATAL on the pages after the first
+  kSecond401,     // checks access before each page (mapped right), then maps the list's 401 wrong
 };
 
 // Defined by each plugin's entry.cpp.
