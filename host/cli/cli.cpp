@@ -20,9 +20,13 @@ fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>&
   }
   std::vector<fs::path> candidates;
   for (const auto& d : dirs) candidates.push_back(fs::path(d) / (spec + ".so"));
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(self.parent_path().parent_path() / "plugins" / (spec + ".so"));
-  candidates.push_back(fs::path(BACKHAUL_DEFAULT_PLUGIN_DIR) / (spec + ".so"));
+  // Beside the executable: an installation (bin/ and lib/backhaul/plugins/ of one prefix, wherever
+  // a package or an archive put it), then a build directory (bin/ and plugins/).
+  if (fs::path self = fs::read_symlink("/proc/self/exe", ec); !ec) {
+    const fs::path prefix = self.parent_path().parent_path();
+    candidates.push_back(prefix / BACKHAUL_INSTALL_PLUGINDIR / (spec + ".so"));
+    candidates.push_back(prefix / "plugins" / (spec + ".so"));
+  }
   for (const auto& c : candidates) {
     if (fs::exists(c, ec)) return c;
   }

@@ -26,7 +26,7 @@ void add_db_command(CLI::App& app);
 void add_validate_command(CLI::App& plugin);
 
 // Plugin lookup shared by subcommands: `spec` is a path to a .so, or a plugin id searched in
-// `dirs` (then next to the executable in ../plugins, then the installed plugin directory).
+// `dirs`, then beside the executable: ../lib/backhaul/plugins (installed), ../plugins (a build).
 std::filesystem::path resolve_plugin(const std::string& spec, const std::vector<std::string>& dirs);
 
 }  // namespace backhaul::cli

@@ -34,7 +34,9 @@ cmake -S "$template" -B "$work/cmake-build" -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$work/cmake-build" >"$work/build.log" 2>&1 ||
   { cat "$work/build.log" >&2; fail "building the template failed"; }
 exports_only_the_entry "$work/cmake-build/tickets.so"
-"$backhaul" plugin validate "$work/cmake-build/tickets.so" --fixtures "$template/fixtures" ||
+# (A minute per child: the 50 MB body of fault_huge_body is slow to parse under the sanitizers.)
+"$backhaul" plugin validate "$work/cmake-build/tickets.so" --timeout-ms 60000 \
+  --fixtures "$template/fixtures" ||
   fail "the template built with CMake did not pass validation"
 
 # With pkg-config, from wherever the prefix is.
@@ -47,6 +49,7 @@ g++ -std=c++17 -O2 -shared -fPIC -fvisibility=hidden $cflags \
   -Wl,--version-script="$template/exports.map" -Wl,-z,defs "$template/tickets_connector.cpp" \
   -o "$work/by-hand.so"
 exports_only_the_entry "$work/by-hand.so"
-"$backhaul" plugin validate "$work/by-hand.so" --fixtures "$template/fixtures" ||
+"$backhaul" plugin validate "$work/by-hand.so" --timeout-ms 60000 \
+  --fixtures "$template/fixtures" ||
   fail "the template built with pkg-config did not pass validation"
 echo "out-of-tree: the template built with find_package and with pkg-config; both passed"
