@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -67,7 +68,13 @@ void print_info(const plugins::PluginInfo& info, bool json) {
     std::cout << "bundled library:      " << shown(library.path.string()) << " (sha256 "
               << library.sha256 << ")\n";
   }
-  std::cout << "config schema:        " << shown(info.config_schema_json) << "\n";
+  // The schema as indented JSON, every non-ASCII character as \uXXXX: readable, and nothing in it
+  // reaches the terminal raw.
+  std::cout << "config schema:\n";
+  const nlohmann::json schema = nlohmann::json::parse(info.config_schema_json, nullptr, false);
+  std::istringstream lines(schema.is_discarded() ? info.config_schema_json
+                                                 : schema.dump(2, ' ', true));
+  for (std::string line; std::getline(lines, line);) std::cout << "  " << shown(line) << "\n";
 }
 
 void run_info(const InfoOptions& o) {

@@ -239,6 +239,11 @@ TEST(ValidateCommandTest, PluginInfoShowsAPluginsTerminalControlsEscaped) {
                           "\\u202edesrever\n"),
             std::string::npos)
       << info.out;
+  // The schema, indented, its characters outside ASCII as JSON escapes.
+  EXPECT_NE(info.out.find("config schema:\n  {\n    \"description\": \"\\u202e\\u001b[2J\",\n"
+                          "    \"type\": \"object\"\n  }\n"),
+            std::string::npos)
+      << info.out;
   for (const char* raw : {"\033", "\r", "\xC2\x9B", "\xE2\x80\xAE"})
     EXPECT_EQ(info.out.find(raw), std::string::npos) << "a raw control got through";
   size_t sha_lines = 0;

@@ -17,8 +17,9 @@
  *   VARIANT_SCHEMA_DEPTH  a config schema of that many objects nested in one another
  *                         ({"a":{"a":...{}...}}), written when the library is loaded
  *   VARIANT_VERSION       plugin version string, default "1.0.0"
- *   VARIANT_HOSTILE_TEXT  a display name and a description holding terminal controls (an
- *                         escape sequence, a line forged after a newline, C1 and bidi controls)
+ *   VARIANT_HOSTILE_TEXT  a display name, a description and a config schema holding terminal
+ *                         controls (an escape sequence, a line forged after a newline, C1 and
+ *                         bidi controls)
  *   VARIANT_DEFAULT_TYPE  default entity type, default "item"
  */
 #include "backhaul/backhaul.h"
@@ -80,6 +81,8 @@ __attribute__((constructor)) static void fill_deep_schema(void) {
 #endif
 
 #ifdef VARIANT_HOSTILE_TEXT
+#undef DESCRIPTOR_SCHEMA
+#define DESCRIPTOR_SCHEMA "{\"type\":\"object\",\"description\":\"\xE2\x80\xAE\\u001b[2J\"}"
 #define DESCRIPTOR_NAME "E\033[2K\rid: github"
 #define DESCRIPTOR_DESCRIPTION    \
   "fine\nsha256: forged \xC2\x9B" \
