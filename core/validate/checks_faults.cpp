@@ -1,5 +1,8 @@
 // G3: every request the plugin makes is answered with one fault; the status it returns must be
 // the one the ABI asks for, with a message. No fixtures needed: the FaultTransport answers any URL.
+#include <algorithm>
+#include <cstdint>
+#include <set>
 #include <thread>
 
 #include "core/validate/checks.h"
@@ -189,15 +192,18 @@ Verdict faults_in_validate_scopes(CheckContext& ctx) {
   return pass("401, 403/429 rate limits, 500 and connection errors map as for fetch_page");
 }
 
-// G3's "any request": the checks above fault every request of a first page, so they reach only
-// the first request a plugin makes. Here each request of the first, second and last page of every
-// entity type's walk over the fixtures is answered with each of these faults in turn, the requests
-// before it replayed from the fixtures: a cursor's code path, and a page's second request (after
-// an access check, say), must map them as the first page's first request does.
+// G3's "any request": the checks above fault every request of the first entity type's first page,
+// so they reach only the first request a plugin makes. Here each request of the first, second and
+// last page of every entity type's walk over the fixtures is answered with each of these faults in
+// turn, the requests before it replayed from the fixtures: a cursor's code path, another entity
+// type's, and a page's second request (after an access check, say), must map them as the first
+// request does. Each try gets an instance of its own, so that nothing one fault left in the plugin
+// (a remembered rate limit) changes what the next one sees.
 const Fault kAnyRequestFaults[] = {
     Fault::kHttp401,       Fault::kRateLimit403, Fault::kRateLimit429,   Fault::kHttp500,
     Fault::kTruncatedBody, Fault::kNonJsonBody,  Fault::kConnectionError};
 constexpr size_t kMaxRequestsPerPage = 16;  // a page's requests past these are not faulted
+constexpr size_t kReplayAll = SIZE_MAX;
 
 struct PageProbe {
   std::string entity_type;
@@ -223,33 +229,51 @@ std::vector<PageProbe> pages_to_probe(const std::vector<Walk>& walks) {
 
 Verdict faults_on_any_request(CheckContext& ctx) {
   const Target& t = ctx.target();
-  const std::vector<PageProbe> probes = pages_to_probe(ctx.baseline());
-  if (probes.empty()) return fail("the walk over the fixtures fetched no page to fault");
+  const std::vector<Walk>& walks = ctx.baseline();
+  const std::vector<PageProbe> probes = pages_to_probe(walks);
+  if (probes.empty()) {
+    std::string reason = "the walk over the fixtures fetched no page to fault";
+    for (const Walk& w : walks) {
+      if (w.end == WalkEnd::kError) return fail(reason + ": " + w.entity_type + " " + w.error);
+    }
+    return fail(reason);
+  }
   json results = ctx.in_child([&] {
     FakeClock clock(kValidationEpochMs);
     FixtureTransport fixtures(ctx.fixtures()->exchanges);
     FaultTransport faults(Fault::kHttp401, clock);
     FaultAfterTransport transport(fixtures, faults);
     PluginDriver driver(t.plugin_path, transport, clock);
-    InstanceHandle instance = driver.create_or_throw(t.config_json);
+    // One fetch of the probe's page on a new instance, its first `replayed` requests answered
+    // from the fixtures; how many requests it made.
+    auto fetch = [&](const FetchSpec& spec, size_t replayed, CallResult* result) {
+      InstanceHandle instance = driver.create_or_throw(t.config_json);
+      transport.reset(replayed);
+      CallResult r = driver.fetch(instance.get(), spec).result;
+      if (result) *result = std::move(r);
+      return transport.request_count();
+    };
     json out = json::array();
     for (const PageProbe& probe : probes) {
       FetchSpec spec = t.first_page(probe.entity_type);
       spec.cursor = probe.cursor;
+      const size_t requests = std::min(fetch(spec, kReplayAll, nullptr), kMaxRequestsPerPage);
+      // The first entity type's first request has had every fault already (the checks above).
+      const bool first = probe.page == 0 && probe.entity_type == t.entity_types.front();
+      const std::string page =
+          "page " + std::to_string(probe.page + 1) + " of " + probe.entity_type;
       for (Fault fault : kAnyRequestFaults) {
         faults.set_fault(fault);
-        // A first page's first request has had every fault already (the checks above).
-        for (size_t replayed = probe.page == 0 ? 1 : 0; replayed < kMaxRequestsPerPage;
-             ++replayed) {
-          transport.reset(replayed);
-          CallResult result = driver.fetch(instance.get(), spec).result;
-          if (transport.request_count() <= replayed) break;  // each request has had the fault
+        for (size_t replayed = first ? 1 : 0; replayed < requests; ++replayed) {
+          CallResult result;
+          const size_t made = fetch(spec, replayed, &result);
           json r = call_json(result);
-          r["requests"] = 1;
+          r["requests"] = made > replayed ? 1 : 0;  // 0: the faulted request was never made
           r["request_ms"] = faults.last_request_ms();
           if (auto reset = faults.last_reset_s()) r["reset_s"] = *reset;
-          r["where"] = "page " + std::to_string(probe.page + 1) + " of " + probe.entity_type +
-                       ", its request " + std::to_string(replayed + 1);
+          r["page"] = page;
+          r["where"] = page + ", its request " + std::to_string(replayed + 1) + " of " +
+                       std::to_string(requests);
           r["fault"] = static_cast<int>(fault);
           out.push_back(std::move(r));
         }
@@ -257,6 +281,7 @@ Verdict faults_on_any_request(CheckContext& ctx) {
     }
     return out;
   });
+  std::set<std::string> pages;
   for (const json& r : results) {
     const auto fault = static_cast<Fault>(r["fault"].get<int>());
     Verdict v = judge(expectation(fault), r, "fetch_page");
@@ -264,9 +289,12 @@ Verdict faults_on_any_request(CheckContext& ctx) {
       return fail(r["where"].get<std::string>() + ", " + std::string(fault_name(fault)) + ": " +
                   v.reason);
     }
+    pages.insert(r["page"].get<std::string>());
   }
-  return pass(std::to_string(results.size()) + " faults on " + std::to_string(probes.size()) +
-              " pages map as on a first page");
+  if (results.empty())
+    return pass("the walk makes no request but the first, which the checks above fault");
+  return pass(std::to_string(results.size()) + " faults on " + std::to_string(pages.size()) +
+              " pages map as on a first request");
 }
 
 // Every fault but the slow and the huge one (they only cost time): no message may carry the token.

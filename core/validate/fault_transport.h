@@ -74,7 +74,8 @@ class FaultTransport final : public http::Transport {
 
 // A Transport that passes the first `replayed` requests since its last reset() to `before` (the
 // fixtures) and answers every later one with `faults`: a fault on any request of a call, the
-// second of a page that makes two, say, not only its first. [thread-safe]
+// second of a page that makes two, say, not only its first. [thread-safe], but for reset(), which
+// must not race a request.
 class FaultAfterTransport final : public http::Transport {
  public:
   // Both must outlive this object.

@@ -432,7 +432,7 @@ TEST(ValidatorTest, FailsAWrongStatusOn401OnALaterPage) {
   Report report = validate(reference_options("broken_late_401"));
   expect_pass(report, "fault_http_401");
   expect_fail(report, "faults_on_any_request",
-              "page 2 of ticket, its request 1, http_401: fetch_page returned FATAL");
+              "page 2 of ticket, its request 1 of 1, http_401: fetch_page returned FATAL");
   expect_fail(report, "faults_on_any_request", "expected AUTH_EXPIRED");
 }
 
@@ -441,17 +441,33 @@ TEST(ValidatorTest, FailsAWrongStatusOn401OnAPagesSecondRequest) {
   expect_pass(report, "fault_http_401");
   expect_pass(report, "faults_in_validate_scopes");
   expect_fail(report, "faults_on_any_request",
-              "page 1 of ticket, its request 2, http_401: fetch_page returned FATAL");
+              "page 1 of ticket, its request 2 of 2, http_401: fetch_page returned FATAL");
+}
+
+// Review: the first page of every entity type but the first went unfaulted.
+TEST(ValidatorTest, FailsAWrongStatusOn401ForTheSecondEntityType) {
+  Report report = validate(reference_options("broken_note_401"));
+  expect_pass(report, "fault_http_401");
+  expect_fail(report, "faults_on_any_request",
+              "page 1 of note, its request 1 of 1, http_401: fetch_page returned FATAL");
+}
+
+// Review: one instance for every fault let a rate limit it remembered hide the faults after it.
+TEST(ValidatorTest, FailsAWrongStatusOn500BehindARememberedRateLimit) {
+  Report report = validate(reference_options("broken_late_500"));
+  expect_pass(report, "fault_http_500");
+  expect_fail(report, "faults_on_any_request",
+              "page 2 of ticket, its request 1 of 1, http_500: fetch_page returned FATAL");
 }
 
 TEST(ValidatorTest, FaultsEveryRequestOfTheFirstSecondAndLastPages) {
   Report report = validate(reference_options("reference"));
-  // tickets: pages 1 (its one request already faulted by the checks above), 2 and 3; notes: 1.
-  // 7 faults on each of pages 2 and 3 of ticket.
+  // ticket: pages 1 (its one request faulted by the checks above already), 2 and 3; note: page 1.
+  // 7 faults on each of pages 2 and 3 of ticket and page 1 of note.
   const CheckResult* r = find(report, "faults_on_any_request");
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->status, CheckStatus::kPass) << r->reason;
-  EXPECT_EQ(r->reason, "14 faults on 4 pages map as on a first page");
+  EXPECT_EQ(r->reason, "21 faults on 3 pages map as on a first request");
 }
 
 TEST(ValidatorTest, FailsALeakedPage) {

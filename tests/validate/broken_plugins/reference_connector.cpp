@@ -54,7 +54,8 @@ int64_t header_int(const sdk::HttpResponse& r, std::string_view name, int64_t fa
   const bool wrong_401 =
       kDefect == Defect::kWrong401 ||
       (kDefect == Defect::kLate401 && what.find("&page=") != std::string::npos) ||
-      (kDefect == Defect::kSecond401 && listing);
+      (kDefect == Defect::kSecond401 && listing) ||
+      (kDefect == Defect::kNote401 && what.find("/notes") != std::string::npos);
   if (status == 401) throw Error(wrong_401 ? BACKHAUL_FATAL : BACKHAUL_AUTH_EXPIRED, message);
   if (status == 403 || status == 429) {
     if (header_int(r, "x-ratelimit-remaining", -1) == 0 && r.header("x-ratelimit-reset")) {
@@ -66,6 +67,8 @@ int64_t header_int(const sdk::HttpResponse& r, std::string_view name, int64_t fa
     if (status == 429) throw Error(BACKHAUL_RATE_LIMITED, message, 60'000);
     throw Error(BACKHAUL_FATAL, message);
   }
+  if (status >= 500 && kDefect == Defect::kLate500 && what.find("&page=") != std::string::npos)
+    throw Error(BACKHAUL_FATAL, message);
   if (status >= 500 && kDefect == Defect::kOddStatus)
     throw Error(static_cast<backhaul_status_t>(42), message);
   if (kDefect == Defect::kForgedLines)
@@ -192,8 +195,20 @@ sdk::Page ReferenceConnector::fetch_page(const sdk::FetchRequest& request) {
 
 void ReferenceConnector::fill(const sdk::FetchRequest& request, const std::string& url,
                               sdk::Page& out) const {
+  if (kDefect == Defect::kLate500 && sdk::Host::now_ms() < limited_until_ms_) {
+    throw Error(BACKHAUL_RATE_LIMITED, "reference: rate limited (remembered)",
+                limited_until_ms_ - sdk::Host::now_ms());
+  }
   sdk::HttpResponse r = get(url, request.unit.access_token);
-  if (r.status() < 200 || r.status() >= 300) throw_for_status(r, "GET " + url);
+  if (r.status() < 200 || r.status() >= 300) {
+    try {
+      throw_for_status(r, "GET " + url);
+    } catch (const Error& e) {
+      if (kDefect == Defect::kLate500 && e.status() == BACKHAUL_RATE_LIMITED)
+        limited_until_ms_ = sdk::Host::now_ms() + e.retry_after_ms();
+      throw;
+    }
+  }
   json doc = json::parse(r.body(), nullptr, false);
   if (!doc.is_object() || !doc.contains("items") || !doc["items"].is_array())
     throw Error(BACKHAUL_RETRYABLE, "reference: malformed response from GET " + url);

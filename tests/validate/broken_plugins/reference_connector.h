@@ -36,6 +36,9 @@ enum class Defect {
   kForgedLines,   // error messages hold a line break and a forged report line
   kLate401,       // maps HTTP 401 to FATAL on the pages after the first
   kSecond401,     // checks access before each page (mapped right), then maps the list's 401 wrong
+  kNote401,       // maps HTTP 401 to FATAL for notes (the second entity type)
+  kLate500,       // maps HTTP 500 to FATAL on later pages; an instance that met a rate limit
+                  // answers RATE_LIMITED until its reset without asking again
 };
 
 // Defined by each plugin's entry.cpp.
@@ -57,6 +60,7 @@ class ReferenceConnector final : public backhaul::sdk::Connector {
   void fill(const backhaul::sdk::FetchRequest& request, const std::string& url,
             backhaul::sdk::Page& out) const;
   Config config_;
+  mutable int64_t limited_until_ms_ = 0;  // kLate500
 };
 
 extern const backhaul_descriptor_t kDescriptor;
