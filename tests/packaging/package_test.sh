@@ -115,6 +115,10 @@ cmp -s "$etc/backhauld.json" "$source_dir/packaging/config/backhauld.json" ||
 echo '{"edited": true}' >"$etc/backhauld.json"
 dpkg_root -i "$deb"
 [ "$(cat "$etc/backhauld.json")" = '{"edited": true}' ] || fail "reinstalling replaced the configuration"
+# And one who removed it is not given it back.
+rm "$etc/backhauld.json"
+dpkg_root -i "$deb"
+[ ! -e "$etc/backhauld.json" ] || fail "reinstalling put back a configuration the operator removed"
 cp "$source_dir/packaging/config/backhauld.json" "$etc/backhauld.json"
 
 # The installed programs: no run path into this build, and they start.
@@ -142,24 +146,30 @@ sed -e "s|/usr/lib/backhaul/plugins|$plugins|" -e "s|/var/lib/backhaul|$work|g" 
   -e "s|/var/log/backhaul|$work|g" \
   "$etc/backhauld.json" >"$work/backhauld.json"
 export BACKHAUL_ADMIN_TOKEN=package-test-token BACKHAUL_GATEWAY_API_KEY=package-test-key
+# An edit of the example that changes nothing (its text moved on) fails here, not later.
+edit() {
+  local file=$1 expression=$2 out=$3
+  sed "$expression" "$file" >"$out"
+  ! cmp -s "$file" "$out" || fail "sed '$expression' changed nothing in $file"
+}
 check_config() {
-  "$bin/backhauld" --config "$1" --check-config >"$work/check.txt" 2>"$work/check.log" ||
-    { cat "$work/check.txt" "$work/check.log" >&2; fail "backhauld --check-config $1 failed"; }
-  [ "$(cat "$work/check.txt")" = "config: $1 is valid" ] ||
-    fail "backhauld --check-config $1: $(cat "$work/check.txt")"
+  local config=$1 where=$2
+  "$bin/backhauld" --config "$config" --check-config >"$work/check.txt" 2>"$work/check.log" ||
+    { cat "$work/check.txt" "$work/check.log" >&2; fail "backhauld --check-config $config failed"; }
+  [ "$(cat "$work/check.txt")" = "config: $config is valid" ] ||
+    fail "backhauld --check-config $config: $(cat "$work/check.txt")"
   for plugin in github vercel; do
-    grep -q "loaded plugin $plugin .* from $plugins/$plugin.so" "$work/check.log" ||
-      fail "backhauld --check-config $1 did not load $plugin.so: $(cat "$work/check.log")"
+    grep -q "loaded plugin $plugin .* from $plugins/$plugin.so$where" "$work/check.log" ||
+      fail "backhauld --check-config $config did not load $plugin.so$where: $(cat "$work/check.log")"
   done
 }
-check_config "$work/backhauld.json"
-sed 's|"plugins": {|"plugins": {"isolation": {"mode": "process"},|' "$work/backhauld.json" \
-  >"$work/isolated.json"
-check_config "$work/isolated.json"
+check_config "$work/backhauld.json" '"'
+edit "$work/backhauld.json" 's|"plugins": {|"plugins": {"isolation": {"mode": "process"},|' \
+  "$work/isolated.json"
+check_config "$work/isolated.json" ' in a worker process"'
 
 # The installed daemon serves, the installed CLI talks to it, and SIGTERM stops it with status 0.
-sed -e 's|"port": 8470|"port": 0|' -e 's|"https://gateway.example.com"|"http://127.0.0.1:9"|' \
-  "$work/backhauld.json" >"$work/serve.json"
+edit "$work/backhauld.json" 's|"port": 8470|"port": 0|' "$work/serve.json"
 "$bin/backhauld" --config "$work/serve.json" --port-file "$work/port" >"$work/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 1 300); do
@@ -172,6 +182,11 @@ runs=$("$bin/backhaul" run list --url "http://127.0.0.1:$(cat "$work/port")" --j
   fail "backhaul run list against the installed daemon failed"
 [[ "$runs" == *'"items"'* ]] || fail "backhaul run list --json: $runs"
 kill -TERM "$daemon_pid"
+for _ in $(seq 1 600); do
+  kill -0 "$daemon_pid" 2>/dev/null || break
+  sleep 0.1
+done
+kill -0 "$daemon_pid" 2>/dev/null && { cat "$work/daemon.log" >&2; fail "backhauld still runs 60 s after SIGTERM"; }
 status=0
 wait "$daemon_pid" || status=$?
 daemon_pid=
