@@ -3,12 +3,13 @@
 # Idempotent: when every package is already present it does nothing (no apt-get update).
 set -euo pipefail
 
-# dpkg-dev and systemd: the test of the packages (cpack's dpkg-shlibdeps, systemd-analyze).
+# dpkg-dev, systemd, systemd-container: the tests of the packages (cpack's dpkg-shlibdeps,
+# systemd-analyze, a container booted with systemd-nspawn).
 packages=(
   g++ cmake ninja-build pkg-config make file binutils openssl ca-certificates procps
   libpoco-dev libboost-dev libboost-filesystem-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libssl-dev libsqlite3-dev
-  mariadb-server mariadb-client clang-format wrk dpkg-dev systemd
+  mariadb-server mariadb-client clang-format wrk dpkg-dev systemd systemd-container
 )
 
 missing=()
