@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <Poco/URI.h>
 
+#include "core/common/redact.h"
 #include "core/http/poco_transport.h"
 
 namespace backhaul::cli {
@@ -30,6 +31,10 @@ void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint) {
       .add_option("--token-env", endpoint.token_env,
                   "environment variable holding the admin bearer token")
       ->capture_default_str();
+  command
+      .add_option("--timeout-ms", endpoint.timeout_ms, "time limit of each request to backhauld")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3'600'000));
 }
 
 AdminClient::AdminClient(AdminEndpoint endpoint)
@@ -40,6 +45,14 @@ AdminClient::AdminClient(AdminEndpoint endpoint)
                       " (the admin token) is not set");
   }
   token_ = token;
+  // A line break at its end (the token read from a file) would make every request fail as an
+  // invalid header, which says nothing of the variable.
+  for (const char c : token_) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      throw ConfigError("environment variable " + endpoint_.token_env +
+                        " (the admin token) holds a control character (a line break at its end?)");
+    }
+  }
   while (!endpoint_.url.empty() && endpoint_.url.back() == '/') endpoint_.url.pop_back();
 }
 
@@ -70,8 +83,12 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
   try {
     response = transport_->perform(request);
   } catch (const Error& e) {
+    // Refused, cut off or timed out: a request other than a GET may have been applied all the
+    // same. The URL's credentials, if any, are not repeated.
     throw AdminApiError(0, "UNREACHABLE",
-                        "cannot reach backhauld at " + endpoint_.url + ": " + e.what());
+                        "no answer from backhauld at " + redact(endpoint_.url) + ": " +
+                            redact(e.what()) +
+                            (method == "GET" ? "" : " (the request may have been applied)"));
   }
   nlohmann::json parsed = nlohmann::json::parse(response.body, nullptr, false);
   if (response.status >= 200 && response.status < 300 && !parsed.is_discarded()) return parsed;
@@ -82,7 +99,7 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
   }
   throw AdminApiError(
       response.status, "UNKNOWN",
-      "unexpected answer " + std::to_string(response.status) + " from " + request.url);
+      "unexpected answer " + std::to_string(response.status) + " from " + redact(request.url));
 }
 
 void append_query(std::string* target, const std::string& name, const std::string& value) {

@@ -45,7 +45,7 @@ struct AdminEndpoint {
 // an AdminApiError (code UNEXPECTED_ANSWER) naming the field, rather than in nlohmann's terms.
 void reading_answers(const std::function<void()>& command);
 
-// Adds --url and --token-env to a subcommand (shared by `run` and `dlq`).
+// Adds --url, --token-env and --timeout-ms to a subcommand (shared by `run` and `dlq`).
 void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint);
 
 class AdminClient {

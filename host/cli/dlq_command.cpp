@@ -144,7 +144,8 @@ void add_dlq_command(CLI::App& app) {
   CLI::App* list_cmd = dlq->add_subcommand("list", "list dead letters, newest first");
   common(list_cmd);
   filters(list_cmd);
-  list_cmd->add_option("--before", options->before, "paging: only ids below this");
+  list_cmd->add_option("--before", options->before, "paging: only ids below this")
+      ->check(CLI::PositiveNumber);
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
   list_cmd->callback([options] { reading_answers([&] { list(*options); }); });
 

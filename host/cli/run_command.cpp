@@ -253,7 +253,8 @@ void add_run_command(CLI::App& app) {
   list_cmd->add_option("--status", options->status,
                        "queued, running, succeeded, failed, cancelled");
   list_cmd->add_option("--installation", options->list_installation, "only this installation");
-  list_cmd->add_option("--before", options->before, "paging: only ids below this");
+  list_cmd->add_option("--before", options->before, "paging: only ids below this")
+      ->check(CLI::PositiveNumber);
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
   list_cmd->callback([options] { reading_answers([&] { list(*options); }); });
 

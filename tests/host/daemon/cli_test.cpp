@@ -1,7 +1,10 @@
 // `backhaul dlq ...` and `backhaul db migrate` as real processes against a daemon running
 // in-process (the `run` commands are tested with the sandbox in run_api_test.cpp).
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -115,6 +118,51 @@ TEST_F(CliTest, WrongTokenAndMissingTokenFail) {
                   {}, dir_);
   EXPECT_EQ(unset.exit_code, 1);
   EXPECT_NE(unset.err.find("BACKHAUL_TEST_UNSET_VARIABLE"), std::string::npos) << unset.err;
+}
+
+// From a review of the CLI: a token read from a file with its line break failed every request as
+// "UNREACHABLE: ... invalid value for header Authorization"; a password in --url was printed back;
+// there was no way to wait less than 30 s for a daemon that does not answer; --before 0 was
+// dropped and the newest page shown.
+TEST_F(CliTest, ATokenWithALineBreakTheUrlsPasswordATimeoutAndAZeroBeforeAreHandled) {
+  start();
+  const std::string url = "http://127.0.0.1:" + std::to_string(daemon_->port());
+  const CommandResult line_break =
+      run_command(BACKHAUL_CLI_PATH, {"dlq", "stats", "--url", url},
+                  {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken + "\n"}, dir_);
+  EXPECT_EQ(line_break.exit_code, 1);
+  EXPECT_NE(line_break.err.find("environment variable BACKHAUL_ADMIN_TOKEN (the admin token) holds "
+                                "a control character"),
+            std::string::npos)
+      << line_break.err;
+  EXPECT_EQ(line_break.err.find(kToken), std::string::npos) << line_break.err;
+
+  // A port that takes connections and never answers (until the test ends).
+  std::atomic<bool> answered{false};
+  backhaul::testing::TcpServer silent([&answered](Poco::Net::StreamSocket&) {
+    while (!answered) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  });
+  const CommandResult no_answer = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "cancel", "7", "--url",
+       "http://admin:hunter2@127.0.0.1:" + std::to_string(silent.port()), "--timeout-ms", "200"},
+      {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
+  EXPECT_EQ(no_answer.exit_code, 1);
+  EXPECT_NE(
+      no_answer.err.find("UNREACHABLE: no answer from backhauld at http://[REDACTED]@127.0.0.1:"),
+      std::string::npos)
+      << no_answer.err;
+  EXPECT_NE(no_answer.err.find("200 ms"), std::string::npos) << no_answer.err;
+  EXPECT_NE(no_answer.err.find("(the request may have been applied)"), std::string::npos)
+      << no_answer.err;
+  EXPECT_EQ(no_answer.err.find("hunter2"), std::string::npos) << no_answer.err;
+  answered = true;
+
+  for (const char* what : {"run", "dlq"}) {
+    const CommandResult zero = cli({what, "list", "--before", "0"});
+    EXPECT_NE(zero.exit_code, 0) << what;
+    EXPECT_NE(zero.err.find("--before"), std::string::npos) << what << ": " << zero.err;
+  }
 }
 
 // Options that cannot be honoured are refused, naming the option: an unknown log level turned
