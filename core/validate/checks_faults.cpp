@@ -215,13 +215,8 @@ std::vector<PageProbe> pages_to_probe(const std::vector<Walk>& walks) {
   std::vector<PageProbe> probes;
   for (const Walk& walk : walks) {
     const size_t pages = walk.steps.size();
-    for (size_t page : {size_t{0}, size_t{1}, pages - 1}) {
-      if (page >= pages) continue;
-      if (!probes.empty() && probes.back().entity_type == walk.entity_type &&
-          probes.back().page >= page) {
-        continue;  // the last page is the first or second one
-      }
-      probes.push_back({walk.entity_type, page, walk.steps[page].cursor});
+    for (size_t page : std::set<size_t>{0, 1, pages - 1}) {  // the last may be the first or second
+      if (page < pages) probes.push_back({walk.entity_type, page, walk.steps[page].cursor});
     }
   }
   return probes;

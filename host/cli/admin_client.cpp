@@ -1,5 +1,7 @@
 #include "host/cli/admin_client.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
@@ -47,11 +49,9 @@ AdminClient::AdminClient(AdminEndpoint endpoint)
   token_ = token;
   // A line break at its end (the token read from a file) would make every request fail as an
   // invalid header, which says nothing of the variable.
-  for (const char c : token_) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      throw ConfigError("environment variable " + endpoint_.token_env +
-                        " (the admin token) holds a control character (a line break at its end?)");
-    }
+  if (std::any_of(token_.begin(), token_.end(), [](unsigned char c) { return std::iscntrl(c); })) {
+    throw ConfigError("environment variable " + endpoint_.token_env +
+                      " (the admin token) holds a control character (a line break at its end?)");
   }
   while (!endpoint_.url.empty() && endpoint_.url.back() == '/') endpoint_.url.pop_back();
 }

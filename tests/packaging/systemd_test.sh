@@ -19,7 +19,7 @@ fail() {
 [ "$(id -u)" -eq 0 ] || fail "must run as root (it mounts an overlay and boots a container)"
 command -v systemd-nspawn >/dev/null || fail "no systemd-nspawn (package systemd-container)"
 
-work=$(mktemp -d /tmp/backhaul-systemd.XXXXXX)
+work=$(mktemp -d -t backhaul-systemd.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/pkg" "$work/out" "$work/root" "$work/layers"
 "$cpack" -G DEB --config "$build_dir/CPackConfig.cmake" -B "$work/pkg" >"$work/cpack.log" 2>&1 ||
