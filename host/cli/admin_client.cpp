@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
+#include <Poco/Exception.h>
 #include <Poco/URI.h>
 
 #include "core/common/redact.h"
@@ -25,7 +26,26 @@ void reading_answers(const std::function<void()>& command) {
   }
 }
 
+std::string check_admin_url(const std::string& url) {
+  Poco::URI uri;
+  try {
+    uri = Poco::URI(url);
+  } catch (const Poco::Exception& e) {
+    return "'" + redact(url) + "' is not a URL: " + e.displayText();
+  }
+  if (uri.getScheme() != "http" && uri.getScheme() != "https") {
+    return "'" + redact(url) + "' is not an http:// or https:// URL";
+  }
+  if (uri.getHost().empty()) return "'" + redact(url) + "' names no host";
+  if (!uri.getRawQuery().empty() || !uri.getFragment().empty()) {
+    return "'" + redact(url) + "' has a query or fragment; give the daemon's base URL";
+  }
+  return "";
+}
+
 void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint) {
+  // Not envname(): CLI11 would give BACKHAUL_URL to the --url of every subcommand, whose
+  // options share `endpoint`, over the one given. AdminClient checks the URL.
   if (const char* url = std::getenv("BACKHAUL_URL")) endpoint.url = url;
   command.add_option("--url", endpoint.url, "admin API of backhauld (env BACKHAUL_URL)")
       ->capture_default_str();
@@ -39,8 +59,23 @@ void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint) {
       ->check(CLI::Range(1, 3'600'000));
 }
 
+CLI::Option* add_id_argument(CLI::App& command, int64_t& id, const std::string& what) {
+  return command.add_option("id", id, what + " id")
+      ->check(CLI::Validator(
+          [what](const std::string& text) -> std::string {
+            int64_t value = 0;
+            if (CLI::detail::lexical_cast(text, value) && value > 0) return "";
+            return "a " + what + " id is a positive integer, not '" + text + "'";
+          },
+          "ID", "positive id"));
+}
+
 AdminClient::AdminClient(AdminEndpoint endpoint)
     : endpoint_(std::move(endpoint)), transport_(std::make_unique<http::PocoTransport>()) {
+  // Before the token, and not as "no answer" at the first request.
+  if (const std::string why = check_admin_url(endpoint_.url); !why.empty()) {
+    throw ConfigError("--url (or BACKHAUL_URL): " + why);
+  }
   const char* token = std::getenv(endpoint_.token_env.c_str());
   if (token == nullptr || *token == '\0') {
     throw ConfigError("environment variable " + endpoint_.token_env +

@@ -12,7 +12,8 @@
 
 namespace CLI {
 class App;
-}
+class Option;
+}  // namespace CLI
 
 namespace backhaul::http {
 class Transport;
@@ -45,8 +46,15 @@ struct AdminEndpoint {
 // an AdminApiError (code UNEXPECTED_ANSWER) naming the field, rather than in nlohmann's terms.
 void reading_answers(const std::function<void()>& command);
 
+// Why `url` cannot be the admin API's base URL (not http(s), no host, a query), or "" when it
+// can. Credentials in it are not repeated.
+std::string check_admin_url(const std::string& url);
+
 // Adds --url, --token-env and --timeout-ms to a subcommand (shared by `run` and `dlq`).
 void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint);
+
+// Adds the positional `id` of a run or a dead letter (`what`), which must be a positive integer.
+CLI::Option* add_id_argument(CLI::App& command, int64_t& id, const std::string& what);
 
 class AdminClient {
  public:

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -88,10 +89,12 @@ void stats(const DlqOptions& o) {
 }
 
 void retry(const DlqOptions& o) {
-  AdminClient client(o.endpoint);
-  if (o.id > 0 && (o.all || o.status || o.kind || o.key)) {
-    throw ConfigError("dlq retry: give a dead letter ID, or --all with filters, not both");
+  // Checked before the token, so a usage error is not reported as a missing token. (An ID with
+  // --all, --limit or a filter is refused by the parser.)
+  if (o.id == 0 && !o.all) {
+    throw ConfigError("dlq retry: give a dead letter ID, or --all (with filters and --limit)");
   }
+  AdminClient client(o.endpoint);
   if (o.id > 0) {
     const json letter = client.post("/v1/dead-letters/" + std::to_string(o.id) + "/retry");
     print(o, letter,
@@ -99,7 +102,6 @@ void retry(const DlqOptions& o) {
               std::to_string(letter.at("jobId").get<int64_t>()) + " queued)");
     return;
   }
-  if (!o.all) throw ConfigError("dlq retry: give a dead letter ID, or --all with --limit");
   json body = {{"limit", o.limit}};
   if (o.status) body["status"] = *o.status;
   if (o.kind) body["kind"] = *o.kind;
@@ -136,9 +138,13 @@ void add_dlq_command(CLI::App& app) {
     command->add_flag("--json", options->json_output, "print the API's JSON answer");
   };
   auto filters = [&](CLI::App* command) {
-    command->add_option("--status", options->status, "pending, retrying, resolved or ignored");
-    command->add_option("--kind", options->kind, "job kind, e.g. backfill.entity");
-    command->add_option("--key", options->key, "concurrency key (installation id)");
+    return std::vector<CLI::Option*>{
+        command->add_option("--status", options->status, "pending, retrying, resolved or ignored"),
+        command->add_option("--kind", options->kind, "job kind, e.g. backfill.entity"),
+        command->add_option("--key", options->key, "concurrency key (installation id)")};
+  };
+  auto letter_id = [&](CLI::App* command) {
+    return add_id_argument(*command, options->id, "dead letter");
   };
 
   CLI::App* list_cmd = dlq->add_subcommand("list", "list dead letters, newest first");
@@ -155,16 +161,19 @@ void add_dlq_command(CLI::App& app) {
 
   CLI::App* retry_cmd = dlq->add_subcommand("retry", "retry one dead letter, or many with --all");
   common(retry_cmd);
-  filters(retry_cmd);
-  retry_cmd->add_option("id", options->id, "dead letter id");
-  retry_cmd->add_flag("--all", options->all, "retry every pending letter matching the filters");
-  retry_cmd->add_option("--limit", options->limit, "with --all: at most this many")
-      ->capture_default_str();
+  std::vector<CLI::Option*> bulk = filters(retry_cmd);
+  CLI::Option* one = letter_id(retry_cmd);
+  bulk.push_back(retry_cmd->add_flag("--all", options->all,
+                                     "retry every pending letter matching the filters"));
+  bulk.push_back(retry_cmd->add_option("--limit", options->limit, "with --all: at most this many")
+                     ->capture_default_str());
+  // "retry 12 --limit 5" would retry letter 12 and drop the limit unsaid.
+  for (CLI::Option* option : bulk) one->excludes(option);
   retry_cmd->callback([options] { reading_answers([&] { retry(*options); }); });
 
   CLI::App* ignore_cmd = dlq->add_subcommand("ignore", "mark a dead letter as ignored");
   common(ignore_cmd);
-  ignore_cmd->add_option("id", options->id, "dead letter id")->required();
+  letter_id(ignore_cmd)->required();
   ignore_cmd->callback([options] { reading_answers([&] { ignore(*options); }); });
 
   CLI::App* purge_cmd = dlq->add_subcommand("purge", "delete resolved and ignored dead letters");

@@ -12,6 +12,7 @@
 #include "core/common/clock.h"
 #include "host/cli/admin_client.h"
 #include "host/cli/cli.h"
+#include "host/cli/run_wait.h"
 #include <unistd.h>
 
 namespace backhaul::cli {
@@ -34,12 +35,9 @@ struct RunOptions {
   int limit = 20;
   bool wait = false;
   int interval_ms = 1000;
+  int lost_contact_ms = 300'000;
   bool json_output = false;
 };
-
-bool finished(const std::string& status) {
-  return status == "succeeded" || status == "failed" || status == "cancelled";
-}
 
 std::string duration_text(int64_t ms) {
   const int64_t s = ms / 1000;
@@ -60,7 +58,7 @@ std::string progress_line(const json& run, int64_t now_ms) {
   const int64_t done = run.value("unitsDone", 0);
   const int64_t started = run.value("startedMs", int64_t{0});
   std::string eta = "--";
-  if (finished(run.value("status", ""))) {
+  if (run_finished(run.value("status", ""))) {
     const int64_t end = run.value("finishedMs", now_ms);
     eta = "done in " + duration_text(std::max<int64_t>(0, end - run.value("createdMs", end)));
   } else if (done > 0 && total > done && started > 0) {
@@ -99,29 +97,59 @@ void print_units(const json& run) {
 
 // Polls the run until it finishes, redrawing one progress line (a new line per change when the
 // stream is not a terminal). With --json the progress goes to stderr and stdout gets the run's
-// JSON alone, for a pipe to parse. Throws CLI::RuntimeError(1) unless it succeeded.
-void wait_for(AdminClient& client, const RunOptions& o, int64_t id) {
+// JSON alone, for a pipe to parse, with `extra` merged in. Polls that find backhauld restarting or
+// unable to answer are passed through for --lost-contact-ms. Throws CLI::RuntimeError: 1 unless
+// the run succeeded, kExitLostContact when contact was lost.
+void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_contact,
+              const json& extra = json::object()) {
   std::FILE* progress = o.json_output ? stderr : stdout;
   const bool tty = isatty(fileno(progress)) != 0;
   std::string last;
-  json run;
-  while (true) {
-    run = client.get("/v1/runs/" + std::to_string(id));
-    const std::string line = progress_line(run, SystemClock::instance().now_ms());
-    if (line != last) {
-      if (tty) {
-        std::fprintf(progress, "\r\033[K%s", line.c_str());
-      } else {
-        std::fprintf(progress, "%s\n", line.c_str());
-      }
-      std::fflush(progress);
-      last = line;
+  auto show = [&](const std::string& line) {
+    if (line == last) return;
+    if (tty) {
+      std::fprintf(progress, "\r\033[K%s", line.c_str());
+    } else {
+      std::fprintf(progress, "%s\n", line.c_str());
     }
-    if (finished(run.value("status", ""))) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
-  }
+    std::fflush(progress);
+    last = line;
+  };
+  const std::string target = "/v1/runs/" + std::to_string(id);
+  WaitHooks hooks;
+  hooks.poll = [&] { return client.get(target); };
+  hooks.pause = [](std::chrono::milliseconds ms) { std::this_thread::sleep_for(ms); };
+  std::string trouble;  // the error of the failing polls, while they fail
+  hooks.on_run = [&](const json& run) {
+    trouble.clear();
+    show(progress_line(run, SystemClock::instance().now_ms()));
+  };
+  hooks.on_trouble = [&](const AdminApiError& e, int64_t left_ms) {
+    // A terminal counts down; a log gets a line per new error, not per poll.
+    if (!tty && trouble == e.what()) return;
+    trouble = e.what();
+    show("run " + std::to_string(id) + ": polling again for up to " + duration_text(left_ms) +
+         " after " + e.what());
+  };
+  const WaitEnd end = poll_until_finished(
+      hooks,
+      {std::chrono::milliseconds(o.interval_ms), std::chrono::milliseconds(o.lost_contact_ms)},
+      SystemClock::instance(), in_contact);
   if (tty) std::fprintf(progress, "\n");
-  if (o.json_output) std::cout << run.dump(2) << "\n";
+  if (end.lost_contact) {
+    std::fprintf(stderr,
+                 "run %lld: lost contact with backhauld for %s (%s); the run goes on without this "
+                 "command: `backhaul run status %lld --wait` takes it up again\n",
+                 static_cast<long long>(id), duration_text(end.trouble_ms).c_str(),
+                 end.error.c_str(), static_cast<long long>(id));
+    throw CLI::RuntimeError(kExitLostContact);
+  }
+  const json& run = end.run;
+  if (o.json_output) {
+    json out = run;
+    out.update(extra);
+    std::cout << out.dump(2) << "\n";
+  }
   if (run.at("status") != "succeeded") {
     if (!o.json_output) print_units(run);  // the JSON has the units
     if (run.value("error", json()).is_string()) {
@@ -139,23 +167,22 @@ void start(const RunOptions& o) {
   if (!o.entity_types.empty()) body["entityTypes"] = o.entity_types;
   const json started = client.post("/v1/runs", body);
   const int64_t id = started.at("runId");
-  if (!o.wait || !o.json_output) {
-    if (o.json_output) {
-      std::cout << started.dump(2) << "\n";
-    } else {
-      const std::string what = started.at("created").get<bool>()
-                                   ? std::string("started")
-                                   : "already active for " + o.installation;
-      std::printf("run %lld %s (%s)\n", static_cast<long long>(id), what.c_str(),
-                  started.at("status").get<std::string>().c_str());
-    }
+  const bool created = started.at("created").get<bool>();
+  if (o.json_output && !o.wait) {
+    std::cout << started.dump(2) << "\n";
+  } else {
+    // With --wait --json, this line goes with the progress (stderr), and `created` into the JSON.
+    const std::string what =
+        created ? std::string("started") : "already active for " + o.installation;
+    std::fprintf(o.json_output ? stderr : stdout, "run %lld %s (%s)\n", static_cast<long long>(id),
+                 what.c_str(), started.at("status").get<std::string>().c_str());
   }
-  if (o.wait) wait_for(client, o, id);
+  if (o.wait) wait_for(client, o, id, /*in_contact=*/true, {{"created", created}});
 }
 
 void status(const RunOptions& o) {
   AdminClient client(o.endpoint);
-  if (o.wait) return wait_for(client, o, o.id);
+  if (o.wait) return wait_for(client, o, o.id, /*in_contact=*/false);
   const json run = client.get("/v1/runs/" + std::to_string(o.id));
   if (o.json_output) {
     std::cout << run.dump(2) << "\n";
@@ -219,11 +246,19 @@ void add_run_command(CLI::App& app) {
     command->add_flag("--json", options->json_output, "print the API's JSON answer");
   };
   auto waiting = [&](CLI::App* command) {
-    command->add_flag("--wait", options->wait,
-                      "show live progress until the run finishes; exit 0 only if it succeeded");
+    command->add_flag(
+        "--wait", options->wait,
+        "show live progress until the run finishes; exit 0 only if it succeeded, 3 if contact "
+        "with backhauld was lost");
     command->add_option("--interval-ms", options->interval_ms, "progress poll interval")
         ->capture_default_str()
         ->check(CLI::Range(50, 60'000));
+    command
+        ->add_option("--lost-contact-ms", options->lost_contact_ms,
+                     "with --wait: how long backhauld may not answer (restarting, or 429/5xx) "
+                     "before the command gives up with status 3; the run goes on")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 86'400'000));
   };
 
   CLI::App* start_cmd =
@@ -245,7 +280,7 @@ void add_run_command(CLI::App& app) {
   CLI::App* status_cmd = run->add_subcommand("status", "a run with per-unit progress");
   common(status_cmd);
   waiting(status_cmd);
-  status_cmd->add_option("id", options->id, "run id")->required();
+  add_id_argument(*status_cmd, options->id, "run")->required();
   status_cmd->callback([options] { reading_answers([&] { status(*options); }); });
 
   CLI::App* list_cmd = run->add_subcommand("list", "runs, newest first");
@@ -260,7 +295,7 @@ void add_run_command(CLI::App& app) {
 
   CLI::App* cancel_cmd = run->add_subcommand("cancel", "cancel a run and its units");
   common(cancel_cmd);
-  cancel_cmd->add_option("id", options->id, "run id")->required();
+  add_id_argument(*cancel_cmd, options->id, "run")->required();
   cancel_cmd->callback([options] { reading_answers([&] { cancel(*options); }); });
 }
 

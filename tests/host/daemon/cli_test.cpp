@@ -1,8 +1,10 @@
 // `backhaul dlq ...` and `backhaul db migrate` as real processes against a daemon running
-// in-process (the `run` commands are tested with the sandbox in run_api_test.cpp).
+// in-process, and `run --wait` against a scripted stand-in that fails on cue (the `run` commands
+// are tested with the sandbox in run_api_test.cpp).
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -96,10 +98,8 @@ TEST_F(CliTest, AnEmptyFilterIsSentAndRefusedNotDropped) {
   EXPECT_EQ(json::parse(no_key.out)["items"].size(), 0u) << "inst-1's letter has a key";
 
   const CommandResult both = cli({"dlq", "retry", std::to_string(a), "--all"});
-  EXPECT_EQ(both.exit_code, 1);
-  EXPECT_NE(both.err.find("give a dead letter ID, or --all with filters, not both"),
-            std::string::npos)
-      << both.err;
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("id excludes --all"), std::string::npos) << both.err;
   EXPECT_EQ(store().get_dead_letter(a)->status, jobs::DeadLetterStatus::kPending);
 }
 
@@ -277,6 +277,204 @@ TEST_F(CliTest, AnAnswerWithoutTheFieldsACommandReadsIsReportedNamingTheField) {
         << result.err;
     EXPECT_NE(result.err.find("not found"), std::string::npos) << result.err;
   }
+}
+
+// Usage errors are reported as such, before the token is looked at (no token is set here):
+// `dlq retry 0` said "give a dead letter ID", `dlq retry 1 --limit 5` dropped the limit unsaid,
+// and a --url that is not a URL failed as "UNREACHABLE: no answer from backhauld".
+TEST_F(CliTest, IdsLimitsAndUrlsAreCheckedBeforeTheToken) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string env;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"dlq", "retry", "0"}, "", "id: a dead letter id is a positive integer, not '0'"},
+      {{"dlq", "ignore", "-4"}, "", "id: a dead letter id is a positive integer, not '-4'"},
+      {{"run", "status", "7x"}, "", "id: a run id is a positive integer, not '7x'"},
+      {{"run", "cancel", "0"}, "", "id: a run id is a positive integer, not '0'"},
+      {{"dlq", "retry", "1", "--limit", "5"}, "", "excludes --limit"},
+      {{"dlq", "retry", "1", "--kind", "k"}, "", "--kind excludes id"},
+      {{"dlq", "retry"},
+       "",
+       "dlq retry: give a dead letter ID, or --all (with filters and --limit)"},
+      {{"dlq", "stats", "--url", "127.0.0.1:8470"},
+       "",
+       "--url (or BACKHAUL_URL): '127.0.0.1:8470' is not an http:// or https:// URL"},
+      {{"run", "list", "--url", "http:/127.0.0.1"}, "", "'http:/127.0.0.1' names no host"},
+      {{"run", "list"},
+       "BACKHAUL_URL=http://admin:hunter2@127.0.0.1:8470/?x=1",
+       "--url (or BACKHAUL_URL): 'http://[REDACTED]@127.0.0.1:8470/?x=1' has a query or "
+       "fragment"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> env = {"BACKHAUL_ADMIN_TOKEN="};
+    if (!c.env.empty()) env.push_back(c.env);
+    const CommandResult result = run_command(BACKHAUL_CLI_PATH, c.args, env, dir_);
+    const std::string what = c.args[0] + " " + c.args[1] + " " + c.says;
+    EXPECT_NE(result.exit_code, 0) << what;
+    EXPECT_NE(result.err.find(c.says), std::string::npos) << what << "\n" << result.err;
+    EXPECT_EQ(result.err.find("BACKHAUL_ADMIN_TOKEN"), std::string::npos) << result.err;
+    EXPECT_EQ(result.err.find("hunter2"), std::string::npos) << result.err;
+  }
+  // Given, --url wins over BACKHAUL_URL, which is then not checked: the token is the next problem.
+  const CommandResult given =
+      run_command(BACKHAUL_CLI_PATH, {"run", "list", "--url", "http://127.0.0.1:1"},
+                  {"BACKHAUL_ADMIN_TOKEN=", "BACKHAUL_URL=not a url"}, dir_);
+  EXPECT_EQ(given.exit_code, 1);
+  EXPECT_NE(
+      given.err.find("environment variable BACKHAUL_ADMIN_TOKEN (the admin token) is not set"),
+      std::string::npos)
+      << given.err;
+}
+
+// A stand-in for backhauld at the HTTP level: it answers each request with the next of its
+// answers (the last one repeats), and records the request lines. An answer of status 0 closes the
+// connection without a word, as a daemon going down does.
+class ScriptedDaemon {
+ public:
+  struct Answer {
+    int status;
+    std::string body;
+  };
+
+  explicit ScriptedDaemon(std::vector<Answer> answers)
+      : answers_(std::move(answers)),
+        server_([this](Poco::Net::StreamSocket& socket) { serve(socket); }) {}
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server_.port()); }
+  std::vector<std::string> requests() const {
+    std::lock_guard lock(mutex_);
+    return requests_;
+  }
+
+  static Answer run(const std::string& status) {
+    return {
+        200,
+        json{{"id", 7}, {"status", status}, {"unitsTotal", 2}, {"units", json::array()}}.dump()};
+  }
+  static Answer error(int status, const std::string& code) {
+    return {status, json{{"error", {{"code", code}, {"message", "from the script"}}}}.dump()};
+  }
+
+ private:
+  void serve(Poco::Net::StreamSocket& socket) {
+    std::string request;
+    char chunk[4096];
+    size_t end = std::string::npos;
+    while ((end = request.find("\r\n\r\n")) == std::string::npos) {
+      const int n = socket.receiveBytes(chunk, sizeof chunk);
+      if (n <= 0) return;
+      request.append(chunk, static_cast<size_t>(n));
+    }
+    const size_t length_at = request.find("Content-Length: ");
+    const size_t length = length_at < end ? std::stoul(request.substr(length_at + 16)) : 0;
+    while (request.size() < end + 4 + length) {
+      const int n = socket.receiveBytes(chunk, sizeof chunk);
+      if (n <= 0) return;
+      request.append(chunk, static_cast<size_t>(n));
+    }
+    Answer answer;
+    {
+      std::lock_guard lock(mutex_);
+      requests_.push_back(request.substr(0, request.find("\r\n")));
+      answer = answers_[std::min(next_++, answers_.size() - 1)];
+    }
+    if (answer.status != 0) {
+      const std::string text = "HTTP/1.1 " + std::to_string(answer.status) +
+                               " Scripted\r\nContent-Type: application/json\r\nContent-Length: " +
+                               std::to_string(answer.body.size()) +
+                               "\r\nConnection: close\r\n\r\n" + answer.body;
+      socket.sendBytes(text.data(), static_cast<int>(text.size()));
+    }
+    socket.shutdown();
+  }
+
+  const std::vector<Answer> answers_;
+  mutable std::mutex mutex_;
+  size_t next_ = 0;                      // guarded by mutex_
+  std::vector<std::string> requests_;    // guarded by mutex_
+  backhaul::testing::TcpServer server_;  // last: serves once the rest exists
+};
+
+// `run status --wait` polled once and gave up: a daemon restarting (no answer) or answering 503
+// while the run went on ended the command with status 1, as if the run had failed.
+TEST_F(CliTest, RunWaitPollsThroughADaemonThatRestartsOrCannotAnswer) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon daemon({ScriptedDaemon::run("running"),
+                         ScriptedDaemon::error(503, "UNAVAILABLE"),
+                         {0, ""},
+                         ScriptedDaemon::error(429, "RATE_LIMITED"),
+                         ScriptedDaemon::run("succeeded")});
+  const CommandResult waited = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--url", daemon.url()}, env, dir_);
+  EXPECT_EQ(waited.exit_code, 0) << waited.out << waited.err;
+  EXPECT_EQ(daemon.requests().size(), 5u);
+  // One line per new error (the output is not a terminal), each saying how long polls go on.
+  std::vector<std::string> troubles;
+  std::istringstream lines(waited.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("run 7: polling again for up to ", 0) == 0) {
+      const size_t code = line.find(" after ") + 7;
+      troubles.push_back(line.substr(code, line.find(':', code) - code));
+    }
+  }
+  EXPECT_EQ(troubles, (std::vector<std::string>{"UNAVAILABLE", "UNREACHABLE", "RATE_LIMITED"}))
+      << waited.out;
+  EXPECT_NE(waited.out.find("run 7 succeeded"), std::string::npos) << waited.out;
+
+  // Polls that keep failing end the wait after --lost-contact-ms with status 3 of its own.
+  ScriptedDaemon gone(
+      {ScriptedDaemon::run("running"), ScriptedDaemon::error(503, "STORAGE_ERROR")});
+  const CommandResult lost = run_command(BACKHAUL_CLI_PATH,
+                                         {"run", "status", "7", "--wait", "--interval-ms", "50",
+                                          "--lost-contact-ms", "300", "--url", gone.url()},
+                                         env, dir_);
+  EXPECT_EQ(lost.exit_code, 3) << lost.out << lost.err;
+  EXPECT_NE(lost.err.find("run 7: lost contact with backhauld for 0m00s (STORAGE_ERROR: from the "
+                          "script); the run goes on without this command"),
+            std::string::npos)
+      << lost.err;
+  EXPECT_GE(gone.requests().size(), 3u) << "polled through the failures";
+
+  // A wrong token is not waited out; nor is anything before a first answer (a wrong --url).
+  ScriptedDaemon refusing(
+      {ScriptedDaemon::run("running"), ScriptedDaemon::error(401, "UNAUTHORIZED")});
+  const CommandResult refused = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--url", refusing.url()}, env, dir_);
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("UNAUTHORIZED: from the script"), std::string::npos) << refused.err;
+  EXPECT_EQ(refusing.requests().size(), 2u);
+  ScriptedDaemon never({{0, ""}, ScriptedDaemon::run("succeeded")});
+  const CommandResult unreached = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--url", never.url()}, env, dir_);
+  EXPECT_EQ(unreached.exit_code, 1) << unreached.err;
+  EXPECT_NE(unreached.err.find("UNREACHABLE"), std::string::npos) << unreached.err;
+  EXPECT_EQ(never.requests().size(), 1u);
+}
+
+// `run start --wait --json` printed only the finished run: a script could not tell a run it
+// started from one already active. The run's JSON now carries the start's `created`.
+TEST_F(CliTest, RunStartWaitJsonSaysWhetherItStartedTheRun) {
+  ScriptedDaemon daemon({{202, R"({"runId": 7, "created": false, "status": "running"})"},
+                         ScriptedDaemon::run("running"),
+                         ScriptedDaemon::run("succeeded")});
+  const CommandResult started =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "start", "--installation", "gh-inst-1", "--provider", "github", "--wait",
+                   "--interval-ms", "50", "--json", "--url", daemon.url()},
+                  {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
+  ASSERT_EQ(started.exit_code, 0) << started.err;
+  const json run = json::parse(started.out, nullptr, false);
+  ASSERT_FALSE(run.is_discarded()) << started.out;
+  EXPECT_EQ(run["created"], false) << started.out;
+  EXPECT_EQ(run["status"], "succeeded") << started.out;
+  EXPECT_NE(started.err.find("run 7 already active for gh-inst-1 (running)"), std::string::npos)
+      << started.err;
+  EXPECT_EQ(daemon.requests().front(), "POST /v1/runs HTTP/1.1");
 }
 
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
