@@ -273,6 +273,55 @@ TEST_F(ScenarioTest, CliCancelMidRunStopsTheRunAndTheGatewayStopsGrowing) {
   EXPECT_EQ(get_run(run_id)["status"], "cancelled");
 }
 
+// 2b. `backhaul run start --wait` outlives a restart of backhauld (an upgrade, say): while the
+// daemon is down its polls get no answer, and it polls on until the new daemon, on the same port
+// and store, finishes the run. It used to exit 1 at the first poll that failed, as if the run had.
+TEST_F(ScenarioTest, CliRunWaitOutlivesARestartOfTheDaemon) {
+  ASSERT_NE(start_sandbox({"--repos", "3", "--projects", "0", "--items", "200", "--max-per-page",
+                           "10", "--slow-ms", "30"}),
+            0)
+      << sandbox_->stderr_text();
+  json config = daemon_config();
+  ASSERT_NE(start_daemon(config), 0) << daemon_->stderr_text();
+  const uint16_t port = admin_port_;
+  config["admin"]["port"] = port;  // the restarted daemon takes the same port
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  ChildProcess waiting(BACKHAUL_CLI_PATH,
+                       {"run", "start", "--url", url, "--installation", "gh-inst-1", "--provider",
+                        "github", "--wait", "--interval-ms", "50"},
+                       {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_ / "wait.stderr",
+                       dir_ / "wait.stdout");
+  const json before = [&] {
+    json runs;
+    for (int i = 0; i < 600; ++i) {  // the CLI's start, then a first page delivered
+      runs = api("GET", "/v1/runs").json();
+      if (!runs["items"].empty() && runs["items"][0].value("eventsDispatched", 0) > 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return runs["items"].empty() ? json() : runs["items"][0];
+  }();
+  ASSERT_TRUE(before.is_object()) << "no run started: " << waiting.stderr_text();
+  ASSERT_EQ(before["status"], "running") << before.dump(2);
+
+  ASSERT_TRUE(stop_daemon()) << daemon_->stderr_text();
+  ASSERT_EQ(start_daemon(config), port) << daemon_->stderr_text();
+  const int status = waiting.wait_exit(std::chrono::seconds(120));
+  ASSERT_NE(status, -1) << "the CLI is still waiting: " << waiting.stdout_text();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << status << "\n"
+      << waiting.stdout_text() << waiting.stderr_text();
+  const std::string out = waiting.stdout_text();
+  EXPECT_NE(out.find("run " + std::to_string(before["id"].get<int64_t>()) + " started"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(": polling again for up to "), std::string::npos)
+      << "the restart was seen: " << out;
+  EXPECT_NE(out.find(" succeeded: units 9/9 (0 failed)"), std::string::npos) << out;
+  const json gateway = report("inst-1")["gateway"];
+  EXPECT_EQ(gateway["missing"], 0) << gateway.dump(2);
+  EXPECT_EQ(gateway["unique"], 3 * 3 * 200) << gateway.dump(2);
+}
+
 // 3. One repository answers 404 to everything: its 3 units die (FATAL, one attempt) and are
 // reported in the aggregate, the other 6 complete. With the fault gone, `backhaul dlq retry`
 // replays them and the run ends succeeded with exact counts.
