@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <Poco/Exception.h>
@@ -13,16 +14,29 @@
 
 namespace backhaul::cli {
 
-void reading_answers(const std::function<void()>& command) {
+nlohmann::json AdminApiError::envelope() const {
+  nlohmann::json error = {{"code", code_}, {"message", message_}};
+  if (status_ > 0) error["status"] = status_;
+  if (!details_.is_null()) error["details"] = details_;
+  return {{"error", std::move(error)}};
+}
+
+void reading_answers(const std::function<void()>& command, bool json_output) {
   try {
-    command();
-  } catch (const nlohmann::json::exception& e) {
-    // 403: a key not found; 302: a value of another type; 306: value() of what is not an object.
-    // Others (an argument that is not UTF-8, say) are not the answer's.
-    if (e.id != 403 && e.id != 302 && e.id != 306) throw;
-    throw AdminApiError(0, "UNEXPECTED_ANSWER",
-                        std::string("an answer of the admin API is not what this command reads (") +
-                            e.what() + "): is --url a backhauld of this version?");
+    try {
+      command();
+    } catch (const nlohmann::json::exception& e) {
+      // 403: a key not found; 302: a value of another type; 306: value() of what is not an
+      // object. Others (an argument that is not UTF-8, say) are not the answer's.
+      if (e.id != 403 && e.id != 302 && e.id != 306) throw;
+      throw AdminApiError(
+          0, "UNEXPECTED_ANSWER",
+          std::string("an answer of the admin API is not what this command reads (") + e.what() +
+              "): is --url a backhauld of this version?");
+    }
+  } catch (const AdminApiError& e) {
+    if (json_output) std::cout << e.envelope().dump(2) << "\n";
+    throw;
   }
 }
 
@@ -130,7 +144,8 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
   if (!parsed.is_discarded() && parsed.contains("error")) {
     const nlohmann::json& error = parsed["error"];
     throw AdminApiError(response.status, error.value("code", "UNKNOWN"),
-                        error.value("message", "no message"));
+                        error.value("message", "no message"),
+                        error.value("details", nlohmann::json()));
   }
   throw AdminApiError(
       response.status, "UNKNOWN",

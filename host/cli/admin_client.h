@@ -25,14 +25,24 @@ namespace backhaul::cli {
 // what() is "CODE: message".
 class AdminApiError : public Error {
  public:
-  AdminApiError(int status, std::string code, const std::string& message)
-      : Error(code + ": " + message), status_(status), code_(std::move(code)) {}
-  int status() const noexcept { return status_; }
+  AdminApiError(int status, std::string code, const std::string& message,
+                nlohmann::json details = nullptr)
+      : Error(code + ": " + message),
+        status_(status),
+        code_(std::move(code)),
+        message_(message),
+        details_(std::move(details)) {}
+  int status() const noexcept { return status_; }  // 0: no HTTP answer
   const std::string& code() const noexcept { return code_; }
+  // As the API's envelope, {"error": {"code", "message", "status", "details"}}: what --json
+  // prints on stdout in place of an answer.
+  nlohmann::json envelope() const;
 
  private:
   int status_;
   std::string code_;
+  std::string message_;
+  nlohmann::json details_;
 };
 
 struct AdminEndpoint {
@@ -44,7 +54,9 @@ struct AdminEndpoint {
 // Runs `command`, which reads answers of the admin API: one that lacks a field the command reads,
 // or has it of another type (a daemon of another version, or not a daemon at all), ends it with
 // an AdminApiError (code UNEXPECTED_ANSWER) naming the field, rather than in nlohmann's terms.
-void reading_answers(const std::function<void()>& command);
+// With `json_output` (--json), an AdminApiError's envelope goes to stdout before it is rethrown,
+// so that stdout holds one JSON document whatever happened.
+void reading_answers(const std::function<void()>& command, bool json_output);
 
 // Why `url` cannot be the admin API's base URL (not http(s), no host, a query), or "" when it
 // can. Credentials in it are not repeated.

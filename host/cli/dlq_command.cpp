@@ -153,11 +153,12 @@ void add_dlq_command(CLI::App& app) {
   list_cmd->add_option("--before", options->before, "paging: only ids below this")
       ->check(CLI::PositiveNumber);
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
-  list_cmd->callback([options] { reading_answers([&] { list(*options); }); });
+  list_cmd->callback([options] { reading_answers([&] { list(*options); }, options->json_output); });
 
   CLI::App* stats_cmd = dlq->add_subcommand("stats", "counts by kind and status");
   common(stats_cmd);
-  stats_cmd->callback([options] { reading_answers([&] { stats(*options); }); });
+  stats_cmd->callback(
+      [options] { reading_answers([&] { stats(*options); }, options->json_output); });
 
   CLI::App* retry_cmd = dlq->add_subcommand("retry", "retry one dead letter, or many with --all");
   common(retry_cmd);
@@ -169,12 +170,14 @@ void add_dlq_command(CLI::App& app) {
                      ->capture_default_str());
   // "retry 12 --limit 5" would retry letter 12 and drop the limit unsaid.
   for (CLI::Option* option : bulk) one->excludes(option);
-  retry_cmd->callback([options] { reading_answers([&] { retry(*options); }); });
+  retry_cmd->callback(
+      [options] { reading_answers([&] { retry(*options); }, options->json_output); });
 
   CLI::App* ignore_cmd = dlq->add_subcommand("ignore", "mark a dead letter as ignored");
   common(ignore_cmd);
   letter_id(ignore_cmd)->required();
-  ignore_cmd->callback([options] { reading_answers([&] { ignore(*options); }); });
+  ignore_cmd->callback(
+      [options] { reading_answers([&] { ignore(*options); }, options->json_output); });
 
   CLI::App* purge_cmd = dlq->add_subcommand("purge", "delete resolved and ignored dead letters");
   common(purge_cmd);
@@ -183,7 +186,8 @@ void add_dlq_command(CLI::App& app) {
                    "only those last updated more than N days ago")
       ->required()
       ->check(CLI::NonNegativeNumber);
-  purge_cmd->callback([options] { reading_answers([&] { purge(*options); }); });
+  purge_cmd->callback(
+      [options] { reading_answers([&] { purge(*options); }, options->json_output); });
 }
 
 }  // namespace backhaul::cli

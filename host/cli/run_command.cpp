@@ -137,11 +137,15 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_cont
       SystemClock::instance(), in_contact);
   if (tty) std::fprintf(progress, "\n");
   if (end.lost_contact) {
-    std::fprintf(stderr,
-                 "run %lld: lost contact with backhauld for %s (%s); the run goes on without this "
-                 "command: `backhaul run status %lld --wait` takes it up again\n",
-                 static_cast<long long>(id), duration_text(end.trouble_ms).c_str(),
-                 end.error.c_str(), static_cast<long long>(id));
+    const std::string message = "lost contact with backhauld for " + duration_text(end.trouble_ms) +
+                                " (" + end.error +
+                                "); the run goes on without this command: `backhaul run status " +
+                                std::to_string(id) + " --wait` takes it up again";
+    if (o.json_output) {
+      std::cout << AdminApiError(0, "LOST_CONTACT", message, {{"runId", id}}).envelope().dump(2)
+                << "\n";
+    }
+    std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id), message.c_str());
     throw CLI::RuntimeError(kExitLostContact);
   }
   const json& run = end.run;
@@ -275,13 +279,15 @@ void add_run_command(CLI::App& app) {
   start_cmd->add_option("--org", options->org, "organisation id (default: the connection's)");
   start_cmd->add_option("--entity-type", options->entity_types,
                         "entity types (repeatable; default: the connector's)");
-  start_cmd->callback([options] { reading_answers([&] { start(*options); }); });
+  start_cmd->callback(
+      [options] { reading_answers([&] { start(*options); }, options->json_output); });
 
   CLI::App* status_cmd = run->add_subcommand("status", "a run with per-unit progress");
   common(status_cmd);
   waiting(status_cmd);
   add_id_argument(*status_cmd, options->id, "run")->required();
-  status_cmd->callback([options] { reading_answers([&] { status(*options); }); });
+  status_cmd->callback(
+      [options] { reading_answers([&] { status(*options); }, options->json_output); });
 
   CLI::App* list_cmd = run->add_subcommand("list", "runs, newest first");
   common(list_cmd);
@@ -291,12 +297,13 @@ void add_run_command(CLI::App& app) {
   list_cmd->add_option("--before", options->before, "paging: only ids below this")
       ->check(CLI::PositiveNumber);
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
-  list_cmd->callback([options] { reading_answers([&] { list(*options); }); });
+  list_cmd->callback([options] { reading_answers([&] { list(*options); }, options->json_output); });
 
   CLI::App* cancel_cmd = run->add_subcommand("cancel", "cancel a run and its units");
   common(cancel_cmd);
   add_id_argument(*cancel_cmd, options->id, "run")->required();
-  cancel_cmd->callback([options] { reading_answers([&] { cancel(*options); }); });
+  cancel_cmd->callback(
+      [options] { reading_answers([&] { cancel(*options); }, options->json_output); });
 }
 
 }  // namespace backhaul::cli

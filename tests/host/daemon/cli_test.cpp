@@ -342,7 +342,8 @@ class ScriptedDaemon {
       : answers_(std::move(answers)),
         server_([this](Poco::Net::StreamSocket& socket) { serve(socket); }) {}
 
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(server_.port()); }
+  uint16_t port() const { return server_.port(); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port()); }
   std::vector<std::string> requests() const {
     std::lock_guard lock(mutex_);
     return requests_;
@@ -475,6 +476,70 @@ TEST_F(CliTest, RunStartWaitJsonSaysWhetherItStartedTheRun) {
   EXPECT_NE(started.err.find("run 7 already active for gh-inst-1 (running)"), std::string::npos)
       << started.err;
   EXPECT_EQ(daemon.requests().front(), "POST /v1/runs HTTP/1.1");
+}
+
+// With --json, stdout holds one JSON document whatever happens: the answer, or an error in the
+// API's envelope (the error went to stderr alone, and a script parsing stdout found nothing).
+TEST_F(CliTest, WithJsonAnErrorIsAnEnvelopeOnStdout) {
+  start();
+  const CommandResult missing = cli({"dlq", "ignore", "999", "--json"});
+  EXPECT_EQ(missing.exit_code, 1);
+  const json not_found = json::parse(missing.out, nullptr, false);
+  EXPECT_EQ(not_found["error"]["code"], "DEAD_LETTER_NOT_FOUND") << missing.out;
+  EXPECT_EQ(not_found["error"]["status"], 404) << missing.out;
+  EXPECT_TRUE(not_found["error"]["message"].is_string()) << missing.out;
+  EXPECT_NE(missing.err.find("DEAD_LETTER_NOT_FOUND"), std::string::npos) << missing.err;
+
+  const CommandResult empty = cli({"dlq", "list", "--kind", "", "--json"});
+  EXPECT_EQ(empty.exit_code, 1);
+  const json refused = json::parse(empty.out, nullptr, false);
+  EXPECT_EQ(refused["error"]["status"], 400) << empty.out;
+  EXPECT_EQ(refused["error"]["details"]["field"], "kind") << empty.out;
+
+  ScriptedDaemon gone({{0, ""}});
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const CommandResult unreached =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "cancel", "7", "--json", "--url",
+                   "http://u:pw@127.0.0.1:" + std::to_string(gone.port())},
+                  env, dir_);
+  EXPECT_EQ(unreached.exit_code, 1);
+  const json no_answer = json::parse(unreached.out, nullptr, false);
+  EXPECT_EQ(no_answer["error"]["code"], "UNREACHABLE") << unreached.out;
+  EXPECT_FALSE(no_answer["error"].contains("status")) << "no HTTP answer";
+  EXPECT_EQ(unreached.out.find("pw@"), std::string::npos) << unreached.out;
+
+  ScriptedDaemon failing(
+      {ScriptedDaemon::run("running"), ScriptedDaemon::error(503, "UNAVAILABLE")});
+  const CommandResult lost = run_command(BACKHAUL_CLI_PATH,
+                                         {"run", "status", "7", "--wait", "--json", "--interval-ms",
+                                          "50", "--lost-contact-ms", "100", "--url", failing.url()},
+                                         env, dir_);
+  EXPECT_EQ(lost.exit_code, 3) << lost.err;
+  const json lost_contact = json::parse(lost.out, nullptr, false);
+  EXPECT_EQ(lost_contact["error"]["code"], "LOST_CONTACT") << lost.out;
+  EXPECT_EQ(lost_contact["error"]["details"]["runId"], 7) << lost.out;
+  EXPECT_NE(
+      lost_contact["error"]["message"].get<std::string>().find("UNAVAILABLE: from the script"),
+      std::string::npos)
+      << lost.out;
+
+  // An answer that is not the API's is an envelope too; without --json, stdout stays empty.
+  ScriptedDaemon impostor({{202, R"({"ok": true})"}});
+  for (const bool json_output : {true, false}) {
+    std::vector<std::string> args = {"run",        "start",  "--installation", "i",
+                                     "--provider", "github", "--url",          impostor.url()};
+    if (json_output) args.push_back("--json");
+    const CommandResult odd = run_command(BACKHAUL_CLI_PATH, args, env, dir_);
+    EXPECT_EQ(odd.exit_code, 1) << odd.err;
+    EXPECT_NE(odd.err.find("UNEXPECTED_ANSWER"), std::string::npos) << odd.err;
+    if (json_output) {
+      EXPECT_EQ(json::parse(odd.out, nullptr, false)["error"]["code"], "UNEXPECTED_ANSWER")
+          << odd.out;
+    } else {
+      EXPECT_EQ(odd.out, "");
+    }
+  }
 }
 
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
