@@ -6,9 +6,30 @@
 
 namespace backhaul {
 
+namespace detail {
+// `text` with each NUL byte written as the six characters \u0000.
+inline std::string visible_nul(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '\0') {
+      out += "\\u0000";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace detail
+
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // what() is a C string, which would end at a NUL of input quoted in the message ("no plugin
+  // 'git\0hub'" told of 'git'): a NUL is kept as the text \u0000.
+  explicit Error(const std::string& message)
+      : std::runtime_error(message.find('\0') == std::string::npos ? message
+                                                                   : detail::visible_nul(message)) {
+  }
+  explicit Error(const char* message) : std::runtime_error(message) {}
 };
 
 class ConfigError : public Error {

@@ -14,6 +14,11 @@ namespace backhaul {
 // body, a plugin's message).
 std::string valid_utf8(std::string_view text);
 
+// `text` on one line: control characters (a plugin's text, or a request line, may hold any) shown
+// as \n, \r, \t or \xNN, and C1 controls and bidi overrides as \uNNNN, so that they cannot forge
+// or hide lines of a report or a log, or move what a terminal shows of them.
+std::string escape_controls(std::string_view text);
+
 // A prefix of `text` of at most `max_bytes` that ends on a UTF-8 character boundary.
 std::string cut_utf8(std::string_view text, size_t max_bytes);
 

@@ -25,7 +25,8 @@ using jobs::Outcome;
 using json = nlohmann::json;
 
 constexpr int64_t kDayMs = 24LL * 3600 * 1000;
-constexpr int64_t kCircuitRefreshMs = 1000;  // how stale this host's view of a circuit may be
+constexpr int64_t kCircuitRefreshMs = 1000;     // how stale this host's view of a circuit may be
+constexpr int64_t kThrottleRecheckMs = 60'000;  // the longest a throttled unit waits unasked
 // How long a run past its unit timeout waits for the units it stopped to stop (each at its next
 // page boundary) before it reports them timed out all the same.
 constexpr int64_t kStopWaitMs = 10 * 60 * 1000;
@@ -390,9 +391,11 @@ struct Pipeline::Impl {
                                          o.throttle_per_hour, now);
         wait > 0) {
       ++throttle_waits;
-      // A wait beyond the clock's range (a very slow refill) is "never", not a sum wrapped into
-      // the past, where the unit would be claimed again at once, without end.
-      return Outcome::defer(jobs::later_by(now, wait), "throttled: " + installation);
+      // At most kThrottleRecheckMs: the unit then asks the bucket again, so a throttle raised
+      // (PUT /v1/rate-limits) applies to units already waiting within that time, and a slow
+      // refill never parks a unit for hours on the rate of the moment it was deferred.
+      return Outcome::defer(jobs::later_by(now, std::min(wait, kThrottleRecheckMs)),
+                            "throttled: " + installation);
     }
     return std::nullopt;
   }
@@ -1297,7 +1300,17 @@ RunStart Pipeline::start_run(const RunRequest& request) {
 Preview Pipeline::preview(const RunRequest& request) {
   const plugins::Connector* connector = impl_->connectors(request.provider);
   validate_request(request, connector);
-  gateway::Connection connection = impl_->gateway.connection(request.installation_id);
+  gateway::Connection connection;
+  try {
+    connection = impl_->gateway.connection(request.installation_id);
+  } catch (const gateway::GatewayError& e) {
+    // The request's mistake, as for a run (which dies with "connection not found"), not a 502.
+    if (e.status() == 404) {
+      throw InvalidRequest("installationId", "installationId: the gateway has no connection " +
+                                                 request.installation_id);
+    }
+    throw;
+  }
   if (connection.status != "active")
     throw InvalidRequest("installationId", "installationId: connection " + request.installation_id +
                                                " is not active (status: " + connection.status +
@@ -1474,8 +1487,9 @@ RateLimitSettings Pipeline::update_rate_limits(
   const RateLimitSettings before = rate_limits();
   RateLimitSettings s = before;
   edit(s);
-  if (!(s.throttle_per_hour > 0))
-    throw InvalidRequest("throttlePerHour", "throttlePerHour: must be > 0");
+  // As the configuration's throttle_per_hour (schemas/config.schema.json).
+  if (!(s.throttle_per_hour >= 1))
+    throw InvalidRequest("throttlePerHour", "throttlePerHour: must be >= 1");
   if (!(s.throttle_burst >= 1))
     throw InvalidRequest("throttleBurst", "throttleBurst: must be >= 1");
   if (!(s.rate_limit_floor >= 0 && s.rate_limit_floor <= 1))

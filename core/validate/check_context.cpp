@@ -4,6 +4,7 @@
 #include <system_error>
 #include <thread>
 
+#include "core/common/utf8.h"
 #include "core/validate/checks.h"
 #include <dlfcn.h>
 

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/common/utf8.h"
+
 namespace backhaul::validate {
 namespace {
 
@@ -37,56 +39,6 @@ std::string_view status_name(CheckStatus status) {
 size_t Report::count(CheckStatus status) const {
   return static_cast<size_t>(std::count_if(
       checks.begin(), checks.end(), [&](const CheckResult& r) { return r.status == status; }));
-}
-
-std::string escape_controls(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    const auto byte = static_cast<unsigned char>(c);
-    const auto next = [&](size_t k) {
-      return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0;
-    };
-    // C1 controls (U+0080-U+009F: 0xC2 0x80-0x9F; U+009B is a CSI of its own) and the bidi
-    // embeddings, overrides and isolates (U+202A-U+202E: 0xE2 0x80 0xAA-0xAE; U+2066-U+2069:
-    // 0xE2 0x81 0xA6-0xA9), which reorder what follows them on the line.
-    unsigned code = 0;
-    size_t length = 0;
-    if (byte == 0xC2 && next(1) >= 0x80 && next(1) <= 0x9F) {
-      code = next(1), length = 2;
-    } else if (byte == 0xE2 && next(1) == 0x80 &&
-               ((next(2) >= 0xAA && next(2) <= 0xAE) || next(2) == 0x8E || next(2) == 0x8F ||
-                next(2) == 0xA8 || next(2) == 0xA9)) {
-      code = 0x2000 + (next(2) - 0x80), length = 3;  // and the marks LRM, RLM, LS, PS
-    } else if (byte == 0xD8 && next(1) == 0x9C) {
-      code = 0x061C, length = 2;  // ALM
-    } else if (byte == 0xE2 && next(1) == 0x81 && next(2) >= 0xA6 && next(2) <= 0xA9) {
-      code = 0x2040 + (next(2) - 0x80), length = 3;
-    }
-    if (length > 0) {
-      static const char kHex[] = "0123456789abcdef";
-      out += "\\u";
-      for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(code >> shift) & 0xf];
-      i += length - 1;
-      continue;
-    }
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (byte < 0x20 || byte == 0x7f) {
-      static const char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[byte >> 4];
-      out += kHex[byte & 0xf];
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 std::string format_line(const CheckResult& result) {

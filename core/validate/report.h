@@ -47,10 +47,6 @@ struct Report {
   bool passed() const { return count(CheckStatus::kFail) == 0; }
 };
 
-// `text` on one line: control characters (a plugin's text may hold any) shown as \n, \r, \t or
-// \xNN, and C1 controls and bidi overrides as \uNNNN, so that they cannot forge or hide lines of a
-// report, or move what a terminal shows of them.
-std::string escape_controls(std::string_view text);
 // "PASS  static       abi_version                     plugin ABI 1.1, host ABI 1.1"
 std::string format_line(const CheckResult& result);
 // "validate github 1.0.0: 40 passed, 0 failed, 2 skipped (strictness 10) in 1234 ms: PASS"

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/common/utf8.h"
 #include "core/common/watchdog.h"
 #include "core/http/replay_transport.h"
 #include "core/plugins/plugin_loader.h"
@@ -49,7 +50,7 @@ void print_info(const plugins::PluginInfo& info, bool json) {
   }
   // The plugin's own text, which may hold anything: escaped, so that it cannot move the cursor,
   // clear a line or forge one ("\r" + "id: github", a newline and "sha256: ...").
-  const auto shown = [](std::string_view text) { return validate::escape_controls(text); };
+  const auto shown = [](std::string_view text) { return escape_controls(text); };
   auto join = [&](const std::vector<std::string>& v) {
     std::string out;
     for (const auto& s : v) out += (out.empty() ? "" : ", ") + shown(s);

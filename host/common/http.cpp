@@ -142,6 +142,7 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
   const size_t question = uri.find('?');
   const std::string_view raw_path = std::string_view(uri).substr(0, question);
   request.path = percent_decode(raw_path, false);
+  request.raw_path = raw_path;
   for (std::string_view segment : split_path(raw_path)) {
     request.segments.push_back(percent_decode(segment, false));
   }
@@ -187,7 +188,13 @@ Request read_request(Poco::Net::HTTPServerRequest& in, size_t max_body_bytes) {
     // A body cut short (the client stopped sending: a read timeout, a reset, its end before the
     // length it announced) is no request: read as a whole it could be a valid, shorter one (an
     // empty body, say, asking for every default).
-    if (body.bad() || static_cast<int64_t>(request.body.size()) < length) {
+    // After a failed read (a timeout, a reset), what it had read before failing is not counted:
+    // no count is given then.
+    if (body.bad()) {
+      throw std::runtime_error("body: cut off before the " + std::to_string(length) +
+                               " bytes announced arrived (the connection failed or timed out)");
+    }
+    if (static_cast<int64_t>(request.body.size()) < length) {
       throw std::runtime_error("body: ended after " + std::to_string(request.body.size()) + " of " +
                                std::to_string(length) + " bytes");
     }

@@ -47,6 +47,9 @@ class Query {
 struct Request {
   std::string method;
   std::string path;  // decoded, without the query
+  // The path as sent, without the query ("/v1/installations/a%2Fb/cancel", whose `path` reads
+  // as another route's): for the audit log. Empty for a request made in code.
+  std::string raw_path;
   // The path's segments, each decoded on its own: "/v1/installations/org%2F1/cancel" has four,
   // the third "org/1" (`path` reads as five). Empty for a request made in code: split `path`.
   std::vector<std::string> segments;

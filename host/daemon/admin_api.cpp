@@ -9,6 +9,7 @@
 
 #include "core/common/json_check.h"
 #include "core/common/logging.h"
+#include "core/common/strict_json.h"
 #include "core/gateway/gateway_client.h"
 #include "core/jobs/token_bucket.h"
 #include "host/daemon/api_support.h"
@@ -103,7 +104,8 @@ Response route(Call& call) {
     throw not_found("NOT_FOUND", "no route for " + request.path);
   }
   if (!authorized(request, call.options.token)) {
-    throw ApiError(401, "UNAUTHORIZED", "authorization: a valid bearer token is required");
+    throw ApiError(401, "UNAUTHORIZED", "authorization: a valid bearer token is required")
+        .with_header("WWW-Authenticate", "Bearer");  // RFC 9110 11.6.1: a 401 names its scheme
   }
   if (segments.size() < 2) throw not_found("NOT_FOUND", "no route for " + request.path);
   const std::string_view group = segments[1];
@@ -209,7 +211,7 @@ Response AdminApi::handle(const Request& request) {
     const int64_t now = deps_.clock.now_ms();
     // Without a valid token, whatever the answer (401, or a 400, 404, 413 or 431 refused before
     // the token is looked at): bounded, and its path cut, as anyone reaching the port sends these.
-    std::string path = request.path;
+    std::string path = request.raw_path.empty() ? request.path : request.raw_path;
     if (!authorized(request, options_.token)) {
       if (!audit_refused(now, call.summary)) return response;
       if (path.size() > kMaxUnauthorizedPathBytes)
@@ -270,8 +272,12 @@ json Call::json_body(const char* what) const {
     throw validation_error("body", "nests " + std::to_string(depth) + " levels deep, more than " +
                                        std::to_string(kMaxJsonDepth));
   }
-  json body = json::parse(request.body, nullptr, false);
-  if (body.is_discarded()) throw validation_error("body", "is not valid JSON");
+  json body;
+  try {
+    body = parse_strict_json(request.body);
+  } catch (const JsonTextError& e) {
+    throw validation_error("body", e.what());
+  }
   if (!body.is_object()) throw validation_error("body", std::string("must be ") + what);
   return body;
 }

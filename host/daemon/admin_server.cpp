@@ -27,11 +27,19 @@
 #include "core/common/logging.h"
 #include "core/common/socket_deadlines.h"
 #include "core/common/unique_fd.h"
+#include "core/common/utf8.h"
 #include <fcntl.h>
 #include <sys/socket.h>
 
 namespace backhaul::daemon {
 namespace {
+
+// Text from a request, for a log line: control characters escaped, at most 200 bytes.
+std::string loggable(std::string_view text) {
+  constexpr size_t kMaxBytes = 200;
+  return text.size() > kMaxBytes ? escape_controls(cut_utf8(text, kMaxBytes)) + "..."
+                                 : escape_controls(text);
+}
 
 // The connections being served, so that a stop answers the requests under way: a connection
 // waiting for a request is shut for reading (its wait meets the end of the stream), and one
@@ -181,10 +189,14 @@ class Handler final : public Poco::Net::HTTPRequestHandler {
     } catch (const std::exception& e) {
       // Reading the request failed (client went away, malformed chunking): the API refuses it,
       // with an operation id, and audits it as it does every refused mutation.
-      logging::get("admin_api")->warn("reading request {} failed: {}", request.getURI(), e.what());
+      // At debug level, escaped and cut: anyone reaching the port can send these, as fast as
+      // they like, with any bytes (the client gets a 400 naming the problem; /metrics counts it).
+      logging::get("admin_api")
+          ->debug("reading request {} failed: {}", loggable(request.getURI()), loggable(e.what()));
       in = host::Request{};
       in.method = request.getMethod();
       in.path = request.getURI().substr(0, request.getURI().find('?'));
+      in.raw_path = in.path;
       in.unreadable = e.what();
     }
     ServedConnection::request_read();
@@ -251,7 +263,7 @@ class Connection final : public Poco::Net::HTTPServerConnection {
 
  private:
   void refuse(int fd, const std::string& why) {
-    logging::get("admin_api")->warn("a request could not be read: {}", why);
+    logging::get("admin_api")->debug("a request could not be read: {}", loggable(why));
     host::Request request;
     request.unreadable = why;
     const host::Response answer = api_.handle(request);

@@ -9,6 +9,7 @@
 
 #include "core/common/errors.h"
 #include "core/common/json_check.h"
+#include "core/common/strict_json.h"
 #include "core/jobs/job_store.h"
 #include "host/daemon/json_schema.h"
 #include <unistd.h>
@@ -97,8 +98,12 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     throw ConfigError("config: (root): nests " + std::to_string(depth) +
                       " levels deep, more than 256");
   }
-  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) throw ConfigError("config: (root): not valid JSON");
+  json root;
+  try {
+    root = parse_strict_json(text);
+  } catch (const JsonTextError& e) {
+    throw ConfigError(std::string("config: (root): ") + e.what());
+  }
   static const json schema = json::parse(config_schema_text());
 
   Problems problems;

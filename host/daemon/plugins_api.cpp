@@ -49,6 +49,7 @@ Response validate_config(Call& call, const std::string& id) {
   const std::optional<plugins::Plugin> plugin = call.deps.plugins.find(id);
   if (!plugin) throw not_found("PLUGIN_NOT_FOUND", "plugin " + id + " is not loaded");
   const json body = call.json_body();
+  require_known_fields(body, {"config"});  // a misspelt field is not a config said valid
   if (!body.contains("config")) throw validation_error("config", "is required");
   if (!body["config"].is_object()) throw validation_error("config", "must be a JSON object");
   json errors = json::array();

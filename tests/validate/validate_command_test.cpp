@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/common/utf8.h"
 #include "core/validate/report.h"
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,7 +28,7 @@ extern char** environ;
 
 namespace {
 
-using backhaul::validate::escape_controls;
+using backhaul::escape_controls;
 using nlohmann::json;
 
 struct CliRun {

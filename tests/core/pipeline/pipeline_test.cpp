@@ -1509,22 +1509,58 @@ TEST_F(PipelineTest, AGateway429OnTheTokenLookupDefersTheUnitByASecond) {
   EXPECT_EQ(run_result(run.run_id)["success"], true);
 }
 
-// D8: a throttle so slow that its next token is further away than the clock can count defers the
-// unit for good ("never", until an operator acts), rather than to a time wrapped into the past,
-// where it would be claimed again at once, and again, without end.
-TEST_F(PipelineTest, AThrottleWhoseNextTokenIsBeyondTheClockDoesNotWrapIntoThePast) {
+// D8: a throttled unit waits at most a minute before it asks the bucket again. Deferred until
+// its next token, a throttle so slow that the token was hours (or, past the clock's range, for
+// ever) away parked the unit that long, and raising the throttle (PUT /v1/rate-limits) did not
+// release it: found by a review, with a run stuck "running" after the throttle was fixed.
+TEST_F(PipelineTest, AThrottledUnitAsksAgainWithinAMinuteSoARaisedThrottleReleasesIt) {
   PipelineOptions options = fast();
-  options.throttle_per_hour = 1e-13;
+  options.throttle_per_hour = 1e-13;  // beyond the clock's range: once "never"
   options.throttle_burst = 1;
   start(data(1, 0, 150), options);
   RunStart run = start_run("gh-inst-1", "github", {"issue"});
   ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out: its scope check takes the only token
   ASSERT_EQ(scheduler_->run_once(1), 1u);  // the unit: throttled
-  const jobs::Job unit = units_of(run.run_id).at(0);
+  const int64_t deferred_at = test_clock().now_ms();
+  jobs::Job unit = units_of(run.run_id).at(0);
   EXPECT_EQ(unit.status, JobStatus::kQueued);
-  EXPECT_EQ(unit.run_after_ms, INT64_MAX);
+  EXPECT_EQ(unit.run_after_ms, deferred_at + 60'000);
   EXPECT_EQ(scheduler_->run_once(1), 0u) << "the throttled unit was claimed again at once";
-  EXPECT_EQ(pipeline_->metrics().throttle_waits, 1);
+  // A minute on, it asks again, finds no token, and waits another minute; no attempt is spent.
+  test_clock().advance_ms(60'000);
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.run_after_ms, deferred_at + 120'000);
+  EXPECT_EQ(unit.attempts, 0);
+  EXPECT_EQ(pipeline_->metrics().throttle_waits, 2);
+
+  // The operator raises the throttle: the unit goes on at its next ask, and the run succeeds.
+  pipeline_->update_rate_limits([](RateLimitSettings& s) {
+    s.throttle_per_hour = 1e9;
+    s.throttle_burst = 1e9;
+  });
+  test_clock().advance_ms(60'000);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+}
+
+// PUT /v1/rate-limits takes the throttle the configuration takes: at least 1 token an hour (it
+// took any positive rate, 5e-324 among them).
+TEST_F(PipelineTest, ARateLimitsUpdateRefusesAThrottleBelowOneAnHour) {
+  start(data(1, 0, 10), fast());
+  const RateLimitSettings before = pipeline_->rate_limits();
+  for (const double rate : {0.999, 5e-324, 0.0, -1.0}) {
+    try {
+      pipeline_->update_rate_limits([rate](RateLimitSettings& s) { s.throttle_per_hour = rate; });
+      ADD_FAILURE() << rate << " was taken";
+    } catch (const InvalidRequest& e) {
+      EXPECT_STREQ(e.what(), "throttlePerHour: must be >= 1");
+    }
+  }
+  EXPECT_EQ(pipeline_->rate_limits().throttle_per_hour, before.throttle_per_hour);
+  EXPECT_EQ(pipeline_->update_rate_limits([](RateLimitSettings& s) { s.throttle_per_hour = 1; })
+                .throttle_per_hour,
+            1);
 }
 
 // Faults from seed 000's plan: provider 5xx 10%, gateway 5xx 10%, 429 bursts. The run completes

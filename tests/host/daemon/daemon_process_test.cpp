@@ -399,6 +399,47 @@ TEST_F(DaemonProcessTest, ServesThenSigtermStopsWithExit0) {
   EXPECT_NE(daemon_->stderr_text().find("drained"), std::string::npos) << daemon_->stderr_text();
 }
 
+// A request that cannot be read was logged at warn level with its target as sent: anyone reaching
+// the port wrote raw terminal escapes (and up to 16 KB a line) into the daemon's log, as often as
+// they liked. It is logged at debug level now, escaped and cut to 200 bytes.
+TEST_F(DaemonProcessTest, AnUnreadableRequestIsLoggedAtDebugLevelEscapedAndCut) {
+  for (const std::string level : {"warn", "debug"}) {
+    json config = good_config();
+    config["logging"] = {{"level", level}};
+    write_config(config);
+    std::filesystem::remove(dir_ / "port");  // the last daemon's
+    spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
+    const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
+    ASSERT_NE(port, 0) << daemon_->stderr_text();
+    const std::string target = "\x1b[31mEVIL\x1b[0m\x07" + std::string(400, 'a');
+    {
+      UniqueFd client = connect_loopback(port);
+      ASSERT_TRUE(client) << std::strerror(errno);
+      const std::string request = "GET " + target + " HTTP/1.1\r\nHost: x\r\n\r\n";
+      ASSERT_EQ(::send(client.get(), request.data(), request.size(), MSG_NOSIGNAL),
+                static_cast<ssize_t>(request.size()));
+      char answer[512];
+      ASSERT_GT(::recv(client.get(), answer, sizeof answer, 0), 0) << "a 400 comes back";
+      EXPECT_EQ(std::string(answer, 12), "HTTP/1.1 400");
+    }
+    ASSERT_TRUE(daemon_->signal(SIGTERM));
+    ASSERT_NE(daemon_->wait_exit(std::chrono::seconds(30)), -1);
+    const std::string log = daemon_->stderr_text();
+    EXPECT_EQ(log.find('\x1b'), std::string::npos) << level;
+    EXPECT_EQ(log.find('\x07'), std::string::npos) << level;
+    const size_t line = log.find("reading request ");
+    if (level == "warn") {
+      EXPECT_EQ(line, std::string::npos) << log;
+      continue;
+    }
+    ASSERT_NE(line, std::string::npos) << log;
+    EXPECT_NE(log.find("reading request \\x1b[31mEVIL\\x1b[0m\\x07aaa", line), std::string::npos)
+        << log;
+    EXPECT_NE(log.find(std::string(182, 'a') + "... failed: ", line), std::string::npos) << log;
+    EXPECT_EQ(log.find(std::string(190, 'a'), line), std::string::npos) << "cut at 200 bytes";
+  }
+}
+
 // A second daemon on a port the first listens on does not start (exit 1): Poco's bind(address,
 // true) set SO_REUSEPORT as well, so both listened and the kernel shared the requests between them.
 TEST_F(DaemonProcessTest, ASecondDaemonOnTheSameAdminPortCannotStart) {

@@ -262,6 +262,24 @@ TEST_F(RunApiTest, RateLimitsReadAndReplace) {
   EXPECT_EQ(bad.json()["error"]["details"]["field"], "rateLimitFloor");
   EXPECT_EQ(call("PUT", "/v1/rate-limits", R"({"speed":1})").json()["error"]["details"]["field"],
             "speed");
+  // Below the configuration's minimum of 1 an hour (5e-324 was taken, and parked the units).
+  const HttpResult slow = call("PUT", "/v1/rate-limits", R"({"throttlePerHour":0.5})");
+  EXPECT_EQ(slow.status, 400) << slow.body;
+  EXPECT_EQ(slow.json()["error"]["details"]["field"], "throttlePerHour") << slow.body;
+  EXPECT_DOUBLE_EQ(call("GET", "/v1/rate-limits").json()["throttlePerHour"].get<double>(), 1200);
+}
+
+// A preview of an installation the gateway does not know is the request's mistake, a 400 on
+// installationId (as a run of it dies "connection not found"), not a 502 GATEWAY_ERROR that sets
+// off alerts meant for a failing gateway.
+TEST_F(RunApiTest, APreviewOfAnUnknownInstallationIsA400) {
+  const HttpResult preview = call("POST", "/v1/runs/preview",
+                                  R"({"installationId":"nope","provider":"github","depth":7})");
+  EXPECT_EQ(preview.status, 400) << preview.body;
+  EXPECT_EQ(preview.json()["error"]["details"]["field"], "installationId") << preview.body;
+  EXPECT_EQ(preview.json()["error"]["message"],
+            "installationId: the gateway has no connection nope")
+      << preview.body;
 }
 
 // Caps live in the store, shared by every host on it. GET shows the caps in force there, and a

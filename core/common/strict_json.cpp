@@ -1,0 +1,60 @@
+#include "core/common/strict_json.h"
+
+#include <optional>
+#include <set>
+#include <vector>
+
+namespace backhaul {
+namespace {
+
+// nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 6: syntax error while
+// parsing value - invalid literal; last read: '"a":x'" without its prefix and the text it last
+// read.
+std::string syntax_problem(const nlohmann::json::parse_error& e) {
+  std::string what = e.what();
+  if (const size_t at = what.find(": syntax error"); at != std::string::npos) {
+    what = what.substr(at + 2);
+  }
+  const std::string read = "; last read: '";
+  if (const size_t from = what.find(read); from != std::string::npos) {
+    const size_t expected = what.find("'; expected ", from + read.size());
+    what.erase(from, expected == std::string::npos ? std::string::npos : expected + 1 - from);
+  }
+  return what;
+}
+
+}  // namespace
+
+nlohmann::json parse_strict_json(std::string_view text) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    throw JsonTextError("empty: a JSON value is required");
+  }
+  std::vector<std::set<std::string>> keys;  // of each object open, the innermost last
+  std::optional<std::string> repeated;
+  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event,
+                                                      nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+    } else if (event == Event::object_end) {
+      keys.pop_back();
+    } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second &&
+               !repeated) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::json value;
+  try {
+    value = nlohmann::json::parse(text, check);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw JsonTextError("not valid JSON at byte " + std::to_string(e.byte) + ": " +
+                        syntax_problem(e));
+  }
+  if (repeated) {
+    throw JsonTextError("an object holds the key " + nlohmann::json(*repeated).dump() + " twice");
+  }
+  return value;
+}
+
+}  // namespace backhaul

@@ -1,0 +1,27 @@
+// Parsing JSON that people send (an API body, a config file) so that mistakes are named, not
+// guessed around: nlohmann reports a syntax error with the input it last read (which may be
+// anything, a secret among it), and takes an object that names a key twice, keeping the last
+// value, so {"depth": 7, "depth": 30} reads as 30 without a word.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace backhaul {
+
+// Thrown by parse_strict_json(); what() says what is wrong and where, and quotes none of the text
+// but a repeated key's name (escaped).
+class JsonTextError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Parses `text` as one JSON value. Throws JsonTextError for text that is empty or not JSON
+// ("not valid JSON at byte 6: syntax error while parsing value - invalid literal"), and for an
+// object that holds a key twice ("an object holds the key \"depth\" twice").
+nlohmann::json parse_strict_json(std::string_view text);
+
+}  // namespace backhaul

@@ -1,0 +1,75 @@
+// parse_strict_json (core/common/strict_json.h): what it refuses, and that its messages name the
+// problem and its place without quoting the text; and Error keeping a NUL of its message.
+#include "core/common/strict_json.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "core/common/errors.h"
+
+namespace backhaul {
+namespace {
+
+std::string problem(std::string_view text) {
+  try {
+    parse_strict_json(text);
+  } catch (const JsonTextError& e) {
+    return e.what();
+  }
+  return "taken";
+}
+
+TEST(StrictJsonTest, ValidJsonIsParsedAsNlohmannParsesIt) {
+  EXPECT_EQ(parse_strict_json(R"({"a": [1, {"b": null}], "c": "\u00e9"})"),
+            nlohmann::json::parse(R"({"a": [1, {"b": null}], "c": "\u00e9"})"));
+  EXPECT_EQ(parse_strict_json(" 7 "), 7);
+  // The same key in different objects is no repeat, nor are objects side by side in an array.
+  EXPECT_EQ(parse_strict_json(R"({"a": {"a": 1}, "b": [{"a": 1}, {"a": 2}]})")["b"][1]["a"], 2);
+}
+
+// {"depth": 7, "depth": 30} read as 30 (the last wins), without a word.
+TEST(StrictJsonTest, AKeyTwiceInOneObjectIsRefusedNamingIt) {
+  EXPECT_EQ(problem(R"({"depth": 7, "depth": 30})"), R"(an object holds the key "depth" twice)");
+  EXPECT_EQ(problem(R"({"a": {"x": 1, "y": 2, "x": 3}})"), R"(an object holds the key "x" twice)");
+  EXPECT_EQ(problem(R"([{"k": 1}, {"k\u0001": 1, "k\u0001": 2}])"),
+            R"(an object holds the key "k\u0001" twice)")
+      << "escaped";
+}
+
+// The syntax errors say where and what, not the text last read ("last read: '...'"), which may be
+// anything, a secret among it.
+TEST(StrictJsonTest, ASyntaxErrorSaysWhereAndWhatWithoutQuotingTheText) {
+  EXPECT_EQ(problem(R"({"token":"s3cret" x})"),
+            "not valid JSON at byte 19: syntax error while parsing object - invalid literal; "
+            "expected '}'");
+  EXPECT_EQ(problem(R"({"a":x})"),
+            "not valid JSON at byte 6: syntax error while parsing value - invalid literal");
+  EXPECT_EQ(problem(R"({"a":1} x)"),
+            "not valid JSON at byte 9: syntax error while parsing value - invalid literal; "
+            "expected end of input");
+  EXPECT_EQ(problem("\"gh-\xff\""),
+            "not valid JSON at byte 5: syntax error while parsing value - invalid string: "
+            "ill-formed UTF-8 byte");
+  EXPECT_EQ(problem(R"({"a":1,})"),
+            "not valid JSON at byte 8: syntax error while parsing object key - unexpected '}'; "
+            "expected string literal");
+  for (const std::string_view empty : {"", "  \n"}) {
+    EXPECT_EQ(problem(empty), "empty: a JSON value is required");
+  }
+  for (const std::string_view text : {R"({"token":"s3cret" x})", R"({"s3cret":})"}) {
+    EXPECT_EQ(problem(text).find("s3cret"), std::string::npos) << problem(text);
+  }
+}
+
+// what() is a C string: a NUL of input quoted in a message ended it there ("no connector plugin
+// is loaded for 'git" of "git\0hub").
+TEST(ErrorTest, ANulInTheMessageIsKeptAsText) {
+  const std::string with_nul("plugin 'git\0hub' is not loaded", 30);
+  EXPECT_STREQ(Error(with_nul).what(), "plugin 'git\\u0000hub' is not loaded");
+  EXPECT_STREQ(ConfigError(with_nul).what(), "plugin 'git\\u0000hub' is not loaded");
+  EXPECT_STREQ(Error("plain").what(), "plain");
+}
+
+}  // namespace
+}  // namespace backhaul
