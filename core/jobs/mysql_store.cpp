@@ -108,7 +108,9 @@ Config parse_config(const std::string& connection_string) {
   // An item after a password may be the rest of a password holding ';': such an item is not
   // quoted in an error, which would put part of the password in the log.
   bool after_password = false;
+  int number = 0;
   for_each_item(connection_string, [&](std::string item) {
+    ++number;
     const bool may_be_secret = std::exchange(after_password, false);
     auto shown = [&](const std::string& text) {
       return may_be_secret ? std::string("the item after password= (a password cannot hold ';')")
@@ -116,7 +118,14 @@ Config parse_config(const std::string& connection_string) {
     };
     size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      throw ConfigError("mysql connection string: " + shown(item) + " is not key=value");
+      // Not quoted: what is not key=value may be anything, a URL with its password, or a bare
+      // password.
+      throw ConfigError("mysql connection string: " +
+                        (may_be_secret ? shown(item)
+                                       : "item " + std::to_string(number) +
+                                             " (not shown: it may hold a password)") +
+                        " is not key=value; give host=...;port=...;user=...;password=...;db=... "
+                        "(a URL is not taken)");
     }
     // Blanks around keys and values are dropped, as Poco's connector drops them.
     auto strip = [](std::string text) {

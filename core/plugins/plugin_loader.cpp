@@ -286,6 +286,42 @@ std::pair<void*, std::string> find_loaded(const std::string& soname) {
 // checked first, then loaded dependencies first, so that glibc finds each by its SONAME. The
 // handles are closed once the plugin is loaded: the plugin's own reference keeps the libraries, and
 // it holds their copies, so that their names keep leading to them. [load_mutex]
+// Unless the ELF object open as `fd` is for this process's machine (class, byte order and
+// machine as this process's own executable), what it is for: "64-bit little-endian, machine 183
+// (this host: 64-bit little-endian, machine 62)". A file that is no ELF object is not judged here.
+std::optional<std::string> other_machine(int fd) {
+  static const std::optional<Elf64_Ehdr> self = [] {
+    UniqueFd exe(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+    Elf64_Ehdr eh{};
+    if (!exe || !read_at(exe.get(), 0, &eh, sizeof eh)) return std::optional<Elf64_Ehdr>();
+    return std::optional<Elf64_Ehdr>(eh);
+  }();
+  Elf64_Ehdr eh{};
+  if (!self || !read_at(fd, 0, &eh, sizeof eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+    return std::nullopt;
+  }
+  if (eh.e_ident[EI_CLASS] == self->e_ident[EI_CLASS] &&
+      eh.e_ident[EI_DATA] == self->e_ident[EI_DATA] && eh.e_machine == self->e_machine) {
+    return std::nullopt;
+  }
+  const auto described = [](const Elf64_Ehdr& h) {
+    return std::string(h.e_ident[EI_CLASS] == ELFCLASS64 ? "64-bit" : "32-bit") +
+           (h.e_ident[EI_DATA] == ELFDATA2LSB ? " little-endian" : " big-endian") + ", machine " +
+           std::to_string(h.e_machine);
+  };
+  return described(eh) + " (this host: " + described(*self) + ")";
+}
+
+// What dlopen() said, out of Boost.DLL's "boost::dll::shared_library::load() failed (dlerror
+// system message: X): Bad file descriptor", whose errno part means nothing after a dlopen().
+std::string dlopen_reason(const std::string& what) {
+  const std::string marker = "(dlerror system message: ";
+  const size_t from = what.find(marker);
+  const size_t to = what.rfind("): ");
+  if (from == std::string::npos || to == std::string::npos || to < from) return what;
+  return what.substr(from + marker.size(), to - from - marker.size());
+}
+
 class OriginDependencies {
  public:
   OriginDependencies(const fs::path& plugin, const LoadOptions& options)
@@ -423,22 +459,7 @@ class OriginDependencies {
     }
   }
 
-  // Whether the ELF object open as `fd` is for this process's machine: class, byte order and
-  // machine as this process's own executable (a file that is no ELF object is not judged here).
-  static bool for_this_machine(int fd) {
-    static const std::optional<Elf64_Ehdr> self = [] {
-      UniqueFd exe(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
-      Elf64_Ehdr eh{};
-      if (!exe || !read_at(exe.get(), 0, &eh, sizeof eh)) return std::optional<Elf64_Ehdr>();
-      return std::optional<Elf64_Ehdr>(eh);
-    }();
-    Elf64_Ehdr eh{};
-    if (!self || !read_at(fd, 0, &eh, sizeof eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
-      return true;
-    }
-    return eh.e_ident[EI_CLASS] == self->e_ident[EI_CLASS] &&
-           eh.e_ident[EI_DATA] == self->e_ident[EI_DATA] && eh.e_machine == self->e_machine;
-  }
+  static bool for_this_machine(int fd) { return !other_machine(fd); }
 
   // Whether a library whose SONAME is `soname` is loaded already. If it is one that another
   // plugin brought along, this one holds its copy too (and lists it); either way it stays loaded
@@ -693,6 +714,8 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
     refuse(path, "sha256 " + copy.sha256 + " is not in the plugin allow-list");
   }
   if (!copy.elf) refuse(path, "is not an ELF shared object");
+  // dlopen() would say "cannot open shared object file: No such file or directory".
+  if (const auto other = other_machine(copy.fd.get())) refuse(path, "is built for " + *other);
 
   std::unique_lock lock(load_mutex);
   OriginDependencies dependencies(path, options);
@@ -703,8 +726,8 @@ Plugin load_plugin(const fs::path& path, const HostServices& services, const Loa
     // RTLD_LOCAL: plugins never see each other's symbols. RTLD_NOW: missing symbols fail here.
     library.load(name, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    refuse(path, "cannot be loaded: " +
-                     with_paths(with_path(e.what(), name, path), dependencies.names()));
+    refuse(path, "cannot be loaded: " + with_paths(with_path(dlopen_reason(e.what()), name, path),
+                                                   dependencies.names()));
   }
   lock.unlock();
   if (!library.has(BACKHAUL_ENTRY_SYMBOL)) {

@@ -1,5 +1,7 @@
 #include "host/cli/cli.h"
 
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -14,9 +16,24 @@ namespace fs = std::filesystem;
 fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>& dirs) {
   std::error_code ec;
   if (spec.find('/') != std::string::npos || fs::path(spec).extension() == ".so") {
-    // A file that is not there is a mistake in the command, as an id found nowhere is.
-    if (!fs::exists(spec, ec)) throw ConfigError("plugin file '" + spec + "' does not exist");
+    // A file that is not there is a mistake in the command, as an id found nowhere is; one that
+    // cannot be looked at (a directory without search permission) is not said to be missing.
+    if (!fs::exists(spec, ec)) {
+      throw ConfigError("plugin file '" + spec + "' " +
+                        (ec ? "cannot be looked at: " + ec.message() : "does not exist"));
+    }
     return spec;
+  }
+  // A --plugin-dir given must be readable: else the id would be found beside the executable
+  // instead, a plugin other than the one asked for, without a word.
+  for (const auto& d : dirs) {
+    if (!fs::is_directory(d, ec)) {
+      throw ConfigError("--plugin-dir " + d + ": " +
+                        (ec ? ec.message() : std::string("is not a directory")));
+    }
+    if (::access(d.c_str(), R_OK | X_OK) != 0) {
+      throw ConfigError("--plugin-dir " + d + ": " + std::strerror(errno));
+    }
   }
   std::vector<fs::path> candidates;
   for (const auto& d : dirs) candidates.push_back(fs::path(d) / (spec + ".so"));

@@ -33,7 +33,7 @@ struct Text {
     std::memcpy(bytes, text.data(), length);
   }
 };
-Text g_in_plugin, g_in_plugin_advice, g_outside, g_outside_advice;
+Text g_in_plugin, g_in_plugin_advice, g_outside, g_outside_advice, g_command;
 bool g_active = false;
 volatile sig_atomic_t g_entered = 0;  // set by the handler: a crash in it says less
 // A stack of its own, so that a plugin that overflowed its stack is reported too.
@@ -132,10 +132,30 @@ uintptr_t interrupted_at(void* context) {
 #endif
 }
 
-void on_crash(int signal, siginfo_t*, void* context) {
+void on_crash(int signal, siginfo_t* info, void* context) {
   const char* name = "a crash signal";
   for (const auto& [number, description] : kCrashSignals) {
     if (number == signal) name = description;
+  }
+  // Sent by another process (kill -ABRT PID): no crash, and not the plugin's doing, whatever
+  // code the thread was in. (The plugin's own abort() is sent by this process.) The command says
+  // so and dies of the signal, as it was asked to.
+  if (info != nullptr && (info->si_code == SI_USER || info->si_code == SI_TKILL) &&
+      info->si_pid != ::getpid()) {
+    char digits[24];
+    size_t length = 0;
+    for (auto pid = static_cast<unsigned long>(info->si_pid); length == 0 || pid > 0; pid /= 10) {
+      digits[length++] = static_cast<char>('0' + pid % 10);
+    }
+    write_text(g_command);
+    write_all(": killed by ", 12);
+    write_all(name, std::strlen(name));
+    write_all(", sent by process ", 18);
+    while (length > 0) write_all(&digits[--length], 1);
+    write_all(" (not a crash)\n", 15);
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+    ::_exit(128 + signal);
   }
   Whose crashed = Whose::kUnknown;
   if (!g_entered) {  // a second entry is a crash while the stack was being read
@@ -164,6 +184,7 @@ CrashReport::CrashReport(const std::string& command, const std::filesystem::path
   g_in_plugin.set(in_plugin);
   g_in_plugin_advice.set("`backhaul plugin validate " + plugin.string() +
                          "` runs it in child processes and says where\n");
+  g_command.set(command);
   g_outside.set(command + ": crashed outside the code of the plugin " + plugin.string() +
                 ", which was loaded");
   g_outside_advice.set("that is a bug in backhaul, not in the plugin: please report it\n");

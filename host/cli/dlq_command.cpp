@@ -2,6 +2,7 @@
 // API.
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -151,7 +152,7 @@ void add_dlq_command(CLI::App& app) {
   common(list_cmd);
   filters(list_cmd);
   list_cmd->add_option("--before", options->before, "paging: only ids below this")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
   list_cmd->callback([options] { reading_answers([&] { list(*options); }, options->json_output); });
 
@@ -185,7 +186,7 @@ void add_dlq_command(CLI::App& app) {
       ->add_option("--older-than-days", options->older_than_days,
                    "only those last updated more than N days ago")
       ->required()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 36'500));
   purge_cmd->callback(
       [options] { reading_answers([&] { purge(*options); }, options->json_output); });
 }

@@ -1,9 +1,14 @@
 // `backhaul fetch`: page through one resource's entity types with a connector plugin, print what
 // comes back, and optionally deliver it to the gateway. The connector author's everyday tool.
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -15,11 +20,13 @@
 
 #include "core/common/errors.h"
 #include "core/common/json_check.h"
+#include "core/common/utf8.h"
 #include "core/gateway/gateway_client.h"
 #include "core/http/poco_transport.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/cli/cli.h"
 #include "host/cli/crash_report.h"
+#include <unistd.h>
 
 namespace backhaul::cli {
 namespace {
@@ -38,7 +45,7 @@ struct FetchOptions {
   std::string connection;
   std::string gateway_api_key;
   bool all_resources = false;
-  std::string since;
+  std::optional<std::string> since;  // given, even empty (refused then)
   int depth_days = 0;
   std::string cursor;
   int max_pages = 0;
@@ -68,11 +75,25 @@ struct Totals {
 
 // Parses "2024-01-31", "2024-01-31T12:00:00Z" (UTC) or a millisecond Unix time.
 int64_t parse_since(const std::string& text) {
-  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+  // 9999-12-31T23:59:59.999Z, the last time the ISO 8601 form can name.
+  constexpr int64_t kLastMs = 253'402'300'799'999;
+  if (text.empty()) throw ConfigError("--since is empty: give a date and time, or a Unix ms time");
+  if (text.find_first_not_of("0123456789") == std::string::npos) {
     int64_t ms = 0;
-    if (std::from_chars(text.data(), text.data() + text.size(), ms).ec != std::errc())
+    if (std::from_chars(text.data(), text.data() + text.size(), ms).ec != std::errc() ||
+        ms > kLastMs)
       throw ConfigError("--since '" + text + "' is too large for a Unix ms time");
     return ms;
+  }
+  // The shape first: strptime takes "2024-1-1" and "2024-01-01Z" alike.
+  const std::string_view shape = "dddd-dd-ddTdd:dd:ddZ";
+  const bool shaped = (text.size() == 10 || text.size() == 19 || text.size() == 20) &&
+                      std::equal(text.begin(), text.end(), shape.begin(), [](char c, char s) {
+                        return s == 'd' ? c >= '0' && c <= '9' : c == s;
+                      });
+  if (!shaped) {
+    throw ConfigError("--since '" + text +
+                      "' is not 2024-01-31, 2024-01-31T12:00:00Z (UTC) or a Unix ms time");
   }
   std::tm tm{};
   const char* end = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
@@ -96,14 +117,36 @@ std::string merged_config(const FetchOptions& o) {
   return config.dump();
 }
 
+// SIGINT or SIGTERM: the signal's number, once one came. The units stop at their next page
+// boundary, and the summary is printed; a second signal ends the command at once (SA_RESETHAND).
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int signal_number) { g_stop_signal.store(signal_number); }
+
+void catch_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  action.sa_flags = SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  for (const int signal_number : {SIGINT, SIGTERM}) sigaction(signal_number, &action, nullptr);
+}
+
 class FetchRun {
  public:
   FetchRun(const FetchOptions& options, const plugins::Connector& connector,
-           const gateway::GatewayClient* gateway, std::optional<gateway::Connection> connection)
-      : o_(options), connector_(connector), gateway_(gateway), connection_(std::move(connection)) {}
+           const gateway::GatewayClient* gateway, std::optional<gateway::Connection> connection,
+           std::string token)
+      : o_(options),
+        connector_(connector),
+        gateway_(gateway),
+        connection_(std::move(connection)),
+        token_(std::move(token)) {}
 
+  // Fetches one unit (its access token is the run's current one) until its last page,
+  // --max-pages, a failure, or a stop signal.
   void unit(plugins::Unit unit, const std::string& entity, int64_t since_ms, Totals& totals) {
     ++totals.units;
+    unit.access_token = token_;
     plugins::FetchParams params{std::move(unit), entity, since_ms, std::nullopt};
     if (!o_.cursor.empty()) params.cursor = o_.cursor;
     const std::string label = params.unit.resource_name.value_or(params.unit.resource_id);
@@ -111,6 +154,12 @@ class FetchRun {
     int attempts = 0;
     bool refreshed = false;
     while (o_.max_pages == 0 || page_no < o_.max_pages) {
+      if (g_stop_signal.load() != 0) {
+        progress() << label << " " << entity << ": stopped by signal " << g_stop_signal.load()
+                   << " after " << page_no << " pages, final cursor "
+                   << params.cursor.value_or("(none)") << "\n";
+        return;
+      }
       std::optional<plugins::Page> page;
       try {
         page.emplace(connector_.fetch_page(params));
@@ -128,21 +177,35 @@ class FetchRun {
       } catch (const plugins::ConnectorFailure& e) {
         if (e.status() == BACKHAUL_AUTH_EXPIRED && gateway_ && !refreshed) {
           std::cerr << label << " " << entity << ": token expired, refreshing once\n";
-          params.unit.access_token = gateway_->access_token(o_.connection);
+          try {
+            // The later units start with the new token too (each spent a 401 on the old one).
+            token_ = gateway_->access_token(o_.connection);
+          } catch (const gateway::GatewayError& refresh) {
+            // This unit fails; the others go on (it ended the whole command, summary and all).
+            ++totals.failed_units;
+            std::cerr << label << " " << entity << ": failed: " << plugins::status_name(e.status())
+                      << ": " << escape_controls(e.what())
+                      << "; refreshing the token failed: " << escape_controls(refresh.what())
+                      << "\n";
+            return;
+          }
+          params.unit.access_token = token_;
           refreshed = true;
           continue;
         }
         if (e.is_retryable() && e.status() != BACKHAUL_AUTH_EXPIRED && attempts < o_.retries) {
           int64_t wait_ms = e.retry_after_ms() > 0 ? e.retry_after_ms() : (500LL << attempts);
           if (wait_ms > int64_t{o_.max_wait_s} * 1000) {
-            report_failure(label, entity, e, totals);
+            report_failure(label, entity, e, totals,
+                           "; asked to wait " + std::to_string((wait_ms + 999) / 1000) +
+                               " s, more than --max-wait-s " + std::to_string(o_.max_wait_s));
             return;
           }
           ++attempts;
           ++totals.retries;
           std::cerr << label << " " << entity << ": " << plugins::status_name(e.status()) << " ("
-                    << e.what() << "), retry " << attempts << "/" << o_.retries << " in " << wait_ms
-                    << " ms\n";
+                    << escape_controls(e.what()) << "), retry " << attempts << "/" << o_.retries
+                    << " in " << wait_ms << " ms\n";
           std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
           continue;
         }
@@ -158,7 +221,7 @@ class FetchRun {
         // The unit stops where its events could not be delivered; the other units go on.
         ++totals.failed_units;
         std::cerr << label << " " << entity << ": failed: page " << page_no
-                  << " could not be dispatched: " << e.what() << "\n";
+                  << " could not be dispatched: " << escape_controls(e.what()) << "\n";
         return;
       }
       auto next = page->next_cursor();
@@ -178,11 +241,13 @@ class FetchRun {
   }
 
  private:
+  // A plugin's message may hold anything: escaped, it cannot forge or hide lines.
   void report_failure(const std::string& label, const std::string& entity,
-                      const plugins::ConnectorFailure& e, Totals& totals) {
+                      const plugins::ConnectorFailure& e, Totals& totals,
+                      const std::string& why = "") {
     ++totals.failed_units;
     std::cerr << label << " " << entity << ": failed: " << plugins::status_name(e.status()) << ": "
-              << e.what() << "\n";
+              << escape_controls(e.what()) << why << "\n";
   }
 
   void handle_page(const std::string& label, const std::string& entity, int page_no,
@@ -197,6 +262,8 @@ class FetchRun {
                   << R"(,"eventType":)" << nlohmann::json(e.event_type).dump() << R"(,"payload":)"
                   << e.payload_json << "}\n";
       }
+      // Whole lines out per page: a stop or a crash then cuts no line in two.
+      std::cout.flush();
     }
     if (gateway_ && o_.dispatch) dispatch(page, totals);
     if (o_.quiet) return;
@@ -246,11 +313,25 @@ class FetchRun {
   const plugins::Connector& connector_;
   const gateway::GatewayClient* gateway_;
   std::optional<gateway::Connection> connection_;
+  std::string token_;  // the current access token, refreshed through the gateway on a 401
 };
 
 constexpr const char* kProxyCredentialsEnv = "BACKHAUL_PROXY_CREDENTIALS";
 
+// A token with a control character (read from a file with its line break) fails every request as
+// an invalid header, which names neither the token nor where it came from.
+void check_token(const std::string& token, const std::string& source) {
+  if (std::any_of(token.begin(), token.end(), [](unsigned char c) { return std::iscntrl(c); })) {
+    throw ConfigError("the token from " + source +
+                      " holds a control character (a line break at its end?)");
+  }
+}
+
 void run_fetch(const FetchOptions& o) {
+  // Found now, not as a RETRYABLE failure of the first https request, retried with backoff.
+  if (!o.ca_file.empty() && ::access(o.ca_file.c_str(), R_OK) != 0) {
+    throw ConfigError("--ca-file " + o.ca_file + ": " + std::strerror(errno));
+  }
   http::PocoTransportOptions transport_options;
   transport_options.ca_file = o.ca_file;
   transport_options.verify_peer = !o.insecure;
@@ -303,11 +384,17 @@ void run_fetch(const FetchOptions& o) {
   if (o.dispatch && !connection) throw ConfigError("--dispatch needs --gateway and --connection");
 
   std::string token = o.token;
+  std::string token_source = "--token";
   if (token.empty()) {
     if (const char* env = std::getenv("BACKHAUL_TOKEN")) token = env;
+    token_source = "environment variable BACKHAUL_TOKEN";
   }
-  if (token.empty() && connection) token = gateway->access_token(o.connection);
+  if (token.empty() && connection) {
+    token = gateway->access_token(o.connection);
+    token_source = "the gateway's connection " + o.connection;
+  }
   if (token.empty()) throw ConfigError("no token: pass --token, BACKHAUL_TOKEN or --connection");
+  check_token(token, token_source);
 
   std::vector<gateway::Resource> resources;
   if (o.all_resources) {
@@ -321,21 +408,30 @@ void run_fetch(const FetchOptions& o) {
   }
   std::vector<std::string> entities = o.entities;
   if (entities.empty()) entities = plugin.info().default_entity_types;
+  // A cursor is one unit's: given to every unit, the others fetched its pages as their own.
+  if (!o.cursor.empty() && resources.size() * entities.size() != 1) {
+    throw ConfigError("--cursor resumes one unit: give one resource and one --entity (this is " +
+                      std::to_string(resources.size()) + " resources x " +
+                      std::to_string(entities.size()) + " entity types)");
+  }
 
   int64_t since_ms = 0;
-  if (!o.since.empty()) since_ms = parse_since(o.since);
+  if (o.since) since_ms = parse_since(*o.since);
   if (o.depth_days > 0)
     since_ms = SystemClock::instance().now_ms() - int64_t{o.depth_days} * 86'400'000;
 
   std::string installation = connection ? connection->installation_id : o.installation;
-  FetchRun run(o, connector, gateway ? &*gateway : nullptr, connection);
+  FetchRun run(o, connector, gateway ? &*gateway : nullptr, connection, token);
   Totals totals;
   auto started = std::chrono::steady_clock::now();
+  catch_stop_signals();
   for (const auto& resource : resources) {
     for (const auto& entity : entities) {
-      run.unit({installation, resource.id, resource.name, token}, entity, since_ms, totals);
+      if (g_stop_signal.load() != 0) break;
+      run.unit({installation, resource.id, resource.name, ""}, entity, since_ms, totals);
     }
   }
+  const int stopped_by = g_stop_signal.load();
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.json_summary) {
@@ -349,6 +445,7 @@ void run_fetch(const FetchOptions& o) {
                         {"retries", totals.retries},
                         {"failed_units", totals.failed_units},
                         {"seconds", seconds}};
+    if (stopped_by != 0) j["stopped_by_signal"] = stopped_by;
     std::cout << j.dump() << "\n";
   } else {
     std::cout << "summary: plugin=" << plugin.info().id << " units=" << totals.units
@@ -358,8 +455,11 @@ void run_fetch(const FetchOptions& o) {
                 << " accepted=" << totals.accepted << " duplicates=" << totals.duplicates;
     }
     std::cout << " retries=" << totals.retries << " failed_units=" << totals.failed_units
-              << " seconds=" << seconds << "\n";
+              << " seconds=" << seconds;
+    if (stopped_by != 0) std::cout << " stopped_by_signal=" << stopped_by;
+    std::cout << "\n";
   }
+  if (stopped_by != 0) throw CLI::RuntimeError(128 + stopped_by);
   if (totals.failed_units > 0) throw CLI::RuntimeError(2);
 }
 
@@ -371,7 +471,8 @@ void add_fetch_command(CLI::App& app) {
       "fetch",
       "Page through a resource's entity types with a connector plugin and print the pages.\n"
       "Exit status: 0 when every unit reached its last page, 2 when a unit failed, 1 on bad "
-      "input.");
+      "input (100 and up: the options themselves), 128 + N when signal N (SIGINT, SIGTERM) "
+      "stopped it at a page boundary, after the summary.");
   cmd->add_option("--plugin,-p", o->plugin, "plugin file (.so) or plugin id (e.g. github)")
       ->required();
   cmd->add_option("--plugin-dir", o->plugin_dirs, "directory to search for a plugin id");
@@ -395,11 +496,11 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_flag("--all-resources", o->all_resources, "fetch every resource of the connection");
   cmd->add_option("--since", o->since, "only items since this time (ISO 8601 UTC or Unix ms)");
   cmd->add_option("--depth", o->depth_days, "only items of the last N days (7, 30, 90, ...)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 36'500))
       ->excludes("--since");
   cmd->add_option("--cursor", o->cursor, "resume from this cursor instead of the first page");
   cmd->add_option("--max-pages", o->max_pages, "stop after N pages per unit (0 = no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1'000'000'000));
   cmd->add_flag("--events", o->print_events, "print every event as a JSON line");
   cmd->add_flag("--quiet,-q", o->quiet, "print only the summary");
   cmd->add_flag("--dispatch", o->dispatch,
@@ -424,8 +525,10 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_option("--no-proxy", o->no_proxy,
                   "hosts reached without the proxy: a name (and its subdomains), an address, or *")
       ->delimiter(',');
-  cmd->add_option("--timeout-ms", o->timeout_ms, "HTTP timeout per request")
-      ->check(CLI::PositiveNumber)
+  cmd->add_option("--timeout-ms", o->timeout_ms,
+                  "HTTP timeout per request, for a plugin that leaves it to the host (the bundled "
+                  "ones take theirs from --config's timeout_ms)")
+      ->check(CLI::Range(1, 3'600'000))
       ->capture_default_str();
   cmd->callback([o] { run_fetch(*o); });
 }

@@ -111,7 +111,7 @@ void add_plugin_command(CLI::App& app) {
   info->add_flag("--json", o->json, "print as JSON");
   info->add_option("--timeout-ms", o->timeout_ms,
                    "time limit of loading and unloading the plugin (its init and deinit)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 3'600'000));
   info->callback([o] { run_info(*o); });
   add_validate_command(*plugin);
 }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -295,7 +296,7 @@ void add_run_command(CLI::App& app) {
                        "queued, running, succeeded, failed, cancelled");
   list_cmd->add_option("--installation", options->list_installation, "only this installation");
   list_cmd->add_option("--before", options->before, "paging: only ids below this")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   list_cmd->add_option("--limit", options->limit, "at most this many")->capture_default_str();
   list_cmd->callback([options] { reading_answers([&] { list(*options); }, options->json_output); });
 

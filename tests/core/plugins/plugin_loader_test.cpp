@@ -500,6 +500,25 @@ TEST_F(PluginLoaderTest, TheAllowListCoversTheLibrariesAPluginBringsAlong) {
   EXPECT_EQ(load_plugin(plugin, services_, options).info().id, "originrunpath");
 }
 
+// A plugin built for another machine was refused as dlopen() put it, "cannot open shared object
+// file: No such file or directory" (of a file that is there), ending in ": Bad file descriptor".
+TEST_F(PluginLoaderTest, APluginBuiltForAnotherMachineIsRefusedNamingTheMachine) {
+  TempDir dir;
+  const fs::path arm = dir.path() / "fake_arm.so";
+  fs::copy_file(plugin_path("fake"), arm);
+  {
+    std::fstream f(arm, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(18);                           // e_machine
+    f.put(static_cast<char>(183)).put(0);  // EM_AARCH64
+  }
+  const std::string error = load_error(arm);
+  EXPECT_NE(error.find(arm.string() +
+                       ": is built for 64-bit little-endian, machine 183 (this host: 64-bit "
+                       "little-endian, machine 62)"),
+            std::string::npos)
+      << error;
+}
+
 TEST_F(PluginLoaderTest, APluginWhoseBundledLibraryIsMissingOrBrokenIsRefusedNamingIt) {
   TempDir missing;
   add_origin_plugins(missing, std::nullopt);
@@ -508,6 +527,9 @@ TEST_F(PluginLoaderTest, APluginWhoseBundledLibraryIsMissingOrBrokenIsRefusedNam
   EXPECT_NE(error.find(plugin.string() + ": cannot be loaded"), std::string::npos) << error;
   EXPECT_NE(error.find("libbhtestdep.so"), std::string::npos) << error;
   EXPECT_EQ(error.find("/proc/"), std::string::npos) << error;
+  // dlopen()'s own words, without Boost.DLL's frame and its meaningless errno.
+  EXPECT_EQ(error.find("Bad file descriptor"), std::string::npos) << error;
+  EXPECT_EQ(error.find("boost::dll"), std::string::npos) << error;
 
   TempDir broken;
   add_origin_plugins(broken, "not a library");

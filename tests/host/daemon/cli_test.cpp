@@ -3,16 +3,20 @@
 // are tested with the sandbox in run_api_test.cpp).
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
-#include <mutex>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
+#include <Poco/Data/SQLite/Connector.h>
+#include <Poco/Data/Session.h>
 #include <gtest/gtest.h>
 
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/child_process.h"
 #include "tests/host/daemon/daemon_fixture.h"
+#include "tests/support/scripted_http_server.h"
 #include "tests/support/tcp_server.h"
 
 namespace backhaul::daemon::testing {
@@ -329,25 +333,20 @@ TEST_F(CliTest, IdsLimitsAndUrlsAreCheckedBeforeTheToken) {
 }
 
 // A stand-in for backhauld at the HTTP level: it answers each request with the next of its
-// answers (the last one repeats), and records the request lines. An answer of status 0 closes the
-// connection without a word, as a daemon going down does.
+// answers (the last one repeats). An answer of status 0 closes the connection without a word, as a
+// daemon going down does.
 class ScriptedDaemon {
  public:
-  struct Answer {
-    int status;
-    std::string body;
-  };
+  using Answer = backhaul::testing::ScriptedHttpServer::Answer;
 
   explicit ScriptedDaemon(std::vector<Answer> answers)
-      : answers_(std::move(answers)),
-        server_([this](Poco::Net::StreamSocket& socket) { serve(socket); }) {}
+      : answers_(std::move(answers)), server_([this](const std::string&) {
+          return answers_[std::min(next_++, answers_.size() - 1)];
+        }) {}
 
   uint16_t port() const { return server_.port(); }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port()); }
-  std::vector<std::string> requests() const {
-    std::lock_guard lock(mutex_);
-    return requests_;
-  }
+  std::string url() const { return server_.url(); }
+  std::vector<std::string> requests() const { return server_.requests(); }
 
   static Answer run(const std::string& status) {
     return {
@@ -359,43 +358,9 @@ class ScriptedDaemon {
   }
 
  private:
-  void serve(Poco::Net::StreamSocket& socket) {
-    std::string request;
-    char chunk[4096];
-    size_t end = std::string::npos;
-    while ((end = request.find("\r\n\r\n")) == std::string::npos) {
-      const int n = socket.receiveBytes(chunk, sizeof chunk);
-      if (n <= 0) return;
-      request.append(chunk, static_cast<size_t>(n));
-    }
-    const size_t length_at = request.find("Content-Length: ");
-    const size_t length = length_at < end ? std::stoul(request.substr(length_at + 16)) : 0;
-    while (request.size() < end + 4 + length) {
-      const int n = socket.receiveBytes(chunk, sizeof chunk);
-      if (n <= 0) return;
-      request.append(chunk, static_cast<size_t>(n));
-    }
-    Answer answer;
-    {
-      std::lock_guard lock(mutex_);
-      requests_.push_back(request.substr(0, request.find("\r\n")));
-      answer = answers_[std::min(next_++, answers_.size() - 1)];
-    }
-    if (answer.status != 0) {
-      const std::string text = "HTTP/1.1 " + std::to_string(answer.status) +
-                               " Scripted\r\nContent-Type: application/json\r\nContent-Length: " +
-                               std::to_string(answer.body.size()) +
-                               "\r\nConnection: close\r\n\r\n" + answer.body;
-      socket.sendBytes(text.data(), static_cast<int>(text.size()));
-    }
-    socket.shutdown();
-  }
-
   const std::vector<Answer> answers_;
-  mutable std::mutex mutex_;
-  size_t next_ = 0;                      // guarded by mutex_
-  std::vector<std::string> requests_;    // guarded by mutex_
-  backhaul::testing::TcpServer server_;  // last: serves once the rest exists
+  size_t next_ = 0;                               // the server calls one answer at a time
+  backhaul::testing::ScriptedHttpServer server_;  // last: serves once the rest exists
 };
 
 // `run status --wait` polled once and gave up: a daemon restarting (no answer) or answering 503
@@ -540,6 +505,139 @@ TEST_F(CliTest, WithJsonAnErrorIsAnEnvelopeOnStdout) {
       EXPECT_EQ(odd.out, "");
     }
   }
+}
+
+// From a review of `fetch`: a plugin's message went out raw (a line of its own, terminal
+// escapes); giving up on a long wait did not say why; --cursor was given to every unit, which
+// then fetched its pages as their own; --since took "2024-1-1", "" and the year 292278994; a token
+// with a line break failed each unit as an invalid header; a missing --ca-file was found at the
+// first https request and retried as RETRYABLE.
+TEST_F(CliTest, FetchNamesWhatItRefusesAndEscapesWhatPluginsSay) {
+  const std::vector<std::string> base = {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--resource-id",
+                                         "1"};
+  const auto fetch = [&](std::vector<std::string> extra,
+                         std::vector<std::string> env = {"BACKHAUL_TOKEN=t"}) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_command(BACKHAUL_CLI_PATH, args, env, dir_);
+  };
+  const CommandResult forged = fetch({"--config", R"({"fail": "forge_lines"})"});
+  EXPECT_EQ(forged.exit_code, 2) << forged.err;
+  EXPECT_NE(forged.err.find("failed: FATAL: gone\\nsummary: all units succeeded\\x1b[2K\\r\n"),
+            std::string::npos)
+      << forged.err;
+  EXPECT_EQ(forged.err.find('\x1b'), std::string::npos);
+  EXPECT_EQ(forged.err.find("\nsummary:"), std::string::npos) << forged.err;
+
+  const CommandResult waited =
+      fetch({"--config", R"({"fail": "rate_limited"})", "--max-wait-s", "1"});
+  EXPECT_EQ(waited.exit_code, 2) << waited.err;
+  EXPECT_NE(waited.err.find("failed: RATE_LIMITED: slow down; asked to wait 5 s, more than "
+                            "--max-wait-s 1"),
+            std::string::npos)
+      << waited.err;
+
+  const CommandResult cursor = fetch({"--cursor", "2", "-e", "item", "-e", "other"});
+  EXPECT_EQ(cursor.exit_code, 1);
+  EXPECT_NE(cursor.err.find("--cursor resumes one unit: give one resource and one --entity (this "
+                            "is 1 resources x 2 entity types)"),
+            std::string::npos)
+      << cursor.err;
+  EXPECT_EQ(fetch({"--cursor", "2", "-e", "item", "-q"}).exit_code, 0);
+
+  for (const std::string since : {"2024-1-1", "2024-01-01Z", "", "253402300800000"}) {
+    const CommandResult refused = fetch({"--since", since});
+    EXPECT_EQ(refused.exit_code, 1) << since;
+    EXPECT_NE(refused.err.find("--since"), std::string::npos) << since << ": " << refused.err;
+  }
+  EXPECT_EQ(fetch({"--since", "253402300799999", "-q"}).exit_code, 0);
+
+  const CommandResult token = fetch({}, {"BACKHAUL_TOKEN=t\n"});
+  EXPECT_EQ(token.exit_code, 1);
+  EXPECT_NE(token.err.find("the token from environment variable BACKHAUL_TOKEN holds a control "
+                           "character"),
+            std::string::npos)
+      << token.err;
+  const CommandResult ca = fetch({"--ca-file", (dir_ / "no-such.pem").string()});
+  EXPECT_EQ(ca.exit_code, 1);
+  EXPECT_NE(ca.err.find("no-such.pem: No such file or directory"), std::string::npos) << ca.err;
+}
+
+// A connection string given as a URL (or as a bare password) was quoted back in the error, with
+// its password; and `db migrate` added the store's tables to any SQLite file it was given.
+TEST_F(CliTest, DbMigrateQuotesNoConnectionStringAndTakesNoOtherProgramsDatabase) {
+  const CommandResult url = run_command(BACKHAUL_CLI_PATH, {"db", "migrate", "--mysql-env", "DSN"},
+                                        {"DSN=mysql://u:SuperSecret123@127.0.0.1:1/x"}, dir_);
+  EXPECT_EQ(url.exit_code, 1);
+  EXPECT_NE(url.err.find("mysql connection string: item 1 (not shown: it may hold a password) is "
+                         "not key=value"),
+            std::string::npos)
+      << url.err;
+  EXPECT_EQ(url.err.find("SuperSecret123"), std::string::npos) << url.err;
+
+  const std::string other = (dir_ / "other.db").string();
+  Poco::Data::SQLite::Connector::registerConnector();
+  {
+    Poco::Data::Session session("SQLite", other);
+    session << "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)", Poco::Data::Keywords::now;
+  }
+  const CommandResult taken =
+      run_command(BACKHAUL_CLI_PATH, {"db", "migrate", "--sqlite", other}, {}, dir_);
+  EXPECT_EQ(taken.exit_code, 1);
+  EXPECT_NE(taken.err.find("not a backhaul store: the database holds tables of its own (notes) "
+                           "and no schema_migrations"),
+            std::string::npos)
+      << taken.err;
+  Poco::Data::Session session("SQLite", other);
+  int tables = 0;
+  session << "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'",
+      Poco::Data::Keywords::into(tables), Poco::Data::Keywords::now;
+  EXPECT_EQ(tables, 1) << "nothing added";
+}
+
+// A --plugin-dir that is not there (or is a file) was passed over: the id was then found beside
+// the executable, a plugin other than the one asked for, and the command exited 0.
+TEST_F(CliTest, APluginDirThatIsNotThereIsRefusedNotPassedOver) {
+  for (const std::string& dir : {(dir_ / "no-such-dir").string(), std::string(FAKE_PLUGIN_PATH)}) {
+    const CommandResult info =
+        run_command(BACKHAUL_CLI_PATH, {"plugin", "info", "github", "--plugin-dir", dir}, {}, dir_);
+    EXPECT_EQ(info.exit_code, 1) << dir << ": " << info.out;
+    EXPECT_NE(info.err.find("--plugin-dir " + dir + ": "), std::string::npos) << info.err;
+  }
+  const CommandResult found =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"plugin", "info", "fake", "--plugin-dir",
+                   std::filesystem::path(FAKE_PLUGIN_PATH).parent_path().string()},
+                  {}, dir_);
+  EXPECT_EQ(found.exit_code, 0) << found.err;
+}
+
+// A SIGABRT sent by another process (kill -ABRT) while `fetch` was inside the plugin was reported
+// as the plugin's crash. It is said to come from that process, and the command dies of it.
+TEST_F(CliTest, ASignalSentByAnotherProcessIsNotBlamedOnThePlugin) {
+  ChildProcess fetch(BACKHAUL_CLI_PATH,
+                     {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1",
+                      "--config", R"({"fail": "hang"})"},
+                     {}, dir_ / "fetch.stderr");
+  // Loaded once its sealed copy is mapped; the crash handler is in place before the load.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool loaded = false;
+  while (!loaded && std::chrono::steady_clock::now() < deadline) {
+    std::ifstream maps("/proc/" + std::to_string(fetch.pid()) + "/maps");
+    for (std::string line; !loaded && std::getline(maps, line);) {
+      loaded = line.find("fake.so") != std::string::npos;
+    }
+    if (!loaded) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(loaded) << fetch.stderr_text();
+  ASSERT_TRUE(fetch.signal(SIGABRT));
+  const int status = fetch.wait_exit(std::chrono::seconds(30));
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) << status;
+  EXPECT_NE(fetch.stderr_text().find("fetch: killed by SIGABRT (Aborted), sent by process " +
+                                     std::to_string(::getpid()) + " (not a crash)"),
+            std::string::npos)
+      << fetch.stderr_text();
+  EXPECT_EQ(fetch.stderr_text().find("crashed"), std::string::npos) << fetch.stderr_text();
 }
 
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {

@@ -14,6 +14,7 @@
 #include "tests/host/daemon/child_process.h"
 #include "tests/host/daemon/process_fixture.h"
 #include "tests/host/daemon/sql_client.h"
+#include "tests/support/scripted_http_server.h"
 #include "tests/support/test_proxy.h"
 
 namespace backhaul::daemon::testing {
@@ -415,6 +416,86 @@ TEST_F(ScenarioTest, ATokenExpiringMidPaginationIsRefreshedAndTheRunSucceeds) {
   EXPECT_EQ(metric("backhaul_pipeline_token_refreshes_total"), static_cast<double>(expired));
   EXPECT_EQ(sandbox["provider_requests"]["github"], run["pages"].get<int64_t>() + 1 + expired)
       << "every page once, the scope check, and the rejected requests";
+}
+
+// `backhaul fetch` shares a refreshed token with the units after it: each of them began with the
+// first token and spent a 401 on it. And a refresh the gateway refuses fails that unit only: the
+// gateway's 503 ended the whole command, with no summary and the other units never fetched.
+TEST_F(ScenarioTest, FetchSharesARefreshedTokenAndARefusedRefreshFailsOnlyItsUnits) {
+  ASSERT_NE(start_sandbox({"--repos", "3", "--projects", "0", "--items", "30", "--max-per-page",
+                           "10", "--token-ttl-requests", "4"}),
+            0)
+      << sandbox_->stderr_text();
+  const CommandResult fetched =
+      run_command(BACKHAUL_CLI_PATH, fetch_github({"--json", "--quiet"}), {}, dir_);
+  ASSERT_EQ(fetched.exit_code, 0) << fetched.err;
+  const json sandbox = report();
+  const int64_t expired = sandbox["faults_injected"]["token_expired"];
+  EXPECT_GE(expired, 2) << sandbox.dump(2);
+  int64_t refreshes = 0;
+  for (size_t at = 0;
+       (at = fetched.err.find("token expired, refreshing once", at)) != std::string::npos; ++at) {
+    ++refreshes;
+  }
+  EXPECT_EQ(refreshes, expired) << fetched.err;
+  EXPECT_EQ(sandbox["provider_requests"]["unauthorized"], expired) << "one 401 per dead token";
+
+  // A gateway that hands out one token, then answers 503.
+  int tokens = 0;
+  backhaul::testing::ScriptedHttpServer gateway([&](const std::string& line) {
+    using Answer = backhaul::testing::ScriptedHttpServer::Answer;
+    if (line == "GET /connections/gh-inst-1 HTTP/1.1") {
+      return Answer{200, sandbox_get("/gateway/connections/gh-inst-1").dump()};
+    }
+    if (line == "GET /connections/gh-inst-1/token HTTP/1.1" && tokens++ == 0) {
+      return Answer{200, sandbox_get("/gateway/connections/gh-inst-1/token").dump()};
+    }
+    return Answer{503, R"({"error": {"code": "UNAVAILABLE", "message": "down"}})"};
+  });
+  std::vector<std::string> args = fetch_github({"--json", "--quiet", "--retries", "0"});
+  *(std::find(args.begin(), args.end(), "--gateway") + 1) = gateway.url();
+  const CommandResult refused = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  const json summary = json::parse(refused.out, nullptr, false);
+  ASSERT_TRUE(summary.is_object()) << "the summary: " << refused.out << refused.err;
+  EXPECT_EQ(summary["units"], 9) << "every unit was tried";
+  EXPECT_GE(summary["failed_units"], 1);
+  EXPECT_LT(summary["failed_units"], 9) << "the units before the token died succeeded";
+  EXPECT_NE(refused.err.find("; refreshing the token failed: "), std::string::npos) << refused.err;
+}
+
+// SIGINT (or SIGTERM) stops `fetch` at the next page boundary: the summary says so, every line of
+// --events is whole, and the exit status is 128 + the signal's number. Before, the process died
+// mid-line with up to 4 KB of events still in its buffer, and no summary.
+TEST_F(ScenarioTest, FetchStopsAtAPageBoundaryOnSigintWithEveryLineWhole) {
+  ASSERT_NE(start_sandbox({"--repos", "1", "--projects", "0", "--items", "300", "--max-per-page",
+                           "10", "--slow-ms", "50"}),
+            0)
+      << sandbox_->stderr_text();
+  ChildProcess fetch(BACKHAUL_CLI_PATH, fetch_github({"--events", "--json"}), {},
+                     dir_ / "fetch.stderr", dir_ / "fetch.stdout");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (fetch.stdout_text().size() < 4096 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(fetch.stdout_text().size(), 4096u) << fetch.stderr_text();
+  ASSERT_TRUE(fetch.signal(SIGINT));
+  const int status = fetch.wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << status << " " << fetch.stderr_text();
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << fetch.stderr_text();
+  EXPECT_NE(fetch.stderr_text().find(": stopped by signal 2 after "), std::string::npos)
+      << fetch.stderr_text();
+  std::istringstream lines(fetch.stdout_text());
+  std::vector<json> parsed;
+  for (std::string line; std::getline(lines, line);) {
+    parsed.push_back(json::parse(line, nullptr, false));
+    ASSERT_FALSE(parsed.back().is_discarded()) << "a line cut short: " << line;
+  }
+  ASSERT_GE(parsed.size(), 2u);
+  const json& summary = parsed.back();
+  EXPECT_EQ(summary["stopped_by_signal"], SIGINT) << summary.dump();
+  EXPECT_EQ(summary["events"], static_cast<int64_t>(parsed.size()) - 1) << "every event printed";
+  EXPECT_LT(summary["events"], 3 * 300) << "stopped before the end";
 }
 
 // 5. A unit failing at page 40 of 50 resumes at page 40: the sandbox sees 50 list requests plus

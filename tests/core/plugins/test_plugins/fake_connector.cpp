@@ -3,16 +3,18 @@
 // Config (all optional): {"pages": 3, "per_page": 2, "fail": "<mode>", "http_url": "<url>",
 //                         "rate_limit_remaining": N, "crash_on_page": N, "scopes": "abort"}
 //   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
-//         "unknown_exception" — every fetch_page fails that way; "echo_token" — fails FATAL with
-//         the unit's access token in its message, as a careless plugin would; "abort" | "exit" |
-//         "hang" | "stdout" — every fetch_page calls abort(), calls _Exit(3), never returns, or
-//         prints to stdout first (for isolation mode: a host running it in-process ends or hangs
-//         too); "garble" — every fetch_page writes a frame header claiming a body of almost 1 GiB
-//         to descriptor 3 (a worker's socket, isolation.h; only for isolation mode), then never
-//         returns. "forge_wait" | "forge_status" | "forge_page" — every fetch_page writes an
-//         answer of its own to descriptor 3, then ends its worker with _Exit(0): RATE_LIMITED
-//         with a wait of INT64_MAX ms, status 77, or a page with two different events under one
-//         delivery id (what the host would refuse from fetch_page, written past its checks).
+//         "unknown_exception" — every fetch_page fails that way; "forge_lines" — FATAL with a
+//         message that holds a line break and terminal escapes (a line of its own in a log);
+//         "echo_token" — fails FATAL with the unit's access token in its message, as a careless
+//         plugin would; "abort" | "exit" | "hang" | "stdout" — every fetch_page calls abort(),
+//         calls _Exit(3), never returns, or prints to stdout first (for isolation mode: a host
+//         running it in-process ends or hangs too); "garble" — every fetch_page writes a frame
+//         header claiming a body of almost 1 GiB to descriptor 3 (a worker's socket, isolation.h;
+//         only for isolation mode), then never returns. "forge_wait" | "forge_status" |
+//         "forge_page" — every fetch_page writes an answer of its own to descriptor 3, then ends
+//         its worker with _Exit(0): RATE_LIMITED with a wait of INT64_MAX ms, status 77, or a page
+//         with two different events under one delivery id (what the host would refuse from
+//         fetch_page, written past its checks).
 //   crash_on_page: fetch_page of that page (1 is the first) calls abort().
 //   scopes: "abort" — validate_scopes calls abort().
 //   abort_in_validate: "yes" — validate_config (create() too) calls abort().
@@ -257,6 +259,9 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (fail_ == "rate_limited") throw Error(BACKHAUL_RATE_LIMITED, "slow down", 5000);
     if (fail_ == "auth") throw Error(BACKHAUL_AUTH_EXPIRED, "token expired");
     if (fail_ == "fatal") throw Error(BACKHAUL_FATAL, "repository is gone");
+    if (fail_ == "forge_lines") {
+      throw Error(BACKHAUL_FATAL, "gone\nsummary: all units succeeded\x1b[2K\r");
+    }
     if (fail_ == "invalid") throw Error(BACKHAUL_INVALID_ARGUMENT, "bad cursor");
     if (fail_ == "std_exception") throw std::logic_error("bug in connector");
     if (fail_ == "unknown_exception") throw 42;
