@@ -21,6 +21,7 @@
 #include "core/common/errors.h"
 #include "core/common/json_check.h"
 #include "core/common/utf8.h"
+#include "core/common/watchdog.h"
 #include "core/gateway/gateway_client.h"
 #include "core/http/poco_transport.h"
 #include "core/plugins/plugin_loader.h"
@@ -60,6 +61,7 @@ struct FetchOptions {
   std::string proxy;
   std::vector<std::string> no_proxy;
   int timeout_ms = 30000;
+  int call_timeout_ms = 600'000;  // of each call into the plugin (its load, create, fetch_page)
 };
 
 struct Totals {
@@ -131,6 +133,17 @@ void catch_stop_signals() {
   for (const int signal_number : {SIGINT, SIGTERM}) sigaction(signal_number, &action, nullptr);
 }
 
+// A plugin call that never returns (a plugin stuck in a loop, or waiting on what never comes)
+// held the command for ever: past --call-timeout-ms it ends, saying which call. [any thread]
+Watchdog call_watchdog(const FetchOptions& o, std::string call) {
+  return Watchdog(std::chrono::milliseconds(o.call_timeout_ms), [&o, call = std::move(call)] {
+    std::cout.flush();
+    std::cerr << "fetch: the plugin " << o.plugin << " did not return from " << call << " within "
+              << o.call_timeout_ms << " ms (--call-timeout-ms); ending" << std::endl;
+    std::_Exit(1);
+  });
+}
+
 class FetchRun {
  public:
   FetchRun(const FetchOptions& options, const plugins::Connector& connector,
@@ -162,7 +175,10 @@ class FetchRun {
       }
       std::optional<plugins::Page> page;
       try {
-        page.emplace(connector_.fetch_page(params));
+        {
+          const Watchdog watchdog = call_watchdog(o_, "fetch_page (" + label + " " + entity + ")");
+          page.emplace(connector_.fetch_page(params));
+        }
         // What the gateway would refuse (its client checks every payload): --events writes each
         // payload into a JSON line as it is, so one that is not JSON would break the line.
         for (size_t i = 0; i < page->size(); ++i) {
@@ -362,8 +378,18 @@ void run_fetch(const FetchOptions& o) {
                                  std::chrono::milliseconds(o.timeout_ms)};
   const std::filesystem::path path = resolve_plugin(o.plugin, o.plugin_dirs);
   CrashReport crash("fetch", path, "fetch: the plugin " + path.string() + " crashed");
-  plugins::Plugin plugin = plugins::load_plugin(path, services);
-  plugins::Connector connector = plugin.create(merged_config(o));
+  std::optional<plugins::Plugin> loaded;
+  {
+    const Watchdog watchdog = call_watchdog(o, "its init() (loading)");
+    loaded.emplace(plugins::load_plugin(path, services));
+  }
+  plugins::Plugin& plugin = *loaded;
+  const std::string config = merged_config(o);
+  std::optional<plugins::Connector> connector;
+  {
+    const Watchdog watchdog = call_watchdog(o, "create()");
+    connector.emplace(plugin.create(config));
+  }
 
   std::optional<gateway::GatewayClient> gateway;
   std::optional<gateway::Connection> connection;
@@ -421,7 +447,7 @@ void run_fetch(const FetchOptions& o) {
     since_ms = SystemClock::instance().now_ms() - int64_t{o.depth_days} * 86'400'000;
 
   std::string installation = connection ? connection->installation_id : o.installation;
-  FetchRun run(o, connector, gateway ? &*gateway : nullptr, connection, token);
+  FetchRun run(o, *connector, gateway ? &*gateway : nullptr, connection, token);
   Totals totals;
   auto started = std::chrono::steady_clock::now();
   catch_stop_signals();
@@ -432,10 +458,16 @@ void run_fetch(const FetchOptions& o) {
     }
   }
   const int stopped_by = g_stop_signal.load();
+  const std::string plugin_id = plugin.info().id;
+  {
+    const Watchdog watchdog = call_watchdog(o, "destroy() or deinit() (unloading)");
+    connector.reset();
+    loaded.reset();
+  }
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.json_summary) {
-    nlohmann::json j = {{"plugin", plugin.info().id},
+    nlohmann::json j = {{"plugin", plugin_id},
                         {"units", totals.units},
                         {"pages", totals.pages},
                         {"events", totals.events},
@@ -448,7 +480,7 @@ void run_fetch(const FetchOptions& o) {
     if (stopped_by != 0) j["stopped_by_signal"] = stopped_by;
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << "summary: plugin=" << plugin.info().id << " units=" << totals.units
+    std::cout << "summary: plugin=" << plugin_id << " units=" << totals.units
               << " pages=" << totals.pages << " events=" << totals.events << " raw=" << totals.raw;
     if (o.dispatch) {
       std::cout << " dispatched=" << totals.accepted + totals.duplicates
@@ -525,6 +557,11 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_option("--no-proxy", o->no_proxy,
                   "hosts reached without the proxy: a name (and its subdomains), an address, or *")
       ->delimiter(',');
+  cmd->add_option("--call-timeout-ms", o->call_timeout_ms,
+                  "end the command (status 1) when a call into the plugin (its load, create, a "
+                  "fetch_page) has not returned within this")
+      ->check(CLI::Range(1, 86'400'000))
+      ->capture_default_str();
   cmd->add_option("--timeout-ms", o->timeout_ms,
                   "HTTP timeout per request, for a plugin that leaves it to the host (the bundled "
                   "ones take theirs from --config's timeout_ms)")

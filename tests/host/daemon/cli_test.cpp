@@ -640,6 +640,31 @@ TEST_F(CliTest, ASignalSentByAnotherProcessIsNotBlamedOnThePlugin) {
   EXPECT_EQ(fetch.stderr_text().find("crashed"), std::string::npos) << fetch.stderr_text();
 }
 
+// A plugin call that never returns held `fetch` for ever (`plugin info` had a watchdog, `fetch`
+// none): past --call-timeout-ms it ends with status 1, naming the call.
+TEST_F(CliTest, FetchEndsAPluginCallThatNeverReturns) {
+  const CommandResult page =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1",
+                   "--config", R"({"fail": "hang"})", "--call-timeout-ms", "300"},
+                  {}, dir_);
+  EXPECT_EQ(page.exit_code, 1) << page.err;
+  EXPECT_NE(page.err.find(std::string("fetch: the plugin ") + FAKE_PLUGIN_PATH +
+                          " did not return from fetch_page (1 item) within 300 ms "
+                          "(--call-timeout-ms); ending"),
+            std::string::npos)
+      << page.err;
+  const std::string waits = std::string(INIT_WAITS_PLUGIN_DIR) + "/init_waits.so";
+  const CommandResult init = run_command(BACKHAUL_CLI_PATH,
+                                         {"fetch", "--plugin", waits, "--token", "t",
+                                          "--resource-id", "1", "--call-timeout-ms", "300"},
+                                         {}, dir_);
+  EXPECT_EQ(init.exit_code, 1) << init.err;
+  EXPECT_NE(init.err.find("did not return from its init() (loading) within 300 ms"),
+            std::string::npos)
+      << init.err;
+}
+
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
   const std::string db = (dir_ / "migrated.db").string();
   CommandResult migrate =
