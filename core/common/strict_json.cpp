@@ -1,6 +1,7 @@
 #include "core/common/strict_json.h"
 
 #include <optional>
+#include <regex>
 #include <set>
 #include <vector>
 
@@ -15,10 +16,18 @@ std::string syntax_problem(const nlohmann::json::parse_error& e) {
   if (const size_t at = what.find(": syntax error"); at != std::string::npos) {
     what = what.substr(at + 2);
   }
+  // What it last read ends where "'; expected <token>" begins, if that is how the message ends:
+  // the last such marker, and only with one of the lexer's token names after it (input holding
+  // "'; expected x" must not have its tail kept).
   const std::string read = "; last read: '";
   if (const size_t from = what.find(read); from != std::string::npos) {
-    const size_t expected = what.find("'; expected ", from + read.size());
-    what.erase(from, expected == std::string::npos ? std::string::npos : expected + 1 - from);
+    const size_t expected = what.rfind("'; expected ");
+    const bool token_follows =
+        expected != std::string::npos && expected >= from + read.size() &&
+        std::regex_match(
+            what.substr(expected + 12),
+            std::regex(R"((end of input|'.'|[a-z ]+ literal|'\[', '\{', or a literal))"));
+    what.erase(from, token_follows ? expected + 1 - from : std::string::npos);
   }
   return what;
 }

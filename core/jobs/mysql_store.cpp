@@ -179,7 +179,15 @@ Config parse_config(const std::string& connection_string) {
                key == "fail-readonly") {
       // Poco options with no meaning here: reconnecting is this layer's job.
     } else {
-      throw ConfigError("mysql connection string: unknown key " + shown(key));
+      // A key quoted is a word: anything else (a URL with a query, "mysql://u:pw@h/db?x") may
+      // hold a password.
+      const bool word = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '_';
+      });
+      throw ConfigError(
+          "mysql connection string: unknown key " +
+          (word ? shown(key)
+                : "in item " + std::to_string(number) + " (not shown: it may hold a password)"));
     }
   });
   return config;

@@ -189,6 +189,7 @@ class Connection {
     busy_.timeout = std::chrono::milliseconds(options.busy_timeout_ms);
     sqlite3_busy_handler(db_, &Connection::on_busy, &busy_);
     if (!options.read_only) {
+      refuse_another_programs_database(path);
       ensure_wal(path, options.busy_timeout_ms);
       // SQLite opens a file it cannot write (permissions, an immutable file, a read-only mount)
       // read-only, silently: every write would then fail. The store is refused here instead.
@@ -277,6 +278,37 @@ class Connection {
     } catch (const Poco::Exception& e) {
       throw StorageError("sqlite: cannot open " + path + ": " + e.displayText());
     }
+  }
+
+  // A database with tables but no schema_migrations is another program's (a mistyped path): it
+  // is refused before anything is written to it, its journal mode included. (A store's first
+  // migration commits whole, with its record.) A file that cannot be read as a database is left
+  // to ensure_wal(), whose error names it.
+  void refuse_another_programs_database(const std::string& path) {
+    sqlite3_stmt* stmt = nullptr;
+    const char* sql =
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+        "ESCAPE '\\' ORDER BY name";
+    if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+      sqlite3_finalize(stmt);
+      return;
+    }
+    std::vector<std::string> tables;
+    while (sqlite3_step(stmt) == SQLITE_ROW) {
+      tables.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)));
+    }
+    sqlite3_finalize(stmt);
+    if (tables.empty() ||
+        std::find(tables.begin(), tables.end(), "schema_migrations") != tables.end()) {
+      return;
+    }
+    std::string names;
+    for (size_t i = 0; i < tables.size() && i < 5; ++i) names += (i ? ", " : "") + tables[i];
+    if (tables.size() > 5) names += ", ...";
+    throw StorageError("sqlite: " + path +
+                       " is not a backhaul store: it holds tables of its own (" + names +
+                       ") and no schema_migrations; give the path of a backhaul store, or of a new "
+                       "file");
   }
 
   // Switching a fresh file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at

@@ -1485,24 +1485,6 @@ int64_t wall_clock_ms() {
 // Runs inside the writer's BEGIN IMMEDIATE transaction, so two processes migrating at once are
 // serialized and the second finds the work done.
 int migrate_schema(Connection& c) {
-  // A database with tables but no schema_migrations is another program's (a mistyped path): the
-  // store's tables are not added to it. (A first migration commits whole, with its record.)
-  {
-    Query q = c.query(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
-        "ESCAPE '\\' ORDER BY name");
-    std::vector<std::string> tables;
-    while (q.step()) tables.push_back(q.text(0));
-    if (!tables.empty() &&
-        std::find(tables.begin(), tables.end(), "schema_migrations") == tables.end()) {
-      std::string names;
-      for (size_t i = 0; i < tables.size() && i < 5; ++i) names += (i ? ", " : "") + tables[i];
-      if (tables.size() > 5) names += ", ...";
-      throw StorageError("not a backhaul store: the database holds tables of its own (" + names +
-                         ") and no schema_migrations; give the path of a backhaul store, or of a "
-                         "new file");
-    }
-  }
   c.exec(
       "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
       "name TEXT NOT NULL, applied_ms INTEGER NOT NULL)");

@@ -26,12 +26,15 @@ fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>&
   }
   // A --plugin-dir given must be readable: else the id would be found beside the executable
   // instead, a plugin other than the one asked for, without a word.
+  // (Searched by name, so it needs search permission only.)
   for (const auto& d : dirs) {
-    if (!fs::is_directory(d, ec)) {
+    const fs::file_status status = fs::status(d, ec);
+    if (ec || !fs::exists(status)) {
       throw ConfigError("--plugin-dir " + d + ": " +
-                        (ec ? ec.message() : std::string("is not a directory")));
+                        (ec ? ec.message() : std::string("does not exist")));
     }
-    if (::access(d.c_str(), R_OK | X_OK) != 0) {
+    if (!fs::is_directory(status)) throw ConfigError("--plugin-dir " + d + ": is not a directory");
+    if (::access(d.c_str(), X_OK) != 0) {
       throw ConfigError("--plugin-dir " + d + ": " + std::strerror(errno));
     }
   }

@@ -140,8 +140,9 @@ void on_crash(int signal, siginfo_t* info, void* context) {
   // Sent by another process (kill -ABRT PID): no crash, and not the plugin's doing, whatever
   // code the thread was in. (The plugin's own abort() is sent by this process.) The command says
   // so and dies of the signal, as it was asked to.
-  if (info != nullptr && (info->si_code == SI_USER || info->si_code == SI_TKILL) &&
-      info->si_pid != ::getpid()) {
+  // (si_code <= 0: sent by kill, tgkill or sigqueue; si_pid 0: by a process outside this one's
+  // PID namespace.)
+  if (info != nullptr && info->si_code <= 0 && info->si_pid != ::getpid()) {
     char digits[24];
     size_t length = 0;
     for (auto pid = static_cast<unsigned long>(info->si_pid); length == 0 || pid > 0; pid /= 10) {
@@ -150,8 +151,12 @@ void on_crash(int signal, siginfo_t* info, void* context) {
     write_text(g_command);
     write_all(": killed by ", 12);
     write_all(name, std::strlen(name));
-    write_all(", sent by process ", 18);
-    while (length > 0) write_all(&digits[--length], 1);
+    if (info->si_pid == 0) {
+      write_all(", sent by another process", 25);
+    } else {
+      write_all(", sent by process ", 18);
+      while (length > 0) write_all(&digits[--length], 1);
+    }
     write_all(" (not a crash)\n", 15);
     ::signal(signal, SIG_DFL);
     ::raise(signal);

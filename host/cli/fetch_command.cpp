@@ -108,6 +108,7 @@ int64_t parse_since(const std::string& text) {
   if (tm.tm_year != asked.tm_year || tm.tm_mon != asked.tm_mon || tm.tm_mday != asked.tm_mday ||
       tm.tm_hour != asked.tm_hour || tm.tm_min != asked.tm_min || tm.tm_sec != asked.tm_sec)
     throw ConfigError("--since '" + text + "' is not a date and time of the calendar");
+  if (seconds < 0) throw ConfigError("--since '" + text + "' is before 1970");
   return static_cast<int64_t>(seconds) * 1000;
 }
 
@@ -120,15 +121,22 @@ std::string merged_config(const FetchOptions& o) {
 }
 
 // SIGINT or SIGTERM: the signal's number, once one came. The units stop at their next page
-// boundary, and the summary is printed; a second signal ends the command at once (SA_RESETHAND).
+// boundary (or out of a wait), and the summary is printed.
 std::atomic<int> g_stop_signal{0};
 
-void on_stop_signal(int signal_number) { g_stop_signal.store(signal_number); }
+// A second stop signal, of either kind (Ctrl-C, then a supervisor's SIGTERM), ends the command at
+// once, as the signal would have.
+void on_stop_signal(int signal_number) {
+  if (g_stop_signal.exchange(signal_number) != 0) {
+    ::signal(signal_number, SIG_DFL);
+    ::raise(signal_number);  // delivered when the handler returns (it is blocked in here)
+  }
+}
 
 void catch_stop_signals() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
-  action.sa_flags = SA_RESETHAND;
+  action.sa_flags = SA_RESTART;  // a plugin's own I/O sees no EINTR
   sigemptyset(&action.sa_mask);
   for (const int signal_number : {SIGINT, SIGTERM}) sigaction(signal_number, &action, nullptr);
 }
@@ -142,6 +150,26 @@ Watchdog call_watchdog(const FetchOptions& o, std::string call) {
               << o.call_timeout_ms << " ms (--call-timeout-ms); ending" << std::endl;
     std::_Exit(1);
   });
+}
+
+// Sleeps `ms`, in slices, unless a stop signal comes: false then (a wait of --max-wait-s would
+// otherwise hold the stop for minutes).
+bool pause_unless_stopped(int64_t ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (g_stop_signal.load() == 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return true;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(until - now, std::chrono::milliseconds(100)));
+  }
+  return false;
+}
+
+// Thrown out of a delivery's back-off by a stop signal.
+struct StopRequested {};
+
+bool holds_control(const std::string& text) {
+  return std::any_of(text.begin(), text.end(), [](unsigned char c) { return std::iscntrl(c); });
 }
 
 class FetchRun {
@@ -170,7 +198,7 @@ class FetchRun {
       if (g_stop_signal.load() != 0) {
         progress() << label << " " << entity << ": stopped by signal " << g_stop_signal.load()
                    << " after " << page_no << " pages, final cursor "
-                   << params.cursor.value_or("(none)") << "\n";
+                   << escape_controls(params.cursor.value_or("(none)")) << "\n";
         return;
       }
       std::optional<plugins::Page> page;
@@ -205,6 +233,12 @@ class FetchRun {
                       << "\n";
             return;
           }
+          if (holds_control(token_)) {
+            ++totals.failed_units;
+            std::cerr << label << " " << entity
+                      << ": failed: the token the gateway refreshed holds a control character\n";
+            return;
+          }
           params.unit.access_token = token_;
           refreshed = true;
           continue;
@@ -222,7 +256,7 @@ class FetchRun {
           std::cerr << label << " " << entity << ": " << plugins::status_name(e.status()) << " ("
                     << escape_controls(e.what()) << "), retry " << attempts << "/" << o_.retries
                     << " in " << wait_ms << " ms\n";
-          std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+          pause_unless_stopped(wait_ms);  // a stop is seen at the top of the loop
           continue;
         }
         report_failure(label, entity, e, totals);
@@ -233,6 +267,11 @@ class FetchRun {
       ++page_no;
       try {
         handle_page(label, entity, page_no, *page, totals);
+      } catch (const StopRequested&) {
+        progress() << label << " " << entity << ": stopped by signal " << g_stop_signal.load()
+                   << " while delivering page " << page_no << ", final cursor "
+                   << escape_controls(params.cursor.value_or("(none)")) << "\n";
+        return;
       } catch (const gateway::GatewayError& e) {
         // The unit stops where its events could not be delivered; the other units go on.
         ++totals.failed_units;
@@ -252,7 +291,7 @@ class FetchRun {
     }
     if (!o_.quiet) {
       progress() << label << " " << entity << ": stopped at --max-pages " << o_.max_pages
-                 << ", final cursor " << params.cursor.value_or("(none)") << "\n";
+                 << ", final cursor " << escape_controls(params.cursor.value_or("(none)")) << "\n";
     }
   }
 
@@ -291,7 +330,7 @@ class FetchRun {
           << " reset=" << gateway::iso8601_ms(rl->reset_at_unix_ms);
     }
     auto next = page.next_cursor();
-    out << " next=" << (next ? std::string(*next) : std::string("(end)")) << "\n";
+    out << " next=" << (next ? escape_controls(*next) : std::string("(end)")) << "\n";
   }
 
   // Where the per-page and per-unit lines go: stderr under --json, whose summary is then all of
@@ -319,7 +358,7 @@ class FetchRun {
             throw;
           }
           ++totals.retries;
-          std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+          if (!pause_unless_stopped(wait_ms)) throw StopRequested{};
         }
       }
     }
@@ -337,7 +376,7 @@ constexpr const char* kProxyCredentialsEnv = "BACKHAUL_PROXY_CREDENTIALS";
 // A token with a control character (read from a file with its line break) fails every request as
 // an invalid header, which names neither the token nor where it came from.
 void check_token(const std::string& token, const std::string& source) {
-  if (std::any_of(token.begin(), token.end(), [](unsigned char c) { return std::iscntrl(c); })) {
+  if (holds_control(token)) {
     throw ConfigError("the token from " + source +
                       " holds a control character (a line break at its end?)");
   }
@@ -388,7 +427,11 @@ void run_fetch(const FetchOptions& o) {
   std::optional<plugins::Connector> connector;
   {
     const Watchdog watchdog = call_watchdog(o, "create()");
-    connector.emplace(plugin.create(config));
+    try {
+      connector.emplace(plugin.create(config));
+    } catch (const std::exception& e) {
+      throw ConfigError(escape_controls(e.what()));  // the plugin's words, which may hold any
+    }
   }
 
   std::optional<gateway::GatewayClient> gateway;
@@ -491,7 +534,15 @@ void run_fetch(const FetchOptions& o) {
     if (stopped_by != 0) std::cout << " stopped_by_signal=" << stopped_by;
     std::cout << "\n";
   }
-  if (stopped_by != 0) throw CLI::RuntimeError(128 + stopped_by);
+  if (stopped_by != 0) {
+    // Dying of the signal, as asked, tells a calling shell that the user stopped it (an exit
+    // status of 128 + N would make a loop go on to its next command).
+    std::cout.flush();
+    std::cerr.flush();
+    ::signal(stopped_by, SIG_DFL);
+    ::raise(stopped_by);
+    throw CLI::RuntimeError(128 + stopped_by);
+  }
   if (totals.failed_units > 0) throw CLI::RuntimeError(2);
 }
 
@@ -503,8 +554,9 @@ void add_fetch_command(CLI::App& app) {
       "fetch",
       "Page through a resource's entity types with a connector plugin and print the pages.\n"
       "Exit status: 0 when every unit reached its last page, 2 when a unit failed, 1 on bad "
-      "input (100 and up: the options themselves), 128 + N when signal N (SIGINT, SIGTERM) "
-      "stopped it at a page boundary, after the summary.");
+      "input (100 and up: the options themselves) or a plugin call past --call-timeout-ms; on "
+      "SIGINT or SIGTERM it stops at a page boundary, prints the summary, then dies of the "
+      "signal.");
   cmd->add_option("--plugin,-p", o->plugin, "plugin file (.so) or plugin id (e.g. github)")
       ->required();
   cmd->add_option("--plugin-dir", o->plugin_dirs, "directory to search for a plugin id");

@@ -18,12 +18,15 @@ WaitEnd poll_until_finished(const WaitHooks& hooks, const WaitSettings& settings
   WaitEnd end;
   int64_t trouble_since = -1;
   while (true) {
+    // A streak of failures counts from when its first poll began: a poll that runs into its
+    // request timeout has been without contact all that time.
+    const int64_t asked = clock.now_ms();
     try {
       end.run = hooks.poll();
     } catch (const AdminApiError& e) {
       if (!in_contact || !passing_trouble(e)) throw;
       const int64_t now = clock.now_ms();
-      if (trouble_since < 0) trouble_since = now;
+      if (trouble_since < 0) trouble_since = asked;
       const int64_t left = settings.lost_contact.count() - (now - trouble_since);
       if (left <= 0) {
         end.lost_contact = true;

@@ -2,7 +2,9 @@
 // that satisfies schemas/validate-report.schema.json.
 #include <algorithm>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -20,7 +22,9 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -362,7 +366,20 @@ TEST(ValidateCommandTest, ACrashOutsideThePluginsCodeIsNotBlamedOnThePlugin) {
   ASSERT_EQ(::poll(&waiting, 1, 30'000), 1);
   const int connection = ::accept(listener, nullptr, nullptr);
   ASSERT_GE(connection, 0);
-  ASSERT_EQ(::kill(pid, SIGSEGV), 0);
+  // A SIGSEGV as a fault in the command's own code raises it: not sent by a process (kill()
+  // would be reported as such), but given to its main thread with a fault's siginfo
+  // (SEGV_MAPERR at address 0), through ptrace.
+  ASSERT_EQ(::ptrace(PTRACE_SEIZE, pid, nullptr, nullptr), 0) << std::strerror(errno);
+  ASSERT_EQ(::syscall(SYS_tgkill, pid, pid, SIGSEGV), 0);
+  int stop = 0;
+  ASSERT_EQ(::waitpid(pid, &stop, __WALL), pid);
+  ASSERT_TRUE(WIFSTOPPED(stop) && WSTOPSIG(stop) == SIGSEGV) << stop;
+  siginfo_t fault{};
+  ASSERT_EQ(::ptrace(PTRACE_GETSIGINFO, pid, nullptr, &fault), 0);
+  fault.si_code = SEGV_MAPERR;
+  fault.si_addr = nullptr;
+  ASSERT_EQ(::ptrace(PTRACE_SETSIGINFO, pid, nullptr, &fault), 0);
+  ASSERT_EQ(::ptrace(PTRACE_DETACH, pid, nullptr, reinterpret_cast<void*>(SIGSEGV)), 0);
   std::string out;
   char buffer[4096];
   ssize_t n;

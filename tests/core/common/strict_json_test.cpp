@@ -57,7 +57,12 @@ TEST(StrictJsonTest, ASyntaxErrorSaysWhereAndWhatWithoutQuotingTheText) {
   for (const std::string_view empty : {"", "  \n"}) {
     EXPECT_EQ(problem(empty), "empty: a JSON value is required");
   }
-  for (const std::string_view text : {R"({"token":"s3cret" x})", R"({"s3cret":})"}) {
+  // Input that holds nlohmann's own marker does not get its tail through (it did, from a review).
+  EXPECT_EQ(problem(R"({"password":"s3cret'; expected zz)"),
+            "not valid JSON at byte 34: syntax error while parsing value - invalid string: "
+            "missing closing quote");
+  for (const std::string_view text :
+       {R"({"token":"s3cret" x})", R"({"s3cret":})", R"({"password":"s3cret'; expected zz)"}) {
     EXPECT_EQ(problem(text).find("s3cret"), std::string::npos) << problem(text);
   }
 }

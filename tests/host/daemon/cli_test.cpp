@@ -6,6 +6,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -566,14 +567,15 @@ TEST_F(CliTest, FetchNamesWhatItRefusesAndEscapesWhatPluginsSay) {
 // A connection string given as a URL (or as a bare password) was quoted back in the error, with
 // its password; and `db migrate` added the store's tables to any SQLite file it was given.
 TEST_F(CliTest, DbMigrateQuotesNoConnectionStringAndTakesNoOtherProgramsDatabase) {
-  const CommandResult url = run_command(BACKHAUL_CLI_PATH, {"db", "migrate", "--mysql-env", "DSN"},
-                                        {"DSN=mysql://u:SuperSecret123@127.0.0.1:1/x"}, dir_);
-  EXPECT_EQ(url.exit_code, 1);
-  EXPECT_NE(url.err.find("mysql connection string: item 1 (not shown: it may hold a password) is "
-                         "not key=value"),
-            std::string::npos)
-      << url.err;
-  EXPECT_EQ(url.err.find("SuperSecret123"), std::string::npos) << url.err;
+  for (const std::string dsn : {"mysql://u:SuperSecret123@127.0.0.1:1/x",
+                                "mysql://u:SuperSecret123@127.0.0.1/db?ssl-mode=REQUIRED"}) {
+    const CommandResult url = run_command(
+        BACKHAUL_CLI_PATH, {"db", "migrate", "--mysql-env", "DSN"}, {"DSN=" + dsn}, dir_);
+    EXPECT_EQ(url.exit_code, 1);
+    EXPECT_NE(url.err.find("item 1 (not shown: it may hold a password)"), std::string::npos)
+        << url.err;
+    EXPECT_EQ(url.err.find("SuperSecret123"), std::string::npos) << url.err;
+  }
 
   const std::string other = (dir_ / "other.db").string();
   Poco::Data::SQLite::Connector::registerConnector();
@@ -584,15 +586,19 @@ TEST_F(CliTest, DbMigrateQuotesNoConnectionStringAndTakesNoOtherProgramsDatabase
   const CommandResult taken =
       run_command(BACKHAUL_CLI_PATH, {"db", "migrate", "--sqlite", other}, {}, dir_);
   EXPECT_EQ(taken.exit_code, 1);
-  EXPECT_NE(taken.err.find("not a backhaul store: the database holds tables of its own (notes) "
-                           "and no schema_migrations"),
-            std::string::npos)
+  EXPECT_NE(
+      taken.err.find(other + " is not a backhaul store: it holds tables of its own (notes) and no "
+                             "schema_migrations"),
+      std::string::npos)
       << taken.err;
   Poco::Data::Session session("SQLite", other);
   int tables = 0;
   session << "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'",
       Poco::Data::Keywords::into(tables), Poco::Data::Keywords::now;
   EXPECT_EQ(tables, 1) << "nothing added";
+  std::string journal;
+  session << "PRAGMA journal_mode", Poco::Data::Keywords::into(journal), Poco::Data::Keywords::now;
+  EXPECT_EQ(journal, "delete") << "not switched to WAL either";
 }
 
 // A --plugin-dir that is not there (or is a file) was passed over: the id was then found beside
@@ -663,6 +669,52 @@ TEST_F(CliTest, FetchEndsAPluginCallThatNeverReturns) {
   EXPECT_NE(init.err.find("did not return from its init() (loading) within 300 ms"),
             std::string::npos)
       << init.err;
+}
+
+// A stop signal cuts a retry's wait short (it held the stop for up to --max-wait-s), and a second
+// one, of the other kind, ends `fetch` at once (SA_RESETHAND reset only the first's).
+TEST_F(CliTest, FetchStopsOutOfAWaitAndASecondSignalOfAnyKindEndsIt) {
+  const auto wait_for = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  };
+  // Every page answers RATE_LIMITED, wait 5 s: 30 retries are 150 s of waiting.
+  ChildProcess waiting(
+      BACKHAUL_CLI_PATH,
+      {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1", "--config",
+       R"({"fail": "rate_limited"})", "--retries", "30", "--max-wait-s", "86400"},
+      {}, dir_ / "waiting.stderr", dir_ / "waiting.stdout");
+  ASSERT_TRUE(wait_for([&] {
+    return waiting.stderr_text().find("retry 1/30") != std::string::npos;
+  })) << waiting.stderr_text();
+  ASSERT_TRUE(waiting.signal(SIGINT));
+  const int stopped = waiting.wait_exit(std::chrono::seconds(30));
+  EXPECT_TRUE(WIFSIGNALED(stopped) && WTERMSIG(stopped) == SIGINT) << stopped;
+  EXPECT_NE(waiting.stdout_text().find("1 item: stopped by signal 2 after 0 pages"),
+            std::string::npos)
+      << waiting.stdout_text();
+  EXPECT_NE(waiting.stdout_text().find("stopped_by_signal=2"), std::string::npos)
+      << waiting.stdout_text();
+
+  // Inside a plugin call that never returns, the first signal is only noted; the second ends it.
+  ChildProcess hanging(BACKHAUL_CLI_PATH,
+                       {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1",
+                        "--config", R"({"fail": "hang"})"},
+                       {}, dir_ / "hanging.stderr");
+  ASSERT_TRUE(wait_for([&] {
+    std::ifstream maps("/proc/" + std::to_string(hanging.pid()) + "/maps");
+    std::stringstream text;
+    text << maps.rdbuf();
+    return text.str().find("fake.so") != std::string::npos;
+  }));
+  ASSERT_TRUE(hanging.signal(SIGINT));
+  EXPECT_EQ(hanging.wait_exit(std::chrono::seconds(1)), -1) << "still in the plugin call";
+  ASSERT_TRUE(hanging.signal(SIGTERM));
+  const int ended = hanging.wait_exit(std::chrono::seconds(30));
+  EXPECT_TRUE(WIFSIGNALED(ended) && WTERMSIG(ended) == SIGTERM) << ended;
 }
 
 TEST_F(CliTest, DbMigrateSqlitePrintsTheSchemaVersion) {
