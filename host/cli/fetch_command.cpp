@@ -383,6 +383,9 @@ void check_token(const std::string& token, const std::string& source) {
 }
 
 void run_fetch(const FetchOptions& o) {
+  // First: a stop signal during loading (or a gateway call) is noted, not the end of the process,
+  // and the units then stop before their first page.
+  catch_stop_signals();
   // Found now, not as a RETRYABLE failure of the first https request, retried with backoff.
   if (!o.ca_file.empty() && ::access(o.ca_file.c_str(), R_OK) != 0) {
     throw ConfigError("--ca-file " + o.ca_file + ": " + std::strerror(errno));
@@ -493,7 +496,6 @@ void run_fetch(const FetchOptions& o) {
   FetchRun run(o, *connector, gateway ? &*gateway : nullptr, connection, token);
   Totals totals;
   auto started = std::chrono::steady_clock::now();
-  catch_stop_signals();
   for (const auto& resource : resources) {
     for (const auto& entity : entities) {
       if (g_stop_signal.load() != 0) break;
