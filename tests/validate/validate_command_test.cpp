@@ -1,8 +1,8 @@
 // The built `backhaul plugin validate` binary: exit status, text lines, and a --json document
 // that satisfies schemas/validate-report.schema.json.
 #include <algorithm>
-#include <csignal>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
