@@ -1,5 +1,7 @@
 #include "core/common/utf8.h"
 
+#include <algorithm>
+
 namespace backhaul {
 
 std::string valid_utf8(std::string_view text) {
@@ -84,6 +86,11 @@ std::string escape_controls(std::string_view text) {
     }
   }
   return out;
+}
+
+bool has_control_character(std::string_view text) {
+  return std::any_of(text.begin(), text.end(),
+                     [](unsigned char c) { return c < 0x20 || c == 0x7f; });
 }
 
 }  // namespace backhaul

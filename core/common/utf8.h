@@ -19,6 +19,10 @@ std::string valid_utf8(std::string_view text);
 // or hide lines of a report or a log, or move what a terminal shows of them.
 std::string escape_controls(std::string_view text);
 
+// True when `text` holds an ASCII control character (a token read from a file with its line
+// break: every request would then fail as an invalid header).
+bool has_control_character(std::string_view text);
+
 // A prefix of `text` of at most `max_bytes` that ends on a UTF-8 character boundary.
 std::string cut_utf8(std::string_view text, size_t max_bytes);
 

@@ -1,7 +1,5 @@
 #include "host/cli/admin_client.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <iostream>
 
@@ -10,6 +8,7 @@
 #include <Poco/URI.h>
 
 #include "core/common/redact.h"
+#include "core/common/utf8.h"
 #include "core/http/poco_transport.h"
 
 namespace backhaul::cli {
@@ -98,7 +97,7 @@ AdminClient::AdminClient(AdminEndpoint endpoint)
   token_ = token;
   // A line break at its end (the token read from a file) would make every request fail as an
   // invalid header, which says nothing of the variable.
-  if (std::any_of(token_.begin(), token_.end(), [](unsigned char c) { return std::iscntrl(c); })) {
+  if (has_control_character(token_)) {
     throw ConfigError("environment variable " + endpoint_.token_env +
                       " (the admin token) holds a control character (a line break at its end?)");
   }

@@ -2,7 +2,6 @@
 // comes back, and optionally deliver it to the gateway. The connector author's everyday tool.
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -168,10 +167,6 @@ bool pause_unless_stopped(int64_t ms) {
 // Thrown out of a delivery's back-off by a stop signal.
 struct StopRequested {};
 
-bool holds_control(const std::string& text) {
-  return std::any_of(text.begin(), text.end(), [](unsigned char c) { return std::iscntrl(c); });
-}
-
 class FetchRun {
  public:
   FetchRun(const FetchOptions& options, const plugins::Connector& connector,
@@ -233,7 +228,7 @@ class FetchRun {
                       << "\n";
             return;
           }
-          if (holds_control(token_)) {
+          if (has_control_character(token_)) {
             ++totals.failed_units;
             std::cerr << label << " " << entity
                       << ": failed: the token the gateway refreshed holds a control character\n";
@@ -376,7 +371,7 @@ constexpr const char* kProxyCredentialsEnv = "BACKHAUL_PROXY_CREDENTIALS";
 // A token with a control character (read from a file with its line break) fails every request as
 // an invalid header, which names neither the token nor where it came from.
 void check_token(const std::string& token, const std::string& source) {
-  if (holds_control(token)) {
+  if (has_control_character(token)) {
     throw ConfigError("the token from " + source +
                       " holds a control character (a line break at its end?)");
   }
