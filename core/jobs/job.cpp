@@ -75,6 +75,19 @@ FinishResult finish_failure(const std::exception_ptr& error) {
   return r;
 }
 
+std::optional<std::string> text_problem(std::string_view what, std::string_view text) {
+  if (text.size() > kMaxTextBytes) {
+    return std::string(what) + " is " + std::to_string(text.size()) +
+           " bytes, more than a store keeps (" + std::to_string(kMaxTextBytes) + ")";
+  }
+  if (!is_utf8(text)) return std::string(what) + " is not valid UTF-8";
+  return std::nullopt;
+}
+
+void check_text(std::string_view what, std::string_view text) {
+  if (auto problem = text_problem(what, text)) throw std::invalid_argument(*problem);
+}
+
 std::optional<std::string> spec_problem(const JobSpec& spec) {
   if (spec.kind.empty()) return "enqueue: job kind is empty";
   auto too_long = [](const char* what, size_t size, size_t limit) {
@@ -96,7 +109,7 @@ std::optional<std::string> spec_problem(const JobSpec& spec) {
   if (spec.timeout_ms < 0) {
     return "enqueue: timeout_ms must not be negative (got " + std::to_string(spec.timeout_ms) + ")";
   }
-  return std::nullopt;
+  return text_problem("enqueue: payload", spec.payload);
 }
 
 void check_specs(const std::vector<JobSpec>& specs) {
@@ -129,16 +142,23 @@ void check_lease_ms(const char* operation, int64_t lease_ms) {
 }
 
 std::optional<std::string> finish_item_problem(const Finish& item) {
+  std::optional<std::string> problem;
   switch (item.kind) {
     case Finish::Kind::kComplete:
+      problem = text_problem("result", item.result_json);
+      break;
+    case Finish::Kind::kWaitForChildren:
+      if (item.checkpoint) problem = text_problem("checkpoint", *item.checkpoint);
+      break;
     case Finish::Kind::kFail:
     case Finish::Kind::kDefer:
     case Finish::Kind::kRelease:
-    case Finish::Kind::kWaitForChildren:
-      return std::nullopt;
+      break;
+    default:
+      problem = "unknown ending kind " + std::to_string(static_cast<int>(item.kind));
   }
-  return "finish: job " + std::to_string(item.id) + ": unknown ending kind " +
-         std::to_string(static_cast<int>(item.kind));
+  if (!problem) return std::nullopt;
+  return "finish: job " + std::to_string(item.id) + ": " + *problem;
 }
 
 // One transaction per item; backends override this to share one.

@@ -31,6 +31,9 @@ using JobId = int64_t;
 // columns hold no more, and SQLite refuses the same, so a job is taken or refused alike by both.
 inline constexpr size_t kMaxKindBytes = 255;
 inline constexpr size_t kMaxKeyBytes = 1024;
+// The largest payload, checkpoint or result a store takes (bytes), and those must be UTF-8: MySQL's
+// MEDIUMTEXT utf8mb4 columns hold no more and nothing else, and SQLite refuses the same.
+inline constexpr size_t kMaxTextBytes = (16u << 20) - 1;
 
 struct JobSpec {
   std::string kind;             // handler name, e.g. "backfill.run", "backfill.entity"

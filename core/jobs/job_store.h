@@ -129,14 +129,24 @@ struct Finish {
   std::optional<std::string> checkpoint;  // kWaitForChildren
 };
 
-// Why enqueue() refuses `spec` (an empty kind, max_attempts below 1, a negative timeout), or
-// nothing. The stores throw std::invalid_argument with it, before writing anything.
+// Why a store refuses `text` as a payload, checkpoint or result (`what` names it with its caller,
+// as "complete: result"): it is not UTF-8, or is longer than kMaxTextBytes. Or nothing.
+std::optional<std::string> text_problem(std::string_view what, std::string_view text);
+// Throws std::invalid_argument with text_problem()'s answer, if any: for heartbeat(), complete(),
+// wait_for_children() and set_checkpoint(), before anything is read or written. Such a value is
+// the caller's mistake, not a failing store (a StorageError), and no lease is looked at for it.
+void check_text(std::string_view what, std::string_view text);
+
+// Why enqueue() refuses `spec` (an empty kind, max_attempts below 1, a negative timeout, a payload
+// text_problem() names), or nothing. The stores throw std::invalid_argument with it, before
+// writing anything.
 std::optional<std::string> spec_problem(const JobSpec& spec);
 // Throws std::invalid_argument naming the first spec of `specs` with a problem (its index too).
 void check_specs(const std::vector<JobSpec>& specs);
 
 // Why finish() refuses `item` before applying it (its kind is none of Finish::Kind: a cast from a
-// bad number), or nothing. The stores report it in the item's result alone.
+// bad number; a result or checkpoint text_problem() names), or nothing. The stores report it in
+// the item's result alone (not retryable), and apply the other items.
 std::optional<std::string> finish_item_problem(const Finish& item);
 
 struct FinishResult {

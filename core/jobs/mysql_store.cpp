@@ -2038,6 +2038,7 @@ class MysqlStore final : public JobStore {
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
                             const std::optional<std::string>& checkpoint, bool progress) override {
     check_lease_ms("heartbeat", lease_ms);
+    if (checkpoint) check_text("heartbeat: checkpoint", *checkpoint);
     // A row held through one lock wait (50 s by default, often more than the lease) is not waited
     // for again: the scheduler beats the job again half an interval later, after the others, and a
     // second wait would hold a heartbeat lane and a pooled connection as long again. (A handler's
@@ -2064,6 +2065,7 @@ class MysqlStore final : public JobStore {
   // Group-committed: concurrent completions share a transaction (set-based statements).
   void complete(JobId id, const std::string& token, const std::string& result_json,
                 int64_t now_ms) override {
+    check_text("complete: result", result_json);
     CompleteOp op{id, token, result_json, now_ms, nullptr, false};
     completions_.submit(op, [&](std::vector<CompleteOp*>& batch) {
       std::vector<CompleteOp*> unsettled = batch;
@@ -2297,6 +2299,7 @@ class MysqlStore final : public JobStore {
 
   void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
                          const std::optional<std::string>& checkpoint, int64_t now_ms) override {
+    if (checkpoint) check_text("wait_for_children: checkpoint", *checkpoint);
     end_attempt_tx("wait_for_children", id, token, [&](Tx& tx, Writes& w) {
       JobState s = lock_running(tx, id, token);
       if (s.cancel_requested) {
@@ -2508,6 +2511,7 @@ class MysqlStore final : public JobStore {
 
   void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
                       int64_t now_ms) override {
+    if (checkpoint) check_text("set_checkpoint: checkpoint", *checkpoint);
     transact("set_checkpoint", [&](Tx& tx) {
       JobState s = lock_existing(tx, id);
       if (s.status == JobStatus::kRunning) {

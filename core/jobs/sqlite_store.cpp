@@ -1119,6 +1119,10 @@ std::vector<FinishResult> finish_jobs(Connection& c, const std::vector<Finish>& 
   std::vector<size_t> completes, fails, rest;
   std::set<JobId> seen;
   for (size_t i = 0; i < items.size(); ++i) {
+    if (auto problem = finish_item_problem(items[i])) {  // this item's alone: nothing written
+      results[i].error = *problem;
+      continue;
+    }
     const bool first = seen.insert(items[i].id).second;
     if (first && items[i].kind == Finish::Kind::kComplete) {
       completes.push_back(i);
@@ -1554,12 +1558,14 @@ class SqliteStore final : public SqliteJobStore {
   HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
                             const std::optional<std::string>& checkpoint, bool progress) override {
     check_lease_ms("heartbeat", lease_ms);
+    if (checkpoint) check_text("heartbeat: checkpoint", *checkpoint);
     return write([&](Connection& c) {
       return heartbeat_job(c, id, token, now_ms, lease_ms, checkpoint, progress);
     });
   }
   void complete(JobId id, const std::string& token, const std::string& result_json,
                 int64_t now_ms) override {
+    check_text("complete: result", result_json);
     write([&](Connection& c) { complete_job(c, id, token, result_json, now_ms); });
   }
   // Error text is written in its stored form (stored_error()), copied only when it is not so.
@@ -1586,6 +1592,7 @@ class SqliteStore final : public SqliteJobStore {
   }
   void wait_for_children(JobId id, const std::string& token, int64_t deadline_ms,
                          const std::optional<std::string>& checkpoint, int64_t now_ms) override {
+    if (checkpoint) check_text("wait_for_children: checkpoint", *checkpoint);
     write([&](Connection& c) { wait_job(c, id, token, deadline_ms, checkpoint, now_ms); });
   }
   std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
@@ -1638,6 +1645,7 @@ class SqliteStore final : public SqliteJobStore {
   std::map<std::pair<std::string, JobStatus>, int64_t> counts() override;
   void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
                       int64_t now_ms) override {
+    if (checkpoint) check_text("set_checkpoint: checkpoint", *checkpoint);
     write([&](Connection& c) { set_job_checkpoint(c, id, checkpoint, now_ms); });
   }
 

@@ -1,5 +1,6 @@
 // /v1/jobs: list, get (with attempt history), cancel, and the checkpoint of a job that is not
 // running (read, replace, reset).
+#include "core/jobs/job_store.h"
 #include "core/pipeline/pipeline.h"
 #include "host/daemon/api_support.h"
 
@@ -70,6 +71,10 @@ Response checkpoint(Call& call, jobs::JobId id) {
   }
   if (method == "PUT") {
     const json body = call.json_body("a JSON object (the new checkpoint)");
+    // JSON is UTF-8; a body admin.max_body_bytes lets through may still be more than a store keeps.
+    if (auto problem = jobs::text_problem("body: the checkpoint", call.request.body)) {
+      throw ApiError(413, "PAYLOAD_TOO_LARGE", *problem, {{"maxBytes", jobs::kMaxTextBytes}});
+    }
     const jobs::Job job = require_job(call, id);
     try {
       // A checkpoint its handler could not resume from is refused here, naming the field, rather

@@ -16,7 +16,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/common/clock.h"
 #include "core/jobs/circuit_breaker.h"
+#include "core/jobs/scheduler.h"
 #include "tests/core/jobs/job_store_fixture.h"
 
 namespace backhaul::jobs::testing {
@@ -1533,6 +1535,120 @@ TEST_P(JobStoreConformance, ErrorTextIsKeptAsValidUtf8OfAtMost65000Bytes) {
   const JobId deferred = add(spec("deferred"));
   store().defer(deferred, claim_job(deferred).lease_token, kT0 + kMinute, failure.error, kT0);
   EXPECT_EQ(store().attempts(deferred).back().error, clipped);
+}
+
+// A payload, checkpoint or result is taken alike by both stores: UTF-8 of at most kMaxTextBytes
+// (MySQL's MEDIUMTEXT utf8mb4). Before, SQLite kept what MySQL refused, so a job that ran on one
+// store failed on the other. A value neither keeps is refused before anything is read or written,
+// as the caller's mistake (std::invalid_argument, not a StorageError: the store is fine), and the
+// job stays as it was.
+TEST_P(JobStoreConformance, TextsAreUtf8OfAtMost16MiBOnEveryBackend) {
+  const std::string not_utf8 = "{\"name\":\"\xff\xfe\"}";
+  const std::string too_long(kMaxTextBytes + 1, ' ');
+  auto refusal = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not std::invalid_argument: ") + e.what();
+    }
+    return "(taken)";
+  };
+
+  JobSpec bad = spec();
+  bad.payload = not_utf8;
+  EXPECT_EQ(refusal([&] { store().enqueue(bad, kT0); }), "enqueue: payload is not valid UTF-8");
+  bad.payload = too_long;
+  EXPECT_EQ(refusal([&] {
+              store().enqueue_batch({spec(), bad}, kT0);
+            }),
+            "enqueue: payload is 16777216 bytes, more than a store keeps (16777215) (spec 1 of 2)");
+  EXPECT_TRUE(store().list({}).jobs.empty()) << "a batch with a refused spec enqueued some";
+
+  const JobId id = add(spec());
+  const Claimed c = claim_job(id);
+  const std::string before = describe(get_job(id));
+  EXPECT_EQ(refusal([&] { store().heartbeat(id, c.lease_token, kT0 + 1, kLeaseMs, not_utf8); }),
+            "heartbeat: checkpoint is not valid UTF-8");
+  EXPECT_EQ(refusal([&] { store().complete(id, c.lease_token, too_long, kT0 + 1); }),
+            "complete: result is 16777216 bytes, more than a store keeps (16777215)");
+  EXPECT_EQ(refusal([&] {
+              store().wait_for_children(id, c.lease_token, kT0 + kHour, not_utf8, kT0 + 1);
+            }),
+            "wait_for_children: checkpoint is not valid UTF-8");
+  EXPECT_EQ(describe(get_job(id)), before) << "a refused value changed the job";
+
+  // In finish(), the refusal is the item's alone: the others apply.
+  const JobId other = add(spec("other"));
+  Finish refused;
+  refused.kind = Finish::Kind::kComplete;
+  refused.id = id;
+  refused.token = c.lease_token;
+  refused.result_json = not_utf8;
+  Finish waits = refused;
+  waits.kind = Finish::Kind::kWaitForChildren;
+  waits.until_ms = kT0 + kHour;
+  waits.checkpoint = too_long;
+  Finish done;
+  done.kind = Finish::Kind::kComplete;
+  done.id = other;
+  done.token = claim_job(other).lease_token;
+  done.result_json = R"({"ok":"✅"})";
+  const std::vector<FinishResult> r = store().finish({refused, done, waits}, kT0 + 2);
+  ASSERT_EQ(r.size(), 3u);
+  const std::string job = "finish: job " + std::to_string(id) + ": ";
+  EXPECT_EQ(r[0].error, job + "result is not valid UTF-8");
+  EXPECT_EQ(r[2].error, job + "checkpoint is 16777216 bytes, more than a store keeps (16777215)");
+  for (size_t i : {0u, 2u}) {
+    EXPECT_FALSE(r[i].status || r[i].retryable || r[i].lease_lost) << i << ": " << r[i].error;
+  }
+  EXPECT_EQ(r[1].status, JobStatus::kSucceeded) << r[1].error;
+  EXPECT_EQ(get_job(other).result, R"({"ok":"✅"})");
+  EXPECT_EQ(describe(get_job(id)), before) << "a refused ending changed the job";
+
+  // The job goes on; an operator's checkpoint is held to the same, and the largest value is kept.
+  store().complete(id, c.lease_token, "{}", kT0 + 3);
+  EXPECT_EQ(refusal([&] { store().set_checkpoint(id, not_utf8, kT0 + 4); }),
+            "set_checkpoint: checkpoint is not valid UTF-8");
+  if (!is_mysql()) {  // MySQL: the test server's max_allowed_packet is 64 MiB; left to its tests
+    const std::string largest(kMaxTextBytes, 'x');
+    store().set_checkpoint(id, largest, kT0 + 4);
+    EXPECT_EQ(get_job(id).checkpoint.value_or("").size(), kMaxTextBytes);
+  }
+}
+
+// Through the scheduler, a result no store keeps ends the attempt as a failure that names it: it
+// is retried, and dies with that error. Found by review (on MySQL, whose server refused it then):
+// the ending was only logged, the job stayed running until its lease ran out and died as "lease
+// expired after 3 attempts (worker crashed or hung)", the refusal found nowhere.
+TEST_P(JobStoreConformance, AResultNoStoreKeepsFailsTheAttemptNamingIt) {
+  FakeClock clock(kT0);
+  JobSpec s = spec("refused-result", "key");
+  s.max_attempts = 3;
+  const JobId id = add(s);
+  SchedulerOptions options;
+  options.owner = "refused-result-host";
+  Scheduler scheduler(store(), clock, options);
+  int runs = 0;
+  scheduler.register_handler("refused-result", [&](JobContext&) {
+    ++runs;
+    return Outcome::complete("{\"name\":\"\xff\xfe\"}");
+  });
+  ASSERT_EQ(scheduler.run_once(1), 1u);
+  Job job = get_job(id);
+  EXPECT_EQ(job.status, JobStatus::kQueued) << "left running until its lease expires";
+  EXPECT_EQ(job.attempts, 1);
+  EXPECT_THAT(job.last_error.value_or("(none)"), HasSubstr("result is not valid UTF-8"));
+  for (int attempt = 2; attempt <= 3; ++attempt) {
+    clock.advance_ms(kHour);
+    ASSERT_EQ(scheduler.run_once(1), 1u) << "attempt " << attempt;
+  }
+  EXPECT_EQ(get_job(id).status, JobStatus::kDead);
+  EXPECT_EQ(runs, 3);
+  EXPECT_THAT(letter_of(id).error,
+              HasSubstr("the store refused the attempt's outcome: finish: job " +
+                        std::to_string(id) + ": result is not valid UTF-8"));
 }
 
 TEST_P(JobStoreConformance, DeferRequeuesAtTheGivenTimeWithoutCountingTheAttempt) {

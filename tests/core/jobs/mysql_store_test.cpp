@@ -1212,53 +1212,6 @@ TEST(MysqlStore, ConcurrentDedupeCreatesOneJob) {
   }
 }
 
-// complete() is group-committed: calls from many threads share transactions. One stale lease
-// and one result too large for MEDIUMTEXT fail alone; every other completion in their batches
-// commits.
-TEST(MysqlStore, GroupedCompletionsFailOnlyTheirBadOps) {
-  TestDatabase db;
-  auto store = db.open(8);
-  std::vector<JobSpec> specs(24, spec("k"));
-  store->enqueue_batch(specs, 1000);
-  ClaimRequest r;
-  r.owner = "w";
-  r.limit = 24;
-  r.now_ms = 2000;
-  std::vector<Claimed> got = store->claim(r);
-  ASSERT_EQ(got.size(), 24u);
-  const std::string too_large((16u << 20) + 1, 'x');  // MEDIUMTEXT holds 16 MiB - 1
-  std::vector<std::string> outcome(got.size());
-  std::vector<std::thread> threads;
-  std::atomic<bool> go{false};
-  for (size_t i = 0; i < got.size(); ++i) {
-    threads.emplace_back([&, i] {
-      while (!go) std::this_thread::yield();
-      std::string token = i == 5 ? got[i].lease_token + "-stale" : got[i].lease_token;
-      const std::string& result = i == 9 ? too_large : std::string("{\"i\":1}");
-      try {
-        store->complete(got[i].job.id, token, result, 3000);
-        outcome[i] = "ok";
-      } catch (const LeaseLost&) {
-        outcome[i] = "lease lost";
-      } catch (const StorageError&) {
-        outcome[i] = "storage error";
-      }
-    });
-  }
-  go = true;
-  for (auto& t : threads) t.join();
-  for (size_t i = 0; i < got.size(); ++i) {
-    std::string expected = i == 5 ? "lease lost" : i == 9 ? "storage error" : "ok";
-    EXPECT_EQ(outcome[i], expected) << i;
-    JobStatus status = store->get(got[i].job.id)->status;
-    EXPECT_EQ(status, expected == "ok" ? JobStatus::kSucceeded : JobStatus::kRunning) << i;
-  }
-  EXPECT_EQ(store->running("k", ""), 2);
-  EXPECT_EQ(store->max_running_seen("k", ""), 24);
-  auto c = db.app_session();
-  EXPECT_EQ(scalar(*c, "SELECT running FROM running_totals WHERE kind = 'k'"), 2);
-}
-
 // Errors are stored even when they are not UTF-8 (a utf8mb4 column would refuse them).
 TEST(MysqlStore, ErrorsThatAreNotUtf8AreStored) {
   TestDatabase db;
@@ -2177,49 +2130,6 @@ TEST(MysqlStore, ASchedulerLosesNoJobAcrossAServerOutageLongerThanTheLease) {
   EXPECT_GT(taken_back, 0) << "no lease ran out during the outage: the test proves nothing";
 }
 
-// Bad input (issue 4), found by review 2: a handler's result the server refuses (not UTF-8 for a
-// utf8mb4 column; one over MEDIUMTEXT would be the same) is a refusal of the ending itself, not a
-// failure of the store. The attempt must end as a failure naming it (retried, then dead with that
-// error). It was only logged: the job stayed running until its lease ran out, the sweep took it
-// back, the handler ran again, and after max_attempts leases the job died as "lease expired after
-// 3 attempts (worker crashed or hung)", the store's error found nowhere.
-TEST(MysqlStore, AResultTheServerRefusesFailsTheAttemptWithTheServersError) {
-  TestDatabase db;
-  auto store = db.open();
-  FakeClock clock;
-  JobSpec s = spec("refused-result", "key");
-  s.max_attempts = 3;
-  const JobId id = store->enqueue(s, clock.now_ms()).id;
-  SchedulerOptions options;
-  options.owner = "refused-result-host";
-  Scheduler scheduler(*store, clock, options);
-  int runs = 0;
-  scheduler.register_handler("refused-result", [&](JobContext&) {
-    ++runs;
-    return Outcome::complete("{\"name\":\"\xff\xfe\"}");
-  });
-  ASSERT_EQ(scheduler.run_once(1), 1u);
-  Job job = *store->get(id);
-  EXPECT_EQ(to_string(job.status), "queued") << "left running until its lease expires";
-  EXPECT_EQ(job.attempts, 1);
-  EXPECT_NE(job.last_error.value_or("").find("Incorrect string value"), std::string::npos)
-      << "last_error: " << job.last_error.value_or("(none)");
-  // Retried with backoff like any failure, and dead after max_attempts with the same error.
-  for (int attempt = 2; attempt <= 3; ++attempt) {
-    clock.advance_ms(3'600'000);
-    ASSERT_EQ(scheduler.run_once(1), 1u) << "attempt " << attempt;
-  }
-  job = *store->get(id);
-  EXPECT_EQ(to_string(job.status), "dead");
-  EXPECT_EQ(runs, 3);
-  const DeadLetterPage letters = store->list_dead_letters({});
-  ASSERT_EQ(letters.items.size(), 1u);
-  EXPECT_EQ(letters.items[0].job_id, id);
-  EXPECT_NE(letters.items[0].error.find("the store refused the attempt's outcome"),
-            std::string::npos)
-      << letters.items[0].error;
-}
-
 // --- a read-only server ---------------------------------------------------------------------
 
 // The ids of the sessions open on the test's database (the store's own, outside any test session).
@@ -2314,6 +2224,13 @@ class ServerWide {
   std::string undo_;
   bool ended_ = false;
 };
+
+// The server's max_allowed_packet at 1 MiB for the scope: the sessions opened in it see it.
+ServerWide small_packets(const TestDatabase& db) {
+  const int64_t packet = scalar(*db.root_session(), "SELECT @@max_allowed_packet");
+  return ServerWide(db, "SET GLOBAL max_allowed_packet = 1048576",
+                    "SET GLOBAL max_allowed_packet = " + std::to_string(packet));
+}
 
 // The server read-only (SET GLOBAL read_only).
 class ReadOnlyServer : public ServerWide {
@@ -2521,19 +2438,68 @@ TEST(MysqlScheduler, AHeartbeatWaitingForAHeldRowHoldsUpNoOtherJobsBeats) {
 
 // --- values and limits the server refuses -----------------------------------------------------
 
-// A value larger than the server's max_allowed_packet (64 MiB on the test server; 16 MiB by
-// default, which a MEDIUMTEXT's worth of text reaches once quoted) can never be stored. The server
+// complete() is group-committed: calls from many threads share transactions. One stale lease
+// and one result larger than the server's max_allowed_packet (here 1 MiB) fail alone; every other
+// completion in their batches commits.
+TEST(MysqlServerWide, GroupedCompletionsFailOnlyTheirBadOps) {
+  TestDatabase db;
+  ServerWide small = small_packets(db);
+  auto store = db.open(8);  // its sessions see the small packet
+  std::vector<JobSpec> specs(24, spec("k"));
+  store->enqueue_batch(specs, 1000);
+  ClaimRequest r;
+  r.owner = "w";
+  r.limit = 24;
+  r.now_ms = 2000;
+  std::vector<Claimed> got = store->claim(r);
+  ASSERT_EQ(got.size(), 24u);
+  const std::string too_large(2u << 20, 'x');  // under kMaxTextBytes: for the server to refuse
+  std::vector<std::string> outcome(got.size());
+  std::vector<std::thread> threads;
+  std::atomic<bool> go{false};
+  for (size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] {
+      while (!go) std::this_thread::yield();
+      std::string token = i == 5 ? got[i].lease_token + "-stale" : got[i].lease_token;
+      const std::string& result = i == 9 ? too_large : std::string("{\"i\":1}");
+      try {
+        store->complete(got[i].job.id, token, result, 3000);
+        outcome[i] = "ok";
+      } catch (const LeaseLost&) {
+        outcome[i] = "lease lost";
+      } catch (const StorageError&) {
+        outcome[i] = "storage error";
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::string expected = i == 5 ? "lease lost" : i == 9 ? "storage error" : "ok";
+    EXPECT_EQ(outcome[i], expected) << i;
+    JobStatus status = store->get(got[i].job.id)->status;
+    EXPECT_EQ(status, expected == "ok" ? JobStatus::kSucceeded : JobStatus::kRunning) << i;
+  }
+  EXPECT_EQ(store->running("k", ""), 2);
+  EXPECT_EQ(store->max_running_seen("k", ""), 24);
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c, "SELECT running FROM running_totals WHERE kind = 'k'"), 2);
+}
+
+// A value larger than the server's max_allowed_packet (here 1 MiB; 16 MiB by default, which a
+// MEDIUMTEXT's worth of text reaches once quoted) can never be stored. (A value over a MEDIUMTEXT,
+// kMaxTextBytes, is refused before any statement: JobStoreConformance.TextsAreUtf8Of...) The server
 // closes the connection on such a statement, before the client has sent it all when it is well
 // over the limit, and the store took that for a lost connection (found by review): an enqueue was
 // sent four times more and then reported transient, and a heartbeat or an ending, whose statement
 // goes with its COMMIT, became an unknown outcome, transient too -- the scheduler kept sending it
 // for as long as the lease lasted, and a heartbeat round took the store for down. It is a refusal,
 // as a result that is not UTF-8 is.
-TEST(MysqlStore, AValueLargerThanTheServersPacketLimitIsRefusedNotTakenForALostConnection) {
+TEST(MysqlServerWide, AValueLargerThanTheServersPacketLimitIsRefusedNotTakenForALostConnection) {
   TestDatabase db;
-  const int64_t packet = scalar(*db.root_session(), "SELECT @@max_allowed_packet");
-  const std::string huge(2 * static_cast<size_t>(packet), 'x');
-  OneSessionRunningAJob job(db);
+  ServerWide small = small_packets(db);
+  const std::string huge(2u << 20, 'x');  // under kMaxTextBytes: for the server to refuse
+  OneSessionRunningAJob job(db);          // its session sees the small packet
   auto& store = job.store;
   const JobId id = job.id;
   const std::string& token = job.token;
@@ -3138,9 +3104,7 @@ TEST(MysqlBackupLock, AnEnqueueWhoseCommitWasKilledBeforeItAppliedIsMadeAgain) {
 // of at most 256 KiB now, and the claim is as fair as before.
 TEST(MysqlServerWide, AClaimOverMoreKeysThanOneStatementHoldsStillClaims) {
   TestDatabase db;
-  const int64_t packet = scalar(*db.root_session(), "SELECT @@max_allowed_packet");
-  ServerWide small(db, "SET GLOBAL max_allowed_packet = 1048576",
-                   "SET GLOBAL max_allowed_packet = " + std::to_string(packet));
+  ServerWide small = small_packets(db);
   auto store = db.open(2);  // its sessions see the small packet
   store->set_caps("k", {1, 0});
   std::vector<JobSpec> specs;

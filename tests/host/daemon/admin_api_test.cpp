@@ -305,6 +305,25 @@ TEST_F(DaemonTest, AReplacedCheckpointIsStoredAsSent) {
   EXPECT_EQ(*store().get(id)->checkpoint, sent);
 }
 
+// A checkpoint is held to what a store keeps (jobs::kMaxTextBytes), which admin.max_body_bytes
+// (up to 64 MiB) may let through: refused as too large, naming both sizes, and nothing stored.
+// Before, SQLite stored it and MySQL answered 500.
+TEST_F(DaemonTest, ACheckpointLargerThanAStoreKeepsIsRefusedAsTooLarge) {
+  start([](nlohmann::json& c) { c["admin"]["max_body_bytes"] = 32 << 20; });
+  const jobs::JobId id = enqueue("kind.a");
+  const std::string path = "/v1/jobs/" + std::to_string(id) + "/checkpoint";
+  const std::string body = "{\"x\":\"" + std::string(jobs::kMaxTextBytes, 'a') + "\"}";
+  const HttpResult put = call("PUT", path, body);
+  expect_envelope(put, 413, "PAYLOAD_TOO_LARGE");
+  EXPECT_EQ(put.json()["error"]["message"],
+            "body: the checkpoint is 16777223 bytes, more than a store keeps (16777215)");
+  EXPECT_EQ(put.json()["error"]["details"]["maxBytes"], jobs::kMaxTextBytes);
+  EXPECT_FALSE(store().get(id)->checkpoint) << "nothing stored";
+  const std::string largest = "{\"x\":\"" + std::string(jobs::kMaxTextBytes - 8, 'a') + "\"}";
+  ASSERT_EQ(call("PUT", path, largest).status, 200);
+  EXPECT_EQ(store().get(id)->checkpoint.value_or("").size(), jobs::kMaxTextBytes);
+}
+
 // A body nested deeper than the API reads is refused, naming the depth. nlohmann reads any depth
 // but copies and dumps recursively: a checkpoint nested 300 000 deep was stored, then ended the
 // daemon with a stack overflow when echoed back, and at every listing of the job after a restart.
