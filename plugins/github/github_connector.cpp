@@ -1,5 +1,6 @@
 #include "github_connector.h"
 
+#include <cctype>
 #include <optional>
 #include <string>
 #include <utility>
@@ -73,10 +74,39 @@ bool has_whitespace_or_control(std::string_view s) {
   return false;
 }
 
-// A cursor is a next URL this connector returned earlier. It must stay on base_url's origin:
-// the request carries the token, so a cursor pointing elsewhere (a corrupted or tampered
-// checkpoint, a config moved to another GitHub) must never be followed.
-std::string checked_cursor(std::string_view cursor, const Config& config) {
+// The last path segment of a kind's list: /repos/{owner}/{repo}/{segment}.
+std::string_view list_segment(EntityKind kind) {
+  switch (kind) {
+    case EntityKind::kPullRequest:
+      return "pulls";
+    case EntityKind::kIssue:
+      return "issues";
+    case EntityKind::kRelease:
+      return "releases";
+  }
+  return "";
+}
+
+bool equal_ignoring_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A cursor is a next URL this connector returned earlier, and the request carries the token: it
+// must be a page of this unit's list, on base_url's origin. A cursor pointing elsewhere (a
+// corrupted or tampered checkpoint, a config moved to another GitHub, a mistyped --cursor) is
+// never followed: not to another host, nor to another repository's list or any other path of the
+// same host, whose items would be delivered as this unit's. GitHub's next links name the
+// repository by id (/repositories/{id}/issues?page=2); ours, and older ones, by name (compared
+// ignoring case, as GitHub does).
+std::string checked_cursor(std::string_view cursor, const Config& config, EntityKind kind,
+                           const RepositoryName& name, std::string_view repository_id) {
   const std::optional<std::string> origin = http_origin(cursor);
   if (!origin || has_whitespace_or_control(cursor)) {
     throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
@@ -86,6 +116,17 @@ std::string checked_cursor(std::string_view cursor, const Config& config) {
   if (*origin != http_origin(config.base_url)) {
     throw sdk::Error(BACKHAUL_INVALID_ARGUMENT, "github: cursor host " + *origin +
                                                     " differs from base_url " + config.base_url);
+  }
+  const std::string base = std::string(url_path(config.base_url));
+  const std::string segment = "/" + std::string(list_segment(kind));
+  const std::string by_name =
+      base + "/repos/" + percent_encode(name.owner) + "/" + percent_encode(name.repo) + segment;
+  const std::string by_id = base + "/repositories/" + std::string(repository_id) + segment;
+  const std::string_view path = url_path(cursor);
+  if (!equal_ignoring_case(path, by_name) && path != by_id) {
+    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
+                     "github: cursor \"" + std::string(cursor.substr(0, 200)) +
+                         "\" is not a page of this unit's list (" + by_name + " or " + by_id + ")");
   }
   return std::string(cursor);
 }
@@ -217,8 +258,9 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
                      "github: the work unit has no resource id (the repository id)");
   }
   const int64_t since_ms = since_floor_seconds_ms(request.since_unix_ms);
-  const std::string url = request.cursor ? checked_cursor(*request.cursor, config)
-                                         : first_page_url(config, kind, name, since_ms);
+  const std::string url =
+      request.cursor ? checked_cursor(*request.cursor, config, kind, name, request.unit.resource_id)
+                     : first_page_url(config, kind, name, since_ms);
 
   // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
   // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
@@ -239,16 +281,6 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   return page;
 }
 
-std::string redacted(std::string message, std::string_view token) {
-  static constexpr std::string_view kRedacted = "[redacted]";
-  if (token.empty()) return message;
-  for (size_t at = message.find(token); at != std::string::npos;
-       at = message.find(token, at + kRedacted.size())) {
-    message.replace(at, token.size(), kRedacted);
-  }
-  return message;
-}
-
 // Runs `fn`, translating everything it throws into sdk::Error with the token scrubbed from the
 // message (belt and braces: no message is built from the token, but a host or server message
 // could echo it).
@@ -257,13 +289,14 @@ auto guarded(std::string_view token, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const sdk::Error& e) {
-    throw sdk::Error(e.status(), redacted(e.what(), token), e.retry_after_ms());
+    throw sdk::Error(e.status(), sdk::redact_secret(e.what(), token), e.retry_after_ms());
   } catch (const sdk::HostError& e) {
-    throw sdk::Error(e.status(), redacted(std::string("github: ") + e.what(), token));
+    throw sdk::Error(e.status(), sdk::redact_secret(std::string("github: ") + e.what(), token));
   } catch (const json::exception& e) {
     // A field of an unexpected type somewhere in a response.
-    throw sdk::Error(BACKHAUL_RETRYABLE,
-                     redacted(std::string("github: unexpected response: ") + e.what(), token));
+    throw sdk::Error(
+        BACKHAUL_RETRYABLE,
+        sdk::redact_secret(std::string("github: unexpected response: ") + e.what(), token));
   }
 }
 

@@ -50,4 +50,14 @@ std::optional<std::string> http_origin(std::string_view url) {
   return origin + "://" + host;
 }
 
+std::string_view url_path(std::string_view url) {
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos) return {};
+  const std::string_view rest = url.substr(scheme_end + 3);
+  const size_t path = rest.find_first_of("/?#");
+  if (path == std::string_view::npos || rest[path] != '/') return {};
+  const std::string_view tail = rest.substr(path);
+  return tail.substr(0, tail.find_first_of("?#"));
+}
+
 }  // namespace backhaul::github

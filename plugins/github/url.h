@@ -16,4 +16,8 @@ std::string percent_encode(std::string_view s);
 // dropped. nullopt for anything else.
 std::optional<std::string> http_origin(std::string_view url);
 
+// The path of an absolute URL ("scheme://authority/path?query#fragment"): from the '/' after the
+// authority up to the query or fragment, as written (not decoded). Empty when there is none.
+std::string_view url_path(std::string_view url);
+
 }  // namespace backhaul::github

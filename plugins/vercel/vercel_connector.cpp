@@ -124,26 +124,13 @@ void append_param(std::string& url, std::string_view name, std::string_view valu
   url += url_encode(value);
 }
 
-// Replaces every occurrence of the access token in `message`. Messages are built from our own text
-// and the provider's error bodies, neither of which should ever hold the token; this is the last
-// line of defence. Very short "tokens" (test values) would match innocent text, so they are left.
-std::string redact(std::string message, std::string_view token) {
-  constexpr std::string_view kRedacted = "[redacted]";
-  if (token.size() < 8) return message;
-  for (size_t pos = message.find(token); pos != std::string::npos;
-       pos = message.find(token, pos + kRedacted.size())) {
-    message.replace(pos, token.size(), kRedacted);
-  }
-  return message;
-}
-
 // Runs `fn`, rethrowing any sdk::Error with the token scrubbed from its message.
 template <class Fn>
 auto with_token_redacted(std::string_view token, Fn&& fn) {
   try {
     return fn();
   } catch (const Error& e) {
-    throw Error(e.status(), redact(e.what(), token), e.retry_after_ms());
+    throw Error(e.status(), sdk::redact_secret(e.what(), token), e.retry_after_ms());
   }
 }
 

@@ -174,6 +174,23 @@ TEST(ConnectorWrapperTest, InitRejectsMissingHost) {
   EXPECT_THROW(backhaul::sdk::Host::now_ms(), backhaul::sdk::HostError);
 }
 
+// Tokens of 8 bytes or more go wherever they are; shorter ones (test values) only where they
+// stand alone, so that the rest of a message stays readable.
+TEST(RedactSecretTest, ALongSecretGoesEverywhereAShortOneOnlyWhereItStandsAlone) {
+  using backhaul::sdk::redact_secret;
+  const std::string token = "ghp_0123456789abcdef";
+  EXPECT_EQ(redact_secret("token " + token + " is bad; x" + token + "y", token),
+            "token [redacted] is bad; x[redacted]y");
+  EXPECT_EQ(redact_secret("Bad credentials", "e"), "Bad credentials");
+  EXPECT_EQ(redact_secret("e: token e (e) is bad", "e"),
+            "[redacted]: token [redacted] ([redacted]) is bad");
+  EXPECT_EQ(redact_secret("t1-x t1_x xt1 t1", "t1"), "t1-x t1_x xt1 [redacted]");
+  // A secret inside "[redacted]" itself does not make it loop or replace its own mark.
+  EXPECT_EQ(redact_secret("d d", "d"), "[redacted] [redacted]");
+  EXPECT_EQ(redact_secret("redactedredacted", "redacted"), "[redacted][redacted]");
+  EXPECT_EQ(redact_secret("nothing here", ""), "nothing here");
+}
+
 TEST(AbiLayoutTest, CAndCppAgreeOnEveryStruct) {
   size_t c[32] = {};
   size_t n = backhaul_c_layout(c, 32);

@@ -35,6 +35,32 @@ class Error : public std::runtime_error {
   int64_t retry_after_ms_;
 };
 
+// `message` with `secret` (an access token) replaced by "[redacted]": for messages that quote a
+// provider's error body or a host's error, which should never hold the token but might. A secret
+// of 8 bytes or more is replaced wherever it occurs; a shorter one (a test value) only where it
+// stands alone, not inside a longer run of letters, digits, '_' and '-', so that a token "a" does
+// not turn every "a" of the message into "[redacted]". An empty secret changes nothing.
+inline std::string redact_secret(std::string message, std::string_view secret) {
+  static constexpr std::string_view kRedacted = "[redacted]";
+  if (secret.empty()) return message;
+  const auto word = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  };
+  const bool anywhere = secret.size() >= 8;
+  for (size_t at = message.find(secret); at != std::string::npos;) {
+    const size_t end = at + secret.size();
+    if (anywhere ||
+        ((at == 0 || !word(message[at - 1])) && (end == message.size() || !word(message[end])))) {
+      message.replace(at, secret.size(), kRedacted);
+      at = message.find(secret, at + kRedacted.size());
+    } else {
+      at = message.find(secret, at + 1);
+    }
+  }
+  return message;
+}
+
 inline std::string_view view(backhaul_string_t s) noexcept {
   return s.data ? std::string_view(s.data, s.size) : std::string_view();
 }

@@ -255,6 +255,19 @@ TEST_F(GithubStatusTest, MessagesNeverContainTheToken) {
   EXPECT_EQ(g.status(), BACKHAUL_AUTH_EXPIRED);
 }
 
+// A short token (a test value) is taken out of messages only where it stands alone: the token "e"
+// once turned "Bad credentials" into "Bad cr[redacted]d[redacted]ntials".
+TEST_F(GithubStatusTest, AShortTokenIsRedactedWithoutManglingTheMessage) {
+  plugins::Unit u = unit();
+  u.access_token = "e";
+  add_get(pulls_url(), 401, R"({"message":"Bad credentials: token e"})");
+  const auto f =
+      failure_of([&] { connect().fetch_page(params("pull_request", std::nullopt, 0, u)); });
+  EXPECT_EQ(f.status(), BACKHAUL_AUTH_EXPIRED);
+  EXPECT_NE(std::string(f.what()).find("Bad credentials: token [redacted]"), std::string::npos)
+      << f.what();
+}
+
 // --- validate_scopes -----------------------------------------------------------------------------
 
 using GithubScopesTest = GithubStatusTest;

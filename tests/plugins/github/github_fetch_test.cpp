@@ -285,6 +285,47 @@ TEST_F(GithubFetchTest, AcceptsACursorOnTheSameOriginSpelledDifferently) {
   }
 }
 
+// The token goes with the request, so a cursor must be a page of this unit's own list: not of
+// another repository's, another kind's, or any other path of the same host (whose items would be
+// delivered as this unit's). Found by review: only the host was compared.
+TEST_F(GithubFetchTest, NeverFollowsACursorOutsideTheUnitsList) {
+  const auto connector = connect();
+  for (const char* path :
+       {"/repositories/1001/pulls?page=2", "/repos/octokit-fixture-org/other/pulls?page=2",
+        "/repositories/1000/issues?page=2", "/user/repos?page=2", "/repositories/1000/pulls/x",
+        "/repositories/1000/pulls/../../../user/repos?page=2", "/repositories/1000/pullsx",
+        "/api/v3/repositories/1000/pulls?page=2"}) {
+    const std::string cursor = std::string(kApi) + path;
+    const auto f = failure_of([&] { connector.fetch_page(params("pull_request", cursor)); });
+    EXPECT_EQ(f.status(), BACKHAUL_INVALID_ARGUMENT) << cursor;
+    EXPECT_NE(std::string(f.what()).find("is not a page of this unit's list"), std::string::npos)
+        << f.what();
+  }
+  EXPECT_EQ(transport_.request_count(), 0u);
+
+  // By name (ignoring case, as GitHub does) or by id; the query is GitHub's.
+  for (const char* path : {"/repos/OctoKit-Fixture-Org/Hello-World/pulls?page=2&per_page=100",
+                           "/repositories/1000/pulls"}) {
+    const std::string cursor = std::string(kApi) + path;
+    add_get(cursor, 200, "[]");
+    EXPECT_NO_THROW(connector.fetch_page(params("pull_request", cursor))) << cursor;
+  }
+}
+
+// GitHub Enterprise Server: base_url has a path, which a cursor's path starts with.
+TEST_F(GithubFetchTest, ACursorKeepsToTheEnterpriseBasePath) {
+  const auto connector = connect(R"({"base_url":"https://ghe.example/api/v3"})");
+  const auto f = failure_of([&] {
+    connector.fetch_page(params("issue", "https://ghe.example/repositories/1000/issues?page=2"));
+  });
+  EXPECT_EQ(f.status(), BACKHAUL_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(f.what()).find("/api/v3/repositories/1000/issues"), std::string::npos)
+      << f.what();
+  const std::string cursor = "https://ghe.example/api/v3/repositories/1000/issues?page=2";
+  add_get(cursor, 200, "[]");
+  EXPECT_NO_THROW(connector.fetch_page(params("issue", cursor)));
+}
+
 TEST_F(GithubFetchTest, ANextLinkToAnotherHostIsFatal) {
   add_get(pulls_url(), 200, "[]",
           {{"link", R"(<https://attacker.example/repositories/1/pulls?page=2>; rel="next")"}});
@@ -438,9 +479,15 @@ TEST_F(GithubFetchTest, DeliveryIdsAreUniqueDeterministicAndContainTheResourceId
   for (const auto& id : first) {
     EXPECT_EQ(id.rfind("backfill-inst-42-1000-", 0), 0u) << id;
   }
-  // The same items in another repository of the installation never collide (seed 000).
-  for (const auto& id : all_ids("2000")) {
-    EXPECT_EQ(std::find(first.begin(), first.end(), id), first.end()) << id;
+  // The same items in another repository of the installation never collide (seed 000). Its first
+  // pages only: the recorded next links are repository 1000's, which a unit of 2000 refuses.
+  for (const char* type : {"pull_request", "release"}) {
+    const plugins::Page page = connector.fetch_page(params(type, std::nullopt, 0, unit("2000")));
+    ASSERT_GT(page.size(), 0u) << type;
+    for (const std::string& id : delivery_ids(page)) {
+      EXPECT_EQ(id.rfind("backfill-inst-42-2000-", 0), 0u) << id;
+      EXPECT_EQ(std::find(first.begin(), first.end(), id), first.end()) << id;
+    }
   }
 }
 
