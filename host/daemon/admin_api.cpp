@@ -282,14 +282,33 @@ json Call::json_body(const char* what) const {
   return body;
 }
 
+namespace {
+
+// A positive integer in plain decimal: digits only, the first not 0. An id spelled "+7" or "007"
+// would reach job 7 while the audit log and any cache keyed by path saw another name for it.
+std::optional<int64_t> parse_positive(std::string_view text) {
+  if (text.empty() || text.front() == '0') return std::nullopt;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  return host::parse_int(text);  // nullopt past INT64_MAX
+}
+
+constexpr const char* kPlainDecimal = "digits only, with no sign or leading zero";
+
+}  // namespace
+
 std::optional<int64_t> query_int(const Request& request, const char* name, int64_t min,
                                  int64_t max) {
   const std::optional<std::string> text = request.query.get(name);
   if (!text) return std::nullopt;
-  const std::optional<int64_t> value = host::parse_int(*text);
+  const std::optional<int64_t> value = parse_positive(*text);
   if (!value || *value < min || *value > max) {
-    throw validation_error(name, "must be an integer between " + std::to_string(min) + " and " +
-                                     std::to_string(max) + " (got \"" + *text + "\")");
+    const std::string range = max == INT64_MAX ? "a positive integer"
+                                               : "an integer between " + std::to_string(min) +
+                                                     " and " + std::to_string(max);
+    throw validation_error(name,
+                           "must be " + range + ", " + kPlainDecimal + " (got \"" + *text + "\")");
   }
   return value;
 }
@@ -337,10 +356,10 @@ void require_known_parameters(const Request& request, std::initializer_list<cons
 std::optional<std::string> query_key(const Request& request) { return request.query.get("key"); }
 
 int64_t path_id(std::string_view segment) {
-  const std::optional<int64_t> id = host::parse_int(segment);
-  if (!id || *id <= 0) {
-    throw validation_error("id",
-                           "must be a positive integer (got \"" + std::string(segment) + "\")");
+  const std::optional<int64_t> id = parse_positive(segment);
+  if (!id) {
+    throw validation_error("id", std::string("must be a positive integer, ") + kPlainDecimal +
+                                     " (got \"" + std::string(segment) + "\")");
   }
   return *id;
 }

@@ -98,7 +98,8 @@ void require_known_fields(const nlohmann::json& body, std::initializer_list<cons
 void require_known_parameters(const host::Request& request,
                               std::initializer_list<const char*> known);
 
-// Query parameters. Each throws validation_error naming the parameter.
+// Query parameters. Each throws validation_error naming the parameter. query_int() takes a positive
+// integer in plain decimal (no sign, no leading zero) from min (>= 1) to max.
 std::optional<int64_t> query_int(const host::Request& request, const char* name, int64_t min,
                                  int64_t max);
 size_t query_limit(const host::Request& request);  // "limit", 1..500, default 50
@@ -106,7 +107,8 @@ size_t query_limit(const host::Request& request);  // "limit", 1..500, default 5
 std::optional<std::string> query_string(const host::Request& request, const char* name);
 // "key", the concurrency key: present and empty selects the jobs without one.
 std::optional<std::string> query_key(const host::Request& request);
-// A path id: a positive integer, else validation_error("id").
+// A path id: a positive integer in plain decimal ("7", not "+7" or "007"), else
+// validation_error("id").
 int64_t path_id(std::string_view segment);
 
 // "cancelled", "requested", "already_finished".

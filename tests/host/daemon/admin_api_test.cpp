@@ -739,8 +739,25 @@ TEST_F(DaemonTest, InputMistakesAreNamedInFullNotGuessedAround) {
   start();
   const HttpResult nul = call("GET", "/v1/jobs/1%00");
   expect_envelope(nul, 400, "VALIDATION_ERROR");
-  EXPECT_EQ(nul.json()["error"]["message"], "id: must be a positive integer (got \"1\\u0000\")")
+  EXPECT_EQ(nul.json()["error"]["message"],
+            "id: must be a positive integer, digits only, with no sign or leading zero (got "
+            "\"1\\u0000\")")
       << nul.body;
+  // One id, one spelling: "+1" and "007" reached jobs 1 and 7 under names of their own (the audit
+  // log's); ids in queries alike.
+  const jobs::JobId id = enqueue("kind.a");
+  ASSERT_EQ(call("GET", "/v1/jobs/" + std::to_string(id)).status, 200);
+  for (const std::string& path : std::vector<std::string>{
+           "/v1/jobs/+" + std::to_string(id), "/v1/jobs/0" + std::to_string(id),
+           "/v1/jobs?before=%2B9", "/v1/jobs?parent=01", "/v1/dead-letters?before=%2B9",
+           "/v1/runs?before=007", "/v1/jobs?limit=050"}) {
+    const HttpResult spelt = call("GET", path);
+    expect_envelope(spelt, 400, "VALIDATION_ERROR");
+    const std::string message = spelt.json()["error"]["message"];
+    EXPECT_NE(message.find(", digits only, with no sign or leading zero (got \""),
+              std::string::npos)
+        << path << ": " << message;
+  }
 
   const HttpResult twice =
       call("POST", "/v1/dead-letters/purge", R"({"olderThanDays": 30, "olderThanDays": 0})");
