@@ -18,14 +18,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
@@ -39,6 +42,7 @@
 #include "core/common/errors.h"
 #include <pthread.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 namespace backhaul::jobs::sqlite {
 
@@ -276,8 +280,35 @@ class Connection {
       constexpr size_t kOpenTimeoutSeconds = 1;
       return Poco::Data::Session("SQLite", path, kOpenTimeoutSeconds);
     } catch (const Poco::Exception& e) {
-      throw StorageError("sqlite: cannot open " + path + ": " + e.displayText());
+      const std::string why = open_failure_reason(path);
+      throw StorageError("sqlite: cannot open " + path + ": " +
+                         (why.empty() ? e.displayText() : why + " (" + e.displayText() + ")"));
     }
+  }
+
+  // What the file system says about `path` when SQLite could not open it ("unable to open
+  // database file" alone names no cause), or "" when it says nothing useful.
+  static std::string open_failure_reason(const std::string& path) {
+    namespace fs = std::filesystem;
+    if (path.empty() || path == ":memory:" || path.rfind("file:", 0) == 0) return "";
+    std::error_code error;
+    const fs::path file(path);
+    const fs::file_status status = fs::status(file, error);
+    if (fs::is_directory(status)) return "it is a directory";
+    const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+    if (!fs::exists(status)) {
+      const fs::file_status dir_status = fs::status(dir, error);
+      if (!fs::exists(dir_status)) return "the directory " + dir.string() + " does not exist";
+      if (!fs::is_directory(dir_status)) return dir.string() + " is not a directory";
+      if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+        return "the directory " + dir.string() + " is not writable (" + std::strerror(errno) + ")";
+      }
+      return "";
+    }
+    if (::access(file.c_str(), R_OK | W_OK) != 0) {
+      return "the file is not readable and writable (" + std::string(std::strerror(errno)) + ")";
+    }
+    return "";
   }
 
   // A database with tables but no schema_migrations is another program's (a mistyped path): it

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <latch>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "core/jobs/migrations.h"
@@ -158,8 +160,25 @@ TEST_F(SqliteStoreTest, CreatesTheFileInWalModeWithFullSyncAndForeignKeys) {
   EXPECT_EQ(query_value(path_, "PRAGMA journal_mode"), "wal");
 }
 
-TEST_F(SqliteStoreTest, OpeningInAMissingDirectoryFailsWithAStorageError) {
-  EXPECT_THROW(open_sqlite_store(dir_.file("missing/dir/jobs.db")), StorageError);
+// SQLite says only "unable to open database file"; the error says why, from the file system.
+TEST_F(SqliteStoreTest, AFileThatCannotBeOpenedIsRefusedSayingWhy) {
+  const auto refusal = [](const std::string& path) -> std::string {
+    try {
+      open_sqlite_store(path);
+    } catch (const StorageError& e) {
+      return e.what();
+    }
+    return "(opened)";
+  };
+  const std::string missing = dir_.file("missing/dir");
+  EXPECT_THAT(refusal(missing + "/jobs.db"),
+              ::testing::StartsWith("sqlite: cannot open " + missing + "/jobs.db: the directory " +
+                                    missing + " does not exist ("));
+  { std::ofstream(dir_.file("plain")) << "x"; }
+  EXPECT_THAT(refusal(dir_.file("plain") + "/jobs.db"),
+              ::testing::HasSubstr(": " + dir_.file("plain") + " is not a directory ("));
+  fs::create_directory(dir_.file("a-directory"));
+  EXPECT_THAT(refusal(dir_.file("a-directory")), ::testing::HasSubstr(": it is a directory ("));
 }
 
 TEST_F(SqliteStoreTest, AnInMemoryStoreWorks) {
