@@ -1,6 +1,8 @@
 // G1: what the file and its backhaul_entry declare. The ELF checks read the file only; the entry
 // is read in a child (dlopen runs the library's constructors) and judged here.
 #include <cstddef>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -8,6 +10,7 @@
 #include "core/plugins/plugin_loader.h"
 #include "core/validate/checks.h"
 #include "core/validate/json_schema_lint.h"
+#include <cxxabi.h>
 
 namespace backhaul::validate {
 namespace {
@@ -64,6 +67,34 @@ Verdict entry_symbol_exported(CheckContext& ctx) {
     return fail(BACKHAUL_ENTRY_SYMBOL
                 " is a function; it must be the const backhaul_entry_t object");
   return pass("exported, " + std::to_string(elf.entry->size) + " bytes");
+}
+
+// A C++ symbol's name as a reader knows it ("typeinfo for std::_Mutex_base<...>"), else as is.
+std::string demangled(const std::string& name) {
+  int status = -1;
+  std::unique_ptr<char, void (*)(void*)> text(
+      abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status), std::free);
+  return status == 0 && text ? std::string(text.get()) : name;
+}
+
+// Every other name a plugin exports can bind to the host's own definition of it (the C++ library's
+// template instantiations, a JSON or fmt library the plugin links in too), or the host's to the
+// plugin's: two versions of one function, which fails far from its cause. SDK plugins export the
+// entry alone (backhaul_add_connector's version script).
+Verdict exports_only_entry(CheckContext& ctx) {
+  const ElfFacts& elf = ctx.elf();
+  if (!elf.problem.empty()) return skip("not a loadable ELF shared object (see elf_shared_object)");
+  if (!elf.has_dynsym) return skip("no section headers: the dynamic symbol table is not readable");
+  if (elf.exported_others == 0) return pass(BACKHAUL_ENTRY_SYMBOL " is the only symbol exported");
+  const size_t n = elf.exported_others;
+  std::vector<std::string> names;
+  for (const std::string& name : elf.exported_sample) names.push_back(demangled(name));
+  return fail("exports " + std::to_string(n) + (n == 1 ? " symbol" : " symbols") +
+              " besides " BACKHAUL_ENTRY_SYMBOL " (" + join(names, "; ") +
+              (n > elf.exported_sample.size() ? ", ..." : "") +
+              "), which can bind to the host's own definitions of those names; build with "
+              "backhaul_add_connector(), or link with a version script that makes everything "
+              "but " BACKHAUL_ENTRY_SYMBOL " local");
 }
 
 Verdict library_loads(CheckContext& ctx) {
@@ -379,6 +410,8 @@ std::vector<Check> static_checks() {
       {"entry_symbol_exported", "static", 1, Needs::kNothing,
        "backhaul_entry is in the dynamic symbol table, global, visible, a data object",
        entry_symbol_exported},
+      {"exports_only_entry", "static", 5, Needs::kNothing,
+       "backhaul_entry is the only symbol the dynamic symbol table exports", exports_only_entry},
       {"library_loads", "static", 1, Needs::kNothing,
        "dlopen(RTLD_NOW) succeeds: no unresolved symbols, constructors do not crash",
        library_loads},

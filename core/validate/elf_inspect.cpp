@@ -64,16 +64,19 @@ void scan_symbols(const std::string& data, const Elf64_Shdr& dynsym, const Elf64
     if (!read_at(data, dynsym.sh_offset + i * sizeof(Elf64_Sym), sym)) return;
     const bool defined = sym.st_shndx != SHN_UNDEF;
     const int binding = ELF64_ST_BIND(sym.st_info);
-    const bool global = binding == STB_GLOBAL || binding == STB_WEAK;
+    // GNU unique symbols (static locals of inline functions, typeinfo) are bound process-wide.
+    const bool global = binding == STB_GLOBAL || binding == STB_WEAK || binding == STB_GNU_UNIQUE;
     const int visibility = ELF64_ST_VISIBILITY(sym.st_other);
     const bool visible = visibility == STV_DEFAULT || visibility == STV_PROTECTED;
     std::string name = symbol_name(data, strtab, sym.st_name);
     if (name == wanted) {
       facts.entry = ElfSymbol{sym.st_size, defined, global, visible,
                               ELF64_ST_TYPE(sym.st_info) == STT_OBJECT};
-    } else if (defined && global && visible && !name.empty() &&
-               facts.exported_sample.size() < kExportSample) {
-      facts.exported_sample.push_back(std::move(name));
+    } else if (defined && global && visible && !name.empty()) {
+      ++facts.exported_others;
+      if (facts.exported_sample.size() < kExportSample) {
+        facts.exported_sample.push_back(std::move(name));
+      }
     }
   }
 }

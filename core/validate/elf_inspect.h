@@ -13,7 +13,7 @@ namespace backhaul::validate {
 struct ElfSymbol {
   uint64_t size = 0;
   bool defined = false;    // st_shndx != SHN_UNDEF
-  bool global = false;     // STB_GLOBAL or STB_WEAK
+  bool global = false;     // STB_GLOBAL, STB_WEAK or STB_GNU_UNIQUE
   bool visible = false;    // STV_DEFAULT or STV_PROTECTED
   bool is_object = false;  // STT_OBJECT (data, not a function)
 };
@@ -25,6 +25,7 @@ struct ElfFacts {
   bool has_dynsym = false;
   std::optional<ElfSymbol> entry;            // the symbol named `symbol`, if present
   std::vector<std::string> exported_sample;  // a few other defined global symbols (for hints)
+  size_t exported_others = 0;                // how many of those there are in all
 };
 
 // Never throws for a bad file (that is what `problem` is for); bounds-checks every offset, as the

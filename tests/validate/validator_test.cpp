@@ -23,6 +23,7 @@
 #include "core/common/errors.h"
 #include "core/common/proc.h"
 #include "core/validate/checks.h"
+#include "core/validate/elf_inspect.h"
 #include "core/validate/json_schema_lint.h"
 
 namespace backhaul::validate {
@@ -211,6 +212,29 @@ TEST(ValidatorTest, FailsMissingEntrySymbol) {
   expect_pass(report, "elf_shared_object");
   expect_pass(report, "library_loads");
   expect_fail(report, "loader_accepts", "does not export the entry symbol");
+}
+
+// A plugin linked without the SDK's version script exports its functions too: hygiene (level 5),
+// not the contract, so it loads and every other check passes.
+TEST(ValidatorTest, FailsAPluginThatExportsMoreThanItsEntry) {
+  Report report = validate(reference_options("broken_exports_more"));
+  // Its own function, and what the C++ library instantiates with default visibility (typeinfo,
+  // weak template functions): how many depends on the compiler.
+  expect_fail(report, "exports_only_entry", " symbols besides backhaul_entry (");
+  expect_fail(report, "exports_only_entry", "which can bind to the host's own definitions");
+  const ElfFacts elf = inspect_elf(test_plugin("broken_exports_more"), "backhaul_entry");
+  EXPECT_GE(elf.exported_others, 2u);
+  EXPECT_LE(elf.exported_sample.size(), elf.exported_others);
+  EXPECT_EQ(inspect_elf(test_plugin("reference"), "backhaul_entry").exported_others, 0u);
+  for (const CheckResult& r : report.checks) {
+    if (r.name != "exports_only_entry") {
+      EXPECT_EQ(r.status, CheckStatus::kPass) << r.name << ": " << r.reason;
+    }
+  }
+  EXPECT_EQ(find(report, "exports_only_entry")->level, 5);
+  const Report level4 = validate(reference_options("broken_exports_more", 4));
+  EXPECT_TRUE(level4.passed()) << dump(level4);
+  EXPECT_EQ(find(level4, "exports_only_entry")->status, CheckStatus::kSkip);
 }
 
 TEST(ValidatorTest, FailsAFileThatIsNoSharedObject) {

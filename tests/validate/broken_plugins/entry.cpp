@@ -60,6 +60,12 @@ constexpr uint16_t kAbiMajor = kThis == Defect::kWrongAbi ? 2 : BACKHAUL_ABI_VER
 #define REFERENCE_ENTRY_SYMBOL backhaul_entry
 #endif
 
+#ifdef REFERENCE_EXTRA_EXPORT
+// Built without the SDK's version script: this is exported besides the entry, as every function of
+// a plugin linked without one is.
+extern "C" BACKHAUL_EXPORT int reference_extra_export() { return 1; }
+#endif
+
 extern "C" BACKHAUL_EXPORT const backhaul_entry_t REFERENCE_ENTRY_SYMBOL = {
     sizeof(backhaul_entry_t),
     {kAbiMajor, BACKHAUL_ABI_VERSION_MINOR},
