@@ -13,6 +13,7 @@
 
 #include "core/common/logging.h"
 #include "core/common/redact.h"
+#include "core/common/utf8.h"
 
 namespace backhaul::pipeline {
 namespace {
@@ -44,10 +45,13 @@ struct GatewayBusy {
 // themselves, and redact() knows only tokens of known shapes), and redacted (E2: the token is
 // never stored in the queue nor logged). A token this short is no secret worth garbling for.
 std::string plugin_said(std::string_view message, const std::string& token) {
+  static constexpr std::string_view kMark = "[REDACTED]";
   std::string text(message);
   if (token.size() >= 6) {
-    for (size_t at = text.find(token); at != std::string::npos; at = text.find(token, at)) {
-      text.replace(at, token.size(), "[REDACTED]");
+    // On from past the mark: a token found in it ("DACTED") would be replaced for ever.
+    for (size_t at = text.find(token); at != std::string::npos;
+         at = text.find(token, at + kMark.size())) {
+      text.replace(at, token.size(), kMark);
     }
   }
   return redact(text);
@@ -797,12 +801,21 @@ struct Pipeline::Impl {
     return Outcome::complete(result.dump());
   }
 
+  // The run's result: totals, and a line per unit. Each unit's error is cut to kResultErrorBytes
+  // (its job keeps it whole, and the API shows that), and the lines past result_lines_bytes are
+  // left out and counted (resultsOmitted), so that no number of units makes a result larger than
+  // a store keeps (jobs::kMaxTextBytes): the run would fail at its very end, all its units done.
+  static constexpr size_t kResultErrorBytes = 1000;
+  static constexpr size_t kMaxResultLinesBytes = jobs::kMaxTextBytes - (64u << 10);
   json aggregate(const RunRequest& request, const std::string& org_id, int64_t since,
                  const std::vector<UnitRef>& units, const std::map<JobId, jobs::Job>& by_id,
                  const std::set<JobId>& timed_out = {}) {
     int completed = 0, failed = 0;
     UnitCounts total;
     json results = json::array();
+    const size_t lines_budget = std::min(snapshot().result_lines_bytes, kMaxResultLinesBytes);
+    size_t lines_bytes = 0;
+    int64_t omitted = 0;
     for (const UnitRef& u : units) {
       json r = unit_json(u);
       auto it = by_id.find(u.job_id);
@@ -840,22 +853,33 @@ struct Pipeline::Impl {
       r["eventsProduced"] = c.produced;
       r["eventsDispatched"] = c.dispatched;
       r["rateLimitWaits"] = c.rate_limit_waits;
+      if (error && error->size() > kResultErrorBytes) {
+        error = cut_utf8(*error, kResultErrorBytes) + " [truncated]";
+      }
       r["error"] = error ? json(*error) : json(nullptr);
+      const size_t bytes = r.dump().size() + 1;
+      if (lines_bytes + bytes > lines_budget) {
+        ++omitted;
+        continue;
+      }
+      lines_bytes += bytes;
       results.push_back(std::move(r));
     }
-    return {{"success", failed == 0},
-            {"installationId", request.installation_id},
-            {"provider", request.provider},
-            {"orgId", org_id},
-            {"since", since},
-            {"workUnits", static_cast<int>(units.size())},
-            {"completed", completed},
-            {"failed", failed},
-            {"pages", total.pages},
-            {"eventsProduced", total.produced},
-            {"eventsDispatched", total.dispatched},
-            {"rateLimitWaits", total.rate_limit_waits},
-            {"results", std::move(results)}};
+    json done = {{"success", failed == 0},
+                 {"installationId", request.installation_id},
+                 {"provider", request.provider},
+                 {"orgId", org_id},
+                 {"since", since},
+                 {"workUnits", static_cast<int>(units.size())},
+                 {"completed", completed},
+                 {"failed", failed},
+                 {"pages", total.pages},
+                 {"eventsProduced", total.produced},
+                 {"eventsDispatched", total.dispatched},
+                 {"rateLimitWaits", total.rate_limit_waits},
+                 {"results", std::move(results)}};
+    if (omitted > 0) done["resultsOmitted"] = omitted;
+    return done;
   }
 
   // --- the entity worker (E2) ------------------------------------------------------------------
@@ -1352,7 +1376,7 @@ RunView view_of(const jobs::Job& job) {
     if (auto it = j.find("units"); it != j.end() && it->is_array())
       v.units_total = static_cast<int>(it->size());
     if (auto it = j.find("results"); it != j.end() && it->is_array())
-      v.units_total = static_cast<int>(it->size());
+      v.units_total = static_cast<int>(it->size() + int_or(j, "resultsOmitted"));
   }
   return v;
 }

@@ -48,6 +48,9 @@ struct PipelineOptions {
   jobs::Caps run_caps{1, 10};
   jobs::CircuitPolicy provider_circuit;  // one breaker per provider API: "provider:<id>"
   jobs::CircuitPolicy gateway_circuit;   // "gateway"
+  // A run's result lists its units in at most this many bytes; the lines past it are counted as
+  // resultsOmitted. The default keeps a result under what a store keeps (jobs::kMaxTextBytes).
+  size_t result_lines_bytes = (16u << 20) - (128u << 10);
 };
 
 // What POST /v1/runs takes. installation_id is the gateway connection id (the tenant), at most

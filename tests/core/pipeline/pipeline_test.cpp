@@ -254,6 +254,26 @@ class PipelineTest : public ::testing::Test {
     return start_run("gh-inst-1", "github");
   }
 
+  // A run of gh-inst-1 (`repositories` of them) whose "github" connector is the fake test plugin
+  // with `config`, in process; the gateway hands out `token` when one is given.
+  RunStart run_with_the_fake_plugin_as_github(const std::string& config, int repositories = 1,
+                                              std::optional<std::string> token = std::nullopt) {
+    static const plugins::Plugin fake =
+        plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
+    start(data(repositories, 0, 10));
+    connectors_.erase("github");
+    connectors_.emplace("github", fake.create(config));
+    if (token) {
+      gateway_transport_.reset(
+          [token = *token](const http::Request& request, size_t) -> std::optional<http::Response> {
+            if (request.url.find("/token") == std::string::npos) return std::nullopt;
+            return status_response(
+                200, json{{"accessToken", token}, {"expiresAt", "2099-01-01T00:00:00Z"}}.dump());
+          });
+    }
+    return start_run("gh-inst-1", "github");
+  }
+
   // With `options`, both circuits opening after 3 failures for 60 s: a run of gh-inst-1's `types`
   // (150 items each, one repository) that has fanned out.
   // A scheduler of `workers` threads of its own (not started) running the pipeline's jobs.
@@ -1305,24 +1325,70 @@ TEST_F(PipelineTest, AProviderProbeDeferredByTheThrottleIsGivenBack) {
   EXPECT_EQ(circuit("provider:github").state, "closed");
 }
 
+// A token found inside the mark that replaces it ("[REDACTED]") was searched for again from the
+// start of that mark, replaced inside it, and so on for ever: the worker hung in plugin_said().
+TEST_F(PipelineTest, ATokenFoundInsideTheRedactionMarkIsReplacedOnce) {
+  const RunStart run =
+      run_with_the_fake_plugin_as_github(R"({"fail": "echo_token"})", 1, std::string("REDACTED"));
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_FALSE(units.empty());
+  for (const jobs::Job& unit : units) {
+    EXPECT_EQ(unit.status, JobStatus::kDead);
+    EXPECT_NE(unit.last_error.value_or("").find("the provider refused token [REDACTED] for good"),
+              std::string::npos)
+        << unit.last_error.value_or("(none)");
+  }
+}
+
+// The run's result holds a line per unit, with the unit's error cut to 1000 bytes: its job keeps
+// the error whole (a plugin's message is cut at 1024 bytes by the SDK; other errors are kept up to
+// 65 000). Lines are bounded in all, so that no run's result is more than a store keeps.
+TEST_F(PipelineTest, TheRunsResultCutsEachUnitsErrorItsJobKeepsItWhole) {
+  const RunStart run = run_with_the_fake_plugin_as_github(R"({"fail": "long_message"})", 2);
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_FALSE(units.empty());
+  for (const jobs::Job& unit : units) {
+    EXPECT_EQ(unit.status, JobStatus::kDead);
+    EXPECT_GT(unit.last_error.value_or("").size(), 1000u);
+  }
+  const json result = run_result(run.run_id);
+  ASSERT_EQ(result["results"].size(), units.size()) << result.dump().substr(0, 500);
+  EXPECT_FALSE(result.contains("resultsOmitted"));
+  for (const json& line : result["results"]) {
+    const std::string error = line["error"];
+    EXPECT_EQ(error.size(), 1000u + std::string(" [truncated]").size()) << error;
+    EXPECT_EQ(error.rfind("FATAL: upstream said: xxx", 0), 0u) << error.substr(0, 100);
+    EXPECT_EQ(error.substr(1000), " [truncated]");
+  }
+}
+
+// Past PipelineOptions::result_lines_bytes, units are counted, not listed: the run succeeds, and
+// reads as the run of all its units.
+TEST_F(PipelineTest, UnitsPastTheResultsBoundAreCountedNotListed) {
+  PipelineOptions options = fast();
+  options.result_lines_bytes = 600;  // two or three lines of about 200 bytes
+  start(data(6, 0, 10), options);
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  drive();
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  EXPECT_EQ(result["workUnits"], 6);
+  EXPECT_EQ(result["completed"], 6);
+  ASSERT_TRUE(result.contains("resultsOmitted")) << result.dump();
+  EXPECT_GT(result["results"].size(), 0u);
+  EXPECT_EQ(result["results"].size() + result["resultsOmitted"].get<size_t>(), 6u);
+  EXPECT_LE(result["results"].dump().size(), 600u + 2);
+  EXPECT_EQ(pipeline_->get_run(run.run_id, false)->units_total, 6);
+}
+
 // E2: the token is never stored in the queue. A plugin that echoes it in an error (the bundled
 // ones scrub it; a third party's may not) had it stored as the job's last error, its attempt's
 // and its dead letter's, and shown by /v1/jobs; a token of no known shape escaped redact() too.
 TEST_F(PipelineTest, ATokenAPluginEchoesInAnErrorIsNeverStored) {
-  static const plugins::Plugin fake =
-      plugins::load_plugin(BACKHAUL_FAKE_PLUGIN, {plugin_transport(), test_clock()});
-  start(data(1, 0, 10));
-  connectors_.erase("github");
-  connectors_.emplace("github", fake.create(R"({"fail": "echo_token"})"));
   const std::string token = "plain0secret0of0no0known0shape";
-  gateway_transport_.reset(
-      [&](const http::Request& request, size_t) -> std::optional<http::Response> {
-        if (request.url.find("/token") == std::string::npos) return std::nullopt;
-        http::Response r = status_response(
-            200, R"({"accessToken":")" + token + R"(","expiresAt":"2099-01-01T00:00:00Z"})");
-        return r;
-      });
-  const RunStart run = start_run("gh-inst-1", "github");
+  const RunStart run = run_with_the_fake_plugin_as_github(R"({"fail": "echo_token"})", 1, token);
   drive();
   const std::vector<jobs::Job> units = units_of(run.run_id);
   ASSERT_FALSE(units.empty());

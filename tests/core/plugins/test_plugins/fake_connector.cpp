@@ -5,6 +5,7 @@
 //   fail: "retryable" | "rate_limited" | "auth" | "fatal" | "invalid" | "std_exception" |
 //         "unknown_exception" — every fetch_page fails that way; "forge_lines" — FATAL with a
 //         message that holds a line break and terminal escapes (a line of its own in a log);
+//         "long_message" — FATAL with a message of 5000 bytes (the SDK cuts it to 1024);
 //         "echo_token" — fails FATAL with the unit's access token in its message, as a careless
 //         plugin would; "abort" | "exit" | "hang" | "stdout" — every fetch_page calls abort(),
 //         calls _Exit(3), never returns, or prints to stdout first (for isolation mode: a host
@@ -263,6 +264,9 @@ class FakeConnector final : public backhaul::sdk::Connector {
       throw Error(BACKHAUL_FATAL, "gone\nsummary: all units succeeded\x1b[2K\r");
     }
     if (fail_ == "invalid") throw Error(BACKHAUL_INVALID_ARGUMENT, "bad cursor");
+    if (fail_ == "long_message") {
+      throw Error(BACKHAUL_FATAL, "upstream said: " + std::string(4985, 'x'));
+    }
     if (fail_ == "std_exception") throw std::logic_error("bug in connector");
     if (fail_ == "unknown_exception") throw 42;
     if (fail_ == "abort") std::abort();
