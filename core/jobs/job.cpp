@@ -142,23 +142,21 @@ void check_lease_ms(const char* operation, int64_t lease_ms) {
 }
 
 std::optional<std::string> finish_item_problem(const Finish& item) {
-  std::optional<std::string> problem;
-  switch (item.kind) {
+  const auto of_job = [&](std::optional<std::string> problem) -> std::optional<std::string> {
+    if (!problem) return std::nullopt;
+    return "finish: job " + std::to_string(item.id) + ": " + *problem;
+  };
+  switch (item.kind) {  // no default: -Wswitch names a kind added and not handled here
     case Finish::Kind::kComplete:
-      problem = text_problem("result", item.result_json);
-      break;
+      return of_job(text_problem("result", item.result_json));
     case Finish::Kind::kWaitForChildren:
-      if (item.checkpoint) problem = text_problem("checkpoint", *item.checkpoint);
-      break;
+      return item.checkpoint ? of_job(text_problem("checkpoint", *item.checkpoint)) : std::nullopt;
     case Finish::Kind::kFail:
     case Finish::Kind::kDefer:
     case Finish::Kind::kRelease:
-      break;
-    default:
-      problem = "unknown ending kind " + std::to_string(static_cast<int>(item.kind));
+      return std::nullopt;
   }
-  if (!problem) return std::nullopt;
-  return "finish: job " + std::to_string(item.id) + ": " + *problem;
+  return of_job("unknown ending kind " + std::to_string(static_cast<int>(item.kind)));
 }
 
 // One transaction per item; backends override this to share one.

@@ -291,22 +291,31 @@ class Connection {
   static std::string open_failure_reason(const std::string& path) {
     namespace fs = std::filesystem;
     if (path.empty() || path == ":memory:" || path.rfind("file:", 0) == 0) return "";
+    // "Absent" only when the file system says so: a directory that cannot be searched leaves the
+    // file's status unknown (EACCES), not missing.
+    const auto absent = [](const std::error_code& e) {
+      return e == std::errc::no_such_file_or_directory || e == std::errc::not_a_directory;
+    };
     std::error_code error;
     const fs::path file(path);
     const fs::file_status status = fs::status(file, error);
+    if (error && !absent(error)) return error.message();
     if (fs::is_directory(status)) return "it is a directory";
     const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
     if (!fs::exists(status)) {
       const fs::file_status dir_status = fs::status(dir, error);
+      if (error && !absent(error)) return "the directory " + dir.string() + ": " + error.message();
       if (!fs::exists(dir_status)) return "the directory " + dir.string() + " does not exist";
       if (!fs::is_directory(dir_status)) return dir.string() + " is not a directory";
       if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-        return "the directory " + dir.string() + " is not writable (" + std::strerror(errno) + ")";
+        const int e = errno;
+        return "the directory " + dir.string() + " is not writable (" + std::strerror(e) + ")";
       }
       return "";
     }
     if (::access(file.c_str(), R_OK | W_OK) != 0) {
-      return "the file is not readable and writable (" + std::string(std::strerror(errno)) + ")";
+      const int e = errno;
+      return "the file is not readable and writable (" + std::string(std::strerror(e)) + ")";
     }
     return "";
   }

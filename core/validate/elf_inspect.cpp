@@ -72,7 +72,8 @@ void scan_symbols(const std::string& data, const Elf64_Shdr& dynsym, const Elf64
     if (name == wanted) {
       facts.entry = ElfSymbol{sym.st_size, defined, global, visible,
                               ELF64_ST_TYPE(sym.st_info) == STT_OBJECT};
-    } else if (defined && global && visible && !name.empty()) {
+    } else if (defined && global && visible && !name.empty() && sym.st_shndx != SHN_ABS) {
+      // (An absolute symbol is no code or data: a version node a version script names, "PLUGIN_1".)
       ++facts.exported_others;
       if (facts.exported_sample.size() < kExportSample) {
         facts.exported_sample.push_back(std::move(name));

@@ -304,9 +304,10 @@ std::optional<int64_t> query_int(const Request& request, const char* name, int64
   if (!text) return std::nullopt;
   const std::optional<int64_t> value = parse_positive(*text);
   if (!value || *value < min || *value > max) {
-    const std::string range = max == INT64_MAX ? "a positive integer"
-                                               : "an integer between " + std::to_string(min) +
-                                                     " and " + std::to_string(max);
+    const std::string range =
+        min == 1 && max == INT64_MAX
+            ? "a positive integer"
+            : "an integer between " + std::to_string(min) + " and " + std::to_string(max);
     throw validation_error(name,
                            "must be " + range + ", " + kPlainDecimal + " (got \"" + *text + "\")");
   }

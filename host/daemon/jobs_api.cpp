@@ -71,9 +71,12 @@ Response checkpoint(Call& call, jobs::JobId id) {
   }
   if (method == "PUT") {
     const json body = call.json_body("a JSON object (the new checkpoint)");
-    // JSON is UTF-8; a body admin.max_body_bytes lets through may still be more than a store keeps.
-    if (auto problem = jobs::text_problem("body: the checkpoint", call.request.body)) {
-      throw ApiError(413, "PAYLOAD_TOO_LARGE", *problem, {{"maxBytes", jobs::kMaxTextBytes}});
+    // A body admin.max_body_bytes lets through may still be more than a store keeps (being JSON,
+    // it is UTF-8).
+    if (call.request.body.size() > jobs::kMaxTextBytes) {
+      throw ApiError(413, "PAYLOAD_TOO_LARGE",
+                     *jobs::text_problem("body: the checkpoint", call.request.body),
+                     {{"maxBytes", jobs::kMaxTextBytes}});
     }
     const jobs::Job job = require_job(call, id);
     try {

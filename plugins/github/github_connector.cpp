@@ -98,52 +98,77 @@ bool equal_ignoring_case(std::string_view a, std::string_view b) {
   return true;
 }
 
-// A cursor is a next URL this connector returned earlier, and the request carries the token: it
-// must be a page of this unit's list, on base_url's origin. A cursor pointing elsewhere (a
-// corrupted or tampered checkpoint, a config moved to another GitHub, a mistyped --cursor) is
-// never followed: not to another host, nor to another repository's list or any other path of the
-// same host, whose items would be delivered as this unit's. GitHub's next links name the
-// repository by id (/repositories/{id}/issues?page=2); ours, and older ones, by name (compared
-// ignoring case, as GitHub does).
-std::string checked_cursor(std::string_view cursor, const Config& config, EntityKind kind,
-                           const RepositoryName& name, std::string_view repository_id) {
-  const std::optional<std::string> origin = http_origin(cursor);
-  if (!origin || has_whitespace_or_control(cursor)) {
-    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
-                     "github: cursor is not an absolute http(s) URL: \"" +
-                         std::string(cursor.substr(0, 200)) + "\"");
-  }
-  if (*origin != http_origin(config.base_url)) {
-    throw sdk::Error(BACKHAUL_INVALID_ARGUMENT, "github: cursor host " + *origin +
-                                                    " differs from base_url " + config.base_url);
-  }
-  const std::string base = std::string(url_path(config.base_url));
+// The pages a cursor may name: the unit's list, by the repository's name (ours, and older GitHub
+// links) or by its id (GitHub's next links: /repositories/{id}/issues?page=2), compared ignoring
+// case as GitHub does. A unit whose resource id is not the repository's number (a node id,
+// "R_kgDOH") takes any number there: its list by id is {base}/repositories/{digits}/{list}.
+struct UnitList {
+  std::string by_name;
+  std::string by_id;         // the whole path; or, with any_id, its part before the number
+  std::string list_segment;  // "/pulls"
+  bool any_id = false;
+};
+
+UnitList unit_list(const Config& config, EntityKind kind, const RepositoryName& name,
+                   std::string_view repository_id) {
+  const std::string base(url_path(config.base_url));
   const std::string segment = "/" + std::string(list_segment(kind));
-  const std::string by_name =
+  UnitList list;
+  list.by_name =
       base + "/repos/" + percent_encode(name.owner) + "/" + percent_encode(name.repo) + segment;
-  const std::string by_id = base + "/repositories/" + std::string(repository_id) + segment;
-  const std::string_view path = url_path(cursor);
-  if (!equal_ignoring_case(path, by_name) && path != by_id) {
+  list.list_segment = segment;
+  list.any_id = repository_id.empty() ||
+                repository_id.find_first_not_of("0123456789") != std::string_view::npos;
+  list.by_id = base + "/repositories/" + (list.any_id ? "" : std::string(repository_id) + segment);
+  return list;
+}
+
+// Why `url` must not be fetched with the token, or "". The request carries the token, so a URL
+// must be a page of the unit's list on base_url's origin: not another host, nor another
+// repository's list or any other path of the same host, whose items would be delivered as this
+// unit's.
+std::string off_the_list(std::string_view url, const Config& config, const UnitList& list) {
+  const std::optional<std::string> origin = http_origin(url);
+  if (!origin || has_whitespace_or_control(url)) return "is not an absolute http(s) URL";
+  if (*origin != http_origin(config.base_url)) {
+    return "is on " + *origin + ", not on base_url " + config.base_url;
+  }
+  const std::string_view path = url_path(url);
+  if (equal_ignoring_case(path, list.by_name)) return "";
+  if (!list.any_id && equal_ignoring_case(path, list.by_id)) return "";
+  if (list.any_id && path.size() > list.by_id.size() + list.list_segment.size() &&
+      equal_ignoring_case(path.substr(0, list.by_id.size()), list.by_id) &&
+      equal_ignoring_case(path.substr(path.size() - list.list_segment.size()), list.list_segment)) {
+    const std::string_view id =
+        path.substr(list.by_id.size(), path.size() - list.by_id.size() - list.list_segment.size());
+    if (id.find_first_not_of("0123456789") == std::string_view::npos) return "";
+  }
+  return "is not a page of this unit's list (" + list.by_name + " or " + list.by_id +
+         (list.any_id ? "{id}" + list.list_segment : "") + ")";
+}
+
+// A cursor is a next URL this connector returned earlier: one pointing elsewhere (a corrupted or
+// tampered checkpoint, a config moved to another GitHub, a mistyped --cursor) is never followed.
+std::string checked_cursor(std::string_view cursor, const Config& config, const UnitList& list) {
+  if (const std::string problem = off_the_list(cursor, config, list); !problem.empty()) {
     throw sdk::Error(BACKHAUL_INVALID_ARGUMENT,
-                     "github: cursor \"" + std::string(cursor.substr(0, 200)) +
-                         "\" is not a page of this unit's list (" + by_name + " or " + by_id + ")");
+                     "github: cursor \"" + std::string(cursor.substr(0, 200)) + "\" " + problem);
   }
   return std::string(cursor);
 }
 
 // The rel="next" URL of a response, verbatim (GitHub docs: never construct page URLs; it may move
-// from /repos/{owner}/{repo}/... to /repositories/{id}/...). nullopt on the last page.
-std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const Config& config) {
+// from /repos/{owner}/{repo}/... to /repositories/{id}/...). nullopt on the last page. One the
+// next call would refuse as its cursor is FATAL now, before it is saved as the checkpoint.
+std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const Config& config,
+                                       const UnitList& list) {
   const std::optional<std::string_view> link = response.header("link");
   if (!link) return std::nullopt;
   const std::optional<std::string_view> next = find_link(*link, "next");
   if (!next) return std::nullopt;
-  const std::optional<std::string> origin = http_origin(*next);
-  if (!origin || has_whitespace_or_control(*next) || *origin != http_origin(config.base_url)) {
-    // Following it would fail (or send the token elsewhere) on the next call; say so now.
-    throw sdk::Error(BACKHAUL_FATAL, "github: rel=\"next\" link is not an absolute URL on " +
-                                         config.base_url + ": " +
-                                         std::string(next->substr(0, 200)));
+  if (const std::string problem = off_the_list(*next, config, list); !problem.empty()) {
+    throw sdk::Error(BACKHAUL_FATAL, "github: rel=\"next\" link \"" +
+                                         std::string(next->substr(0, 200)) + "\" " + problem);
   }
   return std::string(*next);
 }
@@ -258,9 +283,9 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
                      "github: the work unit has no resource id (the repository id)");
   }
   const int64_t since_ms = since_floor_seconds_ms(request.since_unix_ms);
-  const std::string url =
-      request.cursor ? checked_cursor(*request.cursor, config, kind, name, request.unit.resource_id)
-                     : first_page_url(config, kind, name, since_ms);
+  const UnitList list = unit_list(config, kind, name, request.unit.resource_id);
+  const std::string url = request.cursor ? checked_cursor(*request.cursor, config, list)
+                                         : first_page_url(config, kind, name, since_ms);
 
   // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
   // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
@@ -277,7 +302,7 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   const EventBuilder builder(request.unit.installation_id, request.unit.resource_id, name);
   Filtered filtered = filter(kind, items, builder, since_ms);
   page.events = std::move(filtered.events);
-  if (!filtered.reached_since) page.next_cursor = next_cursor(response, config);
+  if (!filtered.reached_since) page.next_cursor = next_cursor(response, config, list);
   return page;
 }
 

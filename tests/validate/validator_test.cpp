@@ -226,6 +226,8 @@ TEST(ValidatorTest, FailsAPluginThatExportsMoreThanItsEntry) {
   EXPECT_GE(elf.exported_others, 2u);
   EXPECT_LE(elf.exported_sample.size(), elf.exported_others);
   EXPECT_EQ(inspect_elf(test_plugin("reference"), "backhaul_entry").exported_others, 0u);
+  // A version script that names its node adds the name as an absolute symbol: no export.
+  expect_pass(validate(reference_options("versioned_entry")), "exports_only_entry");
   for (const CheckResult& r : report.checks) {
     if (r.name != "exports_only_entry") {
       EXPECT_EQ(r.status, CheckStatus::kPass) << r.name << ": " << r.reason;

@@ -460,35 +460,65 @@ TEST_F(GithubFetchTest, ReleasesWithoutSinceFollowEveryPage) {
 
 // --- delivery ids and payloads -------------------------------------------------------------------
 
+// The recordings as another repository of the installation would answer them: the same items,
+// under the name "octokit-fixture-org/other" and the id 2000 (each cursor is its own list's).
+std::vector<http::Exchange> as_repository_2000(std::vector<http::Exchange> exchanges) {
+  const auto replace_all = [](std::string& text, const std::string& from, const std::string& to) {
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  };
+  for (http::Exchange& e : exchanges) {
+    for (std::string* text : {&e.url, &e.response.url}) {
+      replace_all(*text, "/repos/octokit-fixture-org/hello-world/",
+                  "/repos/octokit-fixture-org/other/");
+      replace_all(*text, "/repositories/1000/", "/repositories/2000/");
+    }
+    for (auto& [name, value] : e.response.headers) {
+      if (name == "link") replace_all(value, "/repositories/1000/", "/repositories/2000/");
+    }
+  }
+  return exchanges;
+}
+
 TEST_F(GithubFetchTest, DeliveryIdsAreUniqueDeterministicAndContainTheResourceId) {
-  add_all(load_nock("synthetic/pulls.json"));
-  add_all(load_nock("synthetic/releases.json"));
-  add_all(load_nock("synthetic/issues-with-pulls.json"));
+  for (const char* file : {"synthetic/pulls.json", "synthetic/releases.json"}) {
+    add_all(load_nock(file));
+    add_all(as_repository_2000(load_nock(file)));
+  }
   const auto connector = connect(R"({"per_page":3})");
-  const auto all_ids = [&](const std::string& resource_id) {
+  const auto all_ids = [&](const plugins::Unit& u) {
     std::vector<std::string> ids;
     for (const char* type : {"pull_request", "release"}) {
-      const Walk w = walk(connector, params(type, std::nullopt, 0, unit(resource_id)));
+      const Walk w = walk(connector, params(type, std::nullopt, 0, u));
+      EXPECT_GT(w.cursors.size(), 0u) << type << ": more than one page";
       ids.insert(ids.end(), w.delivery_ids.begin(), w.delivery_ids.end());
     }
     return ids;
   };
-  const std::vector<std::string> first = all_ids("1000");
-  EXPECT_EQ(all_ids("1000"), first);  // deterministic
+  const std::vector<std::string> first = all_ids(unit("1000"));
+  EXPECT_EQ(all_ids(unit("1000")), first);  // deterministic
   EXPECT_EQ(std::set<std::string>(first.begin(), first.end()).size(), first.size());
   for (const auto& id : first) {
     EXPECT_EQ(id.rfind("backfill-inst-42-1000-", 0), 0u) << id;
   }
-  // The same items in another repository of the installation never collide (seed 000). Its first
-  // pages only: the recorded next links are repository 1000's, which a unit of 2000 refuses.
-  for (const char* type : {"pull_request", "release"}) {
-    const plugins::Page page = connector.fetch_page(params(type, std::nullopt, 0, unit("2000")));
-    ASSERT_GT(page.size(), 0u) << type;
-    for (const std::string& id : delivery_ids(page)) {
-      EXPECT_EQ(id.rfind("backfill-inst-42-2000-", 0), 0u) << id;
-      EXPECT_EQ(std::find(first.begin(), first.end(), id), first.end()) << id;
-    }
+  // The same items in another repository of the installation never collide (seed 000).
+  const std::vector<std::string> other = all_ids(unit("2000", "octokit-fixture-org/other"));
+  EXPECT_EQ(other.size(), first.size());
+  for (const auto& id : other) {
+    EXPECT_EQ(id.rfind("backfill-inst-42-2000-", 0), 0u) << id;
+    EXPECT_EQ(std::find(first.begin(), first.end(), id), first.end()) << id;
   }
+}
+
+// A next link off the unit's list is FATAL when it comes, not saved as the checkpoint to be
+// refused as the next call's cursor (a unit then stuck until an operator reset it).
+TEST_F(GithubFetchTest, ANextLinkOffTheUnitsListIsFatalBeforeItIsSaved) {
+  add_get(pulls_url(), 200, "[]",
+          {{"link", R"(<https://api.github.com/repositories/1001/pulls?page=2>; rel="next")"}});
+  const auto f = failure_of([&] { connect().fetch_page(params("pull_request")); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  EXPECT_NE(std::string(f.what()).find("is not a page of this unit's list"), std::string::npos)
+      << f.what();
 }
 
 TEST_F(GithubFetchTest, PullRequestEventsAreWebhookShaped) {
@@ -609,6 +639,18 @@ TEST_F(GithubFetchTest, ANonNumericResourceIdStaysAString) {
       connect(R"({"per_page":3})").fetch_page(params("release", std::nullopt, 0, unit("R_kgDOH")));
   EXPECT_EQ(payload_of(page, 0)["repository"]["id"], "R_kgDOH");
   EXPECT_EQ(page.event(0).delivery_id, "backfill-inst-42-R_kgDOH-release-1004");
+  // Its list by id is any repository number's (GitHub's next links name the number, which a node
+  // id does not tell); by name, only its own.
+  for (const char* path : {"/repositories/1001/pulls?page=2", "/repositories//releases?page=2",
+                           "/repositories/1x/releases?page=2", "/repositories/1/2/releases?page=2",
+                           "/repos/octokit-fixture-org/other/releases?page=2"}) {
+    const std::string cursor = std::string(kApi) + path;
+    const auto f =
+        failure_of([&] { connect().fetch_page(params("release", cursor, 0, unit("R_kgDOH"))); });
+    EXPECT_EQ(f.status(), BACKHAUL_INVALID_ARGUMENT) << cursor;
+    EXPECT_NE(std::string(f.what()).find(" or /repositories/{id}/releases)"), std::string::npos)
+        << f.what();
+  }
 }
 
 // --- concurrency ---------------------------------------------------------------------------------
