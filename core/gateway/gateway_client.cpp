@@ -60,10 +60,8 @@ int64_t retry_after_ms(std::string_view value, int64_t now_ms) {
     value.remove_suffix(1);
   if (value.empty()) return 0;
   if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    // A wait beyond a year is no wait anyone means; it also keeps the product in range.
-    constexpr int64_t kYearS = 366LL * 24 * 3600;
     int64_t seconds = 0;
-    for (char c : value) seconds = std::min(seconds * 10 + (c - '0'), kYearS);
+    for (char c : value) seconds = std::min(seconds * 10 + (c - '0'), kMaxRetryAfterS);
     return seconds * 1000;
   }
   Poco::DateTime date;
@@ -73,7 +71,7 @@ int64_t retry_after_ms(std::string_view value, int64_t now_ms) {
     return 0;
   }
   const int64_t at_ms = date.timestamp().epochMicroseconds() / 1000 - int64_t{zone} * 1000;
-  return std::max<int64_t>(at_ms - now_ms, 0);
+  return std::clamp<int64_t>(at_ms - now_ms, 0, kMaxRetryAfterS * 1000);
 }
 
 std::string iso8601_ms(int64_t unix_ms) {
@@ -168,9 +166,9 @@ std::string GatewayClient::delivery_body(const Delivery& d) const {
   body += json(d.event_type).dump();
   body += R"(,"payload":)";
   body += d.payload_json;
-  body += R"(,"receivedAt":")";
-  body += iso8601_ms(clock_.now_ms());
-  body += "\"}";
+  body += R"(,"receivedAt":)";  // epoch ms, as seed 000 sends Date.now()
+  body += std::to_string(clock_.now_ms());
+  body += "}";
   return body;
 }
 

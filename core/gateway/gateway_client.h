@@ -57,7 +57,10 @@ class GatewayError : public Error {
 };
 
 // The wait a Retry-After value asks for, in ms from `now_ms`: delta-seconds ("120") or an HTTP
-// date; 0 for a date in the past, and for a value that is neither.
+// date; 0 for a date in the past, and for a value that is neither. At most a day
+// (kMaxRetryAfterS), as a plugin's retry-after is: a longer wait is no wait anyone means, and
+// would park a unit, with no attempt spent, until its run gave up on it.
+inline constexpr int64_t kMaxRetryAfterS = 24LL * 3600;
 int64_t retry_after_ms(std::string_view value, int64_t now_ms);
 
 // [thread-safe] if the transport is.

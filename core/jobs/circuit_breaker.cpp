@@ -4,6 +4,15 @@
 
 namespace backhaul::jobs {
 
+int64_t open_period_ms(const CircuitPolicy& p, int failures) {
+  const int64_t longest = std::max(p.max_open_ms, p.open_ms);
+  int64_t period = p.open_ms;
+  for (int n = p.failure_threshold; n < failures && period < longest; ++n) {
+    period = period > longest / 2 ? longest : period * 2;
+  }
+  return std::min(period, longest);
+}
+
 CircuitDecision decide(const CircuitRecord& r, int64_t now_ms) {
   if (r.state == "closed") return {true, 0};
   if (r.state == "open") {
@@ -70,11 +79,15 @@ CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const Cir
   if (r.state == "closed") {
     next.failures = r.failures + 1;
     if (next.failures < p.failure_threshold) return next;
+  } else {
+    // A failed probe doubles the next period; a failure of a host that had not seen the circuit
+    // open yet is no probe, and opens it again for the same period from now.
+    next.failures = std::max(r.failures, p.failure_threshold) + (r.state == "half_open" ? 1 : 0);
   }
   // A failure that trips the threshold, or any failure while open or half-open, (re)opens it.
   next.state = "open";
   next.opened_ms = now_ms;
-  next.retry_at_ms = now_ms + p.open_ms;
+  next.retry_at_ms = later_by(now_ms, open_period_ms(p, next.failures));
   return next;
 }
 

@@ -1,6 +1,9 @@
 // The circuit breaker of seed 001 as a pure function over a stored CircuitRecord (SPEC E4):
 // closed --(N consecutive failures)--> open --(after open_ms)--> half_open (one probe allowed)
-// half_open --success--> closed ; half_open --failure--> open again.
+// half_open --success--> closed ; half_open --failure--> open again, for twice as long each time
+// (at most max_open_ms, or open_ms when that is longer).
+// A failed probe costs its job an attempt, as a page that always fails must die; the doubling
+// keeps a long outage from spending many: 5 probes in its first half hour, then 4 an hour.
 // Only results that speak of the state the circuit is in count: a result is reported with the
 // time its call started, and one from a call that started before the circuit opened (or before
 // the current half-open probe began) is ignored -- see record_event.
@@ -13,9 +16,15 @@
 namespace backhaul::jobs {
 
 struct CircuitPolicy {
-  int failure_threshold = 5;  // consecutive failures that open the circuit
-  int64_t open_ms = 30'000;   // how long it stays open before a probe
+  int failure_threshold = 5;      // consecutive failures that open the circuit
+  int64_t open_ms = 30'000;       // how long it stays open before the first probe
+  int64_t max_open_ms = 900'000;  // the longest the doubling after failed probes leaves it open
 };
+
+// How long a circuit opened by its `failures`-th consecutive failure stays open: open_ms at the
+// threshold, doubled for each failure since (each failed probe), at most max(max_open_ms,
+// open_ms).
+int64_t open_period_ms(const CircuitPolicy& policy, int failures);
 
 enum class CircuitEvent { kSuccess = 1, kFailure };
 
@@ -49,8 +58,9 @@ CircuitRecord give_back_probe(const CircuitRecord& current, const CircuitRecord&
 //   ended, and must not count toward opening a circuit that the service's recovery closed.
 // - open: a success never closes it (only the half-open probe's can); a failure of a call that
 //   started at or after `opened_ms` (a host that had not seen it open yet) opens it again from
-//   now. Results of calls that started before it opened are ignored: they belong to the outage
-//   that opened it, and must not push the probe further away.
+//   now. `failures` goes on counting while it is open or half-open (open_period_ms). Results of
+//   calls that started before it opened are ignored: they belong to the outage that opened it, and
+//   must not push the probe further away.
 // - half_open: only calls that started at or after the probe began (`updated_ms`) count -- the
 //   probe's success closes it, its failure opens it again. A call that started before (in flight
 //   when the circuit opened, or an earlier probe that did not report back in time) is ignored,

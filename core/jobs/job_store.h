@@ -227,7 +227,7 @@ struct DeadLetterPage {
 // The state of one circuit breaker, stored so every host sees the same circuit (SPEC E4).
 struct CircuitRecord {
   std::string state = "closed";  // "closed" | "open" | "half_open"
-  int failures = 0;              // consecutive failures while closed
+  int failures = 0;  // consecutive failures (open or half-open: with the failed probes since)
   int64_t opened_ms = 0;
   int64_t retry_at_ms = 0;  // when an open circuit may be probed (half-open)
   int64_t updated_ms = 0;

@@ -451,7 +451,8 @@ struct Pipeline::Impl {
     if (e.retryable()) {
       circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, o.gateway_circuit, started,
                     clock.now_ms());
-      throw JobFailure(e.what());
+      // A 503 with Retry-After says when to come back: the retry waits at least that long.
+      throw JobFailure(e.what(), false, e.retry_after_ms());
     }
     gateway_answered(e, o, started);
     throw JobFailure(e.what(), true);
@@ -1064,7 +1065,8 @@ struct Pipeline::Impl {
     // Whether a delivery that failed with `err` is tried again here, after `retries` retries: a
     // transient error is, a few times; a 429 is not (the job waits as long as the gateway asked).
     auto retry_here = [&](const gateway::GatewayError& err, int retries) {
-      return err.retryable() && !err.rate_limited() && retries < o.transient_retries;
+      return err.retryable() && !err.rate_limited() && retries < o.transient_retries &&
+             err.retry_after_ms() <= o.transient_retry_ms * 4;  // not a 503 asking for longer
     };
     // Retries `d` (its `retry`-th retry first, up to transient_retries); false once it gave up.
     auto retry_one = [&](const gateway::Delivery& d, int retry) {

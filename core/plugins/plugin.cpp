@@ -170,7 +170,16 @@ std::vector<std::string> page_problems(const backhaul_page_t& page) {
         problems.push_back(where + field + " is not valid UTF-8");
       }
     }
-    if (!e.payload_json.data) problems.push_back(where + "payload_json is NULL");
+    if (!e.payload_json.data) {
+      problems.push_back(where + "payload_json is NULL");
+    } else if (const std::string_view payload = text(e.payload_json); !is_json(payload)) {
+      problems.push_back(where + "payload_json is not valid JSON");
+    } else if (payload.find_first_not_of(" \t\r\n") == std::string_view::npos ||
+               payload[payload.find_first_not_of(" \t\r\n")] != '{') {
+      // The gateway takes an object (the webhook's body), and refuses anything else with a 400
+      // that would end the unit halfway through a page as the gateway's doing.
+      problems.push_back(where + "payload_json is not a JSON object");
+    }
   }
   return problems;
 }

@@ -10,6 +10,7 @@
 #include "core/common/errors.h"
 #include "core/common/json_check.h"
 #include "core/common/strict_json.h"
+#include "core/common/utf8.h"
 #include "core/jobs/job_store.h"
 #include "host/daemon/json_schema.h"
 #include <unistd.h>
@@ -76,6 +77,13 @@ std::optional<std::string> secret(const EnvLookup& env, const std::string& varia
   std::optional<std::string> value = env(variable);
   if (!value || value->empty()) {
     problems->add(env_field, "environment variable " + variable + " is not set or empty");
+    return std::nullopt;
+  }
+  // A secret goes into a header: one with a line break (read from a file with its newline) made
+  // every call fail as "gateway unreachable", retried for ever.
+  if (has_control_character(*value)) {
+    problems->add(env_field, "environment variable " + variable +
+                                 " holds a control character (a line break from a file?)");
     return std::nullopt;
   }
   return value;

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/common/clock.h"
 #include "tests/support/scripted_transport.h"
 
 namespace backhaul::gateway {
@@ -43,6 +44,21 @@ TEST(GatewayClientTest, EachExchangeCarriesTheClientsTimeout) {
     EXPECT_EQ(r.timeout, kTimeout) << r.method << " " << r.url;
     EXPECT_EQ(header_of(r, "x-api-key"), "key") << r.url;
   }
+}
+
+// The envelope of seed 000: its six fields, the payload verbatim, and receivedAt in epoch
+// milliseconds (Date.now()), where it was an ISO 8601 string a gateway built to the seed refuses.
+TEST(GatewayClientTest, ADeliveryIsTheSeedsEnvelopeWithReceivedAtInEpochMilliseconds) {
+  ScriptedTransport t;
+  t.then(202, {}, R"({"status":"accepted"})");
+  FakeClock clock(1'700'000'000'123);
+  const GatewayClient client(t, "http://127.0.0.1:1/gateway", std::string("key"), clock, kTimeout);
+  client.dispatch("github", {"conn-1", "org-1", "d-1", "push", R"({"n": [1, 2]})"});
+  ASSERT_EQ(t.requests.size(), 1u);
+  EXPECT_EQ(t.requests[0].url, "http://127.0.0.1:1/gateway/webhooks/github");
+  EXPECT_EQ(t.requests[0].body.value_or(""),
+            R"({"connectionId":"conn-1","orgId":"org-1","deliveryId":"d-1","eventType":"push",)"
+            R"("payload":{"n": [1, 2]},"receivedAt":1700000000123})");
 }
 
 // Any 2xx answers a connection or token request (a 201 with the token failed as "gateway answered

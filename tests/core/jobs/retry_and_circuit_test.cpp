@@ -326,15 +326,60 @@ TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
   EXPECT_TRUE(decide(r, kNow + 30'501).allowed);
 }
 
-TEST(CircuitBreakerTest, AFailedProbeReopensTheCircuitForAnotherPeriod) {
+// Review: a failed probe costs its job an attempt (a page that always fails must die), and with a
+// fixed period a 30-minute outage spent 60 probes, enough to dead-letter a backfill's units. Each
+// failed probe now doubles the period, up to max_open_ms.
+TEST(CircuitBreakerTest, AFailedProbeReopensTheCircuitForTwiceAsLongUpToTheLongestPeriod) {
   const CircuitRecord probing =
       begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);
   const CircuitRecord r =
       record_event(probing, CircuitEvent::kFailure, breaker(5), kNow + 30'000, kNow + 30'500);
   EXPECT_EQ(r.state, "open");
   EXPECT_EQ(r.opened_ms, kNow + 30'500);
-  EXPECT_EQ(r.retry_at_ms, kNow + 60'500);
+  EXPECT_EQ(r.retry_at_ms, kNow + 90'500) << "60 s: twice the first period";
+  EXPECT_EQ(r.failures, 6);
   EXPECT_FALSE(decide(r, kNow + 31'000).allowed);
+
+  // Probe after probe fails: 30 s, 60, 120, 240, 480, 900 (the longest), 900, ...
+  CircuitRecord c = fail_times(CircuitRecord{}, 5, breaker(5), kNow);
+  std::vector<int64_t> periods;
+  for (int probe = 0; probe < 8; ++probe) {
+    periods.push_back(c.retry_at_ms - c.opened_ms);
+    const int64_t at = c.retry_at_ms;
+    c = record_event(begin_probe(c, at), CircuitEvent::kFailure, breaker(5), at, at);
+  }
+  EXPECT_EQ(periods, (std::vector<int64_t>{30'000, 60'000, 120'000, 240'000, 480'000, 900'000,
+                                           900'000, 900'000}));
+  // Half an hour of outage: 5 probes, where a fixed period made 60.
+  int64_t elapsed = 0;
+  int probes = 0;
+  for (int64_t p : periods) {
+    if ((elapsed += p) > 30 * 60'000) break;
+    ++probes;
+  }
+  EXPECT_EQ(probes, 5);
+  // A success closes it, and the next opening starts from the first period again.
+  const CircuitRecord closed = record_event(begin_probe(c, c.retry_at_ms), CircuitEvent::kSuccess,
+                                            breaker(5), c.retry_at_ms, c.retry_at_ms);
+  EXPECT_EQ(closed.state, "closed");
+  const CircuitRecord again = fail_times(closed, 5, breaker(5), c.retry_at_ms + 1);
+  EXPECT_EQ(again.retry_at_ms - again.opened_ms, 30'000);
+}
+
+TEST(CircuitBreakerTest, TheOpenPeriodDoublesPerFailureAboveTheThresholdWithinItsBounds) {
+  CircuitPolicy p = breaker(3, 1'000);
+  p.max_open_ms = 5'000;
+  EXPECT_EQ(open_period_ms(p, 3), 1'000);
+  EXPECT_EQ(open_period_ms(p, 4), 2'000);
+  EXPECT_EQ(open_period_ms(p, 5), 4'000);
+  EXPECT_EQ(open_period_ms(p, 6), 5'000);
+  EXPECT_EQ(open_period_ms(p, 1'000'000), 5'000);
+  p.open_ms = 60'000;  // longer than max_open_ms: it stays as configured
+  EXPECT_EQ(open_period_ms(p, 3), 60'000);
+  EXPECT_EQ(open_period_ms(p, 9), 60'000);
+  p = breaker(1, INT64_MAX / 3);  // no overflow
+  p.max_open_ms = INT64_MAX;
+  EXPECT_EQ(open_period_ms(p, 5), INT64_MAX);
 }
 
 // Task: a call that started before the circuit opened and succeeds once it is half-open is not
@@ -368,7 +413,7 @@ TEST(CircuitBreakerTest, ALateFailureWhileHalfOpenDoesNotReopenItTheProbesOwnDoe
   const CircuitRecord probed =
       record_event(late, CircuitEvent::kFailure, breaker(5), kNow + 30'000, kNow + 30'500);
   EXPECT_EQ(probed.state, "open");
-  EXPECT_EQ(probed.retry_at_ms, kNow + 60'500);
+  EXPECT_EQ(probed.retry_at_ms, kNow + 90'500);
 }
 
 // While open, a failure of a call begun before the opening is the outage that opened it: it must

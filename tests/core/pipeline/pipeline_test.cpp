@@ -1472,6 +1472,33 @@ TEST_F(PipelineTest, AProviderProbeWhoseTokenLookupFailsIsGivenBack) {
   EXPECT_EQ(circuit("provider:github").state, "closed");
 }
 
+// Review: a gateway 503 with Retry-After says when to come back. Deliveries were retried in place
+// 100-200 ms apart and the attempt retried after the usual backoff (seconds), so a gateway deploy
+// answering "503, Retry-After: 120" used up a unit's attempts in seconds. The retry now waits as
+// asked, and a delivery is not retried in place against it.
+TEST_F(PipelineTest, AGateway503WithRetryAfterIsWaitedOutNotRetriedAtOnce) {
+  RunStart run = fanned_out();
+  std::atomic<int> refusals{0};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/webhooks/") == std::string::npos || refusals > 0) return std::nullopt;
+    ++refusals;
+    http::Response busy = status_response(503, R"({"error":"deploying"})");
+    busy.headers.emplace_back("retry-after", "120");
+    return busy;
+  });
+  const int64_t now = test_clock().now_ms();
+  const int64_t in_place = pipeline_->metrics().transient_retries;
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the first page: one delivery refused
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].status, JobStatus::kQueued);
+  EXPECT_EQ(units[0].attempts, 1);
+  EXPECT_GE(units[0].run_after_ms, now + 120'000) << "retried before the gateway asked";
+  EXPECT_EQ(pipeline_->metrics().transient_retries, in_place) << "retried in place";
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+}
+
 // E4: while the gateway's circuit is open, the run's connection lookup (a gateway call) waits for
 // the probe like a page's dispatch does, and once it is due, the lookup is the probe. Before, the
 // lookup went to the gateway known to be down: each failure burnt one of the run's attempts (it
@@ -1511,8 +1538,11 @@ TEST(GatewayRetryAfter, IsSecondsOrAnHttpDate) {
   EXPECT_EQ(gateway::retry_after_ms("Sun, 06 Nov 1994 08:49:37 GMT", now), 30'000);
   EXPECT_EQ(gateway::retry_after_ms("Sun, 06 Nov 1994 08:49:37 GMT", now + 60'000), 0)
       << "a date in the past: no wait";
-  EXPECT_EQ(gateway::retry_after_ms("99999999999999999999999", now), 366LL * 24 * 3600 * 1000)
-      << "capped at a year, not overflowed";
+  EXPECT_EQ(gateway::retry_after_ms("99999999999999999999999", now), 24LL * 3600 * 1000)
+      << "capped at a day, not overflowed";
+  EXPECT_EQ(gateway::retry_after_ms("31536000", now), 24LL * 3600 * 1000) << "a year: a day";
+  EXPECT_EQ(gateway::retry_after_ms("Fri, 01 Jan 2100 00:00:00 GMT", now), 24LL * 3600 * 1000)
+      << "a date a century away: a day";
   for (const char* bad : {"", "soon", "-5", "1.5", "12s"})
     EXPECT_EQ(gateway::retry_after_ms(bad, now), 0) << bad;
 }

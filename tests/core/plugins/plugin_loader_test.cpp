@@ -944,6 +944,34 @@ TEST(PageProblems, APageShorterThanThePageStructIsReadNoFurther) {
                                                 std::to_string(sizeof(backhaul_page_t))}));
 }
 
+// An event's payload is a JSON object (connector.h), as the gateway takes: anything else is a
+// malformed page, named before any of it is delivered. Before, the gateway refused it with a 400
+// midway through the page, an error blamed on the gateway.
+TEST(PageProblems, AnEventsPayloadMustBeAJsonObject) {
+  const auto problems_of = [](const std::string& payload) {
+    backhaul_event_t event{};
+    event.delivery_id = {"d-1", 3};
+    event.event_type = {"push", 4};
+    event.payload_json = {payload.data(), payload.size()};
+    backhaul_page_t page{};
+    page.struct_size = sizeof page;
+    page.events = &event;
+    page.event_count = 1;
+    return page_problems(page);
+  };
+  EXPECT_TRUE(problems_of(R"({"a":1})").empty());
+  EXPECT_TRUE(problems_of(" \n{} ").empty());
+  for (const std::string payload : {"[1]", "\"x\"", "null", "7", "", "  "}) {
+    EXPECT_EQ(problems_of(payload),
+              std::vector<std::string>{payload.find_first_not_of(' ') == std::string::npos
+                                           ? "event 0: payload_json is not valid JSON"
+                                           : "event 0: payload_json is not a JSON object"})
+        << payload;
+  }
+  EXPECT_EQ(problems_of(R"({"a":)"),
+            std::vector<std::string>{"event 0: payload_json is not valid JSON"});
+}
+
 struct FailureCase {
   const char* mode;
   backhaul_status_t status;

@@ -513,6 +513,27 @@ TEST(ConfigTest, AConfigFileThatIsADirectoryEmptyOrMissingIsRefusedSayingWhich) 
   std::filesystem::remove_all(dir);
 }
 
+// A secret goes into a header or a connection string: one with a line break (read from a file
+// with its newline) made every gateway call fail as "gateway unreachable", retried for ever, and
+// every admin request 401. It is refused at start, naming the variable and not the value.
+TEST(ConfigTest, ASecretWithALineBreakIsRefusedNamingTheVariable) {
+  const std::string error =
+      error_of(minimal(), env_with({{"ADMIN_TOKEN", "t0ken\n"}, {"GW_KEY", "gw\r-secret"}}));
+  json with_key = minimal();
+  with_key["gateway"]["api_key_env"] = "GW_KEY";
+  const std::string both =
+      error_of(with_key, env_with({{"ADMIN_TOKEN", "t0ken\n"}, {"GW_KEY", "gw\r-secret"}}));
+  EXPECT_NE(error.find("admin.token_env: environment variable ADMIN_TOKEN holds a control "
+                       "character (a line break from a file?)"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(both.find("gateway.api_key_env: environment variable GW_KEY holds a control character"),
+            std::string::npos)
+      << both;
+  EXPECT_EQ(both.find("t0ken"), std::string::npos) << both;
+  EXPECT_EQ(both.find("secret"), std::string::npos) << both;
+}
+
 TEST(ConfigTest, EveryProblemIsReportedOnItsOwnLine) {
   json config = minimal();
   config["scheduler"]["workers"] = "eight";
