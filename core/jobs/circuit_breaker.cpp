@@ -79,6 +79,8 @@ CircuitRecord record_event(const CircuitRecord& r, CircuitEvent event, const Cir
   if (r.state == "closed") {
     next.failures = r.failures + 1;
     if (next.failures < p.failure_threshold) return next;
+    // The first period, whatever count a higher threshold of the past left (a config changed).
+    next.failures = p.failure_threshold;
   } else {
     // A failed probe doubles the next period; a failure of a host that had not seen the circuit
     // open yet is no probe, and opens it again for the same period from now.

@@ -533,9 +533,8 @@ Scheduler::Ending Scheduler::finish(JobContext& c, const Outcome& outcome) {
 
 Scheduler::Ending Scheduler::fail(JobContext& c, const std::string& error, bool fatal,
                                   int64_t retry_after_ms) {
-  int64_t delay = retry_after_ms > 0
-                      ? retry_after_ms
-                      : options_.retry.delay_ms(c.job_.attempts, options_.unit_random);
+  const int64_t delay =
+      std::max(retry_after_ms, options_.retry.delay_ms(c.job_.attempts, options_.unit_random));
   Finish f;
   f.kind = Finish::Kind::kFail;
   f.id = c.job_.id;

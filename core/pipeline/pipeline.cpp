@@ -28,6 +28,9 @@ using json = nlohmann::json;
 constexpr int64_t kDayMs = 24LL * 3600 * 1000;
 constexpr int64_t kCircuitRefreshMs = 1000;     // how stale this host's view of a circuit may be
 constexpr int64_t kThrottleRecheckMs = 60'000;  // the longest a throttled unit waits unasked
+// The longest Retry-After of a gateway 5xx that a delivery is retried in place after (the worker
+// waits it out); one asking for more fails the attempt, whose retry waits at least that long.
+constexpr int64_t kInPlaceRetryAfterMs = 2'000;
 // How long a run past its unit timeout waits for the units it stopped to stop (each at its next
 // page boundary) before it reports them timed out all the same.
 constexpr int64_t kStopWaitMs = 10 * 60 * 1000;
@@ -816,7 +819,7 @@ struct Pipeline::Impl {
     json results = json::array();
     const size_t lines_budget = std::min(snapshot().result_lines_bytes, kMaxResultLinesBytes);
     size_t lines_bytes = 0;
-    int64_t omitted = 0;
+    int64_t omitted = 0;  // once one line is left out, so are all after it: results is a prefix
     for (const UnitRef& u : units) {
       json r = unit_json(u);
       auto it = by_id.find(u.job_id);
@@ -858,8 +861,8 @@ struct Pipeline::Impl {
         error = cut_utf8(*error, kResultErrorBytes) + " [truncated]";
       }
       r["error"] = error ? json(*error) : json(nullptr);
-      const size_t bytes = r.dump().size() + 1;
-      if (lines_bytes + bytes > lines_budget) {
+      const size_t bytes = omitted > 0 ? 0 : r.dump().size() + 1;
+      if (omitted > 0 || lines_bytes + bytes > lines_budget) {
         ++omitted;
         continue;
       }
@@ -1064,20 +1067,25 @@ struct Pipeline::Impl {
     };
     // Whether a delivery that failed with `err` is tried again here, after `retries` retries: a
     // transient error is, a few times; a 429 is not (the job waits as long as the gateway asked).
+    // A 5xx whose Retry-After asks for more than kInPlaceRetryAfterMs is not: the attempt fails,
+    // and its retry waits at least that long.
     auto retry_here = [&](const gateway::GatewayError& err, int retries) {
       return err.retryable() && !err.rate_limited() && retries < o.transient_retries &&
-             err.retry_after_ms() <= o.transient_retry_ms * 4;  // not a 503 asking for longer
+             err.retry_after_ms() <= kInPlaceRetryAfterMs;
     };
-    // Retries `d` (its `retry`-th retry first, up to transient_retries); false once it gave up.
-    auto retry_one = [&](const gateway::Delivery& d, int retry) {
+    // Retries `d` (its `retry`-th retry first, up to transient_retries), each after the usual
+    // pause or the last answer's Retry-After (`asked_ms`), whichever is longer; false once it gave
+    // up.
+    auto retry_one = [&](const gateway::Delivery& d, int retry, int64_t asked_ms) {
       failed_transiently = true;
       for (;; ++retry) {
         ++retries_in_place;
-        pause(o, retry - 1);
+        pause(o, retry - 1, asked_ms);
         try {
           if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
           return true;
         } catch (const gateway::GatewayError& err) {
+          asked_ms = err.retry_after_ms();
           if (!retry_here(err, retry)) {
             give_up(err);
             return false;
@@ -1112,7 +1120,7 @@ struct Pipeline::Impl {
           }
           const gateway::GatewayError& err = *outcomes[k].error;
           if (!retry_here(err, 0)) return give_up(err);
-          if (!retry_one(batch[k], 1)) return;
+          if (!retry_one(batch[k], 1, err.retry_after_ms())) return;
         }
       }
     };
@@ -1263,9 +1271,13 @@ struct Pipeline::Impl {
   }
 
   // The short real wait before an in-place retry of a transient error (0 in tests).
-  static void pause(const PipelineOptions& o, int retry) {
-    if (o.transient_retry_ms > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(o.transient_retry_ms << retry));
+  // The real wait before the `retry`-th retry in place (from 0): transient_retry_ms * 2^retry, or
+  // what the last answer asked for (a Retry-After of at most kInPlaceRetryAfterMs) when longer.
+  static void pause(const PipelineOptions& o, int retry, int64_t asked_ms = 0) {
+    const int64_t ms =
+        std::max<int64_t>(o.transient_retry_ms > 0 ? o.transient_retry_ms << retry : 0,
+                          std::min(asked_ms, kInPlaceRetryAfterMs));
+    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
 
   void note_call(std::chrono::steady_clock::time_point started) {

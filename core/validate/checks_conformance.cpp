@@ -447,7 +447,9 @@ std::vector<Check> conformance_checks() {
       {"cursor_advances", "conformance", 1, Needs::kFixtures,
        "every next_cursor differs from the cursor that was asked for", cursor_advances},
       {"page_structure", "conformance", 1, Needs::kFixtures,
-       "pages have a full struct_size and non-NULL events and strings", page_structure},
+       "pages pass the host's page check: full struct_size, non-NULL events and strings, UTF-8 "
+       "ids and types, payloads that are JSON objects",
+       page_structure},
       {"delivery_ids_unique", "conformance", 1, Needs::kFixtures,
        "delivery ids are non-empty and unique within and across pages", delivery_ids_unique},
       {"delivery_ids_contain_resource_id", "conformance", 1, Needs::kFixtures,

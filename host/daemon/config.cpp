@@ -73,15 +73,17 @@ std::string default_owner() {
 // Reads the secret named by `env_field` (e.g. "admin.token_env"); a missing or empty variable is
 // a problem naming both the field and the variable.
 std::optional<std::string> secret(const EnvLookup& env, const std::string& variable,
-                                  const std::string& env_field, Problems* problems) {
+                                  const std::string& env_field, Problems* problems,
+                                  bool in_header = true) {
   std::optional<std::string> value = env(variable);
   if (!value || value->empty()) {
     problems->add(env_field, "environment variable " + variable + " is not set or empty");
     return std::nullopt;
   }
-  // A secret goes into a header: one with a line break (read from a file with its newline) made
-  // every call fail as "gateway unreachable", retried for ever.
-  if (has_control_character(*value)) {
+  // A secret that goes into a header (the store's connection string does not: its parser drops
+  // surrounding whitespace): one with a line break (read from a file with its newline) made every
+  // gateway call fail as "gateway unreachable", retried for ever, or every admin request 401.
+  if (in_header && has_control_character(*value)) {
     problems->add(env_field, "environment variable " + variable +
                                  " holds a control character (a line break from a file?)");
     return std::nullopt;
@@ -129,7 +131,8 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
     if (config.store.connection_env.empty()) {
       problems.add("store.connection_env", "is required when store.backend is \"mysql\"");
     } else if (auto dsn =
-                   secret(env, config.store.connection_env, "store.connection_env", &problems)) {
+                   secret(env, config.store.connection_env, "store.connection_env", &problems,
+                          /*in_header=*/false)) {
       config.store.connection = *dsn;
       try {
         jobs::check_mysql_connection_string(*dsn);

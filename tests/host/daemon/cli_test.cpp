@@ -236,7 +236,7 @@ TEST_F(CliTest, FetchFailsAUnitWhosePayloadIsNotJsonAndWritesOnlyJsonLines) {
                   {}, dir_);
   EXPECT_EQ(fetched.exit_code, 2) << fetched.err;
   EXPECT_NE(fetched.err.find("failed: FATAL: plugin 'fake' returned a malformed page: event 0: "
-                             "payload is not valid JSON"),
+                             "payload_json is not valid JSON"),
             std::string::npos)
       << fetched.err;
   std::istringstream lines(fetched.out);

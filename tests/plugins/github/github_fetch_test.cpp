@@ -640,7 +640,13 @@ TEST_F(GithubFetchTest, ANonNumericResourceIdStaysAString) {
   EXPECT_EQ(payload_of(page, 0)["repository"]["id"], "R_kgDOH");
   EXPECT_EQ(page.event(0).delivery_id, "backfill-inst-42-R_kgDOH-release-1004");
   // Its list by id is any repository number's (GitHub's next links name the number, which a node
-  // id does not tell); by name, only its own.
+  // id does not tell): the next page is fetched. By name, only its own list.
+  const std::optional<std::string> next(page.next_cursor());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_NE(next->find("/repositories/1000/releases?"), std::string::npos) << *next;
+  const plugins::Page second =
+      connect(R"({"per_page":3})").fetch_page(params("release", next, 0, unit("R_kgDOH")));
+  EXPECT_GT(second.size(), 0u);
   for (const char* path : {"/repositories/1001/pulls?page=2", "/repositories//releases?page=2",
                            "/repositories/1x/releases?page=2", "/repositories/1/2/releases?page=2",
                            "/repos/octokit-fixture-org/other/releases?page=2"}) {
