@@ -43,6 +43,17 @@ struct GatewayBusy {
   int64_t retry_after_ms = 0;
 };
 
+// A gateway call that was the gateway circuit's half-open probe failed, and opened it again: the
+// job waits for the next probe (`until_ms`) without spending an attempt (handle). The gateway is
+// one service whose outage every job meets alike: were its probes' attempts spent, the first unit
+// in the queue, the probe each time, would die of an outage the circuit holds every other unit
+// back from. (A provider's failed probe does cost an attempt: its failures are a page's, and a
+// page that always fails must die.)
+struct GatewayProbeFailed {
+  std::string message;
+  int64_t until_ms = 0;
+};
+
 // A plugin's message as the queue (last error, attempt history, dead letter) and the logs keep
 // it: without the unit's token, which a third-party plugin may echo (the bundled ones scrub it
 // themselves, and redact() knows only tokens of known shapes), and redacted (E2: the token is
@@ -426,36 +437,56 @@ struct Pipeline::Impl {
 
   // The result of a call to `name`'s service that began at `started` (host clock): one begun
   // before the circuit opened or before its half-open probe began does not count (record_event).
-  void circuit_event(const std::string& name, jobs::CircuitEvent event,
-                     const jobs::CircuitPolicy& policy, int64_t started, int64_t now) {
+  // Returns when the next probe is due when this was a half-open probe's failure (the circuit is
+  // open again), else nullopt.
+  std::optional<int64_t> circuit_event(const std::string& name, jobs::CircuitEvent event,
+                                       const jobs::CircuitPolicy& policy, int64_t started,
+                                       int64_t now) {
     if (event == jobs::CircuitEvent::kSuccess) {
       std::lock_guard lock(mutex);
       auto it = circuits.find(name);
       if (it != circuits.end() && it->second.record.state == "closed" &&
           it->second.record.failures == 0)
-        return;  // nothing to record
+        return std::nullopt;  // nothing to record
     }
+    bool probe_failed = false;
     jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
-      return jobs::record_event(r, event, policy, started, now);
+      jobs::CircuitRecord next = jobs::record_event(r, event, policy, started, now);
+      probe_failed = r.state == "half_open" && next.state == "open";
+      return next;
     });
-    std::lock_guard lock(mutex);
-    circuits[name] = {stored, now};
+    {
+      std::lock_guard lock(mutex);
+      circuits[name] = {stored, now};
+    }
+    if (!probe_failed) return std::nullopt;
+    return stored.retry_at_ms;
   }
 
   // Gateway calls (begun at `started`): a 429 is the gateway asking us to slow down, a wait and
   // not an attempt (GatewayBusy); other retryable errors count against the gateway circuit and
-  // retry the attempt; the rest (a 4xx: our request is wrong) are fatal.
+  // retry the attempt; the rest (a 4xx: our request is wrong) are fatal. Except a 401: the
+  // gateway refusing this host's API key, which every call of every job would meet. It counts
+  // against the circuit as an outage does, which then holds every job back (probing, less and
+  // less often) until the key is put right, where it dead-lettered each unit that met it.
   [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o,
                                    int64_t started) {
     if (e.rate_limited()) {
       gateway_answered(e, o, started);
       throw GatewayBusy{e.what(), e.retry_after_ms()};
     }
-    if (e.retryable()) {
-      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, o.gateway_circuit, started,
-                    clock.now_ms());
+    const bool key_refused = e.status() == 401;
+    if (e.retryable() || key_refused) {
+      const std::string what =
+          std::string(e.what()) +
+          (key_refused ? " (the gateway refused this host's API key: see gateway.api_key_env)"
+                       : "");
+      if (auto until = circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure,
+                                     o.gateway_circuit, started, clock.now_ms())) {
+        throw GatewayProbeFailed{what, *until};
+      }
       // A 503 with Retry-After says when to come back: the retry waits at least that long.
-      throw JobFailure(e.what(), false, e.retry_after_ms());
+      throw JobFailure(what, false, e.retry_after_ms());
     }
     gateway_answered(e, o, started);
     throw JobFailure(e.what(), true);
@@ -483,6 +514,10 @@ struct Pipeline::Impl {
       ++gateway_rate_limit_waits;
       return Outcome::defer(ctx.now_ms() + std::max<int64_t>(e.retry_after_ms, 1000),
                             "rate limited by the gateway: " + e.message);
+    } catch (const GatewayProbeFailed& e) {
+      ++circuit_deferrals;
+      return Outcome::defer(e.until_ms,
+                            "circuit open: gateway (this job's probe failed: " + e.message + ")");
     }
   }
 

@@ -1502,6 +1502,41 @@ TEST_F(PipelineTest, AGateway503WithRetryAfterIsWaitedOutNotRetriedAtOnce) {
   EXPECT_EQ(run_result(run.run_id)["success"], true);
 }
 
+// Review: a gateway 401 is the gateway refusing this host's API key, which every call of every job
+// meets until an operator puts the key right. It was FATAL: each unit that met it went to the dead
+// letters, a whole backfill with them. It now counts against the gateway's circuit, which holds
+// the units back until the key works again; then the run goes on and succeeds. The gateway's
+// failed probes cost no attempt: the first unit, the probe each time, died of them.
+TEST_F(PipelineTest, AGatewayThatRefusesTheApiKeyHoldsTheUnitsBackUntilTheKeyWorks) {
+  PipelineOptions options = fast();
+  options.gateway_circuit = {3, 60'000};
+  start(data(10, 0, 20), options);
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the fan-out, with the key still good
+  const int64_t fixed_at = test_clock().now_ms() + 20 * 60'000;  // the key is put right then
+  gateway_transport_.reset([&](const http::Request&, size_t) -> std::optional<http::Response> {
+    if (test_clock().now_ms() >= fixed_at) return std::nullopt;
+    return status_response(401, R"({"error":{"code":"unauthorized"}})");
+  });
+  drive();
+  EXPECT_GE(test_clock().now_ms(), fixed_at);
+  EXPECT_EQ(run_result(run.run_id)["success"], true)
+      << run_result(run.run_id).dump().substr(0, 600);
+  EXPECT_TRUE(store_->list_dead_letters({}).items.empty());
+  int failed = 0;
+  bool named = false;
+  for (const jobs::Job& unit : units_of(run.run_id)) {
+    for (const jobs::Attempt& a : store_->attempts(unit.id)) {
+      failed += a.outcome == "failed";
+      named =
+          named || a.error.value_or("").find("refused this host's API key") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(named) << "no attempt says why";
+  EXPECT_EQ(failed, 3) << "the 3 that opened the circuit; its probes (1, 2, 4, 8 minutes on) none";
+  EXPECT_EQ(circuit("gateway").state, "closed");
+}
+
 // E4: while the gateway's circuit is open, the run's connection lookup (a gateway call) waits for
 // the probe like a page's dispatch does, and once it is due, the lookup is the probe. Before, the
 // lookup went to the gateway known to be down: each failure burnt one of the run's attempts (it
