@@ -29,7 +29,8 @@ namespace backhaul::jobs {
 // Thrown by a handler to end the attempt as a failure. `fatal` sends the job straight to the dead
 // letters; `retry_after_ms` > 0 is the least the retry waits: the retry policy's delay (with its
 // jitter) when that is longer, so that a short wait asked for (a 503's "Retry-After: 1") does not
-// retry faster than the backoff would, nor every unit that was told it at the same instant.
+// retry faster than the backoff would. (A wait longer than the backoff is kept as asked, without
+// jitter.)
 class JobFailure : public Error {
  public:
   explicit JobFailure(const std::string& message, bool fatal = false, int64_t retry_after_ms = 0)

@@ -469,8 +469,13 @@ struct Pipeline::Impl {
   // gateway refusing this host's API key, which every call of every job would meet. It counts
   // against the circuit as an outage does, which then holds every job back (probing, less and
   // less often) until the key is put right, where it dead-lettered each unit that met it.
+  //
+  // A failed half-open probe costs no attempt (GatewayProbeFailed) when the failure says the
+  // gateway itself is down: no answer, 502/503/504, or 401. Another 5xx of a delivery while others
+  // of its page went through (`page_delivered`) may be that delivery's own doing, and the job
+  // then spends an attempt as usual, so that a delivery the gateway always refuses ends.
   [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o,
-                                   int64_t started) {
+                                   int64_t started, bool page_delivered = false) {
     if (e.rate_limited()) {
       gateway_answered(e, o, started);
       throw GatewayBusy{e.what(), e.retry_after_ms()};
@@ -481,9 +486,18 @@ struct Pipeline::Impl {
           std::string(e.what()) +
           (key_refused ? " (the gateway refused this host's API key: see gateway.api_key_env)"
                        : "");
-      if (auto until = circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure,
-                                     o.gateway_circuit, started, clock.now_ms())) {
-        throw GatewayProbeFailed{what, *until};
+      // A refused key is wrong for every call: it opens the circuit at once, so that a job alone
+      // (a run's first lookup) is held back too rather than dying of its attempts first.
+      jobs::CircuitPolicy policy = o.gateway_circuit;
+      if (key_refused) policy.failure_threshold = 1;
+      const int64_t now = clock.now_ms();
+      const std::optional<int64_t> next_probe =
+          circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, policy, started, now);
+      const int s = e.status();
+      const bool down = s == 0 || s == 401 || s == 502 || s == 503 || s == 504;
+      if (next_probe && down && !page_delivered) {
+        throw GatewayProbeFailed{what,
+                                 std::max(*next_probe, jobs::later_by(now, e.retry_after_ms()))};
       }
       // A 503 with Retry-After says when to come back: the retry waits at least that long.
       throw JobFailure(what, false, e.retry_after_ms());
@@ -1093,6 +1107,7 @@ struct Pipeline::Impl {
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     std::atomic<bool> failed_transiently{false};  // a delivery of this page was retried here
+    std::atomic<bool> delivered{false};           // the gateway took a delivery of this page
     std::mutex error_mutex;
     std::optional<gateway::GatewayError> error;
     auto give_up = [&](gateway::GatewayError e) {
@@ -1118,6 +1133,7 @@ struct Pipeline::Impl {
         pause(o, retry - 1, asked_ms);
         try {
           if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
+          delivered = true;
           return true;
         } catch (const gateway::GatewayError& err) {
           asked_ms = err.retry_after_ms();
@@ -1147,6 +1163,10 @@ struct Pipeline::Impl {
           outcomes = gateway.dispatch_batch(provider, batch);
         } catch (const std::exception& err) {
           return give_up(gateway::GatewayError(err.what(), 0, true));
+        }
+        // Whether the gateway took any of the batch, before a failure in it ends the loop.
+        for (const gateway::GatewayClient::Outcome& out : outcomes) {
+          if (out.result) delivered = true;
         }
         for (size_t k = 0; k < outcomes.size() && !failed; ++k) {
           if (outcomes[k].result) {
@@ -1188,7 +1208,7 @@ struct Pipeline::Impl {
       throw JobFailure(std::string(error->what()) + " (after a transient failure of this page)",
                        false, std::max<int64_t>(error->retry_after_ms(), 1000));
     }
-    gateway_failed(*error, o, started);
+    gateway_failed(*error, o, started, delivered);
   }
 
   // The installation's access token, from the gateway. Its answer counts on the gateway's
@@ -1256,6 +1276,10 @@ struct Pipeline::Impl {
             // provider rejecting it while the gateway sheds load would never end the job.
             throw JobFailure(what + " (the token could not be refreshed: " + busy.message + ")",
                              false, std::max<int64_t>(busy.retry_after_ms, 1000));
+          } catch (const GatewayProbeFailed& down) {
+            // Likewise: this refresh began no probe of its own (it skips the circuit's check).
+            throw JobFailure(what + " (the token could not be refreshed: " + down.message + ")",
+                             false, std::max<int64_t>(down.until_ms - ctx.now_ms(), 1000));
           }
           return {std::nullopt, std::nullopt, false, what};
         case BACKHAUL_RATE_LIMITED: {
@@ -1305,7 +1329,6 @@ struct Pipeline::Impl {
     return deferral;
   }
 
-  // The short real wait before an in-place retry of a transient error (0 in tests).
   // The real wait before the `retry`-th retry in place (from 0): transient_retry_ms * 2^retry, or
   // what the last answer asked for (a Retry-After of at most kInPlaceRetryAfterMs) when longer.
   static void pause(const PipelineOptions& o, int retry, int64_t asked_ms = 0) {

@@ -165,6 +165,12 @@ TEST(CircuitBreakerTest, TheThresholdthFailureOpensIt) {
   EXPECT_EQ(r.updated_ms, kNow);
   // Seed 001: stripe-api with threshold 3 is open after 3 consecutive failures.
   EXPECT_EQ(fail_times(CircuitRecord{}, 3, breaker(3), kNow).state, "open");
+  // A count a higher threshold of the past left (a config changed) opens it for the first period.
+  const CircuitRecord lowered =
+      record_event(closed_with(7), CircuitEvent::kFailure, breaker(3), kNow, kNow);
+  EXPECT_EQ(lowered.state, "open");
+  EXPECT_EQ(lowered.failures, 3);
+  EXPECT_EQ(lowered.retry_at_ms, kNow + 30'000);
 }
 
 TEST(CircuitBreakerTest, ASuccessBetweenFailuresStartsTheCountAgain) {
@@ -326,9 +332,9 @@ TEST(CircuitBreakerTest, ASuccessfulProbeClosesTheCircuit) {
   EXPECT_TRUE(decide(r, kNow + 30'501).allowed);
 }
 
-// Review: a failed probe costs its job an attempt (a page that always fails must die), and with a
-// fixed period a 30-minute outage spent 60 probes, enough to dead-letter a backfill's units. Each
-// failed probe now doubles the period, up to max_open_ms.
+// Review: with a fixed period a 30-minute outage made 60 probes, each a provider's probe costing
+// its job an attempt (a page that always fails must die), enough to dead-letter a backfill's units.
+// Each failed probe now doubles the period, up to max_open_ms.
 TEST(CircuitBreakerTest, AFailedProbeReopensTheCircuitForTwiceAsLongUpToTheLongestPeriod) {
   const CircuitRecord probing =
       begin_probe(fail_times(CircuitRecord{}, 5, breaker(5), kNow), kNow + 30'000);

@@ -154,13 +154,24 @@ TEST_F(SchedulerTest, FatalFailureGoesStraightToTheDeadLetters) {
   EXPECT_EQ(letters.items[0].error, "repository is gone");
 }
 
-TEST_F(SchedulerTest, ExplicitRetryAfterOverridesThePolicy) {
+// A handler's retry-after is the least its retry waits: longer than the backoff, it is kept;
+// shorter (a 503's "Retry-After: 1"), the backoff's delay is, where it replaced it and retried
+// sooner.
+TEST_F(SchedulerTest, AnExplicitRetryAfterIsTheLeastTheRetryWaits) {
   Scheduler scheduler(*store_, clock_, options());
+  int64_t asked = 42'000;
   scheduler.register_handler(
-      "work", [](JobContext&) -> Outcome { throw JobFailure("slow down", false, 42'000); });
-  JobId id = enqueue("work");
+      "work", [&](JobContext&) -> Outcome { throw JobFailure("slow down", false, asked); });
+  const JobId id = enqueue("work");
   scheduler.run_once(1);
   EXPECT_EQ(store_->get(id)->run_after_ms, clock_.now_ms() + 42'000);
+
+  const int64_t backoff = options().retry.delay_ms(1, options().unit_random);
+  ASSERT_GT(backoff, 500);
+  asked = 500;
+  const JobId other = enqueue("work");
+  scheduler.run_once(1);
+  EXPECT_EQ(store_->get(other)->run_after_ms, clock_.now_ms() + backoff);
 }
 
 TEST_F(SchedulerTest, DeferIsNotAnAttempt) {

@@ -306,6 +306,19 @@ class PipelineTest : public ::testing::Test {
         name, [&](const jobs::CircuitRecord&) { return open_circuit(now - period_ms, now); });
     return now;
   }
+  // The provider answers the first fetch 502 (retried in place), and meanwhile the gateway's
+  // circuit opened a period ago: its probe is due, and this host's view of it is stale.
+  void open_the_gateway_circuit_at_the_first_fetch() {
+    const int64_t now = test_clock().now_ms();
+    plugin_transport().reset([this, now](const http::Request&,
+                                         size_t n) -> std::optional<http::Response> {
+      if (n != 1) return std::nullopt;
+      store_->update_circuit(
+          "gateway", [&](const jobs::CircuitRecord&) { return open_circuit(now - 60'000, now); });
+      test_clock().set_ms(now + 5'000);
+      return status_response(502, "{}");
+    });
+  }
   jobs::CircuitRecord circuit(const std::string& name) {
     return store_->update_circuit(name, [](const jobs::CircuitRecord& r) { return r; });
   }
@@ -1172,16 +1185,9 @@ TEST_F(PipelineTest, AGatewayProbeBegunBetweenPagesDispatchesItsPage) {
   start(data(1, 0, 150), options);
   RunStart run = start_run("gh-inst-1", "github", {"issue"});
   ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out
-  const int64_t now = test_clock().now_ms();
   // The unit's first page fails (retried in place); meanwhile the gateway's circuit opened, its
   // probe is due, and this host's view of it is stale.
-  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
-    if (n != 1) return std::nullopt;
-    store_->update_circuit(
-        "gateway", [&](const jobs::CircuitRecord&) { return open_circuit(now - 60'000, now); });
-    test_clock().set_ms(now + 5'000);
-    return status_response(502, "{}");
-  });
+  open_the_gateway_circuit_at_the_first_fetch();
   drive();
   EXPECT_EQ(run_result(run.run_id)["success"], true);
   const jobs::CircuitRecord after = store_->update_circuit("gateway", [](auto& r) { return r; });
@@ -1533,8 +1539,64 @@ TEST_F(PipelineTest, AGatewayThatRefusesTheApiKeyHoldsTheUnitsBackUntilTheKeyWor
     }
   }
   EXPECT_TRUE(named) << "no attempt says why";
-  EXPECT_EQ(failed, 3) << "the 3 that opened the circuit; its probes (1, 2, 4, 8 minutes on) none";
+  EXPECT_EQ(failed, 1) << "the one that opened the circuit (a refused key opens it at once); its "
+                          "probes (1, 2, 4, 8 minutes on) none";
   EXPECT_EQ(circuit("gateway").state, "closed");
+}
+
+// A refused key opens the gateway's circuit at once: a run alone, whose connection lookup is its
+// first call, spends one attempt and waits for the key, where with the default circuit (5
+// failures) and its 4 attempts it died before the circuit opened. A delivery that the gateway
+// answers 500 while others of its page went through is that delivery's: its probe costs an
+// attempt, so such a unit still ends.
+TEST_F(PipelineTest, ARunAloneWaitsForARefusedKeyWithTheDefaultCircuit) {
+  start(data(1, 0, 20), fast());  // the default circuits: 5 failures, 30 s
+  const int64_t fixed_at = test_clock().now_ms() + 30 * 60'000;
+  gateway_transport_.reset([&](const http::Request&, size_t) -> std::optional<http::Response> {
+    if (test_clock().now_ms() >= fixed_at) return std::nullopt;
+    return status_response(401, R"({"error":{"code":"unauthorized"}})");
+  });
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  drive();
+  EXPECT_GE(test_clock().now_ms(), fixed_at);
+  EXPECT_EQ(run_result(run.run_id)["success"], true)
+      << store_->get(run.run_id)->last_error.value_or("-");
+  int failed = 0;
+  for (const jobs::Attempt& a : store_->attempts(run.run_id)) failed += a.outcome == "failed";
+  EXPECT_EQ(failed, 1) << "the lookup that opened the circuit; the probes none";
+}
+
+// The other side of the free probe: a delivery the gateway answers 503 while the rest of its page
+// goes through is that delivery's own failure, not the gateway's outage. When that page was the
+// gateway's probe, its job spends the attempt (a delivery refused for ever then ends its unit)
+// rather than waiting for the next probe for free.
+TEST_F(PipelineTest, AProbeWhosePageMostlyWentThroughCostsItsAttempt) {
+  PipelineOptions options = fast();
+  options.gateway_circuit = {3, 60'000};
+  start(data(1, 0, 150), options);
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out
+  // The unit's first page fails (retried in place); meanwhile the gateway's circuit opened and its
+  // probe fell due: the page's dispatch is the probe.
+  open_the_gateway_circuit_at_the_first_fetch();
+  std::mutex mutex;
+  std::string poisoned;  // the first delivery id sent
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/webhooks/") == std::string::npos || !r.body) return std::nullopt;
+    const std::string id = json::parse(*r.body)["deliveryId"];
+    std::lock_guard lock(mutex);
+    if (poisoned.empty()) poisoned = id;
+    if (id != poisoned) return std::nullopt;
+    return status_response(503, R"({"error":"unavailable"})");
+  });
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(circuit("gateway").state, "open") << "the probe did not fail";
+  const std::vector<jobs::Attempt> attempts = store_->attempts(units[0].id);
+  ASSERT_FALSE(attempts.empty());
+  EXPECT_EQ(attempts.back().outcome, "failed") << attempts.back().error.value_or("-");
+  EXPECT_NE(attempts.back().error.value_or("").find("503"), std::string::npos);
 }
 
 // E4: while the gateway's circuit is open, the run's connection lookup (a gateway call) waits for
