@@ -1,6 +1,5 @@
 #include "github_connector.h"
 
-#include <cctype>
 #include <optional>
 #include <string>
 #include <utility>
@@ -87,17 +86,6 @@ std::string_view list_segment(EntityKind kind) {
   return "";
 }
 
-bool equal_ignoring_case(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // The pages a cursor may name: the unit's list, by the repository's name (ours, and older GitHub
 // links) or by its id (GitHub's next links: /repositories/{id}/issues?page=2), compared ignoring
 // case as GitHub does. A unit whose resource id is not the repository's number (a node id,
@@ -134,11 +122,11 @@ std::string off_the_list(std::string_view url, const Config& config, const UnitL
     return "is on " + *origin + ", not on base_url " + config.base_url;
   }
   const std::string_view path = url_path(url);
-  if (equal_ignoring_case(path, list.by_name)) return "";
-  if (!list.any_id && equal_ignoring_case(path, list.by_id)) return "";
+  if (iequals(path, list.by_name)) return "";
+  if (!list.any_id && iequals(path, list.by_id)) return "";
   if (list.any_id && path.size() > list.by_id.size() + list.list_segment.size() &&
-      equal_ignoring_case(path.substr(0, list.by_id.size()), list.by_id) &&
-      equal_ignoring_case(path.substr(path.size() - list.list_segment.size()), list.list_segment)) {
+      iequals(path.substr(0, list.by_id.size()), list.by_id) &&
+      iequals(path.substr(path.size() - list.list_segment.size()), list.list_segment)) {
     const std::string_view id =
         path.substr(list.by_id.size(), path.size() - list.by_id.size() - list.list_segment.size());
     if (id.find_first_not_of("0123456789") == std::string_view::npos) return "";

@@ -2,22 +2,14 @@
 
 #include <string>
 
+#include "url.h"
+
 namespace backhaul::github {
 namespace {
 
 constexpr std::string_view::size_type npos = std::string_view::npos;
 
 bool is_ows(char c) { return c == ' ' || c == '\t'; }
-
-char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
 
 // True when the whitespace-separated list of relation types contains `rel`.
 bool lists_rel(std::string_view types, std::string_view rel) {

@@ -50,6 +50,17 @@ std::optional<std::string> http_origin(std::string_view url) {
   return origin + "://" + host;
 }
 
+bool iequals(std::string_view a, std::string_view b) {
+  const auto lower = [](char c) {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  };
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
+
 std::string_view url_path(std::string_view url) {
   const size_t scheme_end = url.find("://");
   if (scheme_end == std::string_view::npos) return {};

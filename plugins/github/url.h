@@ -16,6 +16,9 @@ std::string percent_encode(std::string_view s);
 // dropped. nullopt for anything else.
 std::optional<std::string> http_origin(std::string_view url);
 
+// ASCII case-insensitive equality (header tokens, GitHub's owner and repository names).
+bool iequals(std::string_view a, std::string_view b);
+
 // The path of an absolute URL ("scheme://authority/path?query#fragment"): from the '/' after the
 // authority up to the query or fragment, as written (not decoded). Empty when there is none.
 std::string_view url_path(std::string_view url);
