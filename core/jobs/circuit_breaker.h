@@ -2,8 +2,9 @@
 // closed --(N consecutive failures)--> open --(after open_ms)--> half_open (one probe allowed)
 // half_open --success--> closed ; half_open --failure--> open again, for twice as long each time
 // (at most max_open_ms, or open_ms when that is longer).
-// A failed probe costs its job an attempt, as a page that always fails must die; the doubling
-// keeps a long outage from spending many: 5 probes in its first half hour, then 4 an hour.
+// A failed probe of a provider costs its job an attempt, as a page that always fails must die (the
+// gateway's costs none: see gateway_failed in pipeline.cpp); the doubling keeps a long outage from
+// spending many: 5 probes in its first half hour, then 4 an hour.
 // Only results that speak of the state the circuit is in count: a result is reported with the
 // time its call started, and one from a call that started before the circuit opened (or before
 // the current half-open probe began) is ignored -- see record_event.

@@ -43,13 +43,14 @@ struct GatewayBusy {
   int64_t retry_after_ms = 0;
 };
 
-// A gateway call that was the gateway circuit's half-open probe failed, and opened it again: the
-// job waits for the next probe (`until_ms`) without spending an attempt (handle). The gateway is
-// one service whose outage every job meets alike: were its probes' attempts spent, the first unit
-// in the queue, the probe each time, would die of an outage the circuit holds every other unit
-// back from. (A provider's failed probe does cost an attempt: its failures are a page's, and a
-// page that always fails must die.)
-struct GatewayProbeFailed {
+// A gateway call failed because the gateway is down, and its failures opened the gateway's circuit
+// (they tripped it, or the call was its half-open probe): the job waits for the next probe
+// (`until_ms`) without spending an attempt (handle). The gateway is one service whose outage every
+// job meets alike: were these attempts spent, a job alone (a run's lookup, one unit) would die of
+// an outage before its failures opened the circuit, and the first unit in the queue, the probe each
+// time, of one the circuit holds every other unit back from. (A provider's failures do cost
+// attempts: they are a page's, and a page that always fails must die.)
+struct GatewayDown {
   std::string message;
   int64_t until_ms = 0;
 };
@@ -437,11 +438,12 @@ struct Pipeline::Impl {
 
   // The result of a call to `name`'s service that began at `started` (host clock): one begun
   // before the circuit opened or before its half-open probe began does not count (record_event).
-  // Returns when the next probe is due when this was a half-open probe's failure (the circuit is
-  // open again), else nullopt.
+  // Records `event` (`count` times: a failure of that many calls) on the circuit `name`. Returns
+  // when the next probe is due when these failures opened the circuit -- tripped it, or were its
+  // half-open probe's -- else nullopt.
   std::optional<int64_t> circuit_event(const std::string& name, jobs::CircuitEvent event,
                                        const jobs::CircuitPolicy& policy, int64_t started,
-                                       int64_t now) {
+                                       int64_t now, int count = 1) {
     if (event == jobs::CircuitEvent::kSuccess) {
       std::lock_guard lock(mutex);
       auto it = circuits.find(name);
@@ -449,61 +451,101 @@ struct Pipeline::Impl {
           it->second.record.failures == 0)
         return std::nullopt;  // nothing to record
     }
-    bool probe_failed = false;
+    bool opened = false;
     jobs::CircuitRecord stored = store.update_circuit(name, [&](const jobs::CircuitRecord& r) {
-      jobs::CircuitRecord next = jobs::record_event(r, event, policy, started, now);
-      probe_failed = r.state == "half_open" && next.state == "open";
+      jobs::CircuitRecord next = r;
+      for (int i = 0; i < std::max(count, 1); ++i)
+        next = jobs::record_event(next, event, policy, started, now);
+      opened = next.state == "open" && (r.state != "open" || r.opened_ms != next.opened_ms);
       return next;
     });
     {
       std::lock_guard lock(mutex);
       circuits[name] = {stored, now};
     }
-    if (!probe_failed) return std::nullopt;
+    if (!opened) return std::nullopt;
     return stored.retry_at_ms;
   }
 
-  // Gateway calls (begun at `started`): a 429 is the gateway asking us to slow down, a wait and
-  // not an attempt (GatewayBusy); other retryable errors count against the gateway circuit and
-  // retry the attempt; the rest (a 4xx: our request is wrong) are fatal. Except a 401: the
-  // gateway refusing this host's API key, which every call of every job would meet. It counts
-  // against the circuit as an outage does, which then holds every job back (probing, less and
-  // less often) until the key is put right, where it dead-lettered each unit that met it.
+  // Whether a failed gateway call counts against the gateway's circuit: it is retryable (no
+  // answer, a 5xx) and no 429 (the gateway is up, asking us to slow down), or a 401 (this host's
+  // API key refused, which every call of every job meets until it is put right).
+  static bool gateway_failure(const gateway::GatewayError& e) {
+    return (e.retryable() && !e.rate_limited()) || e.status() == 401;
+  }
+
+  // Whether a gateway call that failed with `e`, after `retries` retries, is tried again in place:
+  // a failure of the gateway is, a few times; a 429 is not (the job waits as long as the gateway
+  // asked), nor a 5xx whose Retry-After asks for more than kInPlaceRetryAfterMs (the attempt fails,
+  // and its retry waits at least that long).
+  static bool retry_in_place(const gateway::GatewayError& e, int retries,
+                             const PipelineOptions& o) {
+    return e.retryable() && !e.rate_limited() && retries < o.transient_retries &&
+           e.retry_after_ms() <= kInPlaceRetryAfterMs;
+  }
+
+  // Gateway calls (begun at `started`, `failed_calls` of them failed): a 429 is the gateway asking
+  // us to slow down, a wait and not an attempt (GatewayBusy); other retryable errors count against
+  // the gateway circuit and retry the attempt; the rest (a 4xx: our request is wrong) are fatal.
+  // Except a 401: the gateway refusing this host's API key, which every call of every job would
+  // meet. It counts against the circuit as an outage does, and opens it at once, which then holds
+  // every job back (probing, less and less often) until the key is put right.
   //
-  // A failed half-open probe costs no attempt (GatewayProbeFailed) when the failure says the
-  // gateway itself is down: no answer, 502/503/504, or 401. Another 5xx of a delivery while others
-  // of its page went through (`page_delivered`) may be that delivery's own doing, and the job
-  // then spends an attempt as usual, so that a delivery the gateway always refuses ends.
+  // Failures that opened the circuit (tripped it, or were its half-open probe's) cost no attempt
+  // (GatewayDown) when they say the gateway itself is down: no answer, 502/503/504, or 401. The
+  // job waits for the probe as every other job does. Another 5xx, or a delivery that failed while
+  // others of its page went through (`page_delivered`), may be that delivery's own doing, and the
+  // job then spends an attempt as usual, so that a delivery the gateway always refuses ends.
   [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o,
-                                   int64_t started, bool page_delivered = false) {
+                                   int64_t started, bool page_delivered = false,
+                                   int failed_calls = 1) {
     if (e.rate_limited()) {
       gateway_answered(e, o, started);
       throw GatewayBusy{e.what(), e.retry_after_ms()};
     }
-    const bool key_refused = e.status() == 401;
-    if (e.retryable() || key_refused) {
+    if (gateway_failure(e)) {
+      const bool key_refused = e.status() == 401;
       const std::string what =
           std::string(e.what()) +
           (key_refused ? " (the gateway refused this host's API key: see gateway.api_key_env)"
                        : "");
-      // A refused key is wrong for every call: it opens the circuit at once, so that a job alone
-      // (a run's first lookup) is held back too rather than dying of its attempts first.
       jobs::CircuitPolicy policy = o.gateway_circuit;
       if (key_refused) policy.failure_threshold = 1;
       const int64_t now = clock.now_ms();
-      const std::optional<int64_t> next_probe =
-          circuit_event(kGatewayCircuit, jobs::CircuitEvent::kFailure, policy, started, now);
+      const std::optional<int64_t> next_probe = circuit_event(
+          kGatewayCircuit, jobs::CircuitEvent::kFailure, policy, started, now, failed_calls);
       const int s = e.status();
       const bool down = s == 0 || s == 401 || s == 502 || s == 503 || s == 504;
       if (next_probe && down && !page_delivered) {
-        throw GatewayProbeFailed{what,
-                                 std::max(*next_probe, jobs::later_by(now, e.retry_after_ms()))};
+        throw GatewayDown{what, std::max(*next_probe, jobs::later_by(now, e.retry_after_ms()))};
       }
       // A 503 with Retry-After says when to come back: the retry waits at least that long.
       throw JobFailure(what, false, e.retry_after_ms());
     }
     gateway_answered(e, o, started);
     throw JobFailure(e.what(), true);
+  }
+
+  // A gateway lookup (`call`: the connection, a token), retried in place as a delivery is; a
+  // success reports to the gateway's circuit (the call may be its half-open probe), a failure goes
+  // to gateway_failed with each failed try counted.
+  template <class Call>
+  auto gateway_lookup(const PipelineOptions& o, Call&& call) {
+    int failed_calls = 0;
+    for (int retry = 0;; ++retry) {
+      const int64_t started = clock.now_ms();
+      try {
+        auto result = call();
+        circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, started,
+                      clock.now_ms());
+        return result;
+      } catch (const gateway::GatewayError& e) {
+        failed_calls += gateway_failure(e) ? 1 : 0;
+        if (!retry_in_place(e, retry, o)) gateway_failed(e, o, started, false, failed_calls);
+        ++retries_in_place;
+        pause(o, retry, e.retry_after_ms());
+      }
+    }
   }
 
   // A gateway error that is an answer about our request (a 4xx) says the gateway is up: it counts
@@ -528,10 +570,10 @@ struct Pipeline::Impl {
       ++gateway_rate_limit_waits;
       return Outcome::defer(ctx.now_ms() + std::max<int64_t>(e.retry_after_ms, 1000),
                             "rate limited by the gateway: " + e.message);
-    } catch (const GatewayProbeFailed& e) {
+    } catch (const GatewayDown& e) {
       ++circuit_deferrals;
-      return Outcome::defer(e.until_ms,
-                            "circuit open: gateway (this job's probe failed: " + e.message + ")");
+      return Outcome::defer(
+          e.until_ms, "circuit open: gateway (opened by this job's failure: " + e.message + ")");
     }
   }
 
@@ -582,18 +624,16 @@ struct Pipeline::Impl {
       Probes probes(*this);
       if (auto wait = wait_for_circuit(kGatewayCircuit, ctx.now_ms(), probes))
         return std::move(*wait);
-      const int64_t asked = clock.now_ms();
-      try {
-        connection = gateway.connection(request.installation_id);
-      } catch (const gateway::GatewayError& e) {
-        if (e.status() == 404) {
+      connection = gateway_lookup(o, [&] {
+        const int64_t asked = clock.now_ms();
+        try {
+          return gateway.connection(request.installation_id);
+        } catch (const gateway::GatewayError& e) {
+          if (e.status() != 404) throw;
           gateway_answered(e, o, asked);
           throw JobFailure("connection not found: " + request.installation_id, true);
         }
-        gateway_failed(e, o, asked);
-      }
-      circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, asked,
-                    clock.now_ms());
+      });
     }
     if (connection.status != "active")
       throw JobFailure("connection is not active: " + request.installation_id +
@@ -1108,20 +1148,13 @@ struct Pipeline::Impl {
     std::atomic<bool> failed{false};
     std::atomic<bool> failed_transiently{false};  // a delivery of this page was retried here
     std::atomic<bool> delivered{false};           // the gateway took a delivery of this page
+    std::atomic<int> failed_calls{0};             // calls that failed as the gateway's (E4)
     std::mutex error_mutex;
     std::optional<gateway::GatewayError> error;
     auto give_up = [&](gateway::GatewayError e) {
       std::lock_guard lock(error_mutex);
       if (!error) error = std::move(e);
       failed = true;
-    };
-    // Whether a delivery that failed with `err` is tried again here, after `retries` retries: a
-    // transient error is, a few times; a 429 is not (the job waits as long as the gateway asked).
-    // A 5xx whose Retry-After asks for more than kInPlaceRetryAfterMs is not: the attempt fails,
-    // and its retry waits at least that long.
-    auto retry_here = [&](const gateway::GatewayError& err, int retries) {
-      return err.retryable() && !err.rate_limited() && retries < o.transient_retries &&
-             err.retry_after_ms() <= kInPlaceRetryAfterMs;
     };
     // Retries `d` (its `retry`-th retry first, up to transient_retries), each after the usual
     // pause or the last answer's Retry-After (`asked_ms`), whichever is longer; false once it gave
@@ -1137,11 +1170,13 @@ struct Pipeline::Impl {
           return true;
         } catch (const gateway::GatewayError& err) {
           asked_ms = err.retry_after_ms();
-          if (!retry_here(err, retry)) {
+          failed_calls += gateway_failure(err) ? 1 : 0;
+          if (!retry_in_place(err, retry, o)) {
             give_up(err);
             return false;
           }
         } catch (const std::exception& err) {
+          ++failed_calls;
           give_up(gateway::GatewayError(err.what(), 0, true));
           return false;
         }
@@ -1162,6 +1197,7 @@ struct Pipeline::Impl {
         try {
           outcomes = gateway.dispatch_batch(provider, batch);
         } catch (const std::exception& err) {
+          ++failed_calls;
           return give_up(gateway::GatewayError(err.what(), 0, true));
         }
         // Whether the gateway took any of the batch, before a failure in it ends the loop.
@@ -1174,7 +1210,8 @@ struct Pipeline::Impl {
             continue;
           }
           const gateway::GatewayError& err = *outcomes[k].error;
-          if (!retry_here(err, 0)) return give_up(err);
+          failed_calls += gateway_failure(err) ? 1 : 0;
+          if (!retry_in_place(err, 0, o)) return give_up(err);
           if (!retry_one(batch[k], 1, err.retry_after_ms())) return;
         }
       }
@@ -1208,22 +1245,13 @@ struct Pipeline::Impl {
       throw JobFailure(std::string(error->what()) + " (after a transient failure of this page)",
                        false, std::max<int64_t>(error->retry_after_ms(), 1000));
     }
-    gateway_failed(*error, o, started, delivered);
+    // A page that went through in part speaks of a gateway that is up: its failures are one.
+    gateway_failed(*error, o, started, delivered, delivered ? 1 : failed_calls.load());
   }
 
-  // The installation's access token, from the gateway. Its answer counts on the gateway's
-  // circuit, as a dispatch's does: this call may be the half-open probe, which must report back.
+  // The installation's access token, from the gateway (a gateway_lookup).
   std::string token_for(const std::string& installation, const PipelineOptions& o) {
-    const int64_t started = clock.now_ms();
-    std::string token;
-    try {
-      token = gateway.access_token(installation);
-    } catch (const gateway::GatewayError& e) {
-      gateway_failed(e, o, started);
-    }
-    circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, started,
-                  clock.now_ms());
-    return token;
+    return gateway_lookup(o, [&] { return gateway.access_token(installation); });
   }
 
   // One page, or why there is none: neither (the token was refreshed, or a transient error is
@@ -1276,7 +1304,7 @@ struct Pipeline::Impl {
             // provider rejecting it while the gateway sheds load would never end the job.
             throw JobFailure(what + " (the token could not be refreshed: " + busy.message + ")",
                              false, std::max<int64_t>(busy.retry_after_ms, 1000));
-          } catch (const GatewayProbeFailed& down) {
+          } catch (const GatewayDown& down) {
             // Likewise: this refresh began no probe of its own (it skips the circuit's check).
             throw JobFailure(what + " (the token could not be refreshed: " + down.message + ")",
                              false, std::max<int64_t>(down.until_ms - ctx.now_ms(), 1000));

@@ -1466,10 +1466,13 @@ TEST_F(PipelineTest, AGatewayProbeAnsweredWithA4xxReportsTheGatewayUp) {
 // to the provider: the probe is given back, and the retry probes. Before, the circuit stayed
 // half-open for the whole period.
 TEST_F(PipelineTest, AProviderProbeWhoseTokenLookupFailsIsGivenBack) {
-  RunStart run = fanned_out();
+  PipelineOptions options = fast();
+  options.transient_retries = 0;  // the lookup's one failure fails the attempt
+  RunStart run = fanned_out({"issue"}, options);
   probe_due("provider:github");
   std::atomic<int> tokens{0};
   gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    // The lookup's first try and its in-place retries.
     if (r.url.ends_with("/token") && tokens++ == 0) return status_response(503, "{}");
     return std::nullopt;
   });
@@ -1539,14 +1542,14 @@ TEST_F(PipelineTest, AGatewayThatRefusesTheApiKeyHoldsTheUnitsBackUntilTheKeyWor
     }
   }
   EXPECT_TRUE(named) << "no attempt says why";
-  EXPECT_EQ(failed, 1) << "the one that opened the circuit (a refused key opens it at once); its "
-                          "probes (1, 2, 4, 8 minutes on) none";
+  EXPECT_EQ(failed, 0) << "the one that opened the circuit (a refused key opens it at once) and "
+                          "its probes (1, 2, 4, 8 minutes on) cost none";
   EXPECT_EQ(circuit("gateway").state, "closed");
 }
 
 // A refused key opens the gateway's circuit at once: a run alone, whose connection lookup is its
-// first call, spends one attempt and waits for the key, where with the default circuit (5
-// failures) and its 4 attempts it died before the circuit opened. A delivery that the gateway
+// first call, waits for the key, where with the default circuit (5 failures) and its 4 attempts
+// it died before the circuit opened. A delivery that the gateway
 // answers 500 while others of its page went through is that delivery's: its probe costs an
 // attempt, so such a unit still ends.
 TEST_F(PipelineTest, ARunAloneWaitsForARefusedKeyWithTheDefaultCircuit) {
@@ -1563,7 +1566,59 @@ TEST_F(PipelineTest, ARunAloneWaitsForARefusedKeyWithTheDefaultCircuit) {
       << store_->get(run.run_id)->last_error.value_or("-");
   int failed = 0;
   for (const jobs::Attempt& a : store_->attempts(run.run_id)) failed += a.outcome == "failed";
-  EXPECT_EQ(failed, 1) << "the lookup that opened the circuit; the probes none";
+  EXPECT_EQ(failed, 0) << "the lookup that opened the circuit and the probes cost none";
+}
+
+// Review: a job alone met a gateway outage with the default circuit (5 failures) and its 4
+// attempts, each one failure on the circuit: a run's connection lookup died within its backoffs
+// (seconds) of a gateway restart, long before its failures could open the circuit that would hold
+// it back. Every failed try now counts, the in-place retries too, and the failures that open the
+// circuit cost no attempt: the run waits for the gateway and succeeds once it is back.
+TEST_F(PipelineTest, ARunAloneOutlastsAGatewayOutageWithTheDefaultCircuit) {
+  start(data(1, 0, 20), fast());  // the default circuits: 5 failures, 30 s
+  const int64_t back_at = test_clock().now_ms() + 10 * 60'000;
+  std::atomic<int> refused{0};
+  gateway_transport_.reset([&](const http::Request&, size_t) -> std::optional<http::Response> {
+    if (test_clock().now_ms() >= back_at) return std::nullopt;
+    ++refused;
+    return status_response(503, R"({"error":"deploying"})");
+  });
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  drive();
+  EXPECT_GE(test_clock().now_ms(), back_at);
+  EXPECT_EQ(run_result(run.run_id)["success"], true)
+      << store_->get(run.run_id)->last_error.value_or("-");
+  EXPECT_TRUE(store_->list_dead_letters({}).items.empty());
+  int failed = 0;
+  for (const jobs::Attempt& a : store_->attempts(run.run_id)) failed += a.outcome == "failed";
+  EXPECT_EQ(failed, 1) << "the first attempt's 3 tries; the second's opened the circuit";
+  // Two attempts of 3 tries, then the probes (30 s on, then 60, 120, 240 s), of 3 tries each.
+  EXPECT_LE(refused.load(), 6 + 4 * 3) << "the outage was not held back by the circuit";
+  EXPECT_EQ(circuit("gateway").state, "closed");
+}
+
+// The same for a unit alone (the gateway unreachable after the fan-out: its token lookups, then
+// its deliveries): it waits for the gateway rather than dying, and every event arrives once the
+// gateway is back.
+TEST_F(PipelineTest, AUnitAloneOutlastsAGatewayOutage) {
+  start(data(1, 0, 20), fast());
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // the fan-out, the gateway up
+  const int64_t back_at = test_clock().now_ms() + 10 * 60'000;
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (test_clock().now_ms() >= back_at) return std::nullopt;
+    throw http::TransportError("Connection refused: " + r.url);
+  });
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true)
+      << run_result(run.run_id).dump().substr(0, 600);
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  int failed = 0;
+  for (const jobs::Attempt& a : store_->attempts(units[0].id)) failed += a.outcome == "failed";
+  EXPECT_EQ(failed, 1) << "the first attempt's 3 tries; the second's opened the circuit";
+  EXPECT_EQ(run_result(run.run_id)["eventsDispatched"], 20);
+  EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].unique, 20);
 }
 
 // The other side of the free probe: a delivery the gateway answers 503 while the rest of its page
