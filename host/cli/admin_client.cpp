@@ -140,10 +140,15 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
   }
   nlohmann::json parsed = nlohmann::json::parse(response.body, nullptr, false);
   if (response.status >= 200 && response.status < 300 && !parsed.is_discarded()) return parsed;
-  if (!parsed.is_discarded() && parsed.contains("error")) {
+  // The API's error envelope; anything else (a proxy's {"error":"Bad Gateway"}) is an answer
+  // without one, and keeps its status, which says whether a wait may pass it.
+  if (parsed.is_object() && parsed.contains("error") && parsed["error"].is_object()) {
     const nlohmann::json& error = parsed["error"];
-    throw AdminApiError(response.status, error.value("code", "UNKNOWN"),
-                        error.value("message", "no message"),
+    auto text = [&](const char* key, const char* otherwise) {
+      auto it = error.find(key);
+      return it != error.end() && it->is_string() ? it->get<std::string>() : otherwise;
+    };
+    throw AdminApiError(response.status, text("code", "UNKNOWN"), text("message", "no message"),
                         error.value("details", nlohmann::json()));
   }
   throw AdminApiError(

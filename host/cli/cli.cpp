@@ -1,6 +1,7 @@
 #include "host/cli/cli.h"
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <iostream>
 
@@ -55,6 +56,36 @@ fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>&
   throw ConfigError("plugin '" + spec + "' not found; searched:" + searched);
 }
 
+namespace {
+
+// CLI11 reads an integer as strtoll(text, 0) does: "010" is 8, "0x10" is 16, and a number too
+// large for its type the largest one, so `run cancel 010` cancelled run 8. A number on this
+// command line is plain decimal, as the admin API's ids are: digits, no sign, no leading zero.
+std::string decimal_problem(const std::string& text) {
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits) return "'" + text + "' is not a number: digits only, with no sign";
+  if (text.size() > 1 && text[0] == '0') return "'" + text + "': a number has no leading zero";
+  int64_t value = 0;
+  if (std::from_chars(text.data(), text.data() + text.size(), value).ec != std::errc())
+    return "'" + text + "' is too large";
+  return "";
+}
+
+// Every integer option and argument of `app` and its subcommands (CLI11's type names "INT" and
+// "UINT", before any validator's ":..." part) is checked by decimal_problem.
+void numbers_are_decimal(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    const std::string base = type.substr(0, type.find(':'));
+    if (base == "INT" || base == "UINT")
+      option->check(CLI::Validator(decimal_problem, "", "decimal"));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    numbers_are_decimal(*sub);
+}
+
+}  // namespace
+
 int run(int argc, char** argv) {
   CLI::App app{"backhaul: backfill SaaS history through connector plugins"};
   app.set_version_flag("--version", BACKHAUL_VERSION);
@@ -70,6 +101,7 @@ int run(int argc, char** argv) {
   add_run_command(app);
   add_dlq_command(app);
   add_db_command(app);
+  numbers_are_decimal(app);
   app.parse_complete_callback([&] {
     logging::configure(json_logs ? logging::Format::kJson : logging::Format::kText, log_level);
   });

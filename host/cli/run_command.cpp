@@ -78,6 +78,15 @@ std::string progress_line(const json& run, int64_t now_ms) {
   return buffer;
 }
 
+// A run as the API answers it: an id and a status at least. Anything else (another server's
+// `{}`) is no run, and ends the command as an answer not the API's (reading_answers), where it
+// printed "run 0 ?" and a wait polled it for ever.
+const json& checked_run(const json& run) {
+  run.at("id").get<int64_t>();
+  run.at("status").get<std::string>();
+  return run;
+}
+
 void print_units(const json& run) {
   if (!run.contains("units")) return;
   std::printf("  %-8s %-28s %-14s %-10s %6s %8s %s\n", "JOB", "RESOURCE", "ENTITY", "STATUS",
@@ -118,7 +127,7 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_cont
   };
   const std::string target = "/v1/runs/" + std::to_string(id);
   WaitHooks hooks;
-  hooks.poll = [&] { return client.get(target); };
+  hooks.poll = [&] { return checked_run(client.get(target)); };
   hooks.pause = [](std::chrono::milliseconds ms) { std::this_thread::sleep_for(ms); };
   std::string trouble;  // the error of the failing polls, while they fail
   hooks.on_run = [&](const json& run) {
@@ -188,7 +197,7 @@ void start(const RunOptions& o) {
 void status(const RunOptions& o) {
   AdminClient client(o.endpoint);
   if (o.wait) return wait_for(client, o, o.id, /*in_contact=*/false);
-  const json run = client.get("/v1/runs/" + std::to_string(o.id));
+  const json run = checked_run(client.get("/v1/runs/" + std::to_string(o.id)));
   if (o.json_output) {
     std::cout << run.dump(2) << "\n";
     return;

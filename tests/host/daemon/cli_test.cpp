@@ -423,6 +423,68 @@ TEST_F(CliTest, RunWaitPollsThroughADaemonThatRestartsOrCannotAnswer) {
   EXPECT_EQ(never.requests().size(), 1u);
 }
 
+// Review: CLI11 read numbers as C does (strtoll base 0): `run cancel 010` cancelled run 8, `dlq
+// retry 0x10` retried letter 16, `--older-than-days 030` purged 24 days, and an id too large
+// became the largest int64. A number is now decimal digits, or the command is refused before any
+// request.
+TEST_F(CliTest, NumbersAreDecimalNotOctalHexOrSaturated) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon daemon({ScriptedDaemon::run("running")});
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"run", "cancel", "010"}, "'010': a number has no leading zero"},
+      {{"dlq", "retry", "0x10"}, "'0x10' is not a number"},
+      {{"dlq", "purge", "--older-than-days", "030"}, "'030': a number has no leading zero"},
+      {{"run", "status", "99999999999999999999"}, "'99999999999999999999' is too large"},
+      {{"run", "list", "--limit", "+5"}, "'+5' is not a number"},
+      {{"run", "status", "7", "--wait", "--interval-ms", "0100"}, "'0100': a number has no"},
+      {{"fetch", "--plugin", "github", "--depth", "0x1E"}, "'0x1E' is not a number"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = args;
+    argv.insert(argv.end(), {"--url", daemon.url()});
+    const CommandResult r = run_command(BACKHAUL_CLI_PATH, argv, env, dir_);
+    EXPECT_GE(r.exit_code, 100) << args[0] << " " << args[1] << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(daemon.requests().empty()) << daemon.requests().front();
+  // Plain decimal still works, 0 where an option takes it.
+  const CommandResult listed =
+      run_command(BACKHAUL_CLI_PATH, {"run", "status", "10", "--url", daemon.url()}, env, dir_);
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  ASSERT_EQ(daemon.requests().size(), 1u);
+  EXPECT_NE(daemon.requests()[0].find("/v1/runs/10"), std::string::npos) << daemon.requests()[0];
+}
+
+// Review: `run status` took any JSON for a run: another server's `{}` printed "run 0 ?" with status
+// 0, and `--wait` polled it for ever. And an error whose "error" is no envelope (a proxy's
+// {"error":"Bad Gateway"}) ended a wait as an unexpected answer, where that 502 is passed.
+TEST_F(CliTest, AnAnswerThatIsNoRunEndsTheCommandAndAProxys502IsWaitedThrough) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon impostor({{200, "{}"}});
+  for (const bool wait : {false, true}) {
+    std::vector<std::string> argv = {"run", "status", "7", "--url", impostor.url()};
+    if (wait) argv.insert(argv.end(), {"--wait", "--interval-ms", "50"});
+    const CommandResult r = run_command(BACKHAUL_CLI_PATH, argv, env, dir_);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("UNEXPECTED_ANSWER"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(impostor.requests().size(), 2u) << "one poll each";
+
+  ScriptedDaemon proxied({ScriptedDaemon::run("running"),
+                          {502, R"({"error":"Bad Gateway"})"},
+                          {503, R"({"error":{"code":5,"message":["not text"]}})"},
+                          ScriptedDaemon::run("succeeded")});
+  const CommandResult waited = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--json", "--url", proxied.url()},
+      env, dir_);
+  EXPECT_EQ(waited.exit_code, 0) << waited.out << waited.err;
+  EXPECT_EQ(proxied.requests().size(), 4u);
+  const json run = json::parse(waited.out, nullptr, false);
+  ASSERT_TRUE(run.is_object()) << waited.out;
+  EXPECT_EQ(run["status"], "succeeded");
+}
+
 // `run start --wait --json` printed only the finished run: a script could not tell a run it
 // started from one already active. The run's JSON now carries the start's `created`.
 TEST_F(CliTest, RunStartWaitJsonSaysWhetherItStartedTheRun) {
