@@ -40,9 +40,13 @@ nlohmann::json parse_strict_json(std::string_view text) {
   }
   std::vector<std::set<std::string>> keys;  // of each object open, the innermost last
   std::optional<std::string> repeated;
-  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event,
+  const nlohmann::json::parser_callback_t check = [&](int depth,
+                                                      nlohmann::json::parse_event_t event,
                                                       nlohmann::json& parsed) {
     using Event = nlohmann::json::parse_event_t;
+    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth) {
+      throw JsonTextError("nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
+    }
     if (event == Event::object_start) {
       keys.emplace_back();
     } else if (event == Event::object_end) {

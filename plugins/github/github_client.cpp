@@ -146,7 +146,7 @@ sdk::HttpResponse GithubClient::get(const std::string& url, std::string_view tok
   sdk::HttpResponse response = send(url, token);
   const int status = response.status();
   if ((status >= 200 && status < 300) || (also != 0 && status == also)) return response;
-  throw error_for_response(response, "GET " + url, sdk::Host::now_ms());
+  throw error_for_response(response, "GET " + url, sdk::Host::now_ms(), token);
 }
 
 std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response) {
@@ -158,9 +158,11 @@ std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response) {
 }
 
 sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_view request,
-                              int64_t now_ms) {
+                              int64_t now_ms, std::string_view token) {
   const int status = response.status();
-  std::string message = github_message(response.body());
+  // The token out of the body before its message is cut to length: one echoed across the cut
+  // would leave its first part in, which no later redaction of the whole token finds.
+  std::string message = github_message(sdk::redact_secret(std::string(response.body()), token));
 
   if (status == 401) {
     return sdk::Error(BACKHAUL_AUTH_EXPIRED, describe(status, request, message));
@@ -187,6 +189,7 @@ sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_vie
 }
 
 std::string github_message(std::string_view body) {
+  if (sdk::json_nesting_over(body)) return {};
   const json doc = json::parse(body.data(), body.data() + body.size(), nullptr,
                                /*allow_exceptions=*/false);
   if (!doc.is_object()) return {};

@@ -164,6 +164,11 @@ std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const 
 // The page body as a JSON array. Malformed JSON and other shapes are RETRYABLE: a truncated body
 // or an error page from a proxy in front of GitHub is usually transient.
 json parse_array(std::string_view body, std::string_view url) {
+  if (sdk::json_nesting_over(body)) {
+    throw sdk::Error(BACKHAUL_RETRYABLE, "github: malformed JSON from GET " + std::string(url) +
+                                             ": nested more than " +
+                                             std::to_string(sdk::kMaxJsonDepth) + " levels deep");
+  }
   json items;
   try {
     items = json::parse(body.data(), body.data() + body.size());
@@ -316,7 +321,7 @@ auto guarded(std::string_view token, Fn&& fn) -> decltype(fn()) {
 // The answer to GET /repos/{owner}/{repo}. GitHub answers 404, not 403, for a private repository
 // the token cannot see, so 404 gets a message that says both.
 void check_repository_readable(const sdk::HttpResponse& response, const RepositoryName& name,
-                               const std::string& url) {
+                               const std::string& url, std::string_view token) {
   const std::string full_name = name.owner + "/" + name.repo;
   const int status = response.status();
   if (status == 404) {
@@ -325,13 +330,15 @@ void check_repository_readable(const sdk::HttpResponse& response, const Reposito
                                          " (HTTP 404 for GET " + url + ")");
   }
   if (status < 200 || status >= 300) {
-    throw error_for_response(response, "GET " + url, sdk::Host::now_ms());
+    throw error_for_response(response, "GET " + url, sdk::Host::now_ms(), token);
   }
   if (status != 200) return;
 
   const std::string_view body = response.body();
-  const json repo = json::parse(body.data(), body.data() + body.size(), nullptr,
-                                /*allow_exceptions=*/false);
+  const json repo = sdk::json_nesting_over(body)
+                        ? json()
+                        : json::parse(body.data(), body.data() + body.size(), nullptr,
+                                      /*allow_exceptions=*/false);
   if (!repo.is_object()) {
     throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected a JSON object from GET " + url);
   }
@@ -356,7 +363,7 @@ void GithubConnector::validate_scopes(const sdk::Unit& unit) {
   guarded(unit.access_token, [&] {
     const RepositoryName name = require_repository(unit);
     const std::string url = repository_url(config_, name);
-    check_repository_readable(client_.send(url, unit.access_token), name, url);
+    check_repository_readable(client_.send(url, unit.access_token), name, url, unit.access_token);
   });
 }
 

@@ -327,9 +327,14 @@ struct ProviderError {
   bool invalid_token = false;
 };
 
-ProviderError read_provider_error(std::string_view body) {
+// The error in `body`, with `token` taken out before anything of it is read and cut to length:
+// a token echoed across the cut would leave its first part in, which no later redaction of the
+// whole token finds.
+ProviderError read_provider_error(std::string_view body, std::string_view token) {
   ProviderError error;
-  const json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (sdk::json_nesting_over(body)) return error;
+  const json doc = json::parse(sdk::redact_secret(std::string(body), token), nullptr,
+                               /*allow_exceptions=*/false);
   if (!doc.is_object()) return error;
   for (const char* key : {"error", "err"}) {
     const auto it = doc.find(key);
@@ -371,9 +376,10 @@ std::string describe_failure(std::string_view what, int status, const ProviderEr
 }
 
 // Maps a non-2xx answer to the status the host acts on.
-[[noreturn]] void throw_for_status(const sdk::HttpResponse& response, std::string_view what) {
+[[noreturn]] void throw_for_status(const sdk::HttpResponse& response, std::string_view what,
+                                   std::string_view token) {
   const int status = response.status();
-  const ProviderError provider = read_provider_error(response.body());
+  const ProviderError provider = read_provider_error(response.body(), token);
   const std::string message = describe_failure(what, status, provider);
   if (status == 401) throw Error(BACKHAUL_AUTH_EXPIRED, message);
   if (status == 403) throw_for_403(response, provider, message);
@@ -424,6 +430,10 @@ Deployment read_deployment(const ordered_json& item, size_t index) {
   }
   if (!created)
     malformed_response(where + " (" + uid->get<std::string>() + ") has no created time");
+  // The cursor continues from created + 1 (Cursor::until), which must be a number too.
+  if (*created == std::numeric_limits<int64_t>::max())
+    malformed_response(where + " (" + uid->get<std::string>() +
+                       ") has no created time it could have");
   return {uid->get<std::string>(), *created, &item};
 }
 
@@ -436,12 +446,15 @@ std::optional<int64_t> read_next(const ordered_json& doc) {
   const auto next = pagination->find("next");
   if (next == pagination->end() || next->is_null()) return std::nullopt;
   const std::optional<int64_t> value = json_int(*next);
-  if (!value || *value < 0) malformed_response("pagination.next is not a timestamp");
+  if (!value || *value < 0 || *value == std::numeric_limits<int64_t>::max())
+    malformed_response("pagination.next is not a timestamp");
   if (*value == 0) return std::nullopt;
   return value;
 }
 
 void parse_deployment_list(std::string_view body, DeploymentList& list) {
+  if (sdk::json_nesting_over(body))
+    malformed_response("nested more than " + std::to_string(sdk::kMaxJsonDepth) + " levels deep");
   list.doc = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (list.doc.is_discarded())
     malformed_response("body is not JSON (" + std::to_string(body.size()) + " bytes)");
@@ -613,7 +626,8 @@ sdk::Page fetch_deployments(const VercelConfig& config, const sdk::FetchRequest&
 
   const sdk::HttpResponse response = http_get(config, deployments_url(config, request, cursor),
                                               request.unit.access_token, "list deployments");
-  if (!is_success(response.status())) throw_for_status(response, "list deployments");
+  if (!is_success(response.status()))
+    throw_for_status(response, "list deployments", request.unit.access_token);
   DeploymentList list;
   parse_deployment_list(response.body(), list);
 
@@ -674,11 +688,11 @@ void VercelConnector::validate_scopes(const sdk::Unit& unit) {
         http_get(config_, std::move(url), unit.access_token, "get project");
     if (is_success(response.status())) return;
     if (response.status() == 404) {
-      const ProviderError provider = read_provider_error(response.body());
+      const ProviderError provider = read_provider_error(response.body(), unit.access_token);
       throw Error(BACKHAUL_FATAL, "vercel: project not found: " + clip(unit.resource_id) + " (" +
                                       http_detail(404, provider) + ")");
     }
-    throw_for_status(response, "get project");
+    throw_for_status(response, "get project", unit.access_token);
   });
 }
 

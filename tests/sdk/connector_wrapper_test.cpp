@@ -191,6 +191,22 @@ TEST(RedactSecretTest, ALongSecretGoesEverywhereAShortOneOnlyWhereItStandsAlone)
   EXPECT_EQ(redact_secret("nothing here", ""), "nothing here");
 }
 
+// Nesting is counted outside strings only (escaped quotes and backslashes included), and a
+// closing bracket too many does not let a deeper run through.
+TEST(JsonNestingOverTest, CountsArraysAndObjectsOutsideStrings) {
+  using backhaul::sdk::json_nesting_over;
+  EXPECT_FALSE(json_nesting_over(R"({"a":[{"b":[1]}]})", 4));
+  EXPECT_TRUE(json_nesting_over(R"({"a":[{"b":[1]}]})", 3));
+  EXPECT_FALSE(json_nesting_over(R"(["[[[[", "{{{{"])", 1));
+  EXPECT_FALSE(json_nesting_over(R"(["\"[[[", "\\", "x"])", 1)) << "an escaped quote";
+  EXPECT_TRUE(json_nesting_over(R"(["\\", [[1]]])", 2)) << "an escaped backslash ends nothing";
+  EXPECT_TRUE(json_nesting_over("]]]][[[", 2)) << "closings before do not lower the count below 0";
+  EXPECT_FALSE(json_nesting_over("", 0));
+  const std::string deep(backhaul::sdk::kMaxJsonDepth, '[');
+  EXPECT_FALSE(json_nesting_over(deep));
+  EXPECT_TRUE(json_nesting_over(deep + "{"));
+}
+
 TEST(AbiLayoutTest, CAndCppAgreeOnEveryStruct) {
   size_t c[32] = {};
   size_t n = backhaul_c_layout(c, 32);

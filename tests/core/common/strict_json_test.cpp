@@ -67,6 +67,22 @@ TEST(StrictJsonTest, ASyntaxErrorSaysWhereAndWhatWithoutQuotingTheText) {
   }
 }
 
+// Review: a body of the admin API (a checkpoint PUT, 200 KB of '[') nesting deeper than any
+// request means was parsed, and copying it would overflow the stack. It is refused, named.
+TEST(StrictJsonTest, ValuesNestedDeeperThan256LevelsAreRefused) {
+  EXPECT_NO_THROW(parse_strict_json(std::string(256, '[') + std::string(256, ']')));
+  for (const std::string& deep :
+       {std::string(257, '[') + std::string(257, ']'), std::string(100'000, '['),
+        "{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}"}) {
+    try {
+      parse_strict_json(deep);
+      ADD_FAILURE() << "parsed " << deep.size() << " bytes";
+    } catch (const JsonTextError& e) {
+      EXPECT_STREQ(e.what(), "nested more than 256 levels deep");
+    }
+  }
+}
+
 // what() is a C string: a NUL of input quoted in a message ended it there ("no connector plugin
 // is loaded for 'git" of "git\0hub").
 TEST(ErrorTest, ANulInTheMessageIsKeptAsText) {

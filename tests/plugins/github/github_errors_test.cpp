@@ -268,6 +268,33 @@ TEST_F(GithubStatusTest, AShortTokenIsRedactedWithoutManglingTheMessage) {
       << f.what();
 }
 
+// Review: GitHub's message was cut to 300 characters before the token was taken out, so a token
+// echoed across the cut left its first part in the message. No 8 characters of it may be left.
+TEST_F(GithubStatusTest, ATokenEchoedAcrossTheCutOfTheMessageLeavesNoPartOfItIn) {
+  plugins::Unit u = unit();
+  u.access_token = "Zq8mT3wLk9Rx2VbN7cJpYh4s";  // of no shape the host's redaction knows
+  add_get(pulls_url(), 400,
+          R"({"message":")" + std::string(290, 'x') + " " + u.access_token + R"( is invalid"})");
+  const auto f =
+      failure_of([&] { connect().fetch_page(params("pull_request", std::nullopt, 0, u)); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  const std::string what = f.what();
+  EXPECT_NE(what.find("xxxx"), std::string::npos) << what;
+  for (size_t at = 0; at + 8 <= u.access_token.size(); ++at)
+    EXPECT_EQ(what.find(u.access_token.substr(at, 8)), std::string::npos) << what;
+}
+
+// A page nesting 100 000 arrays (200 KB) is malformed, refused before it is parsed: copying or
+// dumping such a value recurses once per level (the vercel connector's copy of an item overflowed
+// the stack and ended the host).
+TEST_F(GithubStatusTest, APageNestedDeeperThanAnyApiNestsIsRetryableNotACrash) {
+  const size_t depth = 100'000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  const auto f = fetch_failure_for(200, R"([{"id":1,"x":)" + deep + "}]");
+  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  expect_message(f, "nested more than 256 levels deep");
+}
+
 // --- validate_scopes -----------------------------------------------------------------------------
 
 using GithubScopesTest = GithubStatusTest;

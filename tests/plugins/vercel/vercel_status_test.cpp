@@ -1,4 +1,5 @@
 // How Vercel's answers map to the statuses the host acts on, for fetch_page and validate_scopes.
+#include <limits>
 #include <ostream>
 #include <string>
 
@@ -133,6 +134,74 @@ TEST_F(VercelStatusTest, TokenEchoedByTheProviderIsRedacted) {
                                               std::string(kToken) + R"( is malformed"}})");
   EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
   EXPECT_TRUE(contains(failure, "token [redacted] is malformed")) << failure.what();
+}
+
+// Review: the provider's message was cut to 200 characters before the token was taken out, so a
+// token echoed across the cut left its first 31 of 32 characters in the message. No 8 characters
+// of it may be left, wherever the provider puts it.
+TEST_F(VercelStatusTest, ATokenEchoedAcrossTheCutOfTheMessageLeavesNoPartOfItIn) {
+  // Of no shape the host's own redaction knows (a vcp_ token's start it would mask itself).
+  const std::string token = "Zq8mT3wLk9Rx2VbN7cJpYh4s";
+  for (const size_t pad : {160u, 180u, 190u, 199u}) {
+    const std::string project = "prj_" + std::to_string(pad);
+    const std::string body = R"({"error":{"code":"bad_request","message":")" +
+                             std::string(pad, 'x') + " " + token + R"( is invalid"}})";
+    reply(list_url(project), 400, body, rate_limit_headers(42));
+    reply("https://api.vercel.com/v9/projects/" + project, 400, body, rate_limit_headers(42));
+    plugins::FetchParams p = params(project);
+    p.unit.access_token = token;
+    for (const bool scopes : {false, true}) {
+      const plugins::ConnectorFailure failure = failure_of([&] {
+        if (scopes) {
+          connector().validate_scopes(p.unit);
+        } else {
+          connector().fetch_page(p);
+        }
+      });
+      EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+      const std::string what = failure.what();
+      EXPECT_NE(what.find("xxxx"), std::string::npos) << what;
+      for (size_t at = 0; at + 8 <= token.size(); ++at)
+        EXPECT_EQ(what.find(token.substr(at, 8)), std::string::npos) << pad << ": " << what;
+    }
+  }
+}
+
+// Review: copying or dumping a parsed value recurses once per level: a 200 body nesting 100 000
+// arrays (200 KB) overflowed the stack and ended the host. Such a body is a malformed response.
+TEST_F(VercelStatusTest, ABodyNestedDeeperThanAnyApiNestsIsMalformedNotACrash) {
+  const size_t depth = 100'000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  const auto failure =
+      fetch_failure(200, R"({"deployments":[{"uid":"dpl_a","created":1,"x":)" + deep + R"(}]})");
+  EXPECT_EQ(failure.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(failure, "nested more than 256 levels deep")) << failure.what();
+  // In an error body too: its message is not read, and the status still says what to do.
+  const auto refused = fetch_failure(500, R"({"error":)" + deep + "}");
+  EXPECT_EQ(refused.status(), BACKHAUL_RETRYABLE);
+  // 256 levels are read as ever.
+  const std::string fine = std::string(250, '[') + std::string(250, ']');
+  reply(list_url("prj_2"), 200,
+        R"({"deployments":[{"uid":"dpl_a","created":1,"x":)" + fine + R"(}]})",
+        rate_limit_headers(42));
+  EXPECT_EQ(connector().fetch_page(params("prj_2")).size(), 1u);
+}
+
+// Review: pagination.next (or a deployment's created) of INT64_MAX made a cursor continuing from
+// INT64_MAX + 1 (an overflow), which the connector then refused as a cursor of its own. It is a
+// malformed page.
+TEST_F(VercelStatusTest, ATimestampOfInt64MaxIsMalformedNotAnOverflow) {
+  const std::string max = std::to_string(std::numeric_limits<int64_t>::max());
+  const auto next = fetch_failure(
+      200, R"({"deployments":[{"uid":"dpl_a","created":5}],"pagination":{"next":)" + max + "}}");
+  EXPECT_EQ(next.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(next, "pagination.next is not a timestamp")) << next.what();
+  reply(list_url("prj_2"), 200, R"({"deployments":[{"uid":"dpl_a","created":)" + max + "}]}",
+        rate_limit_headers(42));
+  const plugins::ConnectorFailure created =
+      failure_of([&] { connector().fetch_page(params("prj_2")); });
+  EXPECT_EQ(created.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(created, "dpl_a")) << created.what();
 }
 
 // --- transient failures ----------------------------------------------------------------------
