@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -307,8 +308,13 @@ class JobStore {
   // finished before `before_ms`, with their attempts, in chunks (one transaction each, so a
   // large pass never holds the store for long). Returns the number of jobs deleted. A finish
   // time of 0 or less (a clock at the epoch; 0 is also "not finished") is never before it. The
-  // jobs' children that stay lose their parent_id.
-  virtual int64_t prune(int64_t finished_before_ms) = 0;
+  // jobs' children that stay lose their parent_id. At most `max_jobs` jobs are looked at (whole
+  // chunks, the last one cut to fit), so that a caller with other work (the sweeper) can bound a
+  // pass over a large backlog and come back for the rest.
+  virtual int64_t prune(int64_t finished_before_ms, int64_t max_jobs) = 0;
+  int64_t prune(int64_t finished_before_ms) {
+    return prune(finished_before_ms, std::numeric_limits<int64_t>::max());
+  }
 
   // --- cancellation --------------------------------------------------------------------------
   virtual CancelOutcome cancel(JobId id, int64_t now_ms) = 0;

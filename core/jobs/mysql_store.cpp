@@ -2375,9 +2375,11 @@ class MysqlStore final : public JobStore {
 
   // Deletes in chunks of kPruneChunk jobs, each its own transaction, so that a large retention
   // pass never holds thousands of row locks or a huge undo log at once.
-  int64_t prune(int64_t finished_before_ms) override {
+  using JobStore::prune;
+  int64_t prune(int64_t finished_before_ms, int64_t max_jobs) override {
     int64_t total = 0;
-    while (true) {
+    for (int64_t looked_at = 0; looked_at < max_jobs;) {
+      const int64_t chunk = std::min<int64_t>(kPruneChunk, max_jobs - looked_at);
       auto [found, deleted] = transact("prune", [&](Tx& tx) {
         // finished_ms > 0 keeps the range off the index's 0 entries, every active job (a
         // terminal job at 0 is never before the cutoff: JobStore::prune).
@@ -2387,7 +2389,7 @@ class MysqlStore final : public JobStore {
             << " AND j.status IN ('succeeded', 'cancelled', 'dead') AND (j.status <> 'dead' OR "
                "NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = j.id AND d.status IN "
                "('pending', 'retrying'))) ORDER BY j.finished_ms, j.id LIMIT "
-            << kPruneChunk);
+            << chunk);
         if (candidates.rows.empty()) return std::pair<size_t, int64_t>{0, 0};
         std::vector<JobId> ids;
         for (const Row& row : candidates.rows) ids.push_back(to_i64(row[0]));
@@ -2422,8 +2424,10 @@ class MysqlStore final : public JobStore {
         return std::pair<size_t, int64_t>{ids.size(), static_cast<int64_t>(doomed.size())};
       });
       total += deleted;
-      if (found < static_cast<size_t>(kPruneChunk)) return total;
+      looked_at += static_cast<int64_t>(found);
+      if (found < static_cast<size_t>(chunk)) break;
     }
+    return total;
   }
 
   CancelOutcome cancel(JobId id, int64_t now_ms) override {

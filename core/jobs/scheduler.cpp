@@ -90,6 +90,22 @@ Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions optio
     throw std::invalid_argument("scheduler: prefetch must not be negative (got " +
                                 std::to_string(options_.prefetch) + ")");
   }
+  // A beat no sooner than the lease runs out lets every lease lapse: the sweep would hand running
+  // jobs to a second worker. (The daemon's config refuses it too; this is for every other caller.)
+  if (options_.heartbeat_interval_ms >= options_.lease_ms) {
+    throw std::invalid_argument(
+        "scheduler: heartbeat_interval_ms (" + std::to_string(options_.heartbeat_interval_ms) +
+        ") must be shorter than lease_ms (" + std::to_string(options_.lease_ms) + ")");
+  }
+  // 0 would spin: a claim loop finding nothing (or a failing store) and a sweeper with no pause.
+  for (const auto& [name, value] : {std::pair{"idle_poll_ms", options_.idle_poll_ms},
+                                    {"sweep_interval_ms", options_.sweep_interval_ms},
+                                    {"prune_per_sweep", options_.prune_per_sweep}}) {
+    if (value <= 0) {
+      throw std::invalid_argument(std::string("scheduler: ") + name + " must be positive (got " +
+                                  std::to_string(value) + ")");
+    }
+  }
   options_.workers = std::max(options_.workers, 1);
   options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
   options_.heartbeat_lanes = std::max(options_.heartbeat_lanes, 1);
@@ -410,7 +426,11 @@ void Scheduler::sweep_loop() {
         log_->warn("sweep: {} expired leases requeued, {} dead, {} parents woken", r.requeued,
                    r.dead, r.parents_woken);
       }
-      if (options_.retention_ms > 0) store_.prune(now - options_.retention_ms);
+      // A bounded pass: a backlog of millions (a lowered retention, a long downtime) is pruned
+      // over many rounds, each after its sweep, rather than in one that holds the sweeps (expired
+      // leases, overdue parents) and a drain (which joins this thread) back until it is done.
+      if (options_.retention_ms > 0)
+        store_.prune(now - options_.retention_ms, options_.prune_per_sweep);
       note_store("sweep", nullptr);
     } catch (const std::exception& e) {
       log_->error("sweep failed: {}", e.what());

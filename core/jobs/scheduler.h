@@ -151,7 +151,8 @@ struct SchedulerOptions {
   int heartbeat_lanes = 4;
   int64_t idle_poll_ms = 200;  // claim again after this long when nothing was due
   int64_t sweep_interval_ms = 5'000;
-  int64_t retention_ms = 0;  // prune finished jobs older than this; 0 = keep forever
+  int64_t retention_ms = 0;          // prune finished jobs older than this; 0 = keep forever
+  int64_t prune_per_sweep = 10'000;  // finished jobs looked at per sweep round, at most
   // At start, expire every lease still held under `owner` (JobStore::recover_owner): set it only
   // when `owner` is stable across restarts and unique to this host.
   bool recover_own_leases = false;

@@ -1620,15 +1620,17 @@ class SqliteStore final : public SqliteJobStore {
   }
   // Deletes in chunks, each its own operation, so that a large retention pass never holds the
   // writer for long; each chunk is atomic.
-  int64_t prune(int64_t finished_before_ms) override {
+  using JobStore::prune;
+  int64_t prune(int64_t finished_before_ms, int64_t max_jobs) override {
     int64_t total = 0;
-    while (true) {
-      int64_t n = write([&](Connection& c) {
-        return c.query(kPruneSql).args(finished_before_ms, kPruneChunk).run();
-      });
+    while (total < max_jobs) {
+      const int64_t chunk = std::min(kPruneChunk, max_jobs - total);
+      int64_t n = write(
+          [&](Connection& c) { return c.query(kPruneSql).args(finished_before_ms, chunk).run(); });
       total += n;
-      if (n < kPruneChunk) return total;
+      if (n < chunk) break;
     }
+    return total;
   }
 
   CancelOutcome cancel(JobId id, int64_t now_ms) override {

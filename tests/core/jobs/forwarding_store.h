@@ -51,7 +51,10 @@ class ForwardingStore : public JobStore {
   SweepResult recover_owner(const std::string& owner, int64_t now_ms) override {
     return inner_.recover_owner(owner, now_ms);
   }
-  int64_t prune(int64_t finished_before_ms) override { return inner_.prune(finished_before_ms); }
+  using JobStore::prune;
+  int64_t prune(int64_t finished_before_ms, int64_t max_jobs) override {
+    return inner_.prune(finished_before_ms, max_jobs);
+  }
   CancelOutcome cancel(JobId id, int64_t now_ms) override { return inner_.cancel(id, now_ms); }
   int cancel_key(const std::string& concurrency_key, const std::string& kind,
                  int64_t now_ms) override {

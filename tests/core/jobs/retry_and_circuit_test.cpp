@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -84,6 +85,17 @@ TEST(RetryPolicyTest, TheDelayNeverExceedsTheMaximumEvenWithTheHighestJitter) {
   EXPECT_EQ(p.delay_ms(30, fixed(0.0)), 15 * 60'000) << "half of a huge delay is still capped";
   EXPECT_EQ(p.delay_ms(1'000, fixed(0.5)), 15 * 60'000) << "no overflow for absurd attempts";
   EXPECT_EQ(p.delay_ms(1'000'000, fixed(0.9)), 15 * 60'000);
+}
+
+// Review: a delay of 2^63 or more (max_ms at INT64_MAX, as "no cap") or NaN has no int64_t, and
+// the conversion gave INT64_MIN: a retry at once, in a loop.
+TEST(RetryPolicyTest, NoCapAndANanJitterGiveADelayNotANegativeOne) {
+  const RetryPolicy uncapped = policy(1'000, 2.0, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(uncapped.delay_ms(60, fixed(0.5)), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(uncapped.delay_ms(3, fixed(0.5)), 8'000);
+  const RetryPolicy p = policy(1'000, 2.0, 60'000);
+  EXPECT_EQ(p.delay_ms(3, fixed(std::nan(""))), 8'000) << "a NaN jitter is the middle one";
+  EXPECT_EQ(p.delay_ms(3, fixed(std::numeric_limits<double>::infinity())), 8'000);
 }
 
 TEST(RetryPolicyTest, TheSameRandomSequenceGivesTheSameDelays) {

@@ -383,6 +383,7 @@ TEST_F(SchedulerTest, AnEndingIsGivenUpAfterFiveTriesOnceItsLeaseRanOut) {
   const JobId id = enqueue("work", 3);
   SchedulerOptions o = options();
   o.lease_ms = 1'000;
+  o.heartbeat_interval_ms = 200;
   Scheduler scheduler(store, clock_, o);
   scheduler.register_handler("work", [&](JobContext&) {
     clock_.advance_ms(2'000);  // the handler outlived its lease
@@ -1933,6 +1934,87 @@ TEST_F(SchedulerTest, ANegativePrefetchIsRefused) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "scheduler: prefetch must not be negative (got -4)");
   }
+}
+
+// Review: intervals the daemon's config refuses were taken from every other caller: a beat no
+// sooner than the lease lapses (the sweep hands running jobs to a second worker), and a poll, sweep
+// interval or prune bound of 0 (loops that spin).
+TEST_F(SchedulerTest, IntervalsThatLetLeasesLapseOrLoopsSpinAreRefused) {
+  const auto refused = [&](SchedulerOptions o) -> std::string {
+    try {
+      Scheduler scheduler(*store_, clock_, o);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "taken";
+  };
+  SchedulerOptions beat = options();
+  beat.heartbeat_interval_ms = beat.lease_ms;
+  EXPECT_EQ(refused(beat),
+            "scheduler: heartbeat_interval_ms (30000) must be shorter than lease_ms (30000)");
+  SchedulerOptions poll = options();
+  poll.idle_poll_ms = 0;
+  EXPECT_EQ(refused(poll), "scheduler: idle_poll_ms must be positive (got 0)");
+  SchedulerOptions sweep = options();
+  sweep.sweep_interval_ms = -5;
+  EXPECT_EQ(refused(sweep), "scheduler: sweep_interval_ms must be positive (got -5)");
+  SchedulerOptions prune = options();
+  prune.prune_per_sweep = 0;
+  EXPECT_EQ(refused(prune), "scheduler: prune_per_sweep must be positive (got 0)");
+}
+
+// Review: the sweeper pruned a whole backlog in one round, holding its sweeps (expired leases,
+// overdue parents) and a drain back until it was done. Each round prunes at most prune_per_sweep.
+class CountsPrunes : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  using JobStore::prune;
+  SweepResult sweep(int64_t now_ms) override {
+    ++sweeps_;
+    return ForwardingStore::sweep(now_ms);
+  }
+  int64_t prune(int64_t finished_before_ms, int64_t max_jobs) override {
+    {
+      std::lock_guard lock(mutex_);
+      bounds_.push_back(max_jobs);
+    }
+    return ForwardingStore::prune(finished_before_ms, max_jobs);
+  }
+  std::vector<int64_t> prune_bounds() const {
+    std::lock_guard lock(mutex_);
+    return bounds_;
+  }
+  size_t sweeps() const { return sweeps_; }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<int64_t> bounds_;
+  std::atomic<size_t> sweeps_{0};
+};
+
+TEST_F(SchedulerTest, TheSweeperPrunesABoundedPassEachRound) {
+  {
+    Scheduler done(*store_, clock_, options());
+    done.register_handler("work", [](JobContext&) { return Outcome::complete("{}"); });
+    for (int i = 0; i < 7; ++i) enqueue("work");
+    EXPECT_EQ(done.run_once(10), 7u);
+  }
+  clock_.advance_ms(3'600'000);
+  CountsPrunes counting(*store_);
+  SchedulerOptions o = options();
+  o.retention_ms = 1;
+  o.prune_per_sweep = 3;
+  o.sweep_interval_ms = 10;
+  Scheduler scheduler(counting, clock_, o);
+  scheduler.start();
+  for (int i = 0; i < 500 && store_->list({}).jobs.size() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  scheduler.drain(std::chrono::milliseconds(0));
+  EXPECT_EQ(store_->list({}).jobs.size(), 0u);
+  const std::vector<int64_t> bounds = counting.prune_bounds();
+  ASSERT_GE(bounds.size(), 3u) << "7 jobs, 3 a round";
+  for (const int64_t bound : bounds) EXPECT_EQ(bound, 3);
+  EXPECT_GE(counting.sweeps(), bounds.size()) << "each round sweeps before it prunes";
 }
 
 // start() on a running scheduler does nothing: with recover_own_leases, it used to expire the
