@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -179,10 +180,19 @@ http::HttpTally take_tally(std::string& body) {
 
 // Reads an answer's status; a failure is thrown as the plugin's own ConnectorFailure, taken as
 // one in this process is (plugin_failure): the plugin may have written the answer itself.
+constexpr size_t kMaxAnswerMessage = 4096;
 void throw_if_failed(Reader& r) {
   const auto status = static_cast<backhaul_status_t>(r.u8());
   if (status == BACKHAUL_OK) return;
   std::string message(r.str());
+  // A plugin's message is at most 1023 bytes (the ABI's error buffer); one that claims more was
+  // written by the plugin itself, and is cut (at a character's start) rather than kept whole.
+  if (message.size() > kMaxAnswerMessage) {
+    size_t cut = kMaxAnswerMessage;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+    message.resize(cut);
+    message += "...";
+  }
   const int64_t retry_after_ms = r.i64();
   r.end();
   throw plugin_failure("a worker process answered with unknown status " + std::to_string(status),
@@ -380,10 +390,35 @@ PluginInfo read_info(const std::string& body, const std::filesystem::path& path)
   return info;
 }
 
+// The libraries an answer says the plugin loaded besides itself, each sealed here and passed to
+// every later worker: a few, each once, and none the plugin itself.
+constexpr size_t kMaxBundledLibraries = 64;
+void check_bundled(const PluginInfo& info) {
+  const std::string who = info.path.string() + ": in isolation mode, the worker's answer ";
+  if (info.bundled_libraries.size() > kMaxBundledLibraries) {
+    throw PluginLoadError(who + "lists " + std::to_string(info.bundled_libraries.size()) +
+                          " bundled libraries; at most " + std::to_string(kMaxBundledLibraries));
+  }
+  std::set<std::filesystem::path> seen = {info.path};
+  for (const BundledLibrary& library : info.bundled_libraries) {
+    if (!seen.insert(library.path).second) {
+      throw PluginLoadError(who + "lists " + library.path.string() + " twice");
+    }
+  }
+}
+
 std::string describe_end(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "was killed by " + signal_description(WTERMSIG(status));
   return "ended (wait status " + std::to_string(status) + ")";
+}
+
+// Kills a worker not yet reaped (its PID cannot be anyone else's): its process group, with what
+// the plugin started, and the worker itself, which a plugin may have moved into another group
+// (setpgid), where the group's signal misses it and a wait for it would never end.
+void kill_worker(pid_t pid) {
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);
 }
 
 // Waits for `pid` to end and says how. The end of its socket normally means it has exited, but a
@@ -391,7 +426,7 @@ std::string describe_end(int status) {
 // started is killed with it: the worker leads a process group of its own, and the group is killed
 // once the worker has ended but before it is reaped, while its PID cannot be anyone else's.
 std::string reap(pid_t pid, bool kill_now) {
-  if (kill_now) ::kill(-pid, SIGKILL);
+  if (kill_now) kill_worker(pid);
   const auto give_up = SteadyClock::now() + std::chrono::seconds(1);
   std::string how;
   for (;;) {
@@ -400,7 +435,7 @@ std::string reap(pid_t pid, bool kill_now) {
     if (r < 0 && errno != EINTR) return "ended (waitid: " + std::string(std::strerror(errno)) + ")";
     if (r == 0 && info.si_pid == pid) break;  // ended, not yet reaped
     if (SteadyClock::now() >= give_up) {
-      ::kill(-pid, SIGKILL);
+      kill_worker(pid);
       how = "closed its socket and was killed";
       break;
     }
@@ -698,6 +733,10 @@ Plugin load_isolated(const std::filesystem::path& path, const IsolationOptions& 
     throw PluginLoadError(path.string() + ": in isolation mode, a worker process answered load " +
                           "with a malformed frame (" + e.what() + ")");
   }
+  // The answer may be the plugin's own (it runs in that process, and can write to the socket
+  // before the worker does): what the daemon keeps of it is checked as a loaded descriptor is.
+  check_plugin_info(info);
+  check_bundled(info);
   if (options.before_init) options.before_init(info);
   // What the worker loaded, copied here: later workers load these copies, and no other bytes.
   auto sealed = std::make_shared<SealedFiles>();
@@ -834,7 +873,7 @@ size_t WorkerPool::kill_busy() {
   // A PID in busy_ is not reaped (settle() takes it out first), so it is still its group's, and
   // the group takes with it what the plugin forked, which may hold the worker's socket open.
   for (pid_t pid : busy_) {
-    ::kill(-pid, SIGKILL);
+    kill_worker(pid);
     interrupted_.insert(pid);
   }
   return busy_.size();

@@ -622,9 +622,8 @@ std::vector<std::string> string_list(const fs::path& path, const char* const* it
   if (count > 0 && !items) refuse(path, std::string(what) + " list is null");
   std::vector<std::string> out;
   for (size_t i = 0; i < count; ++i) {
-    if (!items[i] || !*items[i]) refuse(path, std::string(what) + " has an empty entry");
-    out.emplace_back(items[i]);
-    if (!is_utf8(out.back())) refuse(path, std::string(what) + " has an entry that is not UTF-8");
+    if (!items[i]) refuse(path, std::string(what) + " has an empty entry");
+    out.emplace_back(items[i]);  // checked with the rest (check_plugin_info)
   }
   return out;
 }
@@ -637,37 +636,61 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
   PluginInfo info;
   auto text = [&](const char* s, const char* field) {
     if (!s) refuse(path, std::string("descriptor.") + field + " is null");
-    // Every descriptor string ends up in JSON (the admin API, `plugin info --json`), which
-    // cannot hold anything else.
-    std::string out(s);
-    if (!is_utf8(out)) refuse(path, std::string("descriptor.") + field + " is not valid UTF-8");
-    return out;
+    return std::string(s);
   };
   info.id = text(d.id, "id");
+  info.version = text(d.version, "version");
+  info.display_name = text(d.display_name, "display_name");
+  info.description = d.description ? text(d.description, "description") : "";
+  info.entity_types = string_list(path, d.entity_types, d.entity_type_count, "entity types");
+  info.default_entity_types = string_list(path, d.default_entity_types, d.default_entity_type_count,
+                                          "default entity types");
+  info.config_schema_json = text(d.config_schema_json, "config_schema_json");
+  info.abi_version = entry.abi_version;
+  info.path = path;
+  check_plugin_info(info);
+  return info;
+}
+
+}  // namespace
+
+void check_plugin_info(const PluginInfo& info) {
+  const fs::path& path = info.path;
+  // Every descriptor string ends up in JSON (the admin API, `plugin info --json`), which cannot
+  // hold anything else.
+  auto utf8 = [&](const std::string& s, const char* field) {
+    if (!is_utf8(s)) refuse(path, std::string("descriptor.") + field + " is not valid UTF-8");
+  };
+  utf8(info.id, "id");
   if (!is_valid_plugin_id(info.id)) {
     refuse(path, "plugin id '" + shown(info.id) + "' does not match [a-z][a-z0-9_-]*");
   }
-  info.version = text(d.version, "version");
+  utf8(info.version, "version");
   if (!is_semver(info.version)) {
     refuse(path,
            "plugin '" + shown(info.id) + "' version '" + shown(info.version) + "' is not semantic");
   }
-  info.display_name = text(d.display_name, "display_name");
-  info.description = d.description ? text(d.description, "description") : "";
-  info.entity_types = string_list(path, d.entity_types, d.entity_type_count, "entity types");
+  utf8(info.display_name, "display_name");
+  utf8(info.description, "description");
+  for (const auto* list : {&info.entity_types, &info.default_entity_types}) {
+    const char* what = list == &info.entity_types ? "entity types" : "default entity types";
+    for (const std::string& item : *list) {
+      if (item.empty()) refuse(path, std::string(what) + " has an empty entry");
+      if (!is_utf8(item)) refuse(path, std::string(what) + " has an entry that is not UTF-8");
+    }
+  }
   if (info.entity_types.empty()) refuse(path, "plugin '" + info.id + "' has no entity types");
   std::set<std::string> unique(info.entity_types.begin(), info.entity_types.end());
   if (unique.size() != info.entity_types.size()) {
     refuse(path, "plugin '" + info.id + "' lists an entity type twice");
   }
-  info.default_entity_types = string_list(path, d.default_entity_types, d.default_entity_type_count,
-                                          "default entity types");
   for (const auto& t : info.default_entity_types) {
     if (!unique.count(t)) {
-      refuse(path, "plugin '" + info.id + "' default entity type '" + t + "' is not supported");
+      refuse(path,
+             "plugin '" + info.id + "' default entity type '" + shown(t) + "' is not supported");
     }
   }
-  info.config_schema_json = text(d.config_schema_json, "config_schema_json");
+  utf8(info.config_schema_json, "config_schema_json");
   if (const size_t depth = json_depth(info.config_schema_json); depth > kMaxConfigSchemaDepth) {
     refuse(path, "plugin '" + info.id + "' config schema nests " + std::to_string(depth) +
                      " deep; at most " + std::to_string(kMaxConfigSchemaDepth));
@@ -676,12 +699,7 @@ PluginInfo read_descriptor(const fs::path& path, const backhaul_entry_t& entry) 
   if (schema.is_discarded() || !schema.is_object()) {
     refuse(path, "plugin '" + info.id + "' config schema is not a JSON object");
   }
-  info.abi_version = entry.abi_version;
-  info.path = path;
-  return info;
 }
-
-}  // namespace
 
 LoadedLibrary::~LoadedLibrary() {
   if (!initialized_) return;

@@ -53,6 +53,13 @@ struct LoadOptions {
   // worker in isolation mode: seal_file) instead of from the files, by the path loaded from.
   std::map<std::filesystem::path, int> sealed_sources;
 };
+// The descriptor checks of load_plugin() (id pattern, semantic version, every string UTF-8, entity
+// types non-empty and unique, defaults a subset, schema a JSON object nested at most
+// kMaxConfigSchemaDepth deep) on `info`, its path naming the file. Throws PluginLoadError. For a
+// description that comes from elsewhere: a worker process's answer in isolation mode, which the
+// plugin (in that process) may have written itself.
+void check_plugin_info(const PluginInfo& info);
+
 Plugin load_plugin(const std::filesystem::path& path, const HostServices& services,
                    const LoadOptions& options = {});
 

@@ -243,6 +243,18 @@ TEST_F(IsolatedConnector, WhatAPluginStartedEndsWithItsWorker) {
   fs::remove(pid_file);
 }
 
+// Review: every kill went to the worker's process group. A plugin that moved its worker into
+// another group (setpgid) escaped the call timeout, and the wait for its end never ended. The
+// worker itself is killed too.
+TEST_F(IsolatedConnector, AWorkerThatLeftItsGroupIsStillKilledAtTheCallTimeout) {
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::milliseconds(300);
+  auto workers = pool(R"({"fail": "leave_group"})", o);
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("300 ms")) << "ended by the call timeout";
+}
+
 // A process the plugin forked holds the worker's socket open, so the socket reads no
 // end-of-file when the worker ends: the pool still sees the worker end at once (its pidfd), and
 // the call fails saying how, not at the call timeout. interrupt() ends such a call at once too:
@@ -789,6 +801,34 @@ TEST_F(LoadIsolated, AnAnswerThePluginForgedIsCheckedAsItsCallsAreHere) {
   EXPECT_STREQ(e.what(),
                "plugin 'fake' returned a malformed page: event 1: delivery id \"same-id\" is also "
                "an earlier, different event's");
+}
+
+// Review: the answer describing what a worker loaded may be the plugin's own (it runs in that
+// process and can write to the socket first), and was taken as given: an id, a schema or a list
+// of bundled libraries the loader would refuse here. It is checked as a loaded descriptor is.
+TEST_F(LoadIsolated, ADescriptionThePluginForgedIsCheckedAsALoadedOneIs) {
+  const std::string sha256 = seal_file(plugin_path("fake")).sha256;
+  ::setenv("FAKE_FORGE_DESCRIBE", sha256.c_str(), 1);
+  const auto refusal = [&](const char* id, const char* bundled) {
+    if (id) ::setenv("FAKE_FORGE_ID", id, 1);
+    if (bundled) ::setenv("FAKE_FORGE_BUNDLED", bundled, 1);
+    std::string why = "loaded";
+    try {
+      load_isolated(plugin_path("fake"), options());
+    } catch (const PluginLoadError& e) {
+      why = e.what();
+    }
+    ::unsetenv("FAKE_FORGE_ID");
+    ::unsetenv("FAKE_FORGE_BUNDLED");
+    return why;
+  };
+  EXPECT_THAT(refusal(nullptr, nullptr),
+              HasSubstr("fake.so: plugin id 'Not An Id' does not match [a-z][a-z0-9_-]*"));
+  EXPECT_THAT(refusal("forged", "65"),
+              HasSubstr("the worker's answer lists 65 bundled libraries; at most 64"));
+  ::unsetenv("FAKE_FORGE_DESCRIBE");
+  // Without it, the plugin loads as ever.
+  EXPECT_EQ(load_isolated(plugin_path("fake"), options()).info().id, "fake");
 }
 
 TEST_F(LoadIsolated, RefusesWhatLoadingItHereRefusesWithTheSameReason) {

@@ -9,7 +9,9 @@
 //         "echo_token" — fails FATAL with the unit's access token in its message, as a careless
 //         plugin would; "abort" | "exit" | "hang" | "stdout" — every fetch_page calls abort(),
 //         calls _Exit(3), never returns, or prints to stdout first (for isolation mode: a host
-//         running it in-process ends or hangs too); "garble" — every fetch_page writes a frame
+//         running it in-process ends or hangs too); "leave_group" — every fetch_page moves its
+//         process into its parent's process group, then never returns (isolation mode only);
+//         "garble" — every fetch_page writes a frame
 //         header claiming a body of almost 1 GiB to descriptor 3 (a worker's socket, isolation.h;
 //         only for isolation mode), then never returns. "forge_wait" | "forge_status" |
 //         "forge_page" — every fetch_page writes an answer of its own to descriptor 3, then ends
@@ -34,6 +36,7 @@
 //   the file "<that path>.entered" (for a request of the host's held inside the plugin).
 //   cut_payloads: "yes" — every payload lacks its closing brace (not JSON).
 //   http_url: fetch_page first GETs this URL through the host and puts the answer in the payload.
+// And, set in the environment as the library loads: FAKE_FORGE_DESCRIBE (see forged_describe).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -125,6 +128,24 @@ class Frame {
 [[noreturn]] void hang() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
+
+// With FAKE_FORGE_DESCRIBE set to the SHA-256 of this file (isolation mode only): as the library
+// is loaded, before the worker can answer what it loaded, a description of the plugin's own goes
+// to descriptor 3, and the worker ends. Its id is FAKE_FORGE_ID ("Not An Id" when unset), and it
+// lists FAKE_FORGE_BUNDLED (0) bundled libraries that are not there.
+[[maybe_unused]] const bool forged_describe = [] {
+  const char* sha256 = std::getenv("FAKE_FORGE_DESCRIBE");
+  if (!sha256) return false;
+  const char* id = std::getenv("FAKE_FORGE_ID");
+  const char* bundled = std::getenv("FAKE_FORGE_BUNDLED");
+  const int libraries = bundled ? std::atoi(bundled) : 0;
+  Frame f;
+  f.u8(BACKHAUL_OK).str(id ? id : "Not An Id").str("1.0.0").str("Forged").str("");
+  f.i64(1).str("issue").i64(0).str("{}").i64(1).i64(1).str(sha256).i64(libraries);
+  for (int i = 0; i < libraries; ++i)
+    f.str("/nonexistent/lib" + std::to_string(i) + ".so").str(sha256);
+  f.send_and_exit();
+}();
 
 // Allocates `mb` MB, written so that it is resident, and kept for good.
 void grow(int mb) {
@@ -272,6 +293,11 @@ class FakeConnector final : public backhaul::sdk::Connector {
     if (fail_ == "abort") std::abort();
     if (fail_ == "exit") std::_Exit(3);
     if (fail_ == "hang") hang();
+    if (fail_ == "leave_group") {
+      // Into the group of the worker's parent (same session), out of reach of a signal to its own.
+      if (::setpgid(0, ::getpgid(::getppid())) != 0) std::abort();
+      hang();
+    }
     if (fail_ == "garble") {
       const unsigned char header[4] = {0xff, 0xff, 0xff, 0x3f};
       if (::write(3, header, sizeof header) != sizeof header) std::abort();
