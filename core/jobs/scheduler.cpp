@@ -53,7 +53,7 @@ void JobContext::beat(const std::optional<std::string>& checkpoint, bool progres
     }
     // Draining, the job goes back without an attempt (SPEC F6) whether or not its last beat went
     // through: it resumes from the last checkpoint that did.
-    if (stopping_) {
+    if (stopping_ || (checkpoint && progress && draining_)) {
       throw JobInterrupted(
           JobInterrupted::Reason::kDraining,
           std::string("host is draining (the last heartbeat failed: ") + e.what() + ")");
@@ -61,7 +61,10 @@ void JobContext::beat(const std::optional<std::string>& checkpoint, bool progres
     throw;
   }
   if (cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "job was cancelled");
-  if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
+  // A drain stops a handler at its next checkpoint of progress (its page finished and saved), and
+  // anywhere once its grace ran out.
+  if (stopping_ || (checkpoint && progress && draining_))
+    throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");
 }
 
 void JobContext::note_beat(int64_t now_ms, const char* error) {
@@ -158,6 +161,7 @@ void Scheduler::start() {
   claiming_ = true;
   stopped_ = false;
   stopping_ = false;  // a start after a drain past its grace runs handlers to their end again
+  draining_ = false;
   hurried_ = false;
   finisher_running_ = true;
   for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
@@ -445,8 +449,8 @@ std::vector<std::shared_ptr<JobContext>> Scheduler::lease(std::vector<Claimed> c
   std::vector<std::shared_ptr<JobContext>> contexts;
   if (claimed.empty()) return contexts;  // an idle claim loop takes no lock for nothing
   for (Claimed& c : claimed) {
-    contexts.emplace_back(
-        new JobContext(*this, store_, clock_, std::move(c), options_.lease_ms, stopping_));
+    contexts.emplace_back(new JobContext(*this, store_, clock_, std::move(c), options_.lease_ms,
+                                         stopping_, draining_));
     contexts.back()->last_beat_ms_ = now_ms;
   }
   std::lock_guard lock(mutex_);
@@ -800,6 +804,7 @@ void Scheduler::drain(std::chrono::milliseconds grace) {
   store_.unsubscribe(subscription_);  // not under mutex_: the listener takes it
   lock.lock();
   claiming_ = false;
+  draining_ = true;
   // Claimed but not started: nothing was done, give them back at once.
   std::vector<std::shared_ptr<JobContext>> unstarted(std::make_move_iterator(ready_.begin()),
                                                      std::make_move_iterator(ready_.end()));

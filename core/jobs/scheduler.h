@@ -88,10 +88,12 @@ class JobContext {
   JobStore& store() const noexcept { return store_; }
 
   // Saves progress atomically with a lease heartbeat. Throws JobInterrupted when the job was
-  // cancelled, its lease was lost, or the scheduler is draining (after saving).
+  // cancelled, its lease was lost, or the scheduler is draining (after saving): a drain lets the
+  // page in flight finish, and releases the job at the checkpoint that ends it (SPEC F6).
   void checkpoint(const std::string& checkpoint_json);
   // Saves a checkpoint that is no progress (a count of waits: the work stands where it stood), so
-  // the attempts before it still count towards max_attempts. Same throws.
+  // the attempts before it still count towards max_attempts. Same throws, except that a drain
+  // within its grace does not stop the handler here (it is about to end with a wait).
   void checkpoint_without_progress(const std::string& checkpoint_json);
   // A heartbeat without a checkpoint; same throws.
   void heartbeat();
@@ -105,14 +107,15 @@ class JobContext {
  private:
   friend class Scheduler;
   JobContext(Scheduler& scheduler, JobStore& store, const Clock& clock, Claimed claimed,
-             int64_t lease_ms, const std::atomic<bool>& stopping)
+             int64_t lease_ms, const std::atomic<bool>& stopping, const std::atomic<bool>& draining)
       : scheduler_(scheduler),
         store_(store),
         clock_(clock),
         job_(std::move(claimed.job)),
         token_(std::move(claimed.lease_token)),
         lease_ms_(lease_ms),
-        stopping_(stopping) {}
+        stopping_(stopping),
+        draining_(draining) {}
   void beat(const std::optional<std::string>& checkpoint, bool progress = true);
   // One heartbeat at `now_ms`, and what it tells (cancel requested, lease lost, the store failing)
   // recorded for the rounds and the stats. Rethrows the store's errors once recorded. [any-thread]
@@ -128,6 +131,7 @@ class JobContext {
   std::string token_;
   int64_t lease_ms_;
   const std::atomic<bool>& stopping_;
+  const std::atomic<bool>& draining_;   // the scheduler's: a drain is under way
   std::atomic<bool> cancelled_{false};  // set by the heartbeat loop too
   std::atomic<bool> lease_lost_{false};
   std::atomic<int64_t> last_beat_ms_{0};
@@ -228,8 +232,9 @@ class Scheduler {
   // Recovers what a crashed host left running (a sweep), then starts the loops. Does nothing
   // while they run; after drain() it starts them again. [main-thread]
   void start();
-  // Graceful drain (SPEC F6): stop claiming; wait up to `grace` for running handlers; then ask
-  // the rest to stop at their next page boundary and release their jobs without an attempt.
+  // Graceful drain (SPEC F6): stop claiming; a running handler is stopped at its next checkpoint
+  // (the page in flight finished and saved); wait up to `grace` for running handlers; then ask the
+  // rest to stop at their next heartbeat too. Jobs stopped go back without an attempt.
   // Returns when every worker has returned. Idempotent. [main-thread]
   void drain(std::chrono::milliseconds grace);
   // Ends the grace of the drain() under way now, as if it had run out (or of the next drain(),
@@ -346,6 +351,7 @@ class Scheduler {
   int subscription_ = 0;               // JobStore::subscribe id while started
   bool stopped_ = false;               // loops exit
   std::atomic<bool> stopping_{false};  // handlers asked to stop
+  std::atomic<bool> draining_{false};  // a drain is under way: handlers stop at a checkpoint
   bool hurried_ = false;               // hurry(): drain() has no grace left
   std::vector<std::thread> threads_;
 

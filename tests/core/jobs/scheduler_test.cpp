@@ -2075,9 +2075,9 @@ TEST_F(SchedulerTest, AStartAfterADrainPastItsGraceRunsJobsAgain) {
   EXPECT_EQ(scheduler.stats().released, 1);
 }
 
-// hurry() (an operator's second SIGTERM) ends a drain's grace at once: a handler paging for ever
-// is asked to stop and its job released, although the grace is an hour. Without it the drain
-// would not return for that hour.
+// hurry() (an operator's second SIGTERM) ends a drain's grace at once: a handler working for
+// ever between checkpoints (heartbeats only) is asked to stop and its job released, although the
+// grace is an hour. Without it the drain would not return for that hour.
 TEST_F(SchedulerTest, HurryEndsTheGraceOfADrainUnderWay) {
   SystemClock clock;
   Scheduler scheduler(*store_, clock, options());
@@ -2085,8 +2085,8 @@ TEST_F(SchedulerTest, HurryEndsTheGraceOfADrainUnderWay) {
   std::atomic<bool> give_up{false};  // when hurry() failed: ends the handler, not the test run
   scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
     started = true;
-    while (!give_up) {  // pages until asked to stop (checkpoint() throws then)
-      c.checkpoint("{}");
+    while (!give_up) {  // works until asked to stop (heartbeat() throws then)
+      c.heartbeat();
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return Outcome::complete();
@@ -2106,6 +2106,49 @@ TEST_F(SchedulerTest, HurryEndsTheGraceOfADrainUnderWay) {
   give_up = true;
   drainer.join();
   EXPECT_EQ(store_->get(id)->status, JobStatus::kQueued);
+  EXPECT_EQ(scheduler.stats().released, 1);
+}
+
+// Review: a drain let handlers go on paging for its whole grace (30 s by default): pages fetched
+// after the SIGTERM, and the last one begun with no grace left. SPEC F6: the page in flight
+// finishes; the handler is stopped at the checkpoint that saves it, its job released without an
+// attempt, and the drain returns without waiting out its grace.
+TEST_F(SchedulerTest, ADrainStopsAPagingHandlerAtTheCheckpointOfItsPageInFlight) {
+  SystemClock clock;
+  Scheduler scheduler(*store_, clock, options());
+  std::atomic<bool> started{false};
+  std::atomic<bool> draining{false};
+  std::atomic<int> pages_begun_draining{0};
+  std::atomic<bool> give_up{false};  // when the drain waits: ends the handler, not the test run
+  scheduler.register_handler("work", [&](JobContext& c) -> Outcome {
+    started = true;
+    for (int page = 1; !give_up; ++page) {
+      if (draining) ++pages_begun_draining;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the page
+      c.checkpoint("{\"page\":" + std::to_string(page) + "}");
+    }
+    return Outcome::complete();
+  });
+  const JobId id = enqueue("work");
+  scheduler.start();
+  wait_for([&] { return started.load(); });
+  ASSERT_TRUE(started);
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] {
+    draining = true;
+    scheduler.drain(std::chrono::hours(1));
+    drained = true;
+  });
+  wait_for([&] { return drained.load(); });
+  EXPECT_TRUE(drained) << "the drain waits out its grace";
+  give_up = true;
+  drainer.join();
+  EXPECT_LE(pages_begun_draining.load(), 1) << "pages begun once the drain had begun";
+  const Job job = *store_->get(id);
+  EXPECT_EQ(job.status, JobStatus::kQueued);
+  ASSERT_TRUE(job.checkpoint.has_value());
+  EXPECT_NE(*job.checkpoint, "{\"page\":0}");
+  for (const Attempt& a : store_->attempts(id)) EXPECT_NE(a.outcome, "failed");
   EXPECT_EQ(scheduler.stats().released, 1);
 }
 
