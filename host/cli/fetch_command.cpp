@@ -204,7 +204,10 @@ class FetchRun {
         // (A payload that is not one JSON object, which --events would write into its line as
         // it is, was refused by fetch_page as a malformed page.)
       } catch (const plugins::ConnectorFailure& e) {
-        if (e.status() == BACKHAUL_AUTH_EXPIRED && gateway_ && !refreshed) {
+        // A token from the gateway (--connection) is refreshed there; one given with --token has
+        // no connection to refresh it from.
+        if (e.status() == BACKHAUL_AUTH_EXPIRED && gateway_ && !o_.connection.empty() &&
+            !refreshed) {
           std::cerr << label << " " << entity << ": token expired, refreshing once\n";
           try {
             // The later units start with the new token too (each spent a 401 on the old one).

@@ -45,7 +45,8 @@ void print_info(const plugins::PluginInfo& info, bool json) {
       j["bundledLibraries"].push_back(
           {{"path", library.path.string()}, {"sha256", library.sha256}});
     }
-    std::cout << j.dump(2) << "\n";
+    // A path need not be UTF-8 (a file name is bytes): replaced there, not an error of dump().
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
   // The plugin's own text, which may hold anything: escaped, so that it cannot move the cursor,

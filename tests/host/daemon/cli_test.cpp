@@ -680,6 +680,37 @@ TEST_F(CliTest, APluginDirThatIsNotThereIsRefusedNotPassedOver) {
   EXPECT_EQ(found.exit_code, 0) << found.err;
 }
 
+// Review: `fetch --gateway` with a --token and no --connection refreshed an expired token from
+// the gateway for the connection "" (GET /connections//token). There is none to refresh it from:
+// the page fails AUTH_EXPIRED, and the gateway hears nothing of it.
+TEST_F(CliTest, FetchWithAGivenTokenDoesNotRefreshItFromTheGateway) {
+  ScriptedDaemon gateway({{200, R"({"accessToken":"new"})"}});
+  const CommandResult r =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1",
+                   "--config", R"({"fail": "auth"})", "--gateway", gateway.url()},
+                  {}, dir_);
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("token expired"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("refreshing"), std::string::npos) << r.err;
+  EXPECT_TRUE(gateway.requests().empty()) << gateway.requests().front();
+}
+
+// Review: `plugin info --json` of a plugin whose path is not UTF-8 (a file name is bytes) ended
+// in nlohmann's "invalid UTF-8 byte" with exit 1 and nothing on stdout; the text form worked.
+TEST_F(CliTest, PluginInfoJsonOfAPathThatIsNotUtf8IsJson) {
+  const std::filesystem::path odd = dir_ / "caf\xe9.so";
+  std::filesystem::copy_file(FAKE_PLUGIN_PATH, odd);
+  const CommandResult info =
+      run_command(BACKHAUL_CLI_PATH, {"plugin", "info", odd.string(), "--json"}, {}, dir_);
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+  const json j = json::parse(info.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << info.out;
+  EXPECT_EQ(j["id"], "fake");
+  EXPECT_NE(j["path"].get<std::string>().find("caf\xEF\xBF\xBD.so"), std::string::npos)
+      << "the byte replaced, the rest kept";
+}
+
 // A SIGABRT sent by another process (kill -ABRT) while `fetch` was inside the plugin was reported
 // as the plugin's crash. It is said to come from that process, and the command dies of it.
 TEST_F(CliTest, ASignalSentByAnotherProcessIsNotBlamedOnThePlugin) {
