@@ -3,11 +3,11 @@
 // half_open --success--> closed ; half_open --failure--> open again, for twice as long each time
 // (at most max_open_ms, or open_ms when that is longer).
 // A failed probe of a provider costs its job an attempt, as a page that always fails must die (the
-// gateway's costs none: see gateway_failed in pipeline.cpp); the doubling keeps a long outage from
-// spending many: 5 probes in its first half hour, then 4 an hour.
-// Only results that speak of the state the circuit is in count: a result is reported with the
-// time its call started, and one from a call that started before the circuit opened (or before
-// the current half-open probe began) is ignored -- see record_event.
+// gateway's lookups cost none: see gateway_failed in pipeline.cpp); the doubling keeps a long
+// outage from spending many: 5 probes in its first half hour, then 4 an hour. Only results that
+// speak of the state the circuit is in count: a result is reported with the time its call started,
+// and one from a call that started before the circuit opened (or before the current half-open probe
+// began) is ignored -- see record_event.
 #pragma once
 
 #include <cstdint>

@@ -43,13 +43,13 @@ struct GatewayBusy {
   int64_t retry_after_ms = 0;
 };
 
-// A gateway call failed because the gateway is down, and its failures opened the gateway's circuit
-// (they tripped it, or the call was its half-open probe): the job waits for the next probe
-// (`until_ms`) without spending an attempt (handle). The gateway is one service whose outage every
-// job meets alike: were these attempts spent, a job alone (a run's lookup, one unit) would die of
-// an outage before its failures opened the circuit, and the first unit in the queue, the probe each
-// time, of one the circuit holds every other unit back from. (A provider's failures do cost
-// attempts: they are a page's, and a page that always fails must die.)
+// A gateway lookup failed because the gateway is down, and its failures opened the gateway's
+// circuit (they tripped it, or the lookup was its half-open probe): the job waits for the next
+// probe (`until_ms`) without spending an attempt (handle). The gateway is one service whose outage
+// every job meets alike: were these attempts spent, a job alone (a run's lookup, one unit) would
+// die of an outage before its failures opened the circuit, and the first unit in the queue, the
+// probe each time, of one the circuit holds every other unit back from. (A provider's failures,
+// and a page's failed dispatch, do cost attempts: a page that always fails must die.)
 struct GatewayDown {
   std::string message;
   int64_t until_ms = 0;
@@ -436,11 +436,10 @@ struct Pipeline::Impl {
     }
   }
 
-  // The result of a call to `name`'s service that began at `started` (host clock): one begun
-  // before the circuit opened or before its half-open probe began does not count (record_event).
-  // Records `event` (`count` times: a failure of that many calls) on the circuit `name`. Returns
-  // when the next probe is due when these failures opened the circuit -- tripped it, or were its
-  // half-open probe's -- else nullopt.
+  // Records the result of a call to `name`'s service that began at `started` (host clock), `count`
+  // times for a failure of that many tries: one begun before the circuit opened or before its
+  // half-open probe began does not count (record_event). Returns when the next probe is due when
+  // these failures opened the circuit -- tripped it, or were its half-open probe's -- else nullopt.
   std::optional<int64_t> circuit_event(const std::string& name, jobs::CircuitEvent event,
                                        const jobs::CircuitPolicy& policy, int64_t started,
                                        int64_t now, int count = 1) {
@@ -493,12 +492,12 @@ struct Pipeline::Impl {
   //
   // Failures that opened the circuit (tripped it, or were its half-open probe's) cost no attempt
   // (GatewayDown) when they say the gateway itself is down: no answer, 502/503/504, or 401. The
-  // job waits for the probe as every other job does. Another 5xx, or a delivery that failed while
-  // others of its page went through (`page_delivered`), may be that delivery's own doing, and the
+  // job waits for the probe as every other job does. Another 5xx, or a failure after the gateway
+  // answered a call of the attempt (`gateway_up`: a page's dispatch, which follows the attempt's
+  // token lookup, its first gateway call and so any probe), may be that delivery's own doing: the
   // job then spends an attempt as usual, so that a delivery the gateway always refuses ends.
   [[noreturn]] void gateway_failed(const gateway::GatewayError& e, const PipelineOptions& o,
-                                   int64_t started, bool page_delivered = false,
-                                   int failed_calls = 1) {
+                                   int64_t started, bool gateway_up = false, int failed_calls = 1) {
     if (e.rate_limited()) {
       gateway_answered(e, o, started);
       throw GatewayBusy{e.what(), e.retry_after_ms()};
@@ -516,7 +515,7 @@ struct Pipeline::Impl {
           kGatewayCircuit, jobs::CircuitEvent::kFailure, policy, started, now, failed_calls);
       const int s = e.status();
       const bool down = s == 0 || s == 401 || s == 502 || s == 503 || s == 504;
-      if (next_probe && down && !page_delivered) {
+      if (next_probe && down && !gateway_up) {
         throw GatewayDown{what, std::max(*next_probe, jobs::later_by(now, e.retry_after_ms()))};
       }
       // A 503 with Retry-After says when to come back: the retry waits at least that long.
@@ -1147,8 +1146,6 @@ struct Pipeline::Impl {
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     std::atomic<bool> failed_transiently{false};  // a delivery of this page was retried here
-    std::atomic<bool> delivered{false};           // the gateway took a delivery of this page
-    std::atomic<int> failed_calls{0};             // calls that failed as the gateway's (E4)
     std::mutex error_mutex;
     std::optional<gateway::GatewayError> error;
     auto give_up = [&](gateway::GatewayError e) {
@@ -1166,17 +1163,14 @@ struct Pipeline::Impl {
         pause(o, retry - 1, asked_ms);
         try {
           if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
-          delivered = true;
           return true;
         } catch (const gateway::GatewayError& err) {
           asked_ms = err.retry_after_ms();
-          failed_calls += gateway_failure(err) ? 1 : 0;
           if (!retry_in_place(err, retry, o)) {
             give_up(err);
             return false;
           }
         } catch (const std::exception& err) {
-          ++failed_calls;
           give_up(gateway::GatewayError(err.what(), 0, true));
           return false;
         }
@@ -1197,12 +1191,7 @@ struct Pipeline::Impl {
         try {
           outcomes = gateway.dispatch_batch(provider, batch);
         } catch (const std::exception& err) {
-          ++failed_calls;
           return give_up(gateway::GatewayError(err.what(), 0, true));
-        }
-        // Whether the gateway took any of the batch, before a failure in it ends the loop.
-        for (const gateway::GatewayClient::Outcome& out : outcomes) {
-          if (out.result) delivered = true;
         }
         for (size_t k = 0; k < outcomes.size() && !failed; ++k) {
           if (outcomes[k].result) {
@@ -1210,7 +1199,6 @@ struct Pipeline::Impl {
             continue;
           }
           const gateway::GatewayError& err = *outcomes[k].error;
-          failed_calls += gateway_failure(err) ? 1 : 0;
           if (!retry_in_place(err, 0, o)) return give_up(err);
           if (!retry_one(batch[k], 1, err.retry_after_ms())) return;
         }
@@ -1245,8 +1233,10 @@ struct Pipeline::Impl {
       throw JobFailure(std::string(error->what()) + " (after a transient failure of this page)",
                        false, std::max<int64_t>(error->retry_after_ms(), 1000));
     }
-    // A page that went through in part speaks of a gateway that is up: its failures are one.
-    gateway_failed(*error, o, started, delivered, delivered ? 1 : failed_calls.load());
+    // The attempt's token lookup, its first call of the gateway (any probe of it), went through:
+    // the gateway is up, and a failure of the page is one failure of it, which costs the attempt
+    // (a delivery it always refuses must end its unit).
+    gateway_failed(*error, o, started, /*gateway_up=*/true);
   }
 
   // The installation's access token, from the gateway (a gateway_lookup).

@@ -25,9 +25,9 @@ void reading_answers(const std::function<void()>& command, bool json_output) {
     try {
       command();
     } catch (const nlohmann::json::exception& e) {
-      // 403: a key not found; 302: a value of another type; 306: value() of what is not an
-      // object. Others (an argument that is not UTF-8, say) are not the answer's.
-      if (e.id != 403 && e.id != 302 && e.id != 306) throw;
+      // 403: a key not found; 302: a value of another type; 304: at() and 306: value() of what
+      // is not an object. Others (an argument that is not UTF-8, say) are not the answer's.
+      if (e.id != 403 && e.id != 302 && e.id != 304 && e.id != 306) throw;
       throw AdminApiError(
           0, "UNEXPECTED_ANSWER",
           std::string("an answer of the admin API is not what this command reads (") + e.what() +

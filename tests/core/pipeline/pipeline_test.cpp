@@ -1621,6 +1621,33 @@ TEST_F(PipelineTest, AUnitAloneOutlastsAGatewayOutage) {
   EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].unique, 20);
 }
 
+// Review: every failed try of a delivery counted on the circuit, and the failures that opened it
+// cost no attempt: with a threshold within one delivery's tries (3 here, as in these tests), a
+// page whose one delivery the gateway always refuses (503) opened the circuit at each attempt,
+// never died, and shut the gateway for every job every 60 s. The attempt's token lookup went
+// through first: a page's failed dispatch is one failure of an answering gateway, and costs the
+// attempt.
+TEST_F(PipelineTest, ADeliveryTheGatewayAlwaysRefusesStillEndsItsUnit) {
+  PipelineOptions options = fast();
+  options.gateway_circuit = {3, 60'000};
+  start(data(1, 0, 1), options);  // one issue: a page of one event
+  const RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  ASSERT_EQ(scheduler_->run_once(1), 1u);  // fan-out
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/webhooks/") == std::string::npos) return std::nullopt;
+    return status_response(503, R"({"error":"upstream timed out"})");
+  });
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].status, JobStatus::kDead);
+  int failed = 0;
+  for (const jobs::Attempt& a : store_->attempts(units[0].id)) failed += a.outcome == "failed";
+  EXPECT_EQ(failed, PipelineOptions{}.entity_max_attempts);
+  EXPECT_EQ(run_result(run.run_id)["success"], false);
+  EXPECT_NE(circuit("gateway").state, "open") << "one failure an attempt, a token between";
+}
+
 // The other side of the free probe: a delivery the gateway answers 503 while the rest of its page
 // goes through is that delivery's own failure, not the gateway's outage. When that page was the
 // gateway's probe, its job spends the attempt (a delivery refused for ever then ends its unit)

@@ -460,15 +460,17 @@ TEST_F(CliTest, NumbersAreDecimalNotOctalHexOrSaturated) {
 // {"error":"Bad Gateway"}) ended a wait as an unexpected answer, where that 502 is passed.
 TEST_F(CliTest, AnAnswerThatIsNoRunEndsTheCommandAndAProxys502IsWaitedThrough) {
   const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
-  ScriptedDaemon impostor({{200, "{}"}});
-  for (const bool wait : {false, true}) {
-    std::vector<std::string> argv = {"run", "status", "7", "--url", impostor.url()};
-    if (wait) argv.insert(argv.end(), {"--wait", "--interval-ms", "50"});
-    const CommandResult r = run_command(BACKHAUL_CLI_PATH, argv, env, dir_);
-    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-    EXPECT_NE(r.err.find("UNEXPECTED_ANSWER"), std::string::npos) << r.err;
+  for (const char* answer : {"{}", "[]", "5"}) {
+    ScriptedDaemon impostor({{200, answer}});
+    for (const bool wait : {false, true}) {
+      std::vector<std::string> argv = {"run", "status", "7", "--url", impostor.url()};
+      if (wait) argv.insert(argv.end(), {"--wait", "--interval-ms", "50"});
+      const CommandResult r = run_command(BACKHAUL_CLI_PATH, argv, env, dir_);
+      EXPECT_EQ(r.exit_code, 1) << answer << ": " << r.out << r.err;
+      EXPECT_NE(r.err.find("UNEXPECTED_ANSWER"), std::string::npos) << answer << ": " << r.err;
+    }
+    EXPECT_EQ(impostor.requests().size(), 2u) << answer << ": one poll each";
   }
-  EXPECT_EQ(impostor.requests().size(), 2u) << "one poll each";
 
   ScriptedDaemon proxied({ScriptedDaemon::run("running"),
                           {502, R"({"error":"Bad Gateway"})"},
