@@ -556,9 +556,10 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_option("--installation", o->installation,
                   "installation id used in delivery ids (from the connection when given)")
       ->capture_default_str();
-  cmd->add_option("--resource-id", o->resource_id, "provider resource id (repo id, project id)");
-  cmd->add_option("--resource-name", o->resource_name,
-                  "provider resource name (e.g. owner/repo for GitHub)");
+  CLI::Option* resource_id = cmd->add_option("--resource-id", o->resource_id,
+                                             "provider resource id (repo id, project id)");
+  CLI::Option* resource_name = cmd->add_option(
+      "--resource-name", o->resource_name, "provider resource name (e.g. owner/repo for GitHub)");
   cmd->add_option("--entity,-e", o->entities,
                   "entity type to fetch; repeatable (default: the plugin's defaults)");
   cmd->add_option("--token", o->token,
@@ -567,7 +568,9 @@ void add_fetch_command(CLI::App& app) {
   cmd->add_option("--gateway-api-key", o->gateway_api_key, "sent to the gateway as X-Api-Key");
   cmd->add_option("--connection", o->connection,
                   "gateway connection id: supplies token, installation, org and resources");
-  cmd->add_flag("--all-resources", o->all_resources, "fetch every resource of the connection");
+  cmd->add_flag("--all-resources", o->all_resources, "fetch every resource of the connection")
+      ->excludes(resource_id)
+      ->excludes(resource_name);
   cmd->add_option("--since", o->since, "only items since this time (ISO 8601 UTC or Unix ms)");
   cmd->add_option("--depth", o->depth_days, "only items of the last N days (7, 30, 90, ...)")
       ->check(CLI::Range(1, 36'500))
@@ -592,13 +595,16 @@ void add_fetch_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--ca-file", o->ca_file, "PEM CA bundle to trust for https");
   cmd->add_flag("--insecure", o->insecure, "do not verify TLS certificates");
-  cmd->add_option("--proxy", o->proxy,
-                  std::string("HTTP proxy of every request, http://host:port (credentials: "
-                              "user:password in $") +
-                      kProxyCredentialsEnv + ", or in the url)");
+  CLI::Option* proxy =
+      cmd->add_option("--proxy", o->proxy,
+                      std::string("HTTP proxy of every request, http://host:port (credentials: "
+                                  "user:password in $") +
+                          kProxyCredentialsEnv + ", or in the url)");
   cmd->add_option("--no-proxy", o->no_proxy,
-                  "hosts reached without the proxy: a name (and its subdomains), an address, or *")
-      ->delimiter(',');
+                  "with --proxy: hosts reached without it: a name (and its subdomains), an "
+                  "address, or *")
+      ->delimiter(',')
+      ->needs(proxy);
   cmd->add_option("--call-timeout-ms", o->call_timeout_ms,
                   "end the command (status 1) when a call into the plugin (its load, create, a "
                   "fetch_page) has not returned within this")

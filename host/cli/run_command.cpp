@@ -259,20 +259,25 @@ void add_run_command(CLI::App& app) {
     add_endpoint_options(*command, options->endpoint);
     command->add_flag("--json", options->json_output, "print the API's JSON answer");
   };
+  // --interval-ms and --lost-contact-ms mean something only with --wait: without it they are
+  // refused, not taken and ignored.
   auto waiting = [&](CLI::App* command) {
-    command->add_flag(
+    CLI::Option* wait = command->add_flag(
         "--wait", options->wait,
         "show live progress until the run finishes; exit 0 only if it succeeded, 3 if contact "
         "with backhauld was lost");
-    command->add_option("--interval-ms", options->interval_ms, "progress poll interval")
+    command
+        ->add_option("--interval-ms", options->interval_ms, "with --wait: progress poll interval")
         ->capture_default_str()
-        ->check(CLI::Range(50, 60'000));
+        ->check(CLI::Range(50, 60'000))
+        ->needs(wait);
     command
         ->add_option("--lost-contact-ms", options->lost_contact_ms,
                      "with --wait: how long backhauld may not answer (restarting, or 429/5xx) "
                      "before the command gives up with status 3; the run goes on")
         ->capture_default_str()
-        ->check(CLI::Range(0, 86'400'000));
+        ->check(CLI::Range(0, 86'400'000))
+        ->needs(wait);
   };
 
   CLI::App* start_cmd =

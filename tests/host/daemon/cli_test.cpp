@@ -455,6 +455,32 @@ TEST_F(CliTest, NumbersAreDecimalNotOctalHexOrSaturated) {
   EXPECT_NE(daemon.requests()[0].find("/v1/runs/10"), std::string::npos) << daemon.requests()[0];
 }
 
+// Review: options that mean something only with another were taken and ignored without it:
+// --interval-ms and --lost-contact-ms without --wait, --no-proxy without --proxy, a resource with
+// --all-resources. They are refused (exit >= 100) before anything is done.
+TEST_F(CliTest, AnOptionThatNeedsAnotherIsRefusedWithoutIt) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon daemon({ScriptedDaemon::run("running")});
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"run", "status", "7", "--interval-ms", "100", "--url", daemon.url()},
+       "--interval-ms requires --wait"},
+      {{"run", "status", "7", "--lost-contact-ms", "0", "--url", daemon.url()},
+       "--lost-contact-ms requires --wait"},
+      {{"fetch", "--plugin", FAKE_PLUGIN_PATH, "--token", "t", "--resource-id", "1", "--no-proxy",
+        "a"},
+       "--no-proxy requires --proxy"},
+      {{"fetch", "--plugin", FAKE_PLUGIN_PATH, "--connection", "c", "--all-resources",
+        "--resource-id", "1"},
+       "--resource-id excludes --all-resources"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CommandResult r = run_command(BACKHAUL_CLI_PATH, args, env, dir_);
+    EXPECT_GE(r.exit_code, 100) << args[0] << " " << args[1] << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(daemon.requests().empty());
+}
+
 // Review: `run status` took any JSON for a run: another server's `{}` printed "run 0 ?" with status
 // 0, and `--wait` polled it for ever. And an error whose "error" is no envelope (a proxy's
 // {"error":"Bad Gateway"}) ended a wait as an unexpected answer, where that 502 is passed.
