@@ -11,15 +11,15 @@
 #include <cstddef>
 #include <string_view>
 
+#include "backhaul/json_depth.hpp"
+
 namespace backhaul {
 
 bool is_json(std::string_view text);
 
-// How deeply `text` nests its objects and arrays: the most brackets open at once, outside strings
-// ("{}" and "[1]" are 1, a scalar 0). Valid JSON or not. nlohmann parses (and destroys) values
-// with a stack of its own, but copies and dumps them recursively: a value nested a million deep
-// is read fine and then overflows the call stack at its first copy or dump. Check this first.
-size_t json_depth(std::string_view text);
+// How deeply `text` nests its objects and arrays (the SDK's, which plugins use on the bodies
+// they read). Check it before parsing anything untrusted.
+using sdk::json_depth;
 
 // True when `text` is well-formed UTF-8 (RFC 3629), as every JSON string must be.
 bool is_utf8(std::string_view text);

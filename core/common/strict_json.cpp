@@ -34,19 +34,19 @@ std::string syntax_problem(const nlohmann::json::parse_error& e) {
 
 }  // namespace
 
-nlohmann::json parse_strict_json(std::string_view text) {
+nlohmann::json parse_strict_json(std::string_view text, size_t max_depth) {
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     throw JsonTextError("empty: a JSON value is required");
   }
+  if (const size_t depth = sdk::json_depth(text); depth > max_depth) {
+    throw JsonTextError("nests " + std::to_string(depth) + " levels deep, more than " +
+                        std::to_string(max_depth));
+  }
   std::vector<std::set<std::string>> keys;  // of each object open, the innermost last
   std::optional<std::string> repeated;
-  const nlohmann::json::parser_callback_t check = [&](int depth,
-                                                      nlohmann::json::parse_event_t event,
+  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event,
                                                       nlohmann::json& parsed) {
     using Event = nlohmann::json::parse_event_t;
-    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth) {
-      throw JsonTextError("nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
-    }
     if (event == Event::object_start) {
       keys.emplace_back();
     } else if (event == Event::object_end) {

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backhaul/json_depth.hpp"
+
 namespace backhaul {
 
 // Thrown by parse_strict_json(); what() says what is wrong and where, and quotes none of the text
@@ -19,13 +21,11 @@ class JsonTextError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-inline constexpr int kMaxJsonDepth = 256;  // of arrays and objects (parse_strict_json)
-
 // Parses `text` as one JSON value. Throws JsonTextError for text that is empty or not JSON
 // ("not valid JSON at byte 6: syntax error while parsing value - invalid literal"), for an
-// object that holds a key twice ("an object holds the key \"depth\" twice"), and for arrays and
-// objects nested more than kMaxJsonDepth deep: copying or dumping a value recurses once per level,
-// and 100 000 '[' (200 KB) would overflow the stack.
-nlohmann::json parse_strict_json(std::string_view text);
+// object that holds a key twice ("an object holds the key \"depth\" twice"), and, before any
+// parsing, for arrays and objects nested more than `max_depth` deep ("nests 300001 levels deep,
+// more than 64"): copying or dumping a value recurses once per level (json_depth).
+nlohmann::json parse_strict_json(std::string_view text, size_t max_depth = sdk::kMaxJsonDepth);
 
 }  // namespace backhaul

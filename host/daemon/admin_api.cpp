@@ -268,13 +268,9 @@ json Call::json_body() const {
 }
 
 json Call::json_body(const char* what) const {
-  if (const size_t depth = json_depth(request.body); depth > kMaxJsonDepth) {
-    throw validation_error("body", "nests " + std::to_string(depth) + " levels deep, more than " +
-                                       std::to_string(kMaxJsonDepth));
-  }
   json body;
   try {
-    body = parse_strict_json(request.body);
+    body = parse_strict_json(request.body, kMaxJsonDepth);
   } catch (const JsonTextError& e) {
     throw validation_error("body", e.what());
   }

@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "core/common/errors.h"
-#include "core/common/json_check.h"
 #include "core/common/strict_json.h"
 #include "core/common/utf8.h"
 #include "core/jobs/job_store.h"
@@ -103,14 +102,11 @@ EnvLookup process_env() {
 
 DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, const EnvLookup& env) {
   // The schema check, and copies of plugin configs, recurse: a file nested absurdly deep is
-  // refused before it can overflow the stack. No real config comes near this.
-  if (const size_t depth = json_depth(text); depth > 256) {
-    throw ConfigError("config: (root): nests " + std::to_string(depth) +
-                      " levels deep, more than 256");
-  }
+  // refused (by parse_strict_json, 256 levels) before it can overflow the stack. No real config
+  // comes near this.
   json root;
   try {
-    root = parse_strict_json(text);
+    root = parse_strict_json(text, 256);
   } catch (const JsonTextError& e) {
     throw ConfigError(std::string("config: (root): ") + e.what());
   }

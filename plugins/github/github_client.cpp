@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backhaul/json_depth.hpp"
+
 namespace backhaul::github {
 namespace {
 
@@ -189,7 +191,7 @@ sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_vie
 }
 
 std::string github_message(std::string_view body) {
-  if (sdk::json_nesting_over(body)) return {};
+  if (sdk::json_depth(body) > sdk::kMaxJsonDepth) return {};
   const json doc = json::parse(body.data(), body.data() + body.size(), nullptr,
                                /*allow_exceptions=*/false);
   if (!doc.is_object()) return {};

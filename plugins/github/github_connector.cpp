@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backhaul/json_depth.hpp"
+
 #include "events.h"
 #include "iso8601.h"
 #include "link_header.h"
@@ -164,7 +166,7 @@ std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const 
 // The page body as a JSON array. Malformed JSON and other shapes are RETRYABLE: a truncated body
 // or an error page from a proxy in front of GitHub is usually transient.
 json parse_array(std::string_view body, std::string_view url) {
-  if (sdk::json_nesting_over(body)) {
+  if (sdk::json_depth(body) > sdk::kMaxJsonDepth) {
     throw sdk::Error(BACKHAUL_RETRYABLE, "github: malformed JSON from GET " + std::string(url) +
                                              ": nested more than " +
                                              std::to_string(sdk::kMaxJsonDepth) + " levels deep");
@@ -335,7 +337,7 @@ void check_repository_readable(const sdk::HttpResponse& response, const Reposito
   if (status != 200) return;
 
   const std::string_view body = response.body();
-  const json repo = sdk::json_nesting_over(body)
+  const json repo = sdk::json_depth(body) > sdk::kMaxJsonDepth
                         ? json()
                         : json::parse(body.data(), body.data() + body.size(), nullptr,
                                       /*allow_exceptions=*/false);

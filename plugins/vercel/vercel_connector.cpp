@@ -15,6 +15,7 @@
 
 #include "backhaul/connector.hpp"
 #include "backhaul/host.hpp"
+#include "backhaul/json_depth.hpp"
 
 namespace backhaul::vercel {
 namespace {
@@ -332,7 +333,7 @@ struct ProviderError {
 // whole token finds.
 ProviderError read_provider_error(std::string_view body, std::string_view token) {
   ProviderError error;
-  if (sdk::json_nesting_over(body)) return error;
+  if (sdk::json_depth(body) > sdk::kMaxJsonDepth) return error;
   const json doc = json::parse(sdk::redact_secret(std::string(body), token), nullptr,
                                /*allow_exceptions=*/false);
   if (!doc.is_object()) return error;
@@ -453,7 +454,7 @@ std::optional<int64_t> read_next(const ordered_json& doc) {
 }
 
 void parse_deployment_list(std::string_view body, DeploymentList& list) {
-  if (sdk::json_nesting_over(body))
+  if (sdk::json_depth(body) > sdk::kMaxJsonDepth)
     malformed_response("nested more than " + std::to_string(sdk::kMaxJsonDepth) + " levels deep");
   list.doc = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (list.doc.is_discarded())

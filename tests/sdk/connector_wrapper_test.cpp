@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "backhaul/connector.hpp"
+#include "backhaul/json_depth.hpp"
 
 extern "C" size_t backhaul_c_layout(size_t* out, size_t capacity);
 
@@ -193,18 +194,18 @@ TEST(RedactSecretTest, ALongSecretGoesEverywhereAShortOneOnlyWhereItStandsAlone)
 
 // Nesting is counted outside strings only (escaped quotes and backslashes included), and a
 // closing bracket too many does not let a deeper run through.
-TEST(JsonNestingOverTest, CountsArraysAndObjectsOutsideStrings) {
-  using backhaul::sdk::json_nesting_over;
-  EXPECT_FALSE(json_nesting_over(R"({"a":[{"b":[1]}]})", 4));
-  EXPECT_TRUE(json_nesting_over(R"({"a":[{"b":[1]}]})", 3));
-  EXPECT_FALSE(json_nesting_over(R"(["[[[[", "{{{{"])", 1));
-  EXPECT_FALSE(json_nesting_over(R"(["\"[[[", "\\", "x"])", 1)) << "an escaped quote";
-  EXPECT_TRUE(json_nesting_over(R"(["\\", [[1]]])", 2)) << "an escaped backslash ends nothing";
-  EXPECT_TRUE(json_nesting_over("]]]][[[", 2)) << "closings before do not lower the count below 0";
-  EXPECT_FALSE(json_nesting_over("", 0));
-  const std::string deep(backhaul::sdk::kMaxJsonDepth, '[');
-  EXPECT_FALSE(json_nesting_over(deep));
-  EXPECT_TRUE(json_nesting_over(deep + "{"));
+TEST(JsonDepthTest, CountsArraysAndObjectsOutsideStrings) {
+  using backhaul::sdk::json_depth;
+  using backhaul::sdk::kMaxJsonDepth;
+  EXPECT_EQ(json_depth(R"({"a":[{"b":[1]}]})"), 4u);
+  EXPECT_EQ(json_depth(R"(["[[[[", "{{{{"])"), 1u);
+  EXPECT_EQ(json_depth(R"(["\"[[[", "\\", "x"])"), 1u) << "an escaped quote";
+  EXPECT_EQ(json_depth(R"(["\\", [[1]]])"), 3u) << "an escaped backslash ends nothing";
+  EXPECT_EQ(json_depth("]]]][[["), 3u) << "closings before do not lower the count below 0";
+  EXPECT_EQ(json_depth(""), 0u);
+  const std::string deep(kMaxJsonDepth, '[');
+  EXPECT_LE(json_depth(deep), kMaxJsonDepth);
+  EXPECT_GT(json_depth(deep + "{"), kMaxJsonDepth);
 }
 
 TEST(AbiLayoutTest, CAndCppAgreeOnEveryStruct) {

@@ -61,34 +61,6 @@ inline std::string redact_secret(std::string message, std::string_view secret) {
   return message;
 }
 
-// Whether JSON `text` nests arrays and objects more than `limit` deep (strings, with their
-// escapes, are skipped; the text need not be valid JSON). For a provider's body before it is
-// parsed: nlohmann's parser takes any depth, but copying or dumping the value recurses once per
-// level, and 100 000 '[' (200 KB) overflow a thread's stack and end the host with it. No payload
-// of the APIs the bundled connectors read nests more than a few dozen levels.
-inline constexpr size_t kMaxJsonDepth = 256;
-inline bool json_nesting_over(std::string_view text, size_t limit = kMaxJsonDepth) noexcept {
-  size_t depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character, whatever it is
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return false;
-}
-
 inline std::string_view view(backhaul_string_t s) noexcept {
   return s.data ? std::string_view(s.data, s.size) : std::string_view();
 }

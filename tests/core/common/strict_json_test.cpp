@@ -3,6 +3,8 @@
 #include "core/common/strict_json.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -67,20 +69,23 @@ TEST(StrictJsonTest, ASyntaxErrorSaysWhereAndWhatWithoutQuotingTheText) {
   }
 }
 
-// Review: a body of the admin API (a checkpoint PUT, 200 KB of '[') nesting deeper than any
-// request means was parsed, and copying it would overflow the stack. It is refused, named.
+// Copying or dumping a parsed value recurses once per level: text nested deeper than its caller
+// allows (256 levels unless told) is refused before it is parsed, saying how deep it goes.
 TEST(StrictJsonTest, ValuesNestedDeeperThan256LevelsAreRefused) {
   EXPECT_NO_THROW(parse_strict_json(std::string(256, '[') + std::string(256, ']')));
-  for (const std::string& deep :
-       {std::string(257, '[') + std::string(257, ']'), std::string(100'000, '['),
-        "{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}"}) {
+  for (const auto& [deep, depth] : std::vector<std::pair<std::string, int>>{
+           {std::string(257, '[') + std::string(257, ']'), 257},
+           {std::string(100'000, '['), 100'000},
+           {"{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}", 301}}) {
     try {
       parse_strict_json(deep);
       ADD_FAILURE() << "parsed " << deep.size() << " bytes";
     } catch (const JsonTextError& e) {
-      EXPECT_STREQ(e.what(), "nested more than 256 levels deep");
+      EXPECT_EQ(std::string(e.what()),
+                "nests " + std::to_string(depth) + " levels deep, more than 256");
     }
   }
+  EXPECT_THROW(parse_strict_json("[[1]]", 1), JsonTextError) << "a caller's own limit";
 }
 
 // what() is a C string: a NUL of input quoted in a message ended it there ("no connector plugin

@@ -2075,6 +2075,25 @@ TEST_F(SchedulerTest, AStartAfterADrainPastItsGraceRunsJobsAgain) {
   EXPECT_EQ(scheduler.stats().released, 1);
 }
 
+// Drains `scheduler` with an hour's grace on a thread of its own, calls `meanwhile` (hurry(),
+// say), and says whether the drain returned within wait_for()'s patience. Then sets `give_up`,
+// which ends a handler the drain did not stop, and joins the drain.
+bool drains_before_its_hour(
+    Scheduler& scheduler, std::atomic<bool>& give_up,
+    const std::function<void()>& meanwhile = [] {}) {
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] {
+    scheduler.drain(std::chrono::hours(1));
+    drained = true;
+  });
+  meanwhile();
+  wait_for([&] { return drained.load(); });
+  const bool in_time = drained;
+  give_up = true;
+  drainer.join();
+  return in_time;
+}
+
 // hurry() (an operator's second SIGTERM) ends a drain's grace at once: a handler working for
 // ever between checkpoints (heartbeats only) is asked to stop and its job released, although the
 // grace is an hour. Without it the drain would not return for that hour.
@@ -2095,16 +2114,8 @@ TEST_F(SchedulerTest, HurryEndsTheGraceOfADrainUnderWay) {
   scheduler.start();
   wait_for([&] { return started.load(); });
   ASSERT_TRUE(started);
-  std::atomic<bool> drained{false};
-  std::thread drainer([&] {
-    scheduler.drain(std::chrono::hours(1));
-    drained = true;
-  });
-  scheduler.hurry();
-  wait_for([&] { return drained.load(); });
-  EXPECT_TRUE(drained) << "the drain still waits for its grace";
-  give_up = true;
-  drainer.join();
+  EXPECT_TRUE(drains_before_its_hour(scheduler, give_up, [&] { scheduler.hurry(); }))
+      << "the drain still waits for its grace";
   EXPECT_EQ(store_->get(id)->status, JobStatus::kQueued);
   EXPECT_EQ(scheduler.stats().released, 1);
 }
@@ -2135,16 +2146,8 @@ TEST_F(SchedulerTest, ADrainStopsAPagingHandlerAtTheCheckpointOfItsPageInFlight)
   scheduler.start();
   wait_for([&] { return started.load(); });
   ASSERT_TRUE(started);
-  std::atomic<bool> drained{false};
-  std::thread drainer([&] {
-    draining = true;
-    scheduler.drain(std::chrono::hours(1));
-    drained = true;
-  });
-  wait_for([&] { return drained.load(); });
-  EXPECT_TRUE(drained) << "the drain waits out its grace";
-  give_up = true;
-  drainer.join();
+  draining = true;
+  EXPECT_TRUE(drains_before_its_hour(scheduler, give_up)) << "the drain waits out its grace";
   // The test's flag goes up just before drain() begins: a page may begin between the two.
   EXPECT_LE(pages_begun_draining.load(), 2) << "pages begun once the drain had begun";
   const Job job = *store_->get(id);
