@@ -199,13 +199,16 @@ void throw_if_failed(Reader& r) {
                        status, std::move(message), retry_after_ms);
 }
 
-// False when the other end is gone. MSG_NOSIGNAL: no SIGPIPE.
-enum class SendEnd { kSent, kClosed, kTimedOut };
+// kClosed: the other end is gone (MSG_NOSIGNAL: no SIGPIPE); kEnded: the process at the other end
+// has ended, though a process it forked holds the socket open.
+enum class SendEnd { kSent, kClosed, kTimedOut, kEnded };
 
 // Sends a whole frame. With a deadline, it gives up then: a peer that takes nothing from its
 // socket (a worker still in a plugin's init()) cannot hold the sender once the buffer is full.
+// With `ended` (a pidfd, or -1), it gives up too when that process has ended with the frame not
+// all taken: what it forked would hold the socket, and the send, until the deadline.
 SendEnd send_frame(int fd, std::string_view frame,
-                   std::optional<SteadyClock::time_point> deadline = std::nullopt) {
+                   std::optional<SteadyClock::time_point> deadline = std::nullopt, int ended = -1) {
   while (!frame.empty()) {
     const ssize_t n =
         ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0));
@@ -214,8 +217,10 @@ SendEnd send_frame(int fd, std::string_view frame,
       const auto left =
           std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
       if (left.count() <= 0) return SendEnd::kTimedOut;
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1'000'000)));
+      pollfd p[2] = {{fd, POLLOUT, 0}, {ended, POLLIN, 0}};
+      const int ready = ::poll(p, ended >= 0 ? 2 : 1,
+                               static_cast<int>(std::min<int64_t>(left.count(), 1'000'000)));
+      if (ready > 0 && p[0].revents == 0) return SendEnd::kEnded;
       continue;
     }
     if (n <= 0) return SendEnd::kClosed;
@@ -628,11 +633,13 @@ std::string exchange(pid_t pid, int fd, int ended, const std::string& request, c
                           std::to_string(options.call_timeout.count()) + " ms",
                       true, WorkerLoss::kTimedOut};
   };
-  switch (send_frame(fd, request, deadline)) {
+  switch (send_frame(fd, request, deadline, ended)) {
     case SendEnd::kSent:
       break;
     case SendEnd::kClosed:
       throw WorkerLost{std::string("closed its socket before ") + what};
+    case SendEnd::kEnded:
+      throw WorkerLost{std::string("ended before it took ") + what};
     case SendEnd::kTimedOut:
       throw timed_out("did not take ");
   }
@@ -810,14 +817,16 @@ void WorkerPool::start_first() {
   std::exception_ptr error;
   try {
     bool start = false;
+    uint64_t interrupts = 0;
     {
       std::lock_guard lock(mutex_);
       if (!closing_ && live_ < options_.max_workers) {
         ++live_;
         start = true;
+        interrupts = interrupts_;
       }
     }
-    if (start) give_back(start_counted());
+    if (start) give_back(start_counted(interrupts));
   } catch (const PluginCrashed& e) {  // counted by start(); a refused config is no crash
     std::unique_lock lock(mutex_);
     if (!closing_) {
@@ -906,10 +915,11 @@ std::vector<pid_t> WorkerPool::idle_pids() const {
   return pids;
 }
 
-std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
+std::unique_ptr<WorkerPool::Worker> WorkerPool::start(uint64_t interrupts) {
   const std::string who = "plugin '" + info_.id + "': ";
   Spawned spawned = spawn_worker(options_, info_.path, sha256_list(info_), who, sealed_.get());
   const pid_t pid = spawned.pid;
+  if (options_.on_spawn) options_.on_spawn(pid);
   auto worker = std::make_unique<Worker>();
   worker->pid = pid;
   worker->socket = std::move(spawned.socket);
@@ -917,7 +927,12 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::start() {
   {
     std::lock_guard lock(mutex_);  // a stop may kill it while the plugin starts
     busy_.insert(pid);
-    if (closing_) kill_busy();  // the destructor has killed the busy ones: not yet this one
+    // The destructor, or an interrupt() since this start was counted, has killed the busy
+    // workers: not yet this one.
+    if (closing_ || interrupts_ != interrupts) {
+      kill_worker(pid);
+      interrupted_.insert(pid);
+    }
   }
 
   Writer request;
@@ -992,7 +1007,7 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
     if (live_ < options_.max_workers) {
       ++live_;
       lock.unlock();
-      return start_counted();  // busy from its spawn on
+      return start_counted(interrupts);  // busy from its spawn on
     }
     ++waiting_;
     idle_changed_.wait(lock);
@@ -1000,9 +1015,9 @@ std::unique_ptr<WorkerPool::Worker> WorkerPool::acquire() {
   }
 }
 
-std::unique_ptr<WorkerPool::Worker> WorkerPool::start_counted() {
+std::unique_ptr<WorkerPool::Worker> WorkerPool::start_counted(uint64_t interrupts) {
   try {
-    return start();
+    return start(interrupts);
   } catch (...) {
     {
       std::lock_guard lock(mutex_);

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,9 @@ struct IsolationOptions {
   // Environment variables a worker does not inherit: the daemon's secrets (the store's connection
   // string, the gateway key, the admin token), which the plugins' code has no business reading.
   std::vector<std::string> hidden_env;
+  // For tests: called with each pool worker's PID as soon as it is spawned, before its call can
+  // be interrupted (WorkerPool::interrupt).
+  std::function<void(pid_t)> on_spawn;
 };
 
 // A file of a plugin (the library, or one it brings along) copied into a sealed in-memory file.
@@ -160,9 +164,11 @@ class WorkerPool {
     UniqueFd ended;
   };
 
-  std::unique_ptr<Worker> start();
+  // Starts a worker counted in live_ when interrupts_ was `interrupts`: an interrupt() since, which
+  // could not see it, kills it as soon as it is spawned.
+  std::unique_ptr<Worker> start(uint64_t interrupts);
   // start() for a worker already counted in live_, uncounted again when the start fails.
-  std::unique_ptr<Worker> start_counted();
+  std::unique_ptr<Worker> start_counted(uint64_t interrupts);
   // The deferred first start (FirstWorkerCrash::kDefer), on first_start_.
   void start_first();
   std::unique_ptr<Worker> acquire();

@@ -385,6 +385,67 @@ TEST_F(IsolatedConnector, ARequestTheWorkerDoesNotTakeEndsAtTheCallTimeout) {
   EXPECT_TRUE(child_pids(::getpid()).empty()) << "the worker is reaped";
 }
 
+// The worker here ends in init(), before it has read the request, while a process it forked holds
+// its socket: the send is not left to wait for room the worker will never make until the call
+// timeout, and the call says the worker ended. Before, the start failed at the timeout, as if the
+// worker had hung.
+TEST_F(IsolatedConnector, AWorkerThatEndsBeforeTakingARequestIsSeenToEndThoughItsChildHoldsIt) {
+  ASSERT_EQ(std::getenv("MISBEHAVING_INIT_WAIT_MS"), nullptr);
+  ::setenv("MISBEHAVING_INIT_WAIT_MS", "0", 1);
+  const Plugin ends_in_init =
+      load_plugin(fs::path(TEST_PLUGIN_DIR) / "init_waits" / "init_waits.so", services_);
+  const fs::path pid_file =
+      fs::temp_directory_path() / ("backhaul-init-child-" + std::to_string(::getpid()));
+  fs::remove(pid_file);
+  ::setenv("MISBEHAVING_INIT_WAIT_MS", "300", 1);  // in the worker: fork, wait, _exit(5)
+  ::setenv("MISBEHAVING_INIT_FORKS_TO", pid_file.c_str(), 1);
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::seconds(30);
+  const std::string config = R"({"pad": ")" + std::string(size_t{16} << 20, 'x') + "\"}";
+  const auto before = std::chrono::steady_clock::now();
+  const ConnectorFailure e = failure_of([&] { ends_in_init.create_isolated(config, o); });
+  ::unsetenv("MISBEHAVING_INIT_WAIT_MS");
+  ::unsetenv("MISBEHAVING_INIT_FORKS_TO");
+  EXPECT_LT(std::chrono::steady_clock::now() - before, o.call_timeout / 2);
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr(" ended before it took create while starting: it exited with "
+                                  "status 5"));
+  const pid_t child = pid_in(pid_file);
+  EXPECT_GT(child, 0) << "init() forked";
+  EXPECT_TRUE(child <= 0 || ends(child)) << "the forked process outlived its worker";
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "the worker is reaped";
+  fs::remove(pid_file);
+}
+
+// An interrupt() that comes after a call has counted the worker it starts, but before that worker
+// is spawned (so before interrupt() can see it), kills it all the same once spawned: the call fails
+// at once, saying the daemon stopped it. Before, the worker was missed, and the call ran on.
+TEST_F(IsolatedConnector, AnInterruptWhileAWorkerIsSpawnedForACallKillsItToo) {
+  IsolationOptions o = options(1);
+  o.call_timeout = std::chrono::seconds(5);
+  std::atomic<WorkerPool*> interrupt_at_spawn{nullptr};
+  std::atomic<size_t> killed_at_spawn{99};
+  o.on_spawn = [&](pid_t) {
+    if (WorkerPool* workers = interrupt_at_spawn.load()) killed_at_spawn = workers->interrupt();
+  };
+  auto workers = pool(R"({"fail": "hang"})", o);
+  kill_idle_worker(workers->idle_pids().at(0));
+  interrupt_at_spawn = workers.get();
+  const auto before = std::chrono::steady_clock::now();
+  const ConnectorFailure e = failure_of([&] { workers->fetch_page(params()); });
+  interrupt_at_spawn = nullptr;
+  EXPECT_LT(std::chrono::steady_clock::now() - before, o.call_timeout / 2);
+  EXPECT_EQ(killed_at_spawn, 0u) << "interrupt() itself saw no worker";
+  EXPECT_EQ(e.status(), BACKHAUL_RETRYABLE);
+  EXPECT_THAT(e.what(), HasSubstr("was stopped while starting: the daemon could not wait for it "
+                                  "any longer"));
+  EXPECT_EQ(workers->live(), 0u);
+  const WorkerStats lost = workers->stats();
+  EXPECT_EQ(lost.lost[static_cast<size_t>(WorkerLoss::kDiedIdle)], 1u) << "the one killed above";
+  EXPECT_EQ(lost.lost[static_cast<size_t>(WorkerLoss::kStopped)], 1u);
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "the worker is reaped";
+}
+
 TEST_F(IsolatedConnector, ACallThatDoesNotReturnIsKilledAtTheCallTimeout) {
   IsolationOptions o = options();
   o.call_timeout = std::chrono::milliseconds(300);

@@ -21,7 +21,10 @@
 //   MISBEHAVING_DEINIT_HANGS  deinit() never returns
 //   MISBEHAVING_INIT_WAITS   init() creates the file named by the environment variable
 //                            MISBEHAVING_INIT_MARKER (if set), then waits MISBEHAVING_INIT_WAIT_MS
-//                            milliseconds, or for ever when that is not set
+//                            milliseconds, or for ever when that is not set; with
+//                            MISBEHAVING_INIT_FORKS_TO (a file) set, it first forks a child that
+//                            sleeps for ever (holding what the process has open) and writes its
+//                            PID there, and ends the process with _exit(5) after the wait
 //   MISBEHAVING_INIT_ABORTS  init() calls abort(), as a plugin that crashes while loading
 //   MISBEHAVING_INIT_SPAWNS  init() starts `/bin/sleep 60` with posix_spawn (as a plugin starting a
 //                            helper would) and writes its PID to the file named by the environment
@@ -130,11 +133,25 @@ int32_t init(const backhaul_host_t* host, backhaul_error_t* error) {
   if (const char* marker = std::getenv("MISBEHAVING_INIT_MARKER")) {
     if (FILE* file = std::fopen(marker, "w")) std::fclose(file);
   }
+  const char* forks_to = std::getenv("MISBEHAVING_INIT_FORKS_TO");
+  if (forks_to) {
+    const pid_t child = fork();
+    if (child == 0) {
+      for (;;) pause();
+    }
+    const std::string temporary = std::string(forks_to) + ".tmp";
+    if (FILE* file = std::fopen(temporary.c_str(), "w")) {
+      std::fprintf(file, "%d\n", static_cast<int>(child));
+      std::fclose(file);
+      std::rename(temporary.c_str(), forks_to);
+    }
+  }
   const char* wait_ms = std::getenv("MISBEHAVING_INIT_WAIT_MS");
   if (!wait_ms) {
     for (;;) pause();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(wait_ms)));
+  if (forks_to) _exit(5);
 #endif
 #ifdef MISBEHAVING_INIT_SPAWNS
   if (const char* pid_file = std::getenv("MISBEHAVING_SPAWN_PID_FILE")) {
