@@ -16,15 +16,38 @@ plugins="$root/build/$preset/plugins"
 work=$(mktemp -d -t backhaul-demo.XXXXXX)
 sandbox_pid=""
 daemon_pid=""
-stop() {  # stop PID: SIGTERM, then wait for it
-  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
-    kill -TERM "$1"
-    wait "$1" 2>/dev/null || true
+# True while PID (a child of this script) runs: a zombie, ended but not yet waited for, does not.
+running() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+# stop PID: SIGTERM, up to 90 s for it to end (then SIGKILL); returns its exit status.
+stop() {
+  [ -n "$1" ] || return 0
+  kill -TERM "$1" 2>/dev/null || true
+  local deadline=$((SECONDS + 90))
+  while running "$1" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  if running "$1"; then
+    echo "demo: process $1 did not end within 90 s of SIGTERM; killing it" >&2
+    kill -KILL "$1" 2>/dev/null || true
   fi
+  local rc=0
+  wait "$1" 2>/dev/null || rc=$?
+  return "$rc"
 }
 cleanup() {
-  stop "$daemon_pid"
-  stop "$sandbox_pid"
+  local rc=$?
+  stop "$daemon_pid" || true
+  stop "$sandbox_pid" || true
+  if [ "$rc" -ne 0 ]; then  # what went wrong, before the logs go with $work
+    for log in "$work/backhauld.log" "$work/sandbox.log"; do
+      [ -s "$log" ] || continue
+      echo "demo: the last lines of $(basename "$log"):" >&2
+      tail -n 40 "$log" >&2
+    done
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -89,7 +112,8 @@ export BACKHAUL_ADMIN_TOKEN
   >"$work/backhauld.log" 2>&1 &
 daemon_pid=$!
 wait_for_port "$work/daemon.port" "$daemon_pid" "$work/backhauld.log"
-export BACKHAUL_URL="http://127.0.0.1:$(cat "$work/daemon.port")"
+BACKHAUL_URL="http://127.0.0.1:$(cat "$work/daemon.port")"
+export BACKHAUL_URL
 echo "demo: backhauld at $BACKHAUL_URL (store $work/backhaul.db)"
 
 echo
@@ -105,14 +129,20 @@ status=0
 for run in "$github_run" "$vercel_run"; do
   echo
   echo "demo: backhaul run status $run --wait"
-  "$bin/backhaul" run status "$run" --wait --interval-ms 250 || status=1
+  timeout 600 "$bin/backhaul" run status "$run" --wait --interval-ms 250 || status=1
 done
 
 echo
 echo "demo: what the gateway received"
 "$bin/backhaul-sandbox" report --url "$url" --require-complete || status=1
 
-stop "$daemon_pid"
+daemon_rc=0
+stop "$daemon_pid" || daemon_rc=$?
 daemon_pid=""
+if [ "$daemon_rc" -ne 0 ]; then
+  echo "demo: backhauld exited with status $daemon_rc" >&2
+  tail -n 40 "$work/backhauld.log" >&2
+  status=1
+fi
 [ "$status" -eq 0 ] && echo "demo: both runs succeeded and the gateway has every event exactly once"
 exit "$status"

@@ -12,6 +12,15 @@ packages=(
   mariadb-server mariadb-client clang-format wrk dpkg-dev systemd systemd-container
 )
 
+# What this script writes to keep services from starting (below). One found at start-up is left
+# from a run of this script that was killed before it could remove it: it goes now, since
+# otherwise every later run would take it for the machine's own policy and keep it for good.
+policy=/usr/sbin/policy-rc.d
+marker="# written by backhaul's packaging/scripts/deps.sh"
+if [ -f "$policy" ] && grep -qxF "$marker" "$policy" && [ "$(id -u)" -eq 0 ]; then
+  rm -f "$policy"
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
@@ -27,18 +36,37 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+# apt-get with its locks waited for: DPkg::Lock::Timeout covers dpkg's lock, but `update` (the
+# lists' lock), which a fresh machine's own apt timers may hold at boot, gives up at once. Such a
+# failure is tried again every 10 s for up to 10 minutes; any other fails at once, with apt's
+# words.
+apt_get() {
+  local out deadline=$((SECONDS + 600))
+  while :; do
+    if out=$(apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1); then
+      return 0
+    fi
+    if ! grep -q "Could not get lock" <<<"$out" || [ $SECONDS -ge $deadline ]; then
+      echo "$out" >&2
+      echo "deps: apt-get $1 failed" >&2
+      return 1
+    fi
+    echo "deps: apt is busy (another apt or dpkg holds its lock); trying again in 10 s" >&2
+    sleep 10
+  done
+}
+
 echo "deps: installing ${#missing[@]} packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 # Packages such as mariadb-server start a system service when installed. The tests start their own
 # private server, so keep the package from starting one (policy-rc.d 101 = "not allowed"), unless
 # the machine already has a policy of its own.
-policy=/usr/sbin/policy-rc.d
 own_policy=0
 if [ ! -e "$policy" ]; then
-  printf '#!/bin/sh\nexit 101\n' >"$policy"
+  printf '#!/bin/sh\n%s\nexit 101\n' "$marker" >"$policy"
   chmod +x "$policy"
   own_policy=1
 fi
 trap '[ "$own_policy" = 1 ] && rm -f "$policy"' EXIT
-apt-get -o DPkg::Lock::Timeout=600 update -qq
-apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_get update -qq
+apt_get install -y -qq --no-install-recommends "${missing[@]}"

@@ -19,6 +19,8 @@
 #
 # Never kills by name: other MariaDB servers on the machine are left alone.
 set -euo pipefail
+# Debian keeps mariadbd in /usr/sbin, which a user's PATH (or root's after a plain su) may lack.
+PATH=$PATH:/usr/sbin:/sbin
 
 usage() {
   echo "usage: $0 start|stop|status|env DIR" >&2
@@ -104,7 +106,19 @@ do_stop() {
     fi
   fi
   rm -f "$pidfile"
+  remove_socket_dir
   echo "mariadb.sh: stopped server $pid"
+}
+
+# The short private directory socket_path() made for the socket, if it made one.
+remove_socket_dir() {
+  [ -s "$sock_file" ] || return 0
+  local d
+  d=$(dirname "$(cat "$sock_file")")
+  case "$(basename "$d")" in
+    backhaul-mariadb.*) rm -rf "$d" ;;
+  esac
+  rm -f "$sock_file"
 }
 
 # Starts mariadbd on `port`; returns 0 when it answers pings, 3 when the port was taken, 1 else.
@@ -150,13 +164,21 @@ try_start() {
 do_start() {
   local pid
   if pid=$(running_pid); then
-    echo "mariadb.sh: reusing server $pid ($(cat "$conn_file"))"
-    return 0
+    # A start cut short after the server came up has not written the connection files: such a
+    # server is not reused but started afresh.
+    if [ -s "$conn_file" ] && [ -s "$root_conn_file" ]; then
+      echo "mariadb.sh: reusing server $pid (connection in $conn_file)"
+      return 0
+    fi
+    echo "mariadb.sh: server $pid has no connection files (an earlier start was cut short);" \
+      "starting afresh" >&2
+    do_stop >&2
   fi
   for tool in mariadb-install-db mariadbd mariadb-admin mariadb; do
     command -v "$tool" >/dev/null || { echo "mariadb.sh: $tool not found (install mariadb-server)" >&2; exit 1; }
   done
-  rm -rf "$datadir" "$sock_file" "$conn_file" "$root_conn_file" "$port_file"
+  remove_socket_dir
+  rm -rf "$datadir" "$conn_file" "$root_conn_file" "$port_file"
   local user_opt=()
   [ "$(id -u)" -eq 0 ] && user_opt=(--user=root)
   if ! mariadb-install-db --no-defaults --datadir="$datadir" "${user_opt[@]}" \
