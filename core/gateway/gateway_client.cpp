@@ -12,6 +12,7 @@
 
 #include "core/common/json_check.h"
 #include "core/common/redact.h"
+#include "core/common/utf8.h"
 
 namespace backhaul::gateway {
 namespace {
@@ -49,6 +50,13 @@ std::string string_field(const json& j, const char* key, const std::string& what
     throw GatewayError(what + ": gateway response lacks string field '" + key + "'", 200, false);
   }
   return it->get<std::string>();
+}
+
+// A request that could not be made (a URL of another scheme, a redirect to where none can go, a
+// header value the transport refuses) is no outage: trying it again makes the same request. It
+// fails for good rather than counting against the gateway's circuit.
+GatewayError request_failed(const http::RequestError& e) {
+  return GatewayError(std::string("a gateway request could not be made: ") + e.what(), 0, false);
 }
 
 }  // namespace
@@ -104,6 +112,8 @@ http::Response GatewayClient::get(const std::string& path) const {
   if (api_key_) r.headers.emplace_back("X-Api-Key", *api_key_);
   try {
     return http::send(transport_, std::move(r));
+  } catch (const http::RequestError& e) {
+    throw request_failed(e);
   } catch (const std::exception& e) {
     throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
   }
@@ -149,7 +159,15 @@ std::string GatewayClient::access_token(std::string_view connection_id) const {
   const std::string what = "get token for connection " + std::string(connection_id);
   http::Response r = get("/connections/" + url_segment(connection_id) + "/token");
   if (r.status < 200 || r.status > 299) fail(what, r);
-  return string_field(parse_object(what, r), "accessToken", what);
+  std::string token = string_field(parse_object(what, r), "accessToken", what);
+  // It goes into each provider request's Authorization header, where an empty one, or one with a
+  // line break (a vault's trailing newline, say), would be refused for a reason naming no gateway.
+  if (token.empty() || has_control_character(token) || token.find(' ') != std::string::npos) {
+    throw GatewayError(what + ": the gateway's token is unusable: it is " +
+                           (token.empty() ? "empty" : "not one word of printable characters"),
+                       r.status, false);
+  }
+  return token;
 }
 
 std::string GatewayClient::delivery_body(const Delivery& d) const {
@@ -208,6 +226,8 @@ DispatchResult GatewayClient::dispatch(std::string_view provider, const Delivery
   http::Response response;
   try {
     response = transport_.perform(r);  // as dispatch_batch: no redirects
+  } catch (const http::RequestError& e) {
+    throw request_failed(e);
   } catch (const std::exception& e) {
     throw GatewayError(std::string("gateway unreachable: ") + e.what(), 0, true);
   }

@@ -3,12 +3,14 @@
 #include "core/gateway/gateway_client.h"
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/common/clock.h"
+#include "core/http/poco_transport.h"
 #include "tests/support/scripted_transport.h"
 
 namespace backhaul::gateway {
@@ -132,6 +134,54 @@ TEST(GatewayClientTest, ADeliveryAnsweredWithARedirectFailsAndIsNotFollowed) {
           << e.what();
     }
     EXPECT_EQ(t.requests.size(), 1u) << status;
+  }
+}
+
+// The token goes into every provider request's Authorization header. One the gateway keeps with a
+// line break (a vault's trailing newline), or an empty one, failed each job at its first provider
+// request with "invalid value for header Authorization", naming neither the gateway nor the token.
+// It is refused where it comes in, for good: asking again gets the same token.
+TEST(GatewayClientTest, AnUnusableTokenIsRefusedNamingTheGateway) {
+  // As the gateway's JSON spells them.
+  for (const std::string token : {R"(ghs_abc\n)", "", "ghs abc", R"(ghs_\u0001abc)"}) {
+    ScriptedTransport t;
+    t.then(200, {}, R"({"accessToken":")" + token + "\"}");
+    const GatewayClient client(t, "http://127.0.0.1:1/gateway");
+    try {
+      const std::string got = client.access_token("c");
+      ADD_FAILURE() << "token " << token << " was taken as " << got;
+    } catch (const GatewayError& e) {
+      EXPECT_FALSE(e.retryable()) << token;
+      const std::string what = e.what();
+      EXPECT_NE(
+          what.find("get token for connection c: the gateway's token is unusable: it is " +
+                    std::string(token.empty() ? "empty" : "not one word of printable characters")),
+          std::string::npos)
+          << what;
+    }
+  }
+}
+
+// A request that cannot be made (here a URL of a scheme the transport has not) is no outage of the
+// gateway: it fails for good, saying so. Before, it was "gateway unreachable", retryable, and
+// counted against the gateway's circuit, holding every job back.
+TEST(GatewayClientTest, ARequestThatCannotBeMadeIsNoOutage) {
+  http::PocoTransport transport;
+  const GatewayClient client(transport, "ftp://127.0.0.1:1/gateway");
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { client.connection("c"); }, [&] { client.access_token("c"); },
+           [&] { client.dispatch("github", delivery("d-1")); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "an ftp gateway answered";
+    } catch (const GatewayError& e) {
+      EXPECT_FALSE(e.retryable());
+      EXPECT_EQ(e.status(), 0);
+      EXPECT_NE(std::string(e.what()).find("a gateway request could not be made: unsupported url "
+                                           "scheme \"ftp\""),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
