@@ -53,6 +53,9 @@
 #include <tuple>
 #include <utility>
 
+#include <Poco/DigestEngine.h>
+#include <Poco/SHA2Engine.h>
+
 #include "core/common/fnv1a.h"
 #include "core/common/unique_fd.h"
 #include "core/common/utf8.h"
@@ -1315,10 +1318,8 @@ std::vector<Candidate> read_candidates(const Result& result) {
 }
 
 // Locks those of the candidates that are still queued and due (SKIP LOCKED: a row another claim
-// or an operator holds is passed over) and reads their rows into them; with `at_most`, only the
-// first that many of them in id order. Returns how many it locked.
-size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_t now,
-                       size_t at_most = 0) {
+// or an operator holds is passed over) and reads their rows into them. Returns how many it locked.
+size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_t now) {
   if (candidates.empty()) return 0;
   std::vector<JobId> ids;
   for (const Candidate* c : candidates) ids.push_back(c->id);
@@ -1329,7 +1330,6 @@ size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_
                              .raw(" FROM jobs FORCE INDEX (PRIMARY) "
                                   "WHERE id IN (")
                          << id_list(ids) << ") AND status = 'queued' AND run_after_ms <= " << now
-                         << (at_most > 0 ? " ORDER BY id LIMIT " + std::to_string(at_most) : "")
                          << " FOR UPDATE SKIP LOCKED");
   std::map<JobId, Job> rows;
   for (const Row& row : locked.rows) {
@@ -1540,18 +1540,46 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
 
   std::vector<Candidate*> chosen = merge_heads(lists, r.limit);
   size_t locked = lock_candidates(tx, chosen, now);
-  // Short because other claims hold some of the uncapped candidates (read as queued, then
-  // skipped by the lock). Those claims hold the head of the queue: read on past every candidate
-  // seen, in longer and longer windows, and lock the first free ones of each by primary key (in
-  // id order, no more than wanted). A locking scan (SKIP LOCKED) would find them too, but it
-  // locks and releases every held and delete-marked entry on its way: with three hosts on one
-  // server it cost 20 ms a call.
+  // Short because other claims hold some of the chosen candidates (read as queued, then skipped by
+  // the lock). Their places go to the next free uncapped jobs in claim order: first those read and
+  // not chosen (merge_heads gave their places to capped kinds' jobs), then, as those other claims
+  // hold the head of the queue, reads past every candidate seen, in longer and longer windows. A
+  // locking scan (SKIP LOCKED) would find them too, but it locks and releases every held and
+  // delete-marked entry on its way: with three hosts on one server it cost 20 ms a call.
+  const auto lock_in_claim_order = [&](const std::vector<Candidate*>& candidates) {
+    // In slices, each twice the last, so that the jobs locked are the first free ones in claim
+    // order (a lock of the whole window LIMITed would take the lowest ids), in a few round trips.
+    // A slice's free rows past those wanted stay locked, unclaimed, until the commit.
+    size_t slice = r.limit - locked;
+    for (size_t at = 0; at < candidates.size() && locked < r.limit; at += slice, slice *= 2) {
+      const std::vector<Candidate*> part(candidates.begin() + static_cast<std::ptrdiff_t>(at),
+                                         candidates.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                                  candidates.size(), at + slice)));
+      lock_candidates(tx, part, now);
+      for (Candidate* c : part) {
+        if (!c->row) continue;
+        if (locked == r.limit) {
+          c->row.reset();
+          continue;
+        }
+        chosen.push_back(c);
+        ++locked;
+      }
+    }
+  };
+  if (locked < r.limit) {
+    const std::set<const Candidate*> taken(chosen.begin(), chosen.end());
+    std::vector<Candidate*> passed_over;
+    for (Candidate& c : lists[0]) {
+      if (!taken.count(&c)) passed_over.push_back(&c);
+    }
+    lock_in_claim_order(passed_over);
+  }
   std::deque<std::vector<Candidate>> more;
   bool full = uncapped_full;
   size_t window = r.limit;
   for (int round = 1; round < kClaimReads && locked < r.limit && full; ++round) {
     window = std::min(window * 2, std::max<size_t>(r.limit, kMaxClaimWindow));
-    const size_t want = r.limit - locked;
     // After the last job read, not at an OFFSET: the queue's head moves while we claim (jobs
     // enqueued ahead, others' claims committed), and an OFFSET would read some of the jobs of
     // an earlier window again, locked by us already, and hand them out twice.
@@ -1561,10 +1589,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     full = more.back().size() == window;
     std::vector<Candidate*> next;
     for (Candidate& c : more.back()) next.push_back(&c);
-    locked += lock_candidates(tx, next, now, want);
-    for (Candidate* c : next) {
-      if (c->row) chosen.push_back(c);
-    }
+    lock_in_claim_order(next);
   }
 
   // Deal the locked jobs out, round robin over the calls.
@@ -2156,6 +2181,7 @@ class MysqlStore final : public JobStore {
     std::vector<CompleteOp*> batch;
     for (CompleteOp& op : ops) batch.push_back(&op);
     settle_unsettled_completions(batch);
+    std::set<size_t> settled;  // items of `ends` settled by settle_unsettled_ends: they run no more
     std::vector<FinishResult> end_results;
     bool completed = batch.empty();
     bool ended = ends.empty();
@@ -2169,6 +2195,12 @@ class MysqlStore final : public JobStore {
         // Committed after all: the outcomes the body recorded stand (re-run, the items would
         // find their jobs ended and report their leases lost).
         completed = ended = committed_after_all(batch, ends, end_results);
+        if (!completed) {  // that could not be read: each item is settled before it runs again
+          settle_unsettled_completions(batch);
+          settle_unsettled_ends(ends, end_item, results, settled);
+          completed = batch.empty();
+          ended = ends.empty();
+        }
       } catch (const std::exception&) {
       }
     }
@@ -2187,10 +2219,14 @@ class MysqlStore final : public JobStore {
         ended = true;
       } catch (const mysql::CommitUnknown&) {
         ended = committed_after_all({}, ends, end_results);
+        if (!ended) {
+          settle_unsettled_ends(ends, end_item, results, settled);
+          ended = ends.empty();
+        }
       } catch (const std::exception&) {  // each again on its own below, with its own error
       }
     }
-    if (!ends.empty() && ended) {
+    if (ended) {
       for (size_t k = 0; k < ends.size(); ++k) results[end_item[k]] = end_results[k];
       std::vector<Finish> rest;
       for (size_t index : rest_item) rest.push_back(items[index]);
@@ -2204,6 +2240,7 @@ class MysqlStore final : public JobStore {
       std::vector<std::vector<Finish>> lane_items(lanes);
       std::vector<std::vector<size_t>> lane_index(lanes);
       for (size_t k = 0; k < others.size(); ++k) {  // a job's items share a lane, in order
+        if (settled.count(other_item[k])) continue;
         const size_t lane = static_cast<size_t>(others[k].id) % lanes;
         lane_items[lane].push_back(std::move(others[k]));
         lane_index[lane].push_back(other_item[k]);
@@ -2450,9 +2487,28 @@ class MysqlStore final : public JobStore {
       sql << " AND status IN " << kActive << " ORDER BY id";
       Result active = tx.one(sql.text());
       Writes w;
-      for (const Row& row : active.rows) cancel_job(tx, w, to_i64(row[0]), now_ms);
+      // A job found ended when locked was cancelled here, through its parent, or ended elsewhere
+      // since the read (on another host): only the former counts. (A locking read instead would
+      // deadlock with those endings, which change the key's index entries it holds.)
+      std::vector<JobId> ended;
+      int64_t count = 0;
+      for (const Row& row : active.rows) {
+        const JobId id = to_i64(row[0]);
+        if (cancel_job(tx, w, id, now_ms) == CancelOutcome::kAlreadyFinished) {
+          ended.push_back(id);
+        } else {
+          ++count;
+        }
+      }
+      if (!ended.empty()) {
+        w.flush(tx);
+        count += to_i64(tx.one(Sql("SELECT COUNT(*) FROM jobs WHERE id IN (")
+                               << id_list(ended)
+                               << ") AND status = 'cancelled' AND finished_ms = " << now_ms)
+                            .rows[0][0]);
+      }
       w.commit(tx);
-      return static_cast<int>(active.rows.size());
+      return static_cast<int>(count);
     });
   }
 
@@ -2851,6 +2907,32 @@ class MysqlStore final : public JobStore {
     if (applied) return outcome;
     return std::nullopt;
   }
+  // settled_outcome() for each ending of `ends` (item `end_item[k]` of `results`): one that
+  // applied is taken out of both with its outcome as its result, one whose row cannot be read too,
+  // with the error; either goes into `settled`.
+  void settle_unsettled_ends(std::vector<const Finish*>& ends, std::vector<size_t>& end_item,
+                             std::vector<FinishResult>& results, std::set<size_t>& settled) {
+    std::vector<const Finish*> left;
+    std::vector<size_t> left_item;
+    for (size_t k = 0; k < ends.size(); ++k) {
+      FinishResult& result = results[end_item[k]];
+      try {
+        if (std::optional<JobStatus> applied = settled_outcome(ends[k]->id, ends[k]->token)) {
+          result.status = *applied;
+          settled.insert(end_item[k]);
+          continue;
+        }
+      } catch (...) {
+        result = finish_failure(std::current_exception());
+        settled.insert(end_item[k]);
+        continue;
+      }
+      left.push_back(ends[k]);
+      left_item.push_back(end_item[k]);
+    }
+    ends = std::move(left);
+    end_item = std::move(left_item);
+  }
   // settled_outcome() for each op of `batch`: one that applied is taken out of `batch` (it
   // succeeded), one whose row cannot be read too, with the error.
   void settle_unsettled_completions(std::vector<CompleteOp*>& batch) {
@@ -2924,12 +3006,19 @@ class MysqlStore final : public JobStore {
       if (!made[i].created) continue;
       const JobSpec& s = specs[i];
       try {
+        // The payload by its length and digest: quoted, a payload dense in quotes and backslashes
+        // is up to twice as long, and a statement over the server's max_allowed_packet (which the
+        // payload itself was not) would leave the outcome unknown on a server that works.
+        Poco::SHA2Engine digest(Poco::SHA2Engine::SHA_256);
+        digest.update(s.payload);
         return !read("commit check", [&](mysql::Connection& c) {
                   return c.one(Sql("SELECT 1 FROM jobs WHERE id = ")
                                << made[i].id << " AND kind = " << quote(s.kind)
                                << " AND concurrency_key = " << quote(s.concurrency_key)
-                               << " AND created_ms = " << now
-                               << " AND payload = " << quote(s.payload) << kAwaitCommits);
+                               << " AND created_ms = " << now << " AND LENGTH(payload) = "
+                               << s.payload.size() << " AND SHA2(payload, 256) = '"
+                               << Poco::DigestEngine::digestToHex(digest.digest()) << "'"
+                               << kAwaitCommits);
                 }).rows.empty();
       } catch (const std::exception&) {
         return std::nullopt;

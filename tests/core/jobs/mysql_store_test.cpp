@@ -850,8 +850,9 @@ TEST(MysqlStore, SaturatedKeyDoesNotStarveOthers) {
 // UPDATE, by primary key only) until release().
 class HeldRows {
  public:
-  explicit HeldRows(const TestDatabase& db) : store_(db.open()), holder_(db.app_session()) {
-    std::vector<JobSpec> specs(10, spec("k"));
+  explicit HeldRows(const TestDatabase& db,
+                    const std::vector<JobSpec>& specs = std::vector<JobSpec>(10, spec("k")))
+      : store_(db.open()), holder_(db.app_session()) {
     for (const EnqueueResult& e : store_->enqueue_batch(specs, 1000)) ids_.push_back(e.id);
   }
   JobStore& store() { return *store_; }
@@ -906,6 +907,44 @@ TEST(MysqlStore, AOneJobClaimBehindManyHeldRowsStillFindsAFreeOne) {
   jobs.hold({0, 1, 2, 3, 4, 5});
   EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{jobs.ids()[6]}));
   EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{jobs.ids()[7]}));  // ids[7] was not locked
+  jobs.release();
+}
+
+// The jobs a claim takes past held rows are the first free ones in claim order (priority, then
+// run_after, then id), not the lowest ids among them. Before, with the most urgent job held, a
+// claim of one job read on and took the oldest, least urgent one, ahead of the second most urgent.
+TEST(MysqlStore, AClaimPastAHeldRowTakesTheNextJobInClaimOrder) {
+  TestDatabase db;
+  std::vector<JobSpec> specs(3, spec("k"));
+  for (int i : {0, 1, 2}) specs[static_cast<size_t>(i)].priority = std::vector{9, 0, 1}[i];
+  HeldRows jobs(db, specs);
+  const std::vector<JobId>& ids = jobs.ids();
+  jobs.hold({1});
+  EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{ids[2]}));
+  EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{ids[0]}));
+  jobs.release();
+  EXPECT_EQ(jobs.claim(1), (std::vector<JobId>{ids[1]}));
+}
+
+// The same when capped jobs took places of the claim: the uncapped jobs read and passed over for
+// them come before any read further on. Here a claim of 2 reads u1 and u2 and the capped c1, and
+// chooses c1 and u1; u1 is held, and its place goes to u2, not to u3 beyond the first read.
+TEST(MysqlStore, AClaimPastAHeldRowTakesTheUncappedJobsItPassedOverFirst) {
+  TestDatabase db;
+  std::vector<JobSpec> specs = {spec("u"), spec("u"), spec("u"), spec("c", "key")};
+  for (int i : {0, 1, 2, 3}) specs[static_cast<size_t>(i)].priority = std::vector{5, 6, 7, 0}[i];
+  {
+    auto setup = db.open();
+    Caps caps;
+    caps.per_key = 1;
+    setup->set_caps("c", caps);
+  }
+  HeldRows jobs(db, specs);
+  const std::vector<JobId>& ids = jobs.ids();
+  jobs.hold({0});
+  std::vector<JobId> taken = jobs.claim(2);
+  std::sort(taken.begin(), taken.end());
+  EXPECT_EQ(taken, (std::vector<JobId>{ids[1], ids[3]}));
   jobs.release();
 }
 
@@ -1348,6 +1387,47 @@ int64_t kill_one(JobStore& store, const JobSpec& s, int64_t now) {
   throw std::runtime_error("kill_one: no letter");
 }
 
+// A job of the key that ends on another host while cancel_key runs is not counted as cancelled: the
+// count is of the jobs it cancelled or asked to stop. Before, it read the key's active jobs without
+// locks, and counted one that had ended by the time it locked it.
+TEST(MysqlStore, CancelKeyDoesNotCountAJobThatEndedWhileItRan) {
+  TestDatabase db;
+  auto store = db.open();
+  const JobId ending = store->enqueue(spec("k", "a"), 1000).id;
+  ASSERT_EQ(store->claim(claim_of("w", 1, 1000, {"k"})).size(), 1u);
+  const JobId queued = store->enqueue(spec("k", "a"), 1000).id;
+  auto other = db.app_session();  // another host, ending the running job
+  other->one("START TRANSACTION");
+  other->one("SELECT id FROM jobs WHERE id = " + std::to_string(ending) + " FOR UPDATE");
+  std::atomic<bool> done{false};
+  std::string error;
+  int cancelled = -1;
+  std::thread cancelling =
+      running([&] { cancelled = store->cancel_key("a", "", 2000); }, error, done);
+  auto root = db.root_session();
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (scalar(*root,
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = "
+                "'LOCK WAIT'") == 0 &&
+         !done && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  try {
+    other->one(
+        "UPDATE jobs SET status = 'succeeded', finished_ms = 1500, lease_token = '' "
+        "WHERE id = " +
+        std::to_string(ending));
+    other->one("COMMIT");
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the other host's ending failed: " << e.what();
+  }
+  cancelling.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(cancelled, 1) << "the job that ended counted";
+  EXPECT_EQ(store->get(ending)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(store->get(queued)->status, JobStatus::kCancelled);
+}
+
 // A bulk retry checks each letter's dedupe key with a plain read, and sends that letter's UPDATE
 // (which makes the key active again) with the next letter's reads. A job with the same key that
 // another session inserted but had not committed at the check makes that UPDATE wait and then
@@ -1752,10 +1832,11 @@ bool commit_then_lose_reply(const TestDatabase& db, Relay& relay, const std::str
   return waited;
 }
 
-// finish() sends a completion and a failure in one transaction. Its COMMIT applies but the
-// connection is lost before the reply: the outcome is unknown to the store, which must not
-// report the items as not applied (lease_lost) when they were.
-TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApplied) {
+// finish() of two running jobs of kind "k" in one call, a completion and a failure, whose COMMIT
+// applies and whose reply is lost (commit_then_lose_reply). With `read_back_fails`, the server
+// cannot be reached either until the store's read-back of the outcome (5 sessions) has given up.
+// Both items must be reported applied, with their outcomes.
+void expect_a_finish_losing_its_reply_reported_applied(bool read_back_fails) {
   ThroughRelay t;
   EnqueueResult a = t.direct->enqueue(spec("k", "key"), 1000);
   EnqueueResult b = t.direct->enqueue(spec("k", "key"), 1000);
@@ -1781,7 +1862,16 @@ TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApp
       t.db, t.relay, "k", "key",
       "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(a.id) + " AND status = 'succeeded'",
       done,
-      [&] { finisher = running([&] { results = t.store->finish(items, 2000); }, error, done); });
+      [&] { finisher = running([&] { results = t.store->finish(items, 2000); }, error, done); },
+      read_back_fails);
+  if (read_back_fails) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (t.relay.refused() < 5 && !done && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_GE(t.relay.refused(), 5);
+    t.relay.up();
+  }
   finisher.join();
   ASSERT_TRUE(waited) << "finish never waited for the held counter: " << error;
   EXPECT_EQ(error, "");
@@ -1789,9 +1879,16 @@ TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApp
   EXPECT_EQ(t.direct->get(b.id)->status, JobStatus::kQueued);
   ASSERT_EQ(results.size(), 2u);
   EXPECT_FALSE(results[0].lease_lost) << "applied, reported lost: " << results[0].error;
-  EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded));
+  EXPECT_EQ(results[0].status, std::optional<JobStatus>(JobStatus::kSucceeded)) << results[0].error;
   EXPECT_FALSE(results[1].lease_lost) << "applied, reported lost: " << results[1].error;
-  EXPECT_EQ(results[1].status, std::optional<JobStatus>(JobStatus::kQueued));
+  EXPECT_EQ(results[1].status, std::optional<JobStatus>(JobStatus::kQueued)) << results[1].error;
+}
+
+// finish() sends a completion and a failure in one transaction. Its COMMIT applies but the
+// connection is lost before the reply: the outcome is unknown to the store, which must not
+// report the items as not applied (lease_lost) when they were.
+TEST(MysqlStore, AFinishWhoseCommitAppliedButWhoseReplyWasLostReportsItsItemsApplied) {
+  expect_a_finish_losing_its_reply_reported_applied(/*read_back_fails=*/false);
 }
 
 // Runs `call` (a store call whose COMMIT trip updates the running_counts row ('k', 'key')) on a
@@ -1822,6 +1919,14 @@ std::vector<Claimed> claim_losing_reply(ThroughRelay& t, JobId job, std::string&
       t, "SELECT COUNT(*) FROM jobs WHERE id = " + std::to_string(job) + " AND status = 'running'",
       [&] { got = t.store->claim(claim_of("w", 1, 2000, {"k"})); }, stay_down);
   return got;
+}
+
+// The same when the server cannot be reached for the store's read-back of the outcome, and is
+// back by the time the items would run again: they are settled first, by their attempts' rows, and
+// reported applied. Before, they ran again, found their jobs ended, and reported their leases
+// lost: the completion of a job that succeeded was logged as not recorded.
+TEST(MysqlStore, AFinishWhoseOutcomeCouldNotBeReadIsSettledBeforeItsItemsRunAgain) {
+  expect_a_finish_losing_its_reply_reported_applied(/*read_back_fails=*/true);
 }
 
 // A claim whose COMMIT applied but whose reply was lost returns its jobs: reported as failed,
@@ -3012,6 +3117,29 @@ TEST(MysqlBackupLock, AnEnqueueWhoseCommitAppliedButWhoseReplyWasLostMakesItsJob
   }
   EXPECT_EQ(t.direct->get(made[0].id)->concurrency_key, "a");
   EXPECT_EQ(t.direct->get(made[1].id)->concurrency_key, "b");
+}
+
+// The same for a payload dense in quotes, with the server's max_allowed_packet at 1 MiB: the
+// payload (600 KB) fits a statement, and so does the store's read-back of it. Before, the read-back
+// compared the payload quoted, twice as long and over the limit: the outcome stayed unknown, and a
+// client that tried again made the job twice.
+TEST(MysqlBackupLock, AnEnqueueOfAPayloadDenseInQuotesWhoseReplyWasLostMakesItsJobOnce) {
+  std::string payload = R"({"s":")";
+  while (payload.size() < 600'000) payload += R"(\")";
+  payload += R"("})";
+  ThroughRelay t;
+  ServerWide small = small_packets(t.db);  // for the sessions the store opens after the cut
+  std::vector<EnqueueResult> made;
+  const std::string error = commit_applies_reply_lost(t, "SELECT COUNT(*) = 1 FROM jobs", [&] {
+    made = retrying_a_transient_error(
+        [&] { return t.store->enqueue_batch({spec("k", "a", payload)}, 1000); });
+  });
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(scalar(*t.db.app_session(), "SELECT COUNT(*) FROM jobs"), 1) << "made twice";
+  ASSERT_EQ(made.size(), 1u);
+  EXPECT_TRUE(made[0].created);
+  ASSERT_TRUE(t.direct->get(made[0].id).has_value());
+  EXPECT_EQ(t.direct->get(made[0].id)->payload, payload);
 }
 
 // The same for a bulk retry of dead letters: run twice, it would retry `limit` more letters.
