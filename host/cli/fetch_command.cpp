@@ -374,6 +374,20 @@ void run_fetch(const FetchOptions& o) {
   // First: a stop signal during loading (or a gateway call) is noted, not the end of the process,
   // and the units then stop before their first page.
   catch_stop_signals();
+  // The usage errors that need no plugin and no gateway are found before either is asked
+  // anything: a plugin's init() may take long, or hang.
+  if (!o.connection.empty() && o.gateway.empty()) throw ConfigError("--connection needs --gateway");
+  if (o.dispatch && o.connection.empty()) {
+    throw ConfigError("--dispatch needs --gateway and --connection");
+  }
+  if (o.all_resources && o.connection.empty()) {
+    throw ConfigError("--all-resources needs --connection");
+  }
+  if (!o.all_resources && o.resource_id.empty()) {
+    throw ConfigError("--resource-id is required (or --all-resources)");
+  }
+  int64_t since_ms = 0;
+  if (o.since) since_ms = parse_since(*o.since);
   // Found now, not as a RETRYABLE failure of the first https request, retried with backoff.
   if (!o.ca_file.empty() && ::access(o.ca_file.c_str(), R_OK) != 0) {
     throw ConfigError("--ca-file " + o.ca_file + ": " + std::strerror(errno));
@@ -416,6 +430,22 @@ void run_fetch(const FetchOptions& o) {
   plugins::Plugin& plugin = *loaded;
   const std::string config = merged_config(o);
   std::optional<plugins::Connector> connector;
+  // However this ends, the plugin is unloaded under the watchdog: an error past this point (the
+  // gateway refusing, say) unwound it without one, and a deinit() that hangs held the command.
+  struct UnloadGuard {
+    const FetchOptions& o;
+    std::optional<plugins::Connector>& connector;
+    std::optional<plugins::Plugin>& loaded;
+    ~UnloadGuard() {
+      if (!loaded) return;
+      try {
+        const Watchdog watchdog = call_watchdog(o, "destroy() or deinit() (unloading)");
+        connector.reset();
+        loaded.reset();
+      } catch (const std::exception&) {  // no thread for the watchdog: unloaded without it
+      }
+    }
+  } unload_guard{o, connector, loaded};
   {
     const Watchdog watchdog = call_watchdog(o, "create()");
     try {
@@ -434,14 +464,12 @@ void run_fetch(const FetchOptions& o) {
         SystemClock::instance(), std::chrono::milliseconds(o.timeout_ms));
   }
   if (!o.connection.empty()) {
-    if (!gateway) throw ConfigError("--connection needs --gateway");
     connection = gateway->connection(o.connection);
     if (connection->provider != plugin.info().id) {
       throw ConfigError("connection " + o.connection + " is for provider '" + connection->provider +
                         "', not '" + plugin.info().id + "'");
     }
   }
-  if (o.dispatch && !connection) throw ConfigError("--dispatch needs --gateway and --connection");
 
   std::string token = o.token;
   std::string token_source = "--token";
@@ -458,10 +486,8 @@ void run_fetch(const FetchOptions& o) {
 
   std::vector<gateway::Resource> resources;
   if (o.all_resources) {
-    if (!connection) throw ConfigError("--all-resources needs --connection");
     resources = connection->resources;
   } else {
-    if (o.resource_id.empty()) throw ConfigError("--resource-id is required (or --all-resources)");
     resources.push_back({o.resource_id, o.resource_name.empty()
                                             ? std::nullopt
                                             : std::optional<std::string>(o.resource_name)});
@@ -475,8 +501,6 @@ void run_fetch(const FetchOptions& o) {
                       std::to_string(entities.size()) + " entity types)");
   }
 
-  int64_t since_ms = 0;
-  if (o.since) since_ms = parse_since(*o.since);
   if (o.depth_days > 0)
     since_ms = SystemClock::instance().now_ms() - int64_t{o.depth_days} * 86'400'000;
 

@@ -598,6 +598,27 @@ TEST_F(CliTest, WithJsonAnErrorIsAnEnvelopeOnStdout) {
   }
 }
 
+// What `fetch` can refuse without a plugin is refused before one is loaded (whose init() may take
+// long, or hang) and before the gateway is asked anything: here the plugin does not even exist,
+// and each command names its own mistake, not the missing plugin.
+TEST_F(CliTest, FetchRefusesItsUsageErrorsBeforeLoadingThePlugin) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--resource-id", "1", "--since", "soon"}, "--since 'soon' is not "},
+      {{"--resource-id", "1", "--connection", "c"}, "--connection needs --gateway"},
+      {{"--resource-id", "1", "--dispatch"}, "--dispatch needs --gateway and --connection"},
+      {{"--all-resources"}, "--all-resources needs --connection"},
+      {{}, "--resource-id is required (or --all-resources)"},
+  };
+  for (const auto& [extra, message] : cases) {
+    std::vector<std::string> args = {"fetch", "--plugin", "/nonexistent/plugin.so", "--token", "t"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandResult r = run_command(BACKHAUL_CLI_PATH, args, {}, dir_);
+    EXPECT_EQ(r.exit_code, 1) << message << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("nonexistent"), std::string::npos) << r.err;
+  }
+}
+
 // From a review of `fetch`: a plugin's message went out raw (a line of its own, terminal
 // escapes); giving up on a long wait did not say why; --cursor was given to every unit, which
 // then fetched its pages as their own; --since took "2024-1-1", "" and the year 292278994; a token
