@@ -612,6 +612,21 @@ void check_unit(const sdk::Unit& unit) {
     invalid_argument("vercel: the unit has no resource id (expected a Vercel project id)");
 }
 
+// GET /v9/projects/{idOrName} takes a project's name too. A unit that names its project so would
+// build its delivery ids from the name, and a rename would deliver every deployment again under
+// new ids: it is refused, naming the id to give. An answer without an id says nothing of it.
+void check_project_id(const sdk::Unit& unit, std::string_view body) {
+  if (sdk::json_depth(body) > sdk::kMaxJsonDepth) return;
+  const json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object()) return;
+  const auto id = doc.find("id");
+  if (id == doc.end() || !id->is_string() || *id == unit.resource_id) return;
+  throw Error(BACKHAUL_FATAL, "vercel: resource \"" + clip(unit.resource_id) +
+                                  "\" is the name of project " + clip(id->get<std::string>()) +
+                                  ": give the project's id (delivery ids are built from it, and a "
+                                  "project's name can change)");
+}
+
 void check_entity_type(std::string_view entity_type) {
   if (entity_type != kEntityType) {
     invalid_argument("vercel: unknown entity type \"" + clip(entity_type) +
@@ -687,7 +702,7 @@ void VercelConnector::validate_scopes(const sdk::Unit& unit) {
     if (config_.team_id) append_param(url, "teamId", *config_.team_id);
     const sdk::HttpResponse response =
         http_get(config_, std::move(url), unit.access_token, "get project");
-    if (is_success(response.status())) return;
+    if (is_success(response.status())) return check_project_id(unit, response.body());
     if (response.status() == 404) {
       const ProviderError provider = read_provider_error(response.body(), unit.access_token);
       throw Error(BACKHAUL_FATAL, "vercel: project not found: " + clip(unit.resource_id) + " (" +

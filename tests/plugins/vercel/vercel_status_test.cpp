@@ -301,8 +301,25 @@ TEST_F(VercelStatusTest, ValidateScopesAcceptsAReadableProject) {
 }
 
 TEST_F(VercelStatusTest, ValidateScopesAsksWithTheTeamAndEncodesTheProject) {
-  reply("https://api.vercel.com/v9/projects/my%20app%2Fx?teamId=team_a1B2c3", 200, R"({"id":"x"})");
+  reply("https://api.vercel.com/v9/projects/my%20app%2Fx?teamId=team_a1B2c3", 200,
+        R"({"id":"my app/x"})");
   EXPECT_NO_THROW(connector(R"({"team_id":"team_a1B2c3"})").validate_scopes(unit("my app/x")));
+}
+
+// The API finds a project by its name too; a unit naming it so would build its delivery ids from
+// the name, which a rename changes. It is refused, naming the project's id. Before, it passed.
+TEST_F(VercelStatusTest, ValidateScopesOfAProjectGivenByItsNameIsFatalNamingItsId) {
+  reply("https://api.vercel.com/v9/projects/storefront", 200,
+        R"({"id":"prj_1","name":"storefront","accountId":"team_a1B2c3"})");
+  const plugins::ConnectorFailure failure =
+      failure_of([&] { connector().validate_scopes(unit("storefront")); });
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure,
+                       "resource \"storefront\" is the name of project prj_1: give the "
+                       "project's id"))
+      << failure.what();
+  reply("https://api.vercel.com/v9/projects/prj_2", 200, R"({"name":"no id"})");
+  EXPECT_NO_THROW(connector().validate_scopes(unit("prj_2"))) << "an answer without an id";
 }
 
 TEST_F(VercelStatusTest, ValidateScopesOfAMissingProjectIsFatal) {
