@@ -255,6 +255,28 @@ TEST_F(IsolatedConnector, AWorkerThatLeftItsGroupIsStillKilledAtTheCallTimeout) 
   EXPECT_THAT(e.what(), HasSubstr("300 ms")) << "ended by the call timeout";
 }
 
+// A worker keeps none of the daemon's descriptors but its socket (and the sealed files): not even
+// one another thread opened without close-on-exec, or has not marked yet (a socket still
+// connecting, say), which the plugin could read and keep open. The worker closes them as it
+// starts, before it loads the plugin.
+TEST_F(IsolatedConnector, AWorkerInheritsNoDescriptorLeftOpenOnExec) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);  // no O_CLOEXEC
+  const std::string pipe_link = fs::read_symlink("/proc/self/fd/" + std::to_string(pipe_fds[0]));
+  auto workers = pool("{}", options(1));
+  const pid_t pid = workers->idle_pids().at(0);
+  std::vector<std::string> inherited;
+  for (const auto& entry : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(entry.path(), ec);
+    if (!ec && target.string() == pipe_link) inherited.push_back(entry.path().filename());
+  }
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  EXPECT_TRUE(inherited.empty()) << "the worker has the pipe as descriptor " << inherited.at(0);
+  EXPECT_EQ(workers->fetch_page(params())->events.size(), 2u) << "and works";
+}
+
 // A process the plugin forked holds the worker's socket open, so the socket reads no
 // end-of-file when the worker ends: the pool still sees the worker end at once (its pidfd), and
 // the call fails saying how, not at the call timeout. interrupt() ends such a call at once too:
