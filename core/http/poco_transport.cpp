@@ -10,6 +10,7 @@
 #include <istream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
@@ -467,33 +468,50 @@ struct SslLibrary {
   SslLibrary& operator=(const SslLibrary&) = delete;
 };
 
-// --- pipelined batches (plain HTTP/1.1) ------------------------------------------------------
+// --- the transport's own response reader ------------------------------------------------------
+// Pipelined batches read their responses with it, and perform() a chunked body (Poco's chunked
+// stream ends quietly when the connection closes inside one).
 
-// A kept-alive TCP connection used for pipelined batches, with the bytes read past the last
-// response.
-struct RawConnection {
-  Poco::Net::StreamSocket socket;
+// A response refused by the reader (malformed, too large, cut short by the end of the connection):
+// the reason, without the request, which describe() adds once where the error is reported.
+class BadResponse final : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+BadResponse body_too_large(size_t max_body) {
+  return BadResponse("response body larger than max_response_bytes (" + std::to_string(max_body) +
+                     " bytes)");
+}
+
+// Bytes from a connection, buffered, with what was read past the current response kept for the
+// next one.
+class ByteReader {
+ public:
+  virtual ~ByteReader() = default;
+
   std::string buffer;
   size_t parsed = 0;  // bytes of `buffer` consumed
 
-  // Open, and nothing arrived since the last response.
-  bool usable_when_idle() { return parsed == buffer.size() && open_and_quiet(socket); }
-
   // Reads more bytes; false at EOF. Throws Poco::TimeoutException past the deadline.
   bool fill(SteadyClock::time_point deadline) {
-    if (parsed > 0 && parsed == buffer.size()) {
-      buffer.clear();
+    // The consumed prefix goes once it is all of the buffer or large: while a response streams in
+    // there is nearly always a partial line or chunk left over, and the buffer would otherwise
+    // keep every byte the connection ever carried.
+    constexpr size_t kDropConsumedAt = 64 * 1024;
+    if (parsed > 0 && (parsed == buffer.size() || parsed >= kDropConsumedAt)) {
+      buffer.erase(0, parsed);
       parsed = 0;
     }
-    socket.setReceiveTimeout(to_timespan(remaining(deadline)));
     char chunk[16 * 1024];
-    const int n = socket.receiveBytes(chunk, sizeof chunk);
+    const int n = receive(chunk, sizeof chunk, deadline);
     if (n <= 0) return false;
     buffer.append(chunk, static_cast<size_t>(n));
     return true;
   }
 
-  // The next `n` unparsed bytes, reading as needed; nullopt at EOF first.
+  // The next `n` unparsed bytes, reading as needed; nullopt at EOF first. Valid until the next
+  // read.
   std::optional<std::string_view> take(size_t n, SteadyClock::time_point deadline) {
     while (buffer.size() - parsed < n) {
       if (!fill(deadline)) return std::nullopt;
@@ -512,23 +530,70 @@ struct RawConnection {
         parsed = end + 2;
         return out;
       }
-      if (buffer.size() - parsed > max_bytes) throw Poco::DataFormatException("line too long");
+      if (buffer.size() - parsed > max_bytes)
+        throw BadResponse("malformed response: line too long");
       if (!fill(deadline)) return std::nullopt;
     }
   }
+
+ private:
+  // Up to `size` bytes, at most one receive; 0 at EOF.
+  virtual int receive(char* out, size_t size, SteadyClock::time_point deadline) = 0;
 };
 
+// A kept-alive TCP connection used for pipelined batches.
+class RawConnection final : public ByteReader {
+ public:
+  Poco::Net::StreamSocket socket;
+
+  // Open, and nothing arrived since the last response.
+  bool usable_when_idle() { return parsed == buffer.size() && open_and_quiet(socket); }
+
+ private:
+  int receive(char* out, size_t size, SteadyClock::time_point deadline) override {
+    socket.setReceiveTimeout(to_timespan(remaining(deadline)));
+    return socket.receiveBytes(out, static_cast<int>(size));
+  }
+};
+
+constexpr size_t kMaxLine = 64 * 1024;
+
 // A Content-Length value or a chunk size (`base` 16; any ";extension" dropped): digits only, and
-// no more than fits; anything else is a malformed response (a DataFormatException).
+// no more than fits; anything else is a malformed response.
 size_t parse_size(std::string_view text, int base, const char* what) {
   if (base == 16) text = text.substr(0, text.find(';'));
   text = trim(text);
   size_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, base);
   if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-    throw Poco::DataFormatException(std::string("malformed ") + what);
+    throw BadResponse(std::string("malformed ") + what);
   }
   return value;
+}
+
+// Reads a chunked body, from its first chunk's size line to the empty line after the trailers,
+// appending it to `body`. Throws BadResponse when it is malformed, larger than `max_body`, has
+// trailers over 1 MiB, or the connection ends before its last chunk.
+void read_chunked(ByteReader& in, SteadyClock::time_point deadline, size_t max_body,
+                  std::string& body) {
+  for (;;) {
+    std::optional<std::string> size_line = in.line(deadline, kMaxLine);
+    if (!size_line) throw BadResponse("connection closed in a chunked body");
+    const size_t size = parse_size(*size_line, 16, "chunk size");
+    if (size == 0) break;
+    if (size > max_body - body.size()) throw body_too_large(max_body);  // body <= max_body
+    std::optional<std::string_view> data = in.take(size + 2, deadline);
+    if (!data) throw BadResponse("connection closed in a chunk");
+    body.append(data->substr(0, size));
+  }
+  size_t trailer_bytes = 0;  // under the header's limit
+  for (;;) {                 // trailers up to the empty line
+    std::optional<std::string> trailer = in.line(deadline, kMaxLine);
+    if (!trailer) throw BadResponse("connection closed in the trailers");
+    if (trailer->empty()) return;
+    trailer_bytes += trailer->size() + 2;
+    if (trailer_bytes > kMaxHeaderBytes) throw BadResponse("response trailers larger than 1 MiB");
+  }
 }
 
 // The request as HTTP/1.1 bytes, framed by Content-Length.
@@ -562,35 +627,49 @@ void serialize(const Request& request, const Target& target, const std::string& 
   if (request.body) out += *request.body;
 }
 
-// Reads one response; nullopt when the connection ended before its first byte. `close` is set
-// when the connection cannot carry another exchange after it.
+// Reads one response; nullopt when the connection ended before its first byte. `answered` is set
+// once its status line arrived: from then on a failure is this request's own (the server took
+// it), not the connection's. `close` is set when the connection cannot carry another exchange
+// after it. Throws BadResponse for a response it refuses.
 std::optional<Response> read_response(RawConnection& c, const Request& request,
                                       SteadyClock::time_point deadline, size_t max_body,
-                                      bool& close) {
-  constexpr size_t kMaxLine = 64 * 1024;
+                                      bool& answered, bool& close) {
+  // The status lines and fields of the response and of every interim response before it, as
+  // perform() counts them: a server sending header lines without end is refused at the limit.
+  size_t header_bytes = 0;
+  const auto count_header_line = [&](const std::string& line) {
+    header_bytes += line.size() + 2;
+    if (header_bytes > kMaxHeaderBytes) throw BadResponse("response header larger than 1 MiB");
+  };
   for (;;) {
     std::optional<std::string> status_line = c.line(deadline, kMaxLine);
-    if (!status_line) return std::nullopt;
+    if (!status_line) {
+      if (!answered) return std::nullopt;
+      throw BadResponse("connection closed after an interim response");
+    }
+    answered = true;
+    count_header_line(*status_line);
     // "HTTP/1.1 200 OK"
     if (status_line->size() < 12 || status_line->compare(0, 5, "HTTP/") != 0 ||
         (*status_line)[8] != ' ') {
-      throw Poco::DataFormatException("malformed status line");
+      throw BadResponse("malformed status line");
     }
     Response response;
     response.url = request.url;
     response.status = std::atoi(status_line->c_str() + 9);
     if (response.status < 100 || response.status > 999) {
-      throw Poco::DataFormatException("malformed status line");
+      throw BadResponse("malformed status line");
     }
     std::optional<size_t> length;
     bool chunked = false;
     close = status_line->compare(0, 8, "HTTP/1.0") == 0;
     for (;;) {
       std::optional<std::string> header = c.line(deadline, kMaxLine);
-      if (!header) throw Poco::DataFormatException("connection closed in the response header");
+      if (!header) throw BadResponse("connection closed in the response header");
+      count_header_line(*header);
       if (header->empty()) break;
       const size_t colon = header->find(':');
-      if (colon == std::string::npos) throw Poco::DataFormatException("malformed header");
+      if (colon == std::string::npos) throw BadResponse("malformed header");
       std::string name = to_lower(std::string_view(*header).substr(0, colon));
       std::string value(trim(std::string_view(*header).substr(colon + 1)));
       if (name == "content-length") {
@@ -608,35 +687,16 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
     const bool no_body = iequals(request.method, "HEAD") || response.status == 204 ||
                          response.status == 304 || response.status < 200;
     if (no_body) return response;
-    auto too_large = [&] {
-      return TransportError(describe(request, "response body larger than max_response_bytes (" +
-                                                  std::to_string(max_body) + " bytes)"));
-    };
     if (chunked) {
-      for (;;) {
-        std::optional<std::string> size_line = c.line(deadline, kMaxLine);
-        if (!size_line) throw Poco::DataFormatException("connection closed in a chunked body");
-        const size_t size = parse_size(*size_line, 16, "chunk size");
-        if (size == 0) {
-          while (true) {  // trailers up to the empty line
-            std::optional<std::string> trailer = c.line(deadline, kMaxLine);
-            if (!trailer) throw Poco::DataFormatException("connection closed in the trailers");
-            if (trailer->empty()) break;
-          }
-          return response;
-        }
-        if (size > max_body - response.body.size()) throw too_large();  // body <= max_body
-        std::optional<std::string_view> data = c.take(size + 2, deadline);
-        if (!data) throw Poco::DataFormatException("connection closed in a chunk");
-        response.body.append(data->substr(0, size));
-      }
+      read_chunked(c, deadline, max_body, response.body);
+      return response;
     }
     if (length) {
-      if (*length > max_body) throw too_large();
+      if (*length > max_body) throw body_too_large(max_body);
       std::optional<std::string_view> data = c.take(*length, deadline);
       if (!data) {
-        throw TransportError(describe(request, "connection closed before the " +
-                                                   std::to_string(*length) + "-byte body ended"));
+        throw BadResponse("connection closed before the " + std::to_string(*length) +
+                          "-byte body ended");
       }
       response.body.assign(*data);
       return response;
@@ -646,7 +706,7 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
     for (;;) {
       response.body.append(c.buffer, c.parsed, std::string::npos);
       c.parsed = c.buffer.size();
-      if (response.body.size() > max_body) throw too_large();
+      if (response.body.size() > max_body) throw body_too_large(max_body);
       if (!c.fill(deadline)) return response;
     }
   }
@@ -799,11 +859,12 @@ struct PocoTransport::Impl {
 
   std::unique_ptr<RawConnection> take_raw(const Target& target, SteadyClock::time_point deadline,
                                           bool& reused);
-  // Sends requests[first..] pipelined on `c` and reads their answers into `results` until one is
-  // missing; returns how many were answered. `c` stays usable when all were.
-  size_t pipeline(RawConnection& c, const std::vector<Request>& requests, size_t first,
-                  SteadyClock::time_point deadline, std::vector<BatchResult>& results,
-                  bool& reusable, Phase& phase);
+  // Sends the requests order[first..] name pipelined on `c` and reads their answers into
+  // `results` until one is missing; returns how many are done (answered, or failed by a refused
+  // answer, which ends the connection's use). `c` stays usable when all were answered.
+  size_t pipeline(RawConnection& c, const std::vector<Request>& requests,
+                  const std::vector<size_t>& order, size_t first, SteadyClock::time_point deadline,
+                  std::vector<BatchResult>& results, bool& reusable, Phase& phase);
 };
 
 Poco::Net::Context::Ptr PocoTransport::Impl::context() {
@@ -1089,13 +1150,15 @@ std::unique_ptr<RawConnection> PocoTransport::Impl::take_raw(const Target& targe
 }
 
 size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request>& requests,
-                                     size_t first, SteadyClock::time_point deadline,
+                                     const std::vector<size_t>& order, size_t first,
+                                     SteadyClock::time_point deadline,
                                      std::vector<BatchResult>& results, bool& reusable,
                                      Phase& phase) {
   phase = Phase::kSending;
   std::string bytes;
-  for (size_t i = first; i < requests.size(); ++i) {
-    serialize(requests[i], parse_target(requests[i].url), options.user_agent, bytes);
+  for (size_t k = first; k < order.size(); ++k) {
+    const Request& request = requests[order[k]];
+    serialize(request, parse_target(request.url), options.user_agent, bytes);
   }
   c.socket.setSendTimeout(to_timespan(remaining(deadline)));
   for (size_t sent = 0; sent < bytes.size();) {
@@ -1105,70 +1168,96 @@ size_t PocoTransport::Impl::pipeline(RawConnection& c, const std::vector<Request
     sent += static_cast<size_t>(n);
   }
   phase = Phase::kWaiting;
-  size_t answered = 0;
+  size_t finished = 0;
   reusable = false;
-  for (size_t i = first; i < requests.size(); ++i) {
+  for (size_t k = first; k < order.size(); ++k) {
+    const size_t i = order[k];
+    bool answered = false;
     bool close = false;
-    std::optional<Response> response =
-        read_response(c, requests[i], deadline, options.max_response_bytes, close);
-    if (!response) return answered;  // the server closed the connection
-    results[i].response = std::move(response);
-    ++answered;
-    if (close) return answered;
+    try {
+      std::optional<Response> response =
+          read_response(c, requests[i], deadline, options.max_response_bytes, answered, close);
+      if (!response) return finished;  // the server closed the connection
+      results[i].response = std::move(response);
+    } catch (const BadResponse& e) {
+      // The server took the request and answered it, unacceptably: it fails with that answer's
+      // error and is not sent again. Where the next answer starts is lost: the rest go on a new
+      // connection.
+      results[i].error = describe(requests[i], e.what());
+      return finished + 1;
+    } catch (const Poco::TimeoutException&) {
+      throw;
+    } catch (const Poco::Exception& e) {
+      if (!answered) throw;  // the connection's failure: the rest go again on a new one
+      results[i].error = describe(requests[i], failure_reason(e, Phase::kReading));
+      return finished + 1;
+    }
+    ++finished;
+    if (close) return finished;
   }
   reusable = true;
-  return answered;
+  return finished;
 }
 
 std::vector<BatchResult> PocoTransport::perform_batch(const std::vector<Request>& requests) {
-  if (requests.empty()) return {};
-  const Target target = impl_->target(requests.front().url);
-  bool pipelined = !target.tls && !target.proxied;
+  std::vector<BatchResult> results(requests.size());
+  // A request that cannot be sent (a bad URL, method or header) fails alone, with what perform()
+  // would have thrown, as in the one-by-one default; the rest go.
+  std::vector<size_t> order;  // the requests that can be sent
+  std::optional<Target> target;
+  bool pipelined = true;
   milliseconds timeout{0};
-  for (const Request& r : requests) {
-    validate(r);
-    const Target t = parse_target(r.url);
-    pipelined = pipelined && t.pool_key == target.pool_key;
-    timeout = std::max(timeout, r.timeout);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    try {
+      const Target t = impl_->target(requests[i].url);
+      validate(requests[i]);
+      if (!target) target = t;
+      pipelined = pipelined && !t.tls && !t.proxied && t.pool_key == target->pool_key;
+      timeout = std::max(timeout, requests[i].timeout);
+      order.push_back(i);
+    } catch (const RequestError& e) {
+      results[i].error = e.what();
+    }
   }
   if (!pipelined) return Transport::perform_batch(requests);
 
   // One deadline for the batch: the longest request timeout. Each connection answers what it
-  // can; the rest goes out again on a new one, until a fresh connection answers nothing.
+  // can; the rest goes out again on a new one, until a fresh connection answers nothing. A
+  // request is done once it has its response, or an error of its own.
   const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
-  std::vector<BatchResult> results(requests.size());
+  const auto done = [&](size_t k) {
+    return results[order[k]].response || !results[order[k]].error.empty();
+  };
   size_t next = 0;
   std::string failure;
-  while (next < requests.size()) {
+  while (next < order.size()) {
     bool reused = false;
     const size_t before = next;
     Phase phase = Phase::kConnecting;
     try {
-      std::unique_ptr<RawConnection> c = impl_->take_raw(target, deadline, reused);
+      std::unique_ptr<RawConnection> c = impl_->take_raw(*target, deadline, reused);
       bool reusable = false;
-      const size_t answered =
-          impl_->pipeline(*c, requests, next, deadline, results, reusable, phase);
+      const size_t finished =
+          impl_->pipeline(*c, requests, order, next, deadline, results, reusable, phase);
       if (reusable) {
         std::lock_guard lock(impl_->mutex);
-        auto& pool = impl_->raw_idle[target.pool_key];
+        auto& pool = impl_->raw_idle[target->pool_key];
         if (pool.size() < impl_->options.max_idle_per_origin) pool.push_back(std::move(c));
       }
-      if (answered == 0) failure = "the connection closed before any response";
+      if (finished == 0) failure = "the connection closed before any response";
     } catch (const Poco::TimeoutException&) {
       failure = timeout_reason(phase, timeout, impl_->options.connect_timeout);
       // Whatever was answered before the timeout stands; the rest has timed out.
-      while (next < requests.size() && results[next].response) ++next;
+      while (next < order.size() && done(next)) ++next;
       break;
     } catch (const Poco::Exception& e) {
       failure = failure_reason(e, phase);
-    } catch (const TransportError& e) {
-      failure = e.what();
     }
-    while (next < requests.size() && results[next].response) ++next;
+    while (next < order.size() && done(next)) ++next;
     if (next == before && !reused) break;  // a fresh connection answered nothing: give up
   }
-  for (size_t i = next; i < requests.size(); ++i) {
-    if (!results[i].response) results[i].error = describe(requests[i], failure);
+  for (size_t k = next; k < order.size(); ++k) {
+    if (!done(k)) results[order[k]].error = describe(requests[order[k]], failure);
   }
   return results;
 }

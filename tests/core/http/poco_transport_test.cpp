@@ -704,6 +704,94 @@ TEST(PocoTransportBatchTest, AMalformedLengthOrChunkSizeFailsItsRequest) {
   EXPECT_EQ(results[0].response->body, "abc");
 }
 
+// A response header over 1 MiB (its status line and fields with those of any interim responses
+// before it), or trailers over 1 MiB, fail their request as perform() fails such a header. The
+// pipelined reader had no limit: a server sending header lines without end grew the process by
+// gigabytes.
+TEST(PocoTransportBatchTest, AHeaderOrTrailersOver1MiBFailItsRequest) {
+  std::string lines;
+  for (int i = 0; i < 2048; ++i) lines += "X-Pad: " + std::string(1015, 'p') + "\r\n";  // 1 KiB
+  std::string interim;
+  for (int i = 0; i < 1100; ++i) {
+    interim += "HTTP/1.1 103 Early Hints\r\nLink: <" + std::string(990, 'l') + ">\r\n\r\n";
+  }
+  const std::vector<std::tuple<const char*, std::string, std::string>> cases = {
+      {"2 MiB of fields", "HTTP/1.1 200 OK\r\n" + lines + "Content-Length: 2\r\n\r\nok",
+       "response header larger than 1 MiB"},
+      {"1.1 MiB of interim responses", interim + kOkResponse, "response header larger than 1 MiB"},
+      {"2 MiB of trailers",
+       "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n" + lines + "\r\n",
+       "response trailers larger than 1 MiB"},
+  };
+  for (const auto& [what, answer, error] : cases) {
+    SCOPED_TRACE(what);
+    RawServer server(answer, RawServer::Then::kClose);
+    PocoTransport transport;
+    const std::vector<BatchResult> results = transport.perform_batch({get(server.url("/x"))});
+    ASSERT_EQ(results.size(), 1u);
+    EXPECT_FALSE(results[0].response);
+    EXPECT_TRUE(contains(results[0].error, "GET " + server.url("/x") + ": ")) << results[0].error;
+    EXPECT_TRUE(contains(results[0].error, error)) << results[0].error;
+  }
+}
+
+// A request whose answer arrived but was refused (too large, malformed) fails with that answer's
+// error, named once; the rest of the batch goes on a new connection. Before, the refused request
+// was sent again with the rest, and its error named the request twice.
+TEST(PocoTransportBatchTest, ARequestWithARefusedAnswerIsNotSentAgain) {
+  std::atomic<int> big_requests{0};
+  TestServer server([&big_requests](HTTPServerRequest& request, HTTPServerResponse& response) {
+    std::string unread;
+    Poco::StreamCopier::copyToString(request.stream(), unread);
+    if (request.getURI() == "/big") {
+      ++big_requests;
+      reply(response, std::string(200, 'b'));
+    } else {
+      reply(response, "ok");
+    }
+  });
+  PocoTransportOptions options;
+  options.max_response_bytes = 100;
+  PocoTransport transport(options);
+  const std::string big = server.url("/big");
+  const std::vector<BatchResult> results =
+      transport.perform_batch({get(server.url("/small")), get(big), get(server.url("/small"))});
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_TRUE(results[0].response) << results[0].error;
+  EXPECT_EQ(results[0].response->body, "ok");
+  EXPECT_FALSE(results[1].response);
+  EXPECT_EQ(results[1].error,
+            "GET " + big + ": response body larger than max_response_bytes (100 bytes)");
+  ASSERT_TRUE(results[2].response) << results[2].error;
+  EXPECT_EQ(results[2].response->body, "ok");
+  EXPECT_EQ(big_requests.load(), 1);
+}
+
+// A request that cannot be sent (a bad URL, a header value with a line break) fails alone, as the
+// one-by-one default fails it; the rest of the batch still goes, pipelined. Its RequestError left
+// perform_batch before, failing the whole batch.
+TEST(PocoTransportBatchTest, ARequestThatCannotBeSentFailsAlone) {
+  RoutingServer server;
+  PocoTransport transport;
+  Request bad_header = post(server.url("/echo"), "bad");
+  bad_header.headers.emplace_back("X-Evil", "a\r\nHost: other");
+  const std::vector<Request> batch = {get("http://127.0.0.1:1/a b"),
+                                      post(server.url("/echo"), "first"), bad_header,
+                                      post(server.url("/echo"), "second")};
+  std::vector<BatchResult> results;
+  ASSERT_NO_THROW(results = transport.perform_batch(batch));
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_FALSE(results[0].response);
+  EXPECT_TRUE(contains(results[0].error, "invalid url")) << results[0].error;
+  ASSERT_TRUE(results[1].response) << results[1].error;
+  EXPECT_EQ(results[1].response->body, "first");
+  EXPECT_FALSE(results[2].response);
+  EXPECT_TRUE(contains(results[2].error, "invalid value for header X-Evil")) << results[2].error;
+  ASSERT_TRUE(results[3].response) << results[3].error;
+  EXPECT_EQ(results[3].response->body, "second");
+  EXPECT_EQ(transport.connections_opened(), 1u);
+}
+
 TEST(PocoTransportBatchTest, RequestsToSeveralOriginsGoOneByOne) {
   RoutingServer a;
   RoutingServer b;
