@@ -1144,6 +1144,8 @@ std::unique_ptr<RawConnection> PocoTransport::Impl::take_raw(const Target& targe
   auto c = std::make_unique<RawConnection>();
   const milliseconds connect = std::min(options.connect_timeout, remaining(deadline));
   c->socket.connect(Poco::Net::SocketAddress(target.host, target.port), to_timespan(connect));
+  // Not passed on to a process a plugin starts, which would keep the connection open.
+  set_close_on_exec(c->socket.impl()->sockfd());
   c->socket.setNoDelay(true);
   opened.fetch_add(1, std::memory_order_relaxed);
   return c;

@@ -792,6 +792,17 @@ TEST(PocoTransportBatchTest, ARequestThatCannotBeSentFailsAlone) {
   EXPECT_EQ(transport.connections_opened(), 1u);
 }
 
+// The pipelined connections are not passed on to a process a plugin starts either.
+TEST(PocoTransportBatchTest, ItsConnectionsAreClosedOnExec) {
+  RoutingServer server;
+  PocoTransport transport;
+  const std::vector<BatchResult> results = transport.perform_batch({get(server.url("/echo"))});
+  ASSERT_TRUE(results[0].response) << results[0].error;
+  const testing::Connections kept = testing::connections_to(server.port());
+  EXPECT_EQ(kept.open, 1) << "the kept-alive connection";
+  EXPECT_EQ(kept.inheritable, 0);
+}
+
 TEST(PocoTransportBatchTest, RequestsToSeveralOriginsGoOneByOne) {
   RoutingServer a;
   RoutingServer b;
