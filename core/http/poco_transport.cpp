@@ -334,6 +334,9 @@ class PooledSession {
   // True when the idle connection is open and the server has sent nothing since the last
   // response: a readable idle socket means EOF, a reset or stray bytes, all of them unusable.
   virtual bool usable_when_idle() = 0;
+  // Up to `size` bytes of the connection past the response header (what the session buffered
+  // first), at most one receive; 0 at EOF. For a body read without Poco's stream.
+  virtual int receive_raw(char* out, size_t size) = 0;
 
   // The socket's send and receive timeouts as last set (0 = never): each change is a system
   // call, so a kept-alive connection keeps them while they stay within a tenth of what the
@@ -374,6 +377,10 @@ class CountingSession final : public PocoSession, public PooledSession {
 
   void connect_now() override {
     if (!this->connected()) this->reconnect();
+  }
+
+  int receive_raw(char* out, size_t size) override {
+    return this->read(out, static_cast<std::streamsize>(size));
   }
 
   bool usable_when_idle() override {
@@ -554,6 +561,20 @@ class RawConnection final : public ByteReader {
     socket.setReceiveTimeout(to_timespan(remaining(deadline)));
     return socket.receiveBytes(out, static_cast<int>(size));
   }
+};
+
+// The bytes of a Poco session past the response header, each receive given the time left.
+class SessionReader final : public ByteReader {
+ public:
+  explicit SessionReader(PooledSession& session) : session_(session) {}
+
+ private:
+  int receive(char* out, size_t size, SteadyClock::time_point deadline) override {
+    session_.set_receive_timeout(remaining(deadline));
+    return session_.receive_raw(out, size);
+  }
+
+  PooledSession& session_;
 };
 
 constexpr size_t kMaxLine = 64 * 1024;
@@ -1036,25 +1057,29 @@ Response PocoTransport::Impl::receive(PooledSession& pooled, const Request& requ
   result.url = request.url;
 
   const size_t limit = options.max_response_bytes;
-  const auto too_large = [&] {
-    return TransportError(describe(request, "response body larger than max_response_bytes (" +
-                                                std::to_string(limit) + " bytes)"));
-  };
   const bool has_body = !iequals(request.method, "HEAD") && result.status >= 200 &&
                         result.status != 204 && result.status != 304;
-  if (has_body) {
-    // With both, the chunks frame the body and the length means nothing (RFC 9112 6.3).
-    const bool has_length = response.hasContentLength() && !response.getChunkedTransferEncoding();
+  bool read_past_body = false;
+  if (has_body && response.getChunkedTransferEncoding()) {
+    // With a Content-Length too, the chunks frame the body and the length means nothing (RFC 9112
+    // 6.3). Read here rather than through Poco's chunked stream, which ends quietly where the
+    // connection does: a body cut inside a chunk, or before the last one, passed for complete.
+    SessionReader reader(pooled);
+    read_chunked(reader, deadline, limit, result.body);
+    read_past_body = reader.parsed < reader.buffer.size();
+  } else if (has_body) {
+    const bool has_length = response.hasContentLength();
     const Poco::Int64 length = has_length ? response.getContentLength64() : 0;
-    if (has_length && static_cast<Poco::UInt64>(length) > limit) throw too_large();
+    if (length < 0) throw BadResponse("malformed response: negative Content-Length");
+    if (static_cast<Poco::UInt64>(length) > limit) throw body_too_large(limit);
     if (has_length) result.body.reserve(static_cast<size_t>(length));
-    in.exceptions(std::ios::badbit);  // socket and chunk-format errors leave as Poco exceptions
+    in.exceptions(std::ios::badbit);  // socket errors leave as Poco exceptions
     char buffer[kReadChunk];
     for (;;) {
       pooled.set_receive_timeout(remaining(deadline));
       const size_t n = read_some(in, buffer, static_cast<size_t>(kReadChunk));
       if (n == 0) break;
-      if (result.body.size() + n > limit) throw too_large();
+      if (result.body.size() + n > limit) throw body_too_large(limit);
       result.body.append(buffer, n);
     }
     // Poco ends a fixed-length body quietly when the connection closes early.
@@ -1068,7 +1093,8 @@ Response PocoTransport::Impl::receive(PooledSession& pooled, const Request& requ
   const bool delimited =
       !has_body || response.getChunkedTransferEncoding() || response.hasContentLength();
   // After 101 Switching Protocols the connection speaks another protocol: never reused.
-  reusable = delimited && response.getKeepAlive() && session.connected() &&
+  // Bytes past the body are no answer to anything sent: the connection is out of step.
+  reusable = delimited && !read_past_body && response.getKeepAlive() && session.connected() &&
              result.status != Poco::Net::HTTPResponse::HTTP_SWITCHING_PROTOCOLS;
   return result;
 }
@@ -1102,6 +1128,8 @@ Response PocoTransport::perform(const Request& request) {
                                           impl_->through_proxy(target)));
       }
       return response;
+    } catch (const BadResponse& e) {
+      throw TransportError(describe(request, e.what() + impl_->through_proxy(target)));
     } catch (const Poco::TimeoutException&) {
       // Never retried: the server is slow, not gone, and the deadline covers the whole call.
       throw TransportError(describe(

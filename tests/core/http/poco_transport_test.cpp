@@ -859,6 +859,39 @@ TEST(PocoTransportTest, ReportsABodyCutShort) {
   EXPECT_TRUE(contains(error, "3 of 10 body bytes")) << error;
 }
 
+// A chunked body that the end of the connection cuts short, inside a chunk or before the last
+// (empty) chunk, fails as a fixed-length one does. It came back as a complete 200.
+TEST(PocoTransportTest, ReportsAChunkedBodyCutShort) {
+  const std::string head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (const std::string& answer :
+       {head + "a\r\nabc", head + "3\r\nabc\r\n", head + "3\r\nabc\r\n1"}) {
+    SCOPED_TRACE(answer);
+    RawServer server(answer, RawServer::Then::kClose);
+    PocoTransport transport;
+    const std::string error = transport_error(transport, get(server.url("/")));
+    EXPECT_TRUE(contains(error, "GET " + server.url("/") + ": connection closed in a chunk"))
+        << error;
+  }
+  // A whole one, trailers and all, leaves the connection to the next request.
+  RawServer server(head + "3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n", RawServer::Then::kKeepOpen);
+  PocoTransport transport;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(transport.perform(get(server.url("/"))).body, "abc");
+  EXPECT_EQ(transport.connections_opened(), 1u);
+}
+
+// A negative Content-Length is a malformed response, not a body too large.
+TEST(PocoTransportTest, ANegativeContentLengthIsAMalformedResponse) {
+  for (const char* length : {"-1", "-5"}) {
+    SCOPED_TRACE(length);
+    RawServer server("HTTP/1.1 200 OK\r\nContent-Length: " + std::string(length) + "\r\n\r\nabc",
+                     RawServer::Then::kClose);
+    PocoTransport transport;
+    const std::string error = transport_error(transport, get(server.url("/")));
+    EXPECT_TRUE(contains(error, "malformed response")) << error;
+    EXPECT_FALSE(contains(error, "max_response_bytes")) << error;
+  }
+}
+
 // With both Transfer-Encoding: chunked and a Content-Length, the chunks frame the body (RFC 9112
 // 6.3): the length is not held against it ("connection closed after 2 of 100 body bytes").
 TEST(PocoTransportTest, AChunkedBodyWithAContentLengthToo) {
