@@ -30,6 +30,7 @@
 #include <Poco/Net/NetException.h>
 #include <Poco/Net/NetSSL.h>
 #include <Poco/Net/SSLException.h>
+#include <Poco/Net/SecureStreamSocket.h>
 #include <Poco/Net/Socket.h>
 #include <Poco/Net/SocketAddress.h>
 #include <Poco/Timespan.h>
@@ -338,6 +339,11 @@ class PooledSession {
   // first), at most one receive; 0 at EOF. For a body read without Poco's stream.
   virtual int receive_raw(char* out, size_t size) = 0;
 
+  // Called with the socket once its TCP connection is open, before a proxy's CONNECT or a TLS
+  // handshake: each of their reads is given a timeout of its own, so the caller's deadline is
+  // put on the socket here.
+  std::function<void(int fd)> on_tcp_connected;
+
   // The socket's send and receive timeouts as last set (0 = never): each change is a system
   // call, so a kept-alive connection keeps them while they stay within a tenth of what the
   // current request has left (a deadline is overrun by at most that).
@@ -395,14 +401,62 @@ class CountingSession final : public PocoSession, public PooledSession {
 
  protected:
   void connect(const Poco::Net::SocketAddress& address) override {
-    PocoSession::connect(address);
-    // Not passed on to a process a plugin starts, which would keep the connection open.
-    set_close_on_exec(this->socket().impl()->sockfd());
+    if constexpr (std::is_same_v<PocoSession, Poco::Net::HTTPClientSession>) {
+      PocoSession::connect(address);
+      tcp_connected(this->socket().impl()->sockfd());
+    } else if (this->getProxyHost().empty() || this->bypassProxy()) {
+      // Poco's own connect, with the handshake left until the TCP connection is open.
+      Poco::Net::SecureStreamSocket secure(this->socket());
+      secure.setLazyHandshake(true);
+      PocoSession::connect(address);
+      tcp_connected(secure.impl()->sockfd());
+      if (secure.completeHandshake() != 1) {
+        throw Poco::Net::SSLConnectionUnexpectedlyClosedException();
+      }
+      secure.verifyPeerCertificate();  // the host name: done by Poco only for an eager handshake
+    } else {
+      open_tunnel();
+    }
     this->forget_timeouts();
     opened_.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
+  void tcp_connected(int fd) {
+    // Not passed on to a process a plugin starts, which would keep the connection open.
+    set_close_on_exec(fd);
+    if (this->on_tcp_connected) this->on_tcp_connected(fd);
+  }
+
+  // The CONNECT tunnel that Poco's proxyConnect() opens, opened here so that the socket is seen
+  // from its TCP connection on; then TLS to the origin inside it.
+  void open_tunnel() {
+    Poco::Net::StreamSocket tcp;
+    tcp.connect(Poco::Net::SocketAddress(this->getProxyHost(), this->getProxyPort()),
+                this->getTimeout());
+    tcp_connected(tcp.impl()->sockfd());
+    Poco::Net::HTTPClientSession proxy(tcp);
+    proxy.setTimeout(this->getTimeout());
+    proxy.setKeepAlive(true);
+    const bool ipv6 = this->getHost().find(':') != std::string::npos;
+    const std::string authority = (ipv6 ? "[" + this->getHost() + "]" : this->getHost()) + ":" +
+                                  std::to_string(this->getPort());
+    Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_CONNECT, authority,
+                                   Poco::Net::HTTPMessage::HTTP_1_1);
+    request.set("Host", authority);
+    request.set("Proxy-Connection", "keep-alive");
+    this->proxyAuthenticateImpl(request, this->getProxyConfig());
+    proxy.sendRequest(request);
+    Poco::Net::HTTPResponse answer;
+    proxy.receiveResponse(answer);
+    if (answer.getStatus() != Poco::Net::HTTPResponse::HTTP_OK) {
+      throw Poco::Net::HTTPException("Cannot establish proxy connection", answer.getReason());
+    }
+    this->attachSocket(Poco::Net::SecureStreamSocket::attach(
+        proxy.detachSocket(), this->getHost(),
+        Poco::Net::SecureStreamSocket(this->socket()).context()));
+  }
+
   std::atomic<size_t>& opened_;
 };
 
@@ -970,17 +1024,38 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   progress.phase = Phase::kConnecting;
   {
     const milliseconds left = remaining(deadline);
-    const Poco::Timespan connect = to_timespan(std::min(options.connect_timeout, left));
-    // A tunnel through the proxy is opened by Poco's own session to the proxy, with the receive
-    // timeout for everything: connecting, the CONNECT answer. It gets the connect timeout.
-    if (target.tls && !session.connected() && target.proxied) {
-      session.setTimeout(connect, connect, connect);
+    const milliseconds connect_ms = std::min(options.connect_timeout, left);
+    const Poco::Timespan connect = to_timespan(connect_ms);
+    // All of connecting (TCP, a proxy's CONNECT, the TLS handshake) ends with the connect timeout:
+    // a server or proxy answering a byte now and then, each read within its own timeout, would
+    // otherwise hold the request past its deadline. Past it the socket is shut down.
+    // The watch has a descriptor of its own for the socket: a failed connect can close the
+    // session's before the watch ends, and its number be taken by another thread's file.
+    UniqueFd watched;
+    std::optional<SocketDeadlines::Watch> watch;
+    pooled.on_tcp_connected = [&](int fd) {
+      watch.reset();
+      watched.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (watched) watch.emplace(deadlines, watched.get(), SteadyClock::now() + connect_ms);
+    };
+    try {
+      // A tunnel through the proxy is opened with the receive timeout for everything: the
+      // CONNECT answer, the handshake. It gets the connect timeout.
+      if (target.tls && !session.connected() && target.proxied) {
+        session.setTimeout(connect, connect, connect);
+        pooled.connect_now();
+      }
+      // Also what Poco applies to a connection it reopens by itself inside sendRequest().
+      session.setTimeout(connect, to_timespan(left), to_timespan(left));
       pooled.connect_now();
+    } catch (...) {
+      pooled.on_tcp_connected = nullptr;
+      if (watch && watch->expired()) throw Poco::TimeoutException("connect deadline passed");
+      throw;
     }
-    // Also what Poco applies to a connection it reopens by itself inside sendRequest().
-    session.setTimeout(connect, to_timespan(left), to_timespan(left));
+    pooled.on_tcp_connected = nullptr;
+    if (watch && watch->expired()) throw Poco::TimeoutException("connect deadline passed");
   }
-  pooled.connect_now();
 
   progress.phase = Phase::kSending;
   pooled.set_send_timeout(remaining(deadline));

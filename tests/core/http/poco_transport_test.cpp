@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <Poco/Exception.h>
@@ -63,6 +64,14 @@ std::string transport_error(PocoTransport& transport, const Request& request) {
     return e.what();
   }
   return {};
+}
+
+// The TransportError message of `request`, and how long it took to come.
+std::pair<std::string, std::chrono::steady_clock::duration> timed_error(PocoTransport& transport,
+                                                                        const Request& request) {
+  const auto started = std::chrono::steady_clock::now();
+  std::string error = transport_error(transport, request);
+  return {std::move(error), std::chrono::steady_clock::now() - started};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -253,6 +262,7 @@ class RawServer {
   std::string url(std::string_view path) const {
     return "http://127.0.0.1:" + std::to_string(server_.port()) + std::string(path);
   }
+  uint16_t port() const { return server_.port(); }
   int requests() const { return requests_.load(); }
 
  private:
@@ -1418,13 +1428,87 @@ TEST_F(PocoTransportTlsTest, AProxyThatDoesNotAnswerTheConnectTimesOutAsAConnect
   PocoTransport transport(options);
   Request request = get(url());
   request.timeout = 20s;
-  const auto started = std::chrono::steady_clock::now();
-  const std::string error = transport_error(transport, request);
-  const auto took = std::chrono::steady_clock::now() - started;
+  const auto [error, took] = timed_error(transport, request);
   done = true;
   EXPECT_TRUE(contains(error, "connect timeout after 200 ms")) << error;
   EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:")) << error;
   EXPECT_LT(took, 10s) << "the request's 20 s, not the connect timeout";
+}
+
+// Relays each connection to 127.0.0.1:`port`: what the client sends goes on at once, what the
+// server answers comes back a byte every `gap` (a server that answers, too slowly to finish).
+class DripRelay {
+ public:
+  DripRelay(uint16_t port, std::chrono::milliseconds gap)
+      : port_(port), gap_(gap), server_([this](Poco::Net::StreamSocket& c) { relay(c); }) {}
+
+  uint16_t port() const { return server_.port(); }
+
+ private:
+  void relay(Poco::Net::StreamSocket& client) {
+    try {
+      Poco::Net::StreamSocket upstream(Poco::Net::SocketAddress("127.0.0.1", port_));
+      std::string pending;
+      char chunk[4096];
+      while (!server_.stopping()) {
+        if (client.poll(Poco::Timespan(0), Poco::Net::Socket::SELECT_READ)) {
+          const int n = client.receiveBytes(chunk, sizeof chunk);
+          if (n <= 0) break;
+          upstream.sendBytes(chunk, n);
+        }
+        if (upstream.poll(Poco::Timespan(0), Poco::Net::Socket::SELECT_READ)) {
+          const int n = upstream.receiveBytes(chunk, sizeof chunk);
+          if (n <= 0) break;
+          pending.append(chunk, static_cast<size_t>(n));
+        }
+        if (!pending.empty()) {
+          client.sendBytes(pending.data(), 1);
+          pending.erase(0, 1);
+        }
+        std::this_thread::sleep_for(gap_);
+      }
+    } catch (const Poco::Exception&) {
+      // Either side went away: nothing to do.
+    }
+  }
+
+  const uint16_t port_;
+  const std::chrono::milliseconds gap_;
+  testing::TcpServer server_;  // last: stops before the members its connections use
+};
+
+// The request's deadline covers connecting: a TLS handshake, or a proxy's answer to CONNECT, that
+// arrives a byte at a time ends with it, as a connect timeout. Each read had a connect timeout of
+// its own before: a 2 s request whose server hello dripped in took 28 s, and was reported as a
+// timeout while sending the request.
+TEST_F(PocoTransportTlsTest, ASlowHandshakeOrTunnelEndsAtTheRequestsDeadline) {
+  PocoTransportOptions options;
+  options.ca_file = pki_->ca_file;
+  {
+    SCOPED_TRACE("the server's handshake drips");
+    DripRelay relay(server_->port(), 20ms);
+    PocoTransport transport(options);
+    Request request = get("https://127.0.0.1:" + std::to_string(relay.port()) + "/echo");
+    request.timeout = 500ms;
+    const auto [error, took] = timed_error(transport, request);
+    EXPECT_TRUE(contains(error, "connect timeout after 500 ms")) << error;
+    EXPECT_LT(took, 3s);
+  }
+  {
+    SCOPED_TRACE("the proxy's answer to CONNECT drips");
+    const std::string answer =
+        "HTTP/1.1 200 Connection established\r\nX-Pad: " + std::string(1000, 'p') + "\r\n\r\n";
+    RawServer proxy(answer, RawServer::Then::kKeepOpen, {0, 1, 20ms});
+    options.proxy.host = "127.0.0.1";
+    options.proxy.port = proxy.port();
+    PocoTransport transport(options);
+    Request request = get(url());
+    request.timeout = 500ms;
+    const auto [error, took] = timed_error(transport, request);
+    EXPECT_TRUE(contains(error, "connect timeout after 500 ms")) << error;
+    EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:")) << error;
+    EXPECT_LT(took, 3s);
+  }
 }
 
 // The name is checked for a loopback address too: a certificate the trusted CA signed for
