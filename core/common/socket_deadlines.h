@@ -29,6 +29,10 @@ class SocketDeadlines {
     Watch& operator=(const Watch&) = delete;
     // Whether the socket was shut down: what was read from it since may be cut short.
     bool expired() const { return owner_.expired(id_); }
+    // Ends the watch, and tells whether the socket was shut down first: one step under the lock,
+    // where expired() and then the end of the watch would leave a moment for it to be shut down
+    // unnoticed.
+    bool release() { return owner_.release(id_); }
 
    private:
     SocketDeadlines& owner_;
@@ -75,6 +79,14 @@ class SocketDeadlines {
     std::lock_guard lock(mutex_);
     auto it = entries_.find(id);
     return it != entries_.end() && it->second.expired;
+  }
+  bool release(uint64_t id) {
+    std::lock_guard lock(mutex_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return false;
+    const bool expired = it->second.expired;
+    entries_.erase(it);
+    return expired;
   }
 
   void run() {

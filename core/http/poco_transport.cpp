@@ -357,7 +357,7 @@ class PooledSession {
     http().socket().setSendTimeout(to_timespan(left));
     send_timeout_ = left;
   }
-  // A new socket (Poco reconnects by itself) starts without our timeouts.
+  // A new socket starts without our timeouts.
   void forget_timeouts() { receive_timeout_ = send_timeout_ = milliseconds(0); }
 
  private:
@@ -368,8 +368,9 @@ class PooledSession {
   milliseconds send_timeout_{0};
 };
 
-// Counts every TCP connection the Poco session opens, including the reconnects Poco makes by
-// itself (after its keep-alive timeout, or when the first write on a kept-alive socket fails).
+// Counts every TCP connection the Poco session opens. Each is opened by connect_now(), in the
+// transport's connect block, where the socket is watched and given the connect timeout: Poco does
+// not reconnect by itself here.
 template <class PocoSession>
 class CountingSession final : public PocoSession, public PooledSession {
  public:
@@ -400,6 +401,18 @@ class CountingSession final : public PocoSession, public PooledSession {
   }
 
  protected:
+  // Poco would reopen, inside sendRequest(), a connection idle for its keep-alive timeout (8 s),
+  // unwatched and, through a proxy, without any timeout: the pool checks an idle connection at
+  // checkout instead (usable_when_idle()).
+  bool mustReconnect() const override { return false; }
+
+  // Poco would also reopen a connection whose first write fails (the server closed it a moment
+  // before): the failure is reported instead, and perform() sends the request again on a new
+  // connection.
+  int write(const char* buffer, std::streamsize length) override {
+    return Poco::Net::HTTPSession::write(buffer, length);
+  }
+
   void connect(const Poco::Net::SocketAddress& address) override {
     if constexpr (std::is_same_v<PocoSession, Poco::Net::HTTPClientSession>) {
       PocoSession::connect(address);
@@ -434,6 +447,10 @@ class CountingSession final : public PocoSession, public PooledSession {
     Poco::Net::StreamSocket tcp;
     tcp.connect(Poco::Net::SocketAddress(this->getProxyHost(), this->getProxyPort()),
                 this->getTimeout());
+    // The session below only stores timeouts for a socket it is given: they are set here, for
+    // the CONNECT exchange and the handshake after it.
+    tcp.setSendTimeout(this->getTimeout());
+    tcp.setReceiveTimeout(this->getTimeout());
     tcp_connected(tcp.impl()->sockfd());
     Poco::Net::HTTPClientSession proxy(tcp);
     proxy.setTimeout(this->getTimeout());
@@ -582,6 +599,19 @@ class ByteReader {
     return out;
   }
 
+  // Appends the next `n` unparsed bytes to `out` as they arrive, without gathering them in the
+  // buffer first; false at EOF first.
+  bool append_to(std::string& out, size_t n, SteadyClock::time_point deadline) {
+    while (n > 0) {
+      if (parsed == buffer.size() && !fill(deadline)) return false;
+      const size_t part = std::min(n, buffer.size() - parsed);
+      out.append(buffer, parsed, part);
+      parsed += part;
+      n -= part;
+    }
+    return true;
+  }
+
   // The next line without its CRLF; nullopt at EOF first.
   std::optional<std::string> line(SteadyClock::time_point deadline, size_t max_bytes) {
     for (;;) {
@@ -657,9 +687,11 @@ void read_chunked(ByteReader& in, SteadyClock::time_point deadline, size_t max_b
     const size_t size = parse_size(*size_line, 16, "chunk size");
     if (size == 0) break;
     if (size > max_body - body.size()) throw body_too_large(max_body);  // body <= max_body
-    std::optional<std::string_view> data = in.take(size + 2, deadline);
-    if (!data) throw BadResponse("connection closed in a chunk");
-    body.append(data->substr(0, size));
+    // A large chunk goes to the body as it arrives, not through the reader's buffer whole.
+    if (!in.append_to(body, size, deadline)) throw BadResponse("connection closed in a chunk");
+    const std::optional<std::string_view> end = in.take(2, deadline);
+    if (!end) throw BadResponse("connection closed in a chunk");
+    if (*end != "\r\n") throw BadResponse("malformed chunk: no CRLF after its data");
   }
   size_t trailer_bytes = 0;  // under the header's limit
   for (;;) {                 // trailers up to the empty line
@@ -768,12 +800,11 @@ std::optional<Response> read_response(RawConnection& c, const Request& request,
     }
     if (length) {
       if (*length > max_body) throw body_too_large(max_body);
-      std::optional<std::string_view> data = c.take(*length, deadline);
-      if (!data) {
+      response.body.reserve(*length);
+      if (!c.append_to(response.body, *length, deadline)) {
         throw BadResponse("connection closed before the " + std::to_string(*length) +
                           "-byte body ended");
       }
-      response.body.assign(*data);
       return response;
     }
     // Delimited by the end of the connection.
@@ -1023,12 +1054,14 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
 
   progress.phase = Phase::kConnecting;
   {
+    // All of connecting (TCP, a proxy's CONNECT, the TLS handshake) ends with the connect timeout,
+    // counted from here: a server or proxy answering a byte now and then, each read within its
+    // own timeout, would otherwise hold the request past its deadline. Past it the socket is shut
+    // down.
+    const SteadyClock::time_point connect_deadline =
+        std::min(SteadyClock::now() + options.connect_timeout, deadline);
     const milliseconds left = remaining(deadline);
-    const milliseconds connect_ms = std::min(options.connect_timeout, left);
-    const Poco::Timespan connect = to_timespan(connect_ms);
-    // All of connecting (TCP, a proxy's CONNECT, the TLS handshake) ends with the connect timeout:
-    // a server or proxy answering a byte now and then, each read within its own timeout, would
-    // otherwise hold the request past its deadline. Past it the socket is shut down.
+    const Poco::Timespan connect = to_timespan(remaining(connect_deadline));
     // The watch has a descriptor of its own for the socket: a failed connect can close the
     // session's before the watch ends, and its number be taken by another thread's file.
     UniqueFd watched;
@@ -1036,7 +1069,12 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
     pooled.on_tcp_connected = [&](int fd) {
       watch.reset();
       watched.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-      if (watched) watch.emplace(deadlines, watched.get(), SteadyClock::now() + connect_ms);
+      if (watched) watch.emplace(deadlines, watched.get(), connect_deadline);
+    };
+    // Whether the watch shut the socket down; it ends the watch.
+    const auto watch_expired = [&] {
+      pooled.on_tcp_connected = nullptr;
+      return watch && watch->release();
     };
     try {
       // A tunnel through the proxy is opened with the receive timeout for everything: the
@@ -1045,16 +1083,13 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
         session.setTimeout(connect, connect, connect);
         pooled.connect_now();
       }
-      // Also what Poco applies to a connection it reopens by itself inside sendRequest().
       session.setTimeout(connect, to_timespan(left), to_timespan(left));
       pooled.connect_now();
     } catch (...) {
-      pooled.on_tcp_connected = nullptr;
-      if (watch && watch->expired()) throw Poco::TimeoutException("connect deadline passed");
+      if (watch_expired()) throw Poco::TimeoutException("connect deadline passed");
       throw;
     }
-    pooled.on_tcp_connected = nullptr;
-    if (watch && watch->expired()) throw Poco::TimeoutException("connect deadline passed");
+    if (watch_expired()) throw Poco::TimeoutException("connect deadline passed");
   }
 
   progress.phase = Phase::kSending;
@@ -1097,18 +1132,20 @@ Response PocoTransport::Impl::exchange(PooledSession& pooled, const Target& targ
   progress.phase = Phase::kWaiting;
   // From here the socket is Poco's to read, in loops that this code does not see into: past the
   // deadline it is shut down, and what it ended is a timeout.
-  const SocketDeadlines::Watch watch(deadlines, session.socket().impl()->sockfd(), deadline);
+  SocketDeadlines::Watch watch(deadlines, session.socket().impl()->sockfd(), deadline);
+  Response result;
   try {
-    Response result = receive(pooled, request, deadline, progress, reusable);
-    // A body cut by the shutdown may read as complete (a chunked one, say).
-    if (watch.expired()) throw Poco::TimeoutException("request deadline passed");
-    return result;
+    result = receive(pooled, request, deadline, progress, reusable);
   } catch (const Poco::TimeoutException&) {
     throw;
   } catch (...) {
-    if (watch.expired()) throw Poco::TimeoutException("request deadline passed");
+    if (watch.release()) throw Poco::TimeoutException("request deadline passed");
     throw;
   }
+  // A body cut by the shutdown may read as complete (a chunked one, say). Once released, the
+  // socket is left alone: a connection going back to the pool is not shut down under it.
+  if (watch.release()) throw Poco::TimeoutException("request deadline passed");
+  return result;
 }
 
 Response PocoTransport::Impl::receive(PooledSession& pooled, const Request& request,

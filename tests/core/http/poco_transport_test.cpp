@@ -29,6 +29,7 @@
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/Net/NetSSL.h>
 #include <Poco/Net/SecureServerSocket.h>
+#include <Poco/Net/SecureStreamSocket.h>
 #include <Poco/Net/ServerSocket.h>
 #include <Poco/Net/Socket.h>
 #include <Poco/Net/SocketAddress.h>
@@ -694,6 +695,7 @@ TEST(PocoTransportBatchTest, AMalformedLengthOrChunkSizeFailsItsRequest) {
        "malformed Content-Length"},
       {chunked + "zz\r\n", "malformed chunk size"},
       {chunked + "\r\n", "malformed chunk size"},
+      {chunked + "3\r\nabcXY0\r\n\r\n", "malformed chunk: no CRLF after its data"},
       {chunked + "1\r\na\r\nffffffffffffffff\r\nb\r\n0\r\n\r\n", "larger than max_response_bytes"},
   };
   for (const auto& [answer, error] : cases) {
@@ -886,6 +888,32 @@ TEST(PocoTransportTest, ReportsAChunkedBodyCutShort) {
   RawServer server(head + "3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n", RawServer::Then::kKeepOpen);
   PocoTransport transport;
   for (int i = 0; i < 2; ++i) EXPECT_EQ(transport.perform(get(server.url("/"))).body, "abc");
+  EXPECT_EQ(transport.connections_opened(), 1u);
+}
+
+// The CRLF after a chunk's data is checked: "3\r\nabcXY0\r\n\r\n" came back as a complete 200
+// with the body "abc", the two bytes in the CRLF's place skipped unread.
+TEST(PocoTransportTest, AChunkWithoutItsCrlfIsMalformed) {
+  RawServer server("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n",
+                   RawServer::Then::kClose);
+  PocoTransport transport;
+  const std::string error = transport_error(transport, get(server.url("/")));
+  EXPECT_TRUE(
+      contains(error, "GET " + server.url("/") + ": malformed chunk: no CRLF after its data"))
+      << error;
+}
+
+// A chunk larger than one receive is read whole, across many, and the connection is left at the
+// next response.
+TEST(PocoTransportTest, ReadsAChunkLargerThanOneReceive) {
+  const std::string data(1024 * 1024 + 3, 'd');
+  std::stringstream size;
+  size << std::hex << data.size();
+  RawServer server("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size.str() + "\r\n" +
+                       data + "\r\n1\r\n!\r\n0\r\n\r\n",
+                   RawServer::Then::kKeepOpen);
+  PocoTransport transport;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(transport.perform(get(server.url("/"))).body, data + "!");
   EXPECT_EQ(transport.connections_opened(), 1u);
 }
 
@@ -1509,6 +1537,66 @@ TEST_F(PocoTransportTlsTest, ASlowHandshakeOrTunnelEndsAtTheRequestsDeadline) {
     EXPECT_TRUE(contains(error, "through the proxy 127.0.0.1:")) << error;
     EXPECT_LT(took, 3s);
   }
+}
+
+// Every connection is opened by the transport, where it is watched: Poco reopened one idle for its
+// keep-alive timeout (8 s) inside sendRequest() by itself, unwatched, and a tunnel it reopened so
+// had no timeout at all (a proxy that then never answered the CONNECT held the request for ever).
+// The pool checks an idle connection at checkout instead: one still open is used again. There is
+// no clock to move in Poco: the test waits out its keep-alive timeout.
+TEST_F(PocoTransportTlsTest, AnIdleTunnelIsUsedAgainNotReopenedByPoco) {
+  testing::TestProxy proxy;
+  PocoTransportOptions options;
+  options.ca_file = pki_->ca_file;
+  options.proxy = proxy.options();
+  PocoTransport transport(options);
+  expect_echoed(transport, "before", 1);
+  std::this_thread::sleep_for(8500ms);
+  expect_echoed(transport, "after Poco's keep-alive timeout", 1);
+  EXPECT_EQ(transport.connections_opened(), 1u);
+  EXPECT_EQ(proxy.seen_containing("CONNECT "), 1u);
+}
+
+// A pooled connection that the server closed while it was idle, direct or through a tunnel, is
+// dropped at checkout (or, closed just before its use, found dead by the request, which goes
+// again), and a new one is opened by the transport, as Poco no longer reconnects by itself.
+TEST_F(PocoTransportTlsTest, ReconnectsWhenTheServerClosedAnIdleConnection) {
+  Poco::Net::Context::Ptr context =
+      new Poco::Net::Context(Poco::Net::Context::TLS_SERVER_USE, pki_->key_file, pki_->cert_file,
+                             "", Poco::Net::Context::VERIFY_NONE);
+  // Answers one request on each connection, then closes it.
+  testing::TcpServer server([&context](Poco::Net::StreamSocket& socket) {
+    try {
+      socket.setReceiveTimeout(Poco::Timespan(10, 0));  // a client that sends nothing
+      Poco::Net::SecureStreamSocket tls = Poco::Net::SecureStreamSocket::attach(socket, context);
+      std::string request;
+      char chunk[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        const int n = tls.receiveBytes(chunk, sizeof chunk);
+        if (n <= 0) return;
+        request.append(chunk, static_cast<size_t>(n));
+      }
+      tls.sendBytes(kOkResponse.data(), static_cast<int>(kOkResponse.size()));
+      tls.close();
+    } catch (const Poco::Exception&) {
+      // The client went away: nothing to do.
+    }
+  });
+  testing::TestProxy proxy;
+  for (const bool tunnelled : {false, true}) {
+    SCOPED_TRACE(tunnelled ? "through a tunnel" : "direct");
+    PocoTransportOptions options;
+    options.ca_file = pki_->ca_file;
+    if (tunnelled) options.proxy = proxy.options();
+    PocoTransport transport(options);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(
+          transport.perform(get("https://127.0.0.1:" + std::to_string(server.port()) + "/")).body,
+          "ok");
+    }
+    EXPECT_EQ(transport.connections_opened(), 3u);
+  }
+  EXPECT_EQ(proxy.seen_containing("CONNECT "), 3u);
 }
 
 // The name is checked for a loopback address too: a certificate the trusted CA signed for
