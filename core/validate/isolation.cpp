@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
@@ -22,7 +21,6 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,45 +153,66 @@ struct Watch {
   bool exited = false;
   bool timed_out = false;
   bool memory_exceeded = false;
-  bool pipes_held = false;  // still open a while after the child ended: another process has them
-  int held_by = 0;          // the processes found holding them, killed
+  int left = 0;  // processes the child left running out of its group, killed
   int status = 0;
   rusage usage{};
 };
 
 // A process the child started, in a session of its own (setsid()), is out of the group the
-// supervisor kills, and holds the child's pipes for as long as it lives. Long enough after the
+// supervisor kills, and may hold the child's pipes for as long as it lives. Long enough after the
 // child's end for the kernel to have closed the child's own ends.
 constexpr std::chrono::milliseconds kHeldPipesGrace{500};
+// Rounds of kill_orphans(): each finds the orphans of the processes the round before killed. A
+// process that forks faster than it is killed cannot keep the validator here for ever.
+constexpr int kMaxOrphanRounds = 100;
 
-// Kills every process out of process group `group` that has the pipe of `read_fd` or `other_fd`
-// open, found through /proc in one pass (they are this user's). Returns how many it found. The
-// group's own members were killed with it, but may not have died yet: they are not counted.
-int kill_pipe_holders(int read_fd, int other_fd, pid_t group) {
-  std::set<std::string> targets;
-  for (int fd : {read_fd, other_fd}) {
-    struct stat pipe_stat {};
-    if (::fstat(fd, &pipe_stat) == 0)
-      targets.insert("pipe:[" + std::to_string(pipe_stat.st_ino) + "]");
+// Makes this process the child subreaper of what it forks while the object lives (unless it was
+// one already), so that a process the child leaves behind, whatever it did to leave the child's
+// group and session and to drop its descriptors, becomes this process's child when its parent
+// ends, where kill_orphans() finds it.
+class SubreaperScope {
+ public:
+  SubreaperScope() {
+    int was = 0;
+    if (::prctl(PR_GET_CHILD_SUBREAPER, &was) == 0 && was == 0)
+      set_ = ::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
   }
-  int killed = 0;
-  std::error_code ec;
-  for (const auto& process : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = process.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (pid == ::getpid() || ::getpgid(pid) == group) continue;
-    std::error_code fd_ec;
-    for (const auto& fd : std::filesystem::directory_iterator(process.path() / "fd", fd_ec)) {
-      std::error_code link_ec;
-      if (targets.count(std::filesystem::read_symlink(fd.path(), link_ec).string())) {
-        ::kill(pid, SIGKILL);
-        ++killed;
-        break;
+  ~SubreaperScope() {
+    if (set_) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+  SubreaperScope(const SubreaperScope&) = delete;
+  SubreaperScope& operator=(const SubreaperScope&) = delete;
+
+ private:
+  bool set_ = false;
+};
+
+// After the child was reaped: kills, by PID, and reaps every child of this process that is not
+// one of `ours` (its children before the fork): the processes the child left behind, handed to
+// this subreaper as their parents ended. Returns how many of them were running out of process
+// group `group`; the group's own members were killed with it and are reaped here uncounted, as is
+// one that had already ended by itself. A killed process's children become ours as it ends, so
+// rounds go on until one finds none.
+int kill_orphans(pid_t group, const std::set<pid_t>& ours) {
+  int escaped = 0;
+  for (int round = 0; round < kMaxOrphanRounds; ++round) {
+    std::vector<pid_t> orphans;
+    for (pid_t pid : child_pids(::getpid())) {
+      if (!ours.count(pid)) orphans.push_back(pid);
+    }
+    if (orphans.empty()) break;
+    for (pid_t pid : orphans) {
+      // A child's PID is not reused before it is reaped: the kill reaches the process counted.
+      const std::optional<ProcStat> stat = read_proc_stat(pid);
+      if (stat && stat->state != 'Z' && stat->state != 'X' && ::getpgid(pid) != group) ++escaped;
+      ::kill(pid, SIGKILL);
+    }
+    for (pid_t pid : orphans) {
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
       }
     }
   }
-  return killed;
+  return escaped;
 }
 
 // Notices that the child ended without reaping it: a zombie keeps its pid (and so its process
@@ -230,10 +249,10 @@ void poll_pipes(Watch& w, std::chrono::milliseconds wait) {
 
 // Reads the pipes until the child has ended and both are at EOF, or until the deadline, or until
 // the child outgrows the memory limit. Then kills the child's process group (a grandchild may
-// still hold the pipes) and reaps the child. Pipes still open kHeldPipesGrace after the child
-// ended are held by a process it started out of its group: not waited for (every check would
-// take the whole timeout), but found, killed and reported.
-void supervise(Watch& w, const ChildLimits& limits) {
+// still hold the pipes) and reaps the child, then kills and reaps what the child left behind out
+// of its group (kill_orphans). Pipes still open kHeldPipesGrace after the child ended are held by
+// such a process: not waited for (every check would take the whole timeout).
+void supervise(Watch& w, const ChildLimits& limits, const std::set<pid_t>& ours) {
   const auto deadline = Clock::now() + limits.timeout;
   const int64_t limit_kb = static_cast<int64_t>(limits.memory_bytes / 1024);
   std::optional<Clock::time_point> ended;
@@ -242,10 +261,8 @@ void supervise(Watch& w, const ChildLimits& limits) {
     if (has_exited(w)) {
       if (!w.result_open && !w.err_open) break;
       if (!ended) ended = now;
-      if (now - *ended >= kHeldPipesGrace || now >= deadline) {
-        w.pipes_held = true;
-        break;
-      }
+      // Still open: held by a process the child started, which kill_orphans() ends.
+      if (now - *ended >= kHeldPipesGrace || now >= deadline) break;
       poll_pipes(w, kWatchTick);
       continue;
     }
@@ -262,15 +279,11 @@ void supervise(Watch& w, const ChildLimits& limits) {
   }
   ::kill(-w.pid, SIGKILL);
   ::kill(w.pid, SIGKILL);
-  if (w.pipes_held) {
-    // After the group's kill: what still holds them is out of it.
-    w.held_by = kill_pipe_holders(w.result_fd, w.err_fd, w.pid);
-    if (w.held_by == 0) w.pipes_held = false;  // held by the group's own, killed with it
-  }
   pid_t r;
   do {
     r = ::wait4(w.pid, &w.status, 0, &w.usage);
   } while (r < 0 && errno == EINTR);
+  w.left = kill_orphans(w.pid, ours);
 }
 
 // Splits the result frame; false when it is incomplete.
@@ -293,9 +306,9 @@ ChildOutcome classify(Watch& w, const char* activity) {
   std::string payload;
   if (w.timed_out) {
     out.end = ChildEnd::kTimedOut;
-  } else if (w.pipes_held) {
+  } else if (w.left > 0) {
     out.end = ChildEnd::kLeftProcesses;
-    out.left_processes = w.held_by;
+    out.left_processes = w.left;
   } else if (w.memory_exceeded) {
     out.end = ChildEnd::kMemoryExceeded;
   } else if (parse_frame(w.result, tag, payload)) {
@@ -427,6 +440,11 @@ ChildOutcome run_in_child(const std::function<std::string()>& body, const ChildL
   }
   // Buffered output would otherwise be written twice if plugin code calls exit() in the child.
   std::fflush(nullptr);
+  // [main-thread]: nothing else forks while the child runs, so every child of this process but
+  // these and the child itself is one the child left behind.
+  const std::vector<pid_t> before = child_pids(::getpid());
+  const std::set<pid_t> ours(before.begin(), before.end());
+  const SubreaperScope subreaper;
   const auto started = Clock::now();
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -445,7 +463,7 @@ ChildOutcome run_in_child(const std::function<std::string()>& body, const ChildL
   ::close(result_pipe[1]);
   ::close(err_pipe[1]);
   Watch w{pid, result_pipe[0], err_pipe[0], {}, {}};
-  supervise(w, limits);
+  supervise(w, limits, ours);
   ::close(result_pipe[0]);
   ::close(err_pipe[0]);
   ChildOutcome out = classify(w, activity);

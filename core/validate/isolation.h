@@ -28,7 +28,7 @@ enum class ChildEnd {
   kSignaled,        // killed by a signal it raised itself (SIGSEGV, SIGABRT, SIGXCPU, ...)
   kTimedOut,        // killed by us at the deadline
   kMemoryExceeded,  // killed by us when its resident set passed the limit
-  kLeftProcesses,   // ended, but processes it started (out of its group) still held its pipes
+  kLeftProcesses,   // ended, but processes it started were still running out of its group
 };
 
 struct ChildOutcome {
@@ -36,7 +36,7 @@ struct ChildOutcome {
   std::string payload;
   int exit_code = 0;        // kExited
   int signal = 0;           // kSignaled
-  int left_processes = 0;   // kLeftProcesses: how many held its pipes (each killed)
+  int left_processes = 0;   // kLeftProcesses: how many (each killed)
   std::string stderr_tail;  // the last few KB the child wrote to stderr
   std::string activity;     // the child's last note_activity(), e.g. "in fetch_page()"
   int64_t peak_rss_kb = 0;
@@ -53,8 +53,11 @@ struct ChildOutcome {
 // (so a sanitizer's handler does not turn a SIGSEGV into a plain exit), limits applied, then
 // `body` runs and its result is written back; the child ends with _exit() (no atexit handlers, no
 // leak check: the plugin may leak on purpose and the report already says so).
+// While the child runs the caller is a child subreaper (PR_SET_CHILD_SUBREAPER): once the child
+// is reaped, every process it left behind is this process's child, and each is killed by its PID
+// and reaped; any out of the child's process group makes the outcome kLeftProcesses.
 // Throws std::system_error if fork or pipe fail. [main-thread]: the caller must be
-// single-threaded, as fork() copies only the calling thread.
+// single-threaded, as fork() copies only the calling thread, and must not fork meanwhile.
 ChildOutcome run_in_child(const std::function<std::string()>& body, const ChildLimits& limits);
 
 // Child side: says what the child is doing now ("in fetch_page()"), so that a report of a crash,

@@ -368,16 +368,24 @@ TEST(ValidatorTest, AConfigSchemaNestedTooDeeplyFails) {
   expect_fail(report, "loader_accepts", "config schema nests 100001 deep; at most 64");
 }
 
+// The fake plugin at strictness 1, its config's `key` naming `pids`, a file in the test's
+// temporary directory (removed first) where it writes the PIDs of the processes it starts.
+ValidateOptions fake_starting_processes(const std::string& key, fs::path& pids) {
+  pids = fs::path(::testing::TempDir()) / (key + "-" + std::to_string(::getpid()));
+  fs::remove(pids);
+  ValidateOptions o = options_for(VALIDATE_FAKE_PLUGIN, std::nullopt, 1);
+  o.config_json = nlohmann::json{{key, pids.string()}}.dump();
+  return o;
+}
+
 // Review (G4): a plugin whose create() starts a process in a session of its own (setsid()) escaped
 // the process group the validator kills: the process outlived the validator, and as it held the
 // child's pipes every such check waited its whole timeout, and passed. Now the check fails, the
-// process is found by the pipe it holds and killed, and the check does not wait for it.
+// process is found (the validator's child once the child ended) and killed, and the check does
+// not wait for it.
 TEST(ValidatorTest, AProcessThatEscapesTheChildsGroupFailsTheCheckAndIsKilled) {
-  const fs::path pids =
-      fs::path(::testing::TempDir()) / ("escaped-pids-" + std::to_string(::getpid()));
-  fs::remove(pids);
-  ValidateOptions o = options_for(VALIDATE_FAKE_PLUGIN, std::nullopt, 1);
-  o.config_json = nlohmann::json{{"escape_in_create", pids.string()}}.dump();
+  fs::path pids;
+  ValidateOptions o = fake_starting_processes("escape_in_create", pids);
   o.timeout = 30'000ms;  // far longer than a check takes when it does not wait for the process
   Report report = validate(o);
   expect_fail(report, "config_accepted", "left 1 process(es) running after it ended");
@@ -399,6 +407,29 @@ TEST(ValidatorTest, AProcessThatEscapesTheChildsGroupFailsTheCheckAndIsKilled) {
     if (running()) ::kill(pid, SIGKILL);  // not left behind by a failing test
   }
   EXPECT_GE(escaped, 1) << "the plugin started no process";
+  fs::remove(pids);
+}
+
+// Review (G4): a process started as a daemon is (a session of its own, its parent ended, every
+// descriptor closed, as system("setsid sleep 61 ... &") leaves one) held none of the child's pipes,
+// so nothing found it: the run passed and the process outlived the validator. The validator is
+// the child subreaper now: the process becomes its child when its parent ends, and is killed,
+// reaped, and blamed on the check once the child is reaped.
+TEST(ValidatorTest, AProcessThatHoldsNothingOfTheChildsFailsTheCheckAndIsKilled) {
+  fs::path pids;
+  Report report = validate(fake_starting_processes("detach_in_create", pids));
+  expect_fail(report, "config_accepted", "left 1 process(es) running after it ended");
+  std::ifstream in(pids);
+  int detached = 0;
+  for (int pid = 0; in >> pid;) {
+    ++detached;
+    // Killed and reaped before validate() returned: not even a zombie is left.
+    const std::optional<ProcStat> stat = read_proc_stat(pid);
+    EXPECT_FALSE(stat) << "detached process " << pid << " is still there, state " << stat->state;
+    if (stat) ::kill(pid, SIGKILL);  // not left behind by a failing test
+  }
+  EXPECT_GE(detached, 1) << "the plugin started no process";
+  EXPECT_TRUE(child_pids(::getpid()).empty()) << "the validator left a child unreaped";
   fs::remove(pids);
 }
 

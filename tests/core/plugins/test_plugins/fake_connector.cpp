@@ -32,6 +32,9 @@
 //   removed).
 //   escape_in_create: create() forks a child that leaves the process group for a session of its
 //   own (setsid()) and sleeps for ever, and appends its PID to the file of that path.
+//   detach_in_create: create() starts a process as a daemon does (a session of its own, its
+//   parent ended, every descriptor closed, so that it holds nothing of its caller's) that sleeps
+//   for ever, and the process appends its PID to the file of that path before create() returns.
 //   wait_in_validate_if: validate_config waits while a file of that path exists, having created
 //   the file "<that path>.entered" (for a request of the host's held inside the plugin).
 //   cut_payloads: "yes" — every payload lacks its closing brace (not JSON).
@@ -50,6 +53,7 @@
 
 #include "backhaul/connector.hpp"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace {
@@ -147,6 +151,32 @@ class Frame {
   f.send_and_exit();
 }();
 
+// detach_in_create: the process (the child of a child that has ended) writes its PID, then closes
+// every descriptor, and with it its copy of `written`'s write end: the EOF that create() waits for.
+void detach_sleeper(const std::string& file) {
+  int written[2];
+  if (::pipe(written) != 0) std::abort();
+  const pid_t middle = ::fork();
+  if (middle == 0) {
+    ::setsid();
+    if (::fork() == 0) {
+      if (std::FILE* out = std::fopen(file.c_str(), "a")) {
+        std::fprintf(out, "%d\n", static_cast<int>(::getpid()));
+        std::fclose(out);
+      }
+      for (int fd = 0; fd < 1024; ++fd) ::close(fd);
+      for (;;) ::pause();
+    }
+    ::_exit(0);
+  }
+  ::close(written[1]);
+  char byte;
+  while (::read(written[0], &byte, 1) > 0) {
+  }
+  ::close(written[0]);
+  ::waitpid(middle, nullptr, 0);
+}
+
 // Allocates `mb` MB, written so that it is resident, and kept for good.
 void grow(int mb) {
   static std::mutex mutex;
@@ -181,6 +211,8 @@ class FakeConnector final : public backhaul::sdk::Connector {
         std::fclose(out);
       }
     }
+    if (const std::string detach = config_value(config, "detach_in_create"); !detach.empty())
+      detach_sleeper(detach);
     if (auto v = config_value(config, "pages"); !v.empty()) pages_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "per_page"); !v.empty()) per_page_ = std::atoi(v.c_str());
     if (auto v = config_value(config, "rate_limit_remaining"); !v.empty())
