@@ -228,4 +228,10 @@ bool is_json(std::string_view text) { return Checker(text).document(); }
 
 bool is_utf8(std::string_view text) { return Checker(text).utf8(); }
 
+std::optional<std::string> depth_problem(std::string_view text, size_t max_depth) {
+  const size_t depth = json_depth(text);
+  if (depth <= max_depth) return std::nullopt;
+  return "nests " + std::to_string(depth) + " levels deep, more than " + std::to_string(max_depth);
+}
+
 }  // namespace backhaul

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "backhaul/json_depth.hpp"
@@ -20,6 +22,11 @@ bool is_json(std::string_view text);
 // How deeply `text` nests its objects and arrays (the SDK's, which plugins use on the bodies
 // they read). Check it before parsing anything untrusted.
 using sdk::json_depth;
+
+// "nests N levels deep, more than `max_depth`" when `text` nests deeper than that (json_depth),
+// else nullopt: the reason to refuse untrusted text before parsing it.
+std::optional<std::string> depth_problem(std::string_view text,
+                                         size_t max_depth = sdk::kMaxJsonDepth);
 
 // True when `text` is well-formed UTF-8 (RFC 3629), as every JSON string must be.
 bool is_utf8(std::string_view text);

@@ -5,6 +5,8 @@
 #include <set>
 #include <vector>
 
+#include "core/common/json_check.h"
+
 namespace backhaul {
 namespace {
 
@@ -38,10 +40,7 @@ nlohmann::json parse_strict_json(std::string_view text, size_t max_depth) {
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     throw JsonTextError("empty: a JSON value is required");
   }
-  if (const size_t depth = sdk::json_depth(text); depth > max_depth) {
-    throw JsonTextError("nests " + std::to_string(depth) + " levels deep, more than " +
-                        std::to_string(max_depth));
-  }
+  if (auto problem = depth_problem(text, max_depth)) throw JsonTextError(*problem);
   std::vector<std::set<std::string>> keys;  // of each object open, the innermost last
   std::optional<std::string> repeated;
   const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event,

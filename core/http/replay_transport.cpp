@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/common/json_check.h"
+
 namespace backhaul::http {
 namespace {
 
@@ -106,6 +108,9 @@ ReplayTransport::ReplayTransport(std::vector<Exchange> exchanges)
     : exchanges_(std::move(exchanges)) {}
 
 std::vector<Exchange> ReplayTransport::parse(std::string_view text, const std::string& origin) {
+  // A body or header value is dumped back to text, recursively: one nested hundreds of thousands
+  // deep would overflow the stack there.
+  if (auto problem = depth_problem(text)) throw Error(origin + ": " + *problem);
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) throw Error(origin + ": not valid JSON");
   if (!doc.is_object() || !doc.contains("exchanges") || !doc["exchanges"].is_array())

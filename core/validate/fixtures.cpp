@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/errors.h"
+#include "core/common/json_check.h"
 
 namespace backhaul::validate {
 namespace {
@@ -45,7 +46,11 @@ std::vector<std::string> entity_types(const json& doc, const fs::path& file) {
 }
 
 FixtureSettings parse_settings(const fs::path& file) {
-  json doc = json::parse(read_file(file), nullptr, /*allow_exceptions=*/false);
+  const std::string text = read_file(file);
+  // "config" is dumped back to text, recursively: one nested hundreds of thousands deep would
+  // overflow the stack there.
+  if (auto problem = depth_problem(text)) throw ConfigError(file.string() + ": " + *problem);
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object())
     throw ConfigError(file.string() + ": not a JSON object");
   FixtureSettings s;
@@ -85,10 +90,21 @@ Fixtures load_fixtures(const fs::path& dir) {
     throw ConfigError("fixtures directory " + dir.string() + " does not exist");
   Fixtures out;
   out.dir = dir;
+  // Every call with an error_code: a filesystem error (a symbolic link that loops, a directory
+  // that cannot be listed) is the fixtures' problem, named, not a std::filesystem_error.
+  auto unreadable = [](const fs::path& path, const std::error_code& error) {
+    return ConfigError("cannot read fixture " + path.string() + ": " + error.message());
+  };
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".json") files.push_back(entry);
+  fs::directory_iterator it(dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (it->path().extension() != ".json") continue;
+    std::error_code entry_ec;
+    const bool regular = it->is_regular_file(entry_ec);
+    if (entry_ec) throw unreadable(it->path(), entry_ec);
+    if (regular) files.push_back(it->path());
   }
+  if (ec) throw unreadable(dir, ec);
   std::sort(files.begin(), files.end());
   for (const fs::path& file : files) {
     if (file.filename() == kSettingsFileName) {

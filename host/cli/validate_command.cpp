@@ -1,7 +1,9 @@
 // `backhaul plugin validate`: run the conformance validator (core/validate) on a plugin and print
 // one line per check and a summary, or the JSON report. Exit status: 0 when no check failed, 1
 // when one did, 2 when the validator could not run (no such plugin file or id, fixtures it cannot
-// read); a malformed command line gets CLI11's usage message and exit status (105, 106, 109...).
+// read) or its report could not be written; a malformed command line gets CLI11's usage message and
+// exit status (105, 106, 109...).
+#include <filesystem>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -66,6 +68,10 @@ void run_validate(const ValidateCommandOptions& o) {
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     throw CLI::RuntimeError(kExitCannotValidate);
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the validator could not look at (the plugin's, the fixtures'): names it.
+    std::cerr << "error: " << e.what() << "\n";
+    throw CLI::RuntimeError(kExitCannotValidate);
   }
   if (o.json) {
     std::cout << validate::to_json(report);
@@ -73,6 +79,12 @@ void run_validate(const ValidateCommandOptions& o) {
     std::cout << "\n" << validate::format_summary(report) << "\n";
   }
   std::cout.flush();
+  // A report that did not reach its reader (a full disk, a closed pipe) is no verdict a CI can
+  // act on: the run could not validate, whatever the checks said.
+  if (!std::cout) {
+    std::cerr << "error: the report could not be written to standard output\n";
+    throw CLI::RuntimeError(kExitCannotValidate);
+  }
   if (!report.passed()) throw CLI::RuntimeError(kExitChecksFailed);
 }
 
