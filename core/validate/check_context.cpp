@@ -2,7 +2,7 @@
 #include <cstddef>
 #include <set>
 #include <system_error>
-#include <thread>
+#include <utility>
 
 #include "core/common/utf8.h"
 #include "core/validate/checks.h"
@@ -328,10 +328,43 @@ const std::vector<Walk>& CheckContext::baseline() {
   return *baseline_;
 }
 
+WorkerThread::WorkerThread(std::function<void()> run)
+    : run_(std::make_unique<std::function<void()>>(std::move(run))) {
+  pthread_attr_t attr;
+  int error = ::pthread_attr_init(&attr);
+  if (error == 0) {
+    error = ::pthread_attr_setstacksize(&attr, kWorkerStackBytes);
+    if (error == 0) {
+      error = ::pthread_create(
+          &thread_, &attr,
+          [](void* body) -> void* {
+            (*static_cast<std::function<void()>*>(body))();
+            return nullptr;
+          },
+          run_.get());
+    }
+    ::pthread_attr_destroy(&attr);
+  }
+  if (error != 0) throw std::system_error(error, std::generic_category(), "pthread_create");
+  joinable_ = true;
+}
+
+WorkerThread::WorkerThread(WorkerThread&& other) noexcept
+    : run_(std::move(other.run_)),
+      thread_(other.thread_),
+      joinable_(std::exchange(other.joinable_, false)) {}
+
+WorkerThread::~WorkerThread() { join(); }
+
+void WorkerThread::join() {
+  if (joinable_) ::pthread_join(thread_, nullptr);
+  joinable_ = false;
+}
+
 std::string on_threads(int threads, const std::function<std::string(int)>& body,
                        const ThreadStarter& start) {
   std::vector<std::string> problems(static_cast<size_t>(threads));
-  std::vector<std::thread> pool;
+  std::vector<WorkerThread> pool;
   std::string not_started;
   for (int k = 0; k < threads; ++k) {
     try {
@@ -342,7 +375,7 @@ std::string on_threads(int threads, const std::function<std::string(int)>& body,
           problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + ": " + e.what();
         }
       };
-      pool.push_back(start ? start(std::move(run)) : std::thread(std::move(run)));
+      pool.push_back(start ? start(std::move(run)) : WorkerThread(std::move(run)));
     } catch (const std::system_error& e) {
       not_started = "the validator could not start thread " + std::to_string(k + 1) + " of " +
                     std::to_string(threads) + " (" + e.what() +
@@ -350,7 +383,7 @@ std::string on_threads(int threads, const std::function<std::string(int)>& body,
       break;
     }
   }
-  for (std::thread& thread : pool) thread.join();
+  for (WorkerThread& thread : pool) thread.join();
   if (!not_started.empty()) return not_started;
   for (const std::string& problem : problems) {
     if (!problem.empty()) return problem;

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +21,7 @@
 #include "core/validate/plugin_driver.h"
 #include "core/validate/report.h"
 #include "core/validate/validator.h"
+#include <pthread.h>
 
 namespace backhaul::validate {
 
@@ -43,12 +44,36 @@ inline Verdict pass(std::string note = {}) { return {CheckStatus::kPass, std::mo
 inline Verdict fail(std::string reason) { return {CheckStatus::kFail, std::move(reason)}; }
 inline Verdict skip(std::string reason) { return {CheckStatus::kSkip, std::move(reason)}; }
 
+// The stack of each thread of the concurrency checks. std::thread's default is RLIMIT_STACK's
+// (8 MiB, usually): --threads 256 needed 2 GiB of address space for stacks alone, all of the
+// default --memory-limit-mb, and the check failed for a thread it could not start. 256 of these
+// take 256 MiB; plugin code runs on them, so it is no less than a typical thread library's
+// minimum for code that parses JSON.
+inline constexpr size_t kWorkerStackBytes = size_t{1} << 20;
+
+// A thread with a stack of kWorkerStackBytes, joined by join() or on destruction. Move-only.
+class WorkerThread {
+ public:
+  // Starts `run`; throws std::system_error when the thread cannot be started.
+  explicit WorkerThread(std::function<void()> run);
+  WorkerThread(WorkerThread&& other) noexcept;
+  WorkerThread& operator=(WorkerThread&&) = delete;
+  WorkerThread(const WorkerThread&) = delete;
+  ~WorkerThread();
+  void join();
+
+ private:
+  std::unique_ptr<std::function<void()>> run_;  // owned here: the thread reads it until it ends
+  pthread_t thread_{};
+  bool joinable_ = false;
+};
+
 // Runs `body(k)` for k in [0, threads) on that many threads at once and joins them all. Returns
 // the first problem a thread reported (what `body` returned, or threw), "" if none; or, when the
 // validator could not start them all (a thread limit, the address space its child runs in), says
 // so, blaming the validator's options rather than the plugin: it never ends in std::terminate.
-// `start` starts one thread (std::thread's constructor; a test's may throw as it would).
-using ThreadStarter = std::function<std::thread(std::function<void()>)>;
+// `start` starts one thread (WorkerThread's constructor; a test's may throw as it would).
+using ThreadStarter = std::function<WorkerThread(std::function<void()>)>;
 std::string on_threads(int threads, const std::function<std::string(int)>& body,
                        const ThreadStarter& start = {});
 

@@ -127,7 +127,7 @@ std::string on_threads_problems() {
       [&](std::function<void()> run) {
         if (started == 3) throw std::system_error(EAGAIN, std::generic_category(), "thread");
         ++started;
-        return std::thread(std::move(run));
+        return WorkerThread(std::move(run));
       });
   expect(ran == 3, "the 3 threads started ran and were joined: " + std::to_string(ran.load()));
   expect(problem.rfind("the validator could not start thread 4 of 8 (thread: ", 0) == 0 &&
@@ -151,6 +151,18 @@ TEST(OnThreadsTest, ReportsTheFirstProblemAndAThreadItCouldNotStart) {
         std::_Exit(wrong.empty() ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// Review: --threads 256, the most the command takes, failed a correct plugin's concurrency
+// checks under the default memory limit ("could not start thread 149 of 256"): 8 MiB stacks. The
+// checks' threads have stacks of kWorkerStackBytes now.
+TEST(ValidatorTest, TheMostThreadsFitTheDefaultMemoryLimit) {
+  ValidateOptions o = reference_options("reference", 3);
+  o.threads = 256;
+  ASSERT_EQ(o.memory_limit_bytes, uint64_t{2} << 30) << "the default memory limit";
+  Report report = validate(o);
+  expect_pass(report, "concurrent_fetch");
+  expect_pass(report, "concurrent_faults");
 }
 
 TEST(ValidatorTest, ReferencePluginPassesAtFullStrictness) {
