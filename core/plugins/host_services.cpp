@@ -70,6 +70,7 @@ void HostBinding::log(const backhaul_host_t* host, int32_t level,
       logging::get("plugins")->warn("a plugin called host->log with a NULL host; ignored");
       return;
     }
+    if (me->services_.on_plugin_log) me->services_.on_plugin_log(view(message));
     const auto& logger = me->log_;
     spdlog::level::level_enum l = spdlog::level::info;
     switch (level) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/common/clock.h"
@@ -27,6 +28,10 @@ struct HostServices {
   // Where each plugin's HTTP exchanges are counted, as "plugin:<id>" (a redirect and its target
   // are two); null: nowhere. Must outlive the plugins too.
   http::HttpMetrics* http_metrics = nullptr;
+  // Called with every line a plugin logs (host->log), at any level, before the logging sink
+  // redacts it; empty: nothing is. `plugin validate` looks for the access token in them.
+  // [thread-safe] as host->log is: a plugin logs from any thread.
+  std::function<void(std::string_view)> on_plugin_log = nullptr;
 };
 
 // How deeply a plugin's config schema may nest its objects and arrays. One nested hundreds of

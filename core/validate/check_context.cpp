@@ -256,6 +256,7 @@ json CheckContext::with_fixtures(const FixtureBody& body) const {
     FakeClock clock(kValidationEpochMs);
     FixtureTransport transport(fixtures_->exchanges);
     PluginDriver driver(options_.plugin_path, transport, clock);
+    driver.watch_logs_for(kAccessToken);
     return body(driver, transport);
   });
 }
@@ -265,6 +266,7 @@ json CheckContext::with_fault(Fault fault, const FaultBody& body) const {
     FakeClock clock(kValidationEpochMs);
     FaultTransport transport(fault, clock);
     PluginDriver driver(options_.plugin_path, transport, clock);
+    driver.watch_logs_for(kAccessToken);
     return body(driver, transport);
   });
 }
@@ -315,16 +317,20 @@ const Target& CheckContext::target() {
 const std::vector<Walk>& CheckContext::baseline() {
   if (baseline_) return *baseline_;
   const Target& t = target();
-  const json& walks = shared("baseline", [&] {
+  const json& result = shared("baseline", [&] {
     return with_fixtures([&](const PluginDriver& driver, FixtureTransport& transport) {
-      InstanceHandle instance = driver.create_or_throw(t.config_json);
       std::vector<Walk> out;
-      for (const std::string& type : t.entity_types)
-        out.push_back(walk_entity(driver, instance.get(), t, type, transport));
-      return walks_to_json(out);
+      {
+        InstanceHandle instance = driver.create_or_throw(t.config_json);
+        for (const std::string& type : t.entity_types)
+          out.push_back(walk_entity(driver, instance.get(), t, type, transport));
+      }
+      return json{{"walks", walks_to_json(out)},
+                  {"logged_token", optional_json(driver.logged_secret())}};
     });
   });
-  baseline_ = walks_from_json(walks);
+  baseline_ = walks_from_json(result.at("walks"));
+  baseline_logged_token_ = optional_from(result.at("logged_token"));
   return *baseline_;
 }
 

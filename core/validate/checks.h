@@ -147,7 +147,8 @@ class CheckContext {
   // Runs `body` in a forked child and returns what it returned. Throws ChildFailure saying how
   // the child ended otherwise.
   nlohmann::json in_child(const ChildBody& body) const;
-  // The same, with the plugin loaded over the fixtures (requires fixtures()).
+  // The same, with the plugin loaded over the fixtures (requires fixtures()), and what it logs
+  // watched for kAccessToken (PluginDriver::logged_secret()).
   nlohmann::json with_fixtures(const FixtureBody& body) const;
   // The same, with the plugin loaded over a FaultTransport answering `fault`.
   nlohmann::json with_fault(Fault fault, const FaultBody& body) const;
@@ -162,6 +163,11 @@ class CheckContext {
   const nlohmann::json& entry_facts();  // read in a child without calling init(); may throw
   const Target& target();               // resolved on first use (needs plugin_info())
   const std::vector<Walk>& baseline();  // every target entity type over the fixtures
+  // The first line the plugin logged in the baseline's child that holds kAccessToken.
+  const std::optional<std::string>& baseline_logged_token() {
+    baseline();
+    return baseline_logged_token_;
+  }
 
   // Set by the loader check: the PluginInfo the host loader produced, or nullopt if it refused.
   void set_plugin_info(std::optional<nlohmann::json> info) { plugin_info_ = std::move(info); }
@@ -174,6 +180,7 @@ class CheckContext {
   std::optional<ElfFacts> elf_;
   std::optional<Target> target_;
   std::optional<std::vector<Walk>> baseline_;
+  std::optional<std::string> baseline_logged_token_;
   std::optional<nlohmann::json> plugin_info_;
   std::map<std::string, nlohmann::json> shared_;
   std::map<std::string, std::string> shared_failures_;

@@ -117,6 +117,22 @@ Verdict cursor_advances(CheckContext& ctx) {
   return pass("every next_cursor differs from the cursor asked for");
 }
 
+// The daemon stores a cursor in the job's checkpoint, which its admin API shows, and so fails the
+// job of a page whose next_cursor holds the unit's access token (pipeline.cpp).
+Verdict cursors_hide_token(CheckContext& ctx) {
+  for (const Walk& w : ctx.baseline()) {
+    for (size_t i = 0; i < w.steps.size(); ++i) {
+      const auto& next = w.steps[i].page.next_cursor;
+      if (next && next->find(kAccessToken) != std::string::npos)
+        return fail(where(w, i) + " returned a next_cursor that holds the access token (" +
+                    quote_text(*next) +
+                    "): the daemon would store it in the checkpoint, so it fails the job");
+    }
+    if (w.end == WalkEnd::kError && w.steps.empty()) return fail(w.entity_type + " " + w.error);
+  }
+  return pass("no next_cursor holds the access token");
+}
+
 Verdict cursor_never_repeats(CheckContext& ctx) {
   for (const Walk& w : ctx.baseline()) {
     std::map<std::string, size_t> first_seen;
@@ -446,6 +462,8 @@ std::vector<Check> conformance_checks() {
        pagination_terminates},
       {"cursor_advances", "conformance", 1, Needs::kFixtures,
        "every next_cursor differs from the cursor that was asked for", cursor_advances},
+      {"cursors_hide_token", "conformance", 1, Needs::kFixtures,
+       "no next_cursor holds the access token (the daemon fails such a job)", cursors_hide_token},
       {"page_structure", "conformance", 1, Needs::kFixtures,
        "pages pass the host's page check: full struct_size, non-NULL events and strings, UTF-8 "
        "ids and types, payloads that are JSON objects",

@@ -292,30 +292,58 @@ Verdict faults_on_any_request(CheckContext& ctx) {
               " pages map as on a first request");
 }
 
-// Every fault but the slow and the huge one (they only cost time): no message may carry the token.
-Verdict error_messages_hide_token(CheckContext& ctx) {
+// Every fault but the slow and the huge one (they only cost time), through fetch_page and
+// validate_scopes, in one child that two checks judge: {"messages": the messages that carry the
+// token, "logged": the first line the plugin logged with it, or null}.
+const json& token_under_faults(CheckContext& ctx) {
   const Target& t = ctx.target();
-  json leaks =
-      ctx.with_fault(Fault::kHttp401, [&](const PluginDriver& driver, FaultTransport& transport) {
-        InstanceHandle instance = driver.create_or_throw(t.config_json);
-        json out = json::array();
-        for (const FaultCase& c : kCases) {
-          if (c.fault == Fault::kSlowResponse || c.fault == Fault::kHugeBody) continue;
-          transport.set_fault(c.fault);
-          const std::string fetched =
-              driver.fetch(instance.get(), t.first_page(t.entity_types.front())).result.message;
-          const std::string scoped = driver.validate_scopes(instance.get(), t.unit).message;
-          for (const std::string* message : {&fetched, &scoped}) {
-            if (message->find(kAccessToken) != std::string::npos)
-              out.push_back(std::string(fault_name(c.fault)) + ": " + *message);
+  return ctx.shared("token_under_faults", [&] {
+    return ctx.with_fault(
+        Fault::kHttp401, [&](const PluginDriver& driver, FaultTransport& transport) {
+          json leaks = json::array();
+          {
+            InstanceHandle instance = driver.create_or_throw(t.config_json);
+            for (const FaultCase& c : kCases) {
+              if (c.fault == Fault::kSlowResponse || c.fault == Fault::kHugeBody) continue;
+              transport.set_fault(c.fault);
+              const std::string fetched =
+                  driver.fetch(instance.get(), t.first_page(t.entity_types.front())).result.message;
+              const std::string scoped = driver.validate_scopes(instance.get(), t.unit).message;
+              for (const std::string* message : {&fetched, &scoped}) {
+                if (message->find(kAccessToken) != std::string::npos)
+                  leaks.push_back(std::string(fault_name(c.fault)) + ": " + *message);
+              }
+            }
           }
-        }
-        return out;
-      });
+          const std::optional<std::string> logged = driver.logged_secret();
+          return json{{"messages", std::move(leaks)},
+                      {"logged", logged ? json(*logged) : json(nullptr)}};
+        });
+  });
+}
+
+Verdict error_messages_hide_token(CheckContext& ctx) {
+  const json& leaks = token_under_faults(ctx)["messages"];
   if (!leaks.empty())
     return fail("an error message contains the access token (" +
                 leaks[0].get<std::string>().substr(0, 200) + ")");
   return pass("no error message contains the access token");
+}
+
+// What the plugin logs goes to the host's log, which the host redacts only of the token formats
+// it knows: no line may hold the token, at any level. Judged over the faults above and, with
+// fixtures, the baseline walk.
+Verdict logs_hide_token(CheckContext& ctx) {
+  std::optional<std::string> line;
+  if (const json& logged = token_under_faults(ctx)["logged"]; logged.is_string())
+    line = logged.get<std::string>();
+  if (!line && ctx.fixtures()) line = ctx.baseline_logged_token();
+  if (line)
+    return fail("a line the plugin logged contains the access token (" + quote_text(*line, 200) +
+                ")");
+  return pass(ctx.fixtures()
+                  ? "no line logged over the faults and the fixtures holds the access token"
+                  : "no line logged over the faults holds the access token");
 }
 
 // Fetches from many threads at once while every request fails: exercises the error paths
@@ -387,6 +415,8 @@ std::vector<Check> fault_checks() {
        fault_check<Fault::kHugeBody>},
       {"error_messages_hide_token", "faults", 4, Needs::kLoadedPlugin,
        "no error message contains the access token", error_messages_hide_token},
+      {"logs_hide_token", "faults", 4, Needs::kLoadedPlugin,
+       "no line the plugin logs, at any level, contains the access token", logs_hide_token},
       {"fault_http_422", "faults", 5, Needs::kLoadedPlugin, "HTTP 422 is FATAL",
        fault_check<Fault::kHttp422>},
   };

@@ -112,6 +112,12 @@ std::optional<std::string> copy_string(backhaul_string_t s) {
 PageFacts facts_of(const backhaul_page_t& page) {
   PageFacts f;
   f.struct_size = page.struct_size;
+  if (page.struct_size < sizeof(backhaul_page_t)) {
+    // The problem is recorded, and nothing past struct_size is read: the plugin may have
+    // allocated only that much.
+    f.problems = plugins::page_problems(page);
+    return f;
+  }
   f.raw_count = page.raw_count;
   f.next_cursor = copy_string(page.next_cursor);
   if (page.events && page.event_count > kMaxEventsPerPage) {
@@ -204,6 +210,7 @@ InstanceHandle::~InstanceHandle() {
 PluginDriver::PluginDriver(const std::filesystem::path& path, http::Transport& transport,
                            const Clock& clock)
     : services_{transport, clock}, handle_(nullptr, &::dlclose) {
+  services_.on_plugin_log = [this](std::string_view line) { saw_log(line); };
   note_activity("while loading the plugin (library constructors or init())");
   handle_.reset(::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (!handle_) {
@@ -296,6 +303,22 @@ CallResult PluginDriver::validate_scopes(backhaul_instance_t* instance,
   backhaul_status_t status =
       guarded("validate_scopes", [&] { return entry_->validate_scopes(instance, &c, &error); });
   return result_of(status, error);
+}
+
+void PluginDriver::watch_logs_for(std::string secret) {
+  std::lock_guard lock(log_mutex_);
+  secret_ = std::move(secret);
+}
+
+std::optional<std::string> PluginDriver::logged_secret() const {
+  std::lock_guard lock(log_mutex_);
+  return logged_secret_;
+}
+
+void PluginDriver::saw_log(std::string_view line) {
+  std::lock_guard lock(log_mutex_);
+  if (!logged_secret_ && !secret_.empty() && line.find(secret_) != std::string_view::npos)
+    logged_secret_ = std::string(line);
 }
 
 void PluginDriver::release(backhaul_instance_t* instance, backhaul_page_t* page) const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -144,12 +145,23 @@ class PluginDriver {
   FetchOutcome fetch(backhaul_instance_t* instance, const FetchSpec& spec) const;
   CallResult validate_scopes(backhaul_instance_t* instance, const UnitSpec& unit) const;
 
+  // From now on, keeps the first line the plugin logs (host->log, at any level) that contains
+  // `secret`. Call before the plugin is given `secret`. Lines without it cost no allocation.
+  void watch_logs_for(std::string secret);
+  // That line, or nullopt. [thread-safe]
+  std::optional<std::string> logged_secret() const;
+
  private:
   friend class PageHandle;
   friend class InstanceHandle;
   void release(backhaul_instance_t* instance, backhaul_page_t* page) const;
   void destroy(backhaul_instance_t* instance) const;
 
+  void saw_log(std::string_view line);
+
+  mutable std::mutex log_mutex_;
+  std::string secret_;                        // guarded by log_mutex_
+  std::optional<std::string> logged_secret_;  // guarded by log_mutex_
   plugins::HostServices services_;
   // Declared before host_ so that it is destroyed after it: the code stays mapped until the host
   // binding the plugin may still reference is gone.

@@ -549,6 +549,37 @@ TEST(ValidatorTest, FailsAReusedPage) {
   expect_fail(report, "page_lifetime", "same page pointer");
 }
 
+// Review: the members of a page past a short struct_size were read (its cursor, counts and
+// events), where the plugin may have allocated nothing: the child crashed, and page_structure
+// reported a SIGSEGV instead of the struct_size the host refuses.
+TEST(ValidatorTest, APageShorterThanItsStructIsNotReadPastItsSize) {
+  Report report = validate(reference_options("broken_short_page", 1));
+  expect_fail(report, "page_structure",
+              "ticket page 1: page struct_size is 4, expected at least " +
+                  std::to_string(sizeof(backhaul_page_t)));
+}
+
+// Review: a plugin that put the access token into its next cursors passed; the daemon fails the
+// job of such a page, as the cursor would be stored in the checkpoint (pipeline.cpp).
+TEST(ValidatorTest, FailsACursorThatHoldsTheAccessToken) {
+  Report report = validate(reference_options("broken_token_cursor"));
+  expect_fail(report, "cursors_hide_token",
+              "ticket page 1 returned a next_cursor that holds the access token (\"page:2@" +
+                  std::string(kAccessToken) + "\")");
+  expect_pass(report, "pagination_terminates");
+  expect_pass(report, "logs_hide_token");
+}
+
+// Review: a plugin that logged the access token passed; the host's log redacts only the token
+// formats it knows. A line at debug level counts, whatever level the validator logs at.
+TEST(ValidatorTest, FailsALogLineThatHoldsTheAccessToken) {
+  Report report = validate(reference_options("broken_logs_token"));
+  expect_fail(report, "logs_hide_token",
+              "a line the plugin logged contains the access token (\"reference: GET https://");
+  expect_pass(report, "error_messages_hide_token");
+  expect_pass(report, "cursors_hide_token");
+}
+
 // --- the real connectors ------------------------------------------------------------------------
 
 Report validate_connector(const char* plugin, const char* name) {

@@ -33,6 +33,8 @@ constexpr backhaul_status_t (*fetch_page_function())(backhaul_instance_t*,
       return &reference::reusing_fetch_page;
     case Defect::kThrows:
       return &reference_throwing_fetch_page;
+    case Defect::kShortPage:
+      return &reference::short_fetch_page;
     default:
       return &Trampolines::fetch_page;
   }
@@ -44,6 +46,8 @@ constexpr void (*release_page_function())(backhaul_instance_t*, backhaul_page_t*
       return &reference::leaky_release_page;
     case Defect::kReusesPage:
       return &reference::reusing_release_page;
+    case Defect::kShortPage:
+      return &reference::short_release_page;
     default:
       return &Trampolines::release_page;
   }

@@ -10,6 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace reference {
 namespace {
 
@@ -93,7 +96,8 @@ sdk::HttpResponse get(const std::string& url, std::string_view token) {
 int page_number(const std::optional<std::string_view>& cursor) {
   if (!cursor) return 1;
   if (cursor->substr(0, 5) == "page:") {
-    const std::string digits(cursor->substr(5));
+    std::string digits(cursor->substr(5));
+    if (kDefect == Defect::kTokenCursor) digits = digits.substr(0, digits.find('@'));
     if (!digits.empty() && digits.size() < 9 &&
         digits.find_first_not_of("0123456789") == std::string::npos)
       return std::stoi(digits);
@@ -187,9 +191,15 @@ sdk::Page ReferenceConnector::fetch_page(const sdk::FetchRequest& request) {
     out.next_cursor = "page:" + std::to_string(page + 1);
     return out;
   }
+  if (kDefect == Defect::kLogsToken) {
+    sdk::Host::log(BACKHAUL_LOG_DEBUG, "reference: GET " + url + " with token " +
+                                           std::string(request.unit.access_token));
+  }
   fill(request, url, out);
   if (kDefect == Defect::kRepeatCursor && request.cursor && out.next_cursor)
     out.next_cursor = std::string(*request.cursor);
+  if (kDefect == Defect::kTokenCursor && out.next_cursor)
+    *out.next_cursor += "@" + std::string(request.unit.access_token);
   return out;
 }
 
@@ -303,6 +313,29 @@ backhaul_status_t reusing_fetch_page(backhaul_instance_t* instance,
 }
 
 void reusing_release_page(backhaul_instance_t*, backhaul_page_t*) {}
+
+// kShortPage: the page's struct_size member alone, at the end of a page of memory whose next page
+// cannot be read: a host that reads any other member of it crashes.
+backhaul_status_t short_fetch_page(backhaul_instance_t*, const backhaul_fetch_request_t*,
+                                   backhaul_page_t** page, backhaul_error_t*) {
+  const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* memory =
+      ::mmap(nullptr, 2 * size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) std::abort();
+  char* guard = static_cast<char*>(memory) + size;
+  if (::mprotect(guard, size, PROT_NONE) != 0) std::abort();
+  const uint32_t struct_size = sizeof(uint32_t);
+  std::memcpy(guard - struct_size, &struct_size, struct_size);
+  *page = reinterpret_cast<backhaul_page_t*>(guard - struct_size);
+  return BACKHAUL_OK;
+}
+
+void short_release_page(backhaul_instance_t*, backhaul_page_t* page) {
+  if (!page) return;
+  const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  char* start = reinterpret_cast<char*>(page) + sizeof(uint32_t) - size;
+  ::munmap(start, 2 * size);
+}
 
 }  // namespace reference
 

@@ -39,6 +39,10 @@ enum class Defect {
   kNote401,       // maps HTTP 401 to FATAL for notes (the second entity type)
   kLate500,       // maps HTTP 500 to FATAL on later pages; an instance that met a rate limit
                   // answers RATE_LIMITED until its reset without asking again
+  kTokenCursor,   // next cursors end in "@" and the unit's access token
+  kLogsToken,     // fetch_page logs the unit's access token (at debug level)
+  kShortPage,     // fetch_page returns a page of only its struct_size member, which says so,
+                  // followed by memory that cannot be read
 };
 
 // Defined by each plugin's entry.cpp.
@@ -80,6 +84,9 @@ void leaky_release_page(backhaul_instance_t*, backhaul_page_t*);
 backhaul_status_t reusing_fetch_page(backhaul_instance_t*, const backhaul_fetch_request_t*,
                                      backhaul_page_t**, backhaul_error_t*);
 void reusing_release_page(backhaul_instance_t*, backhaul_page_t*);
+backhaul_status_t short_fetch_page(backhaul_instance_t*, const backhaul_fetch_request_t*,
+                                   backhaul_page_t**, backhaul_error_t*);
+void short_release_page(backhaul_instance_t*, backhaul_page_t*);
 
 }  // namespace reference
 
