@@ -348,8 +348,13 @@ Verdict config_schema_keywords(CheckContext& ctx) {
   std::optional<json> schema = config_schema(ctx, verdict);
   if (!schema) return verdict;
   if (!schema->is_object()) return skip("not a JSON object (see config_schema_json)");
-  std::vector<std::string> problems = lint_json_schema(*schema, /*root_is_config=*/true);
-  if (problems.empty()) return pass("keywords well-formed, root type object");
+  SchemaLint lint = lint_json_schema(*schema, /*root_is_config=*/true);
+  std::vector<std::string>& problems = lint.problems;
+  if (problems.empty()) {
+    std::string note = "keywords well-formed, root type object";
+    if (!lint.notes.empty()) note += "; " + lint.notes.front();
+    return pass(note);
+  }
   if (problems.size() > 3) problems.resize(3);
   return fail(join(problems, "; "));
 }

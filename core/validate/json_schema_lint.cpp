@@ -1,5 +1,7 @@
 #include "core/validate/json_schema_lint.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <regex>
 #include <set>
 
@@ -16,6 +18,7 @@ constexpr int kMaxDepth = 64;
 class Linter {
  public:
   std::vector<std::string> problems;
+  std::vector<std::string> notes;
 
   void schema(const json& s, const std::string& at, int depth) {
     if (problems.size() >= kMaxProblems) return;
@@ -120,21 +123,107 @@ class Linter {
       return report(at, "is " + std::to_string(size) + " characters long: more than " +
                             std::to_string(kMaxPatternChars) + " is not checked");
     }
+    if (auto error = ecma262_syntax_error(v.get<std::string>()))
+      return report(at, "is not a valid regular expression: " + *error);
+    // libstdc++'s ECMAScript grammar is a subset of ECMA-262's: what it cannot compile past the
+    // scan above is most likely valid, and noted as not checked rather than failed.
     try {
       std::regex re(v.get<std::string>(), std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      report(at, "is not a valid regular expression: " + std::string(e.what()));
+      note(at, "not compiled (std::regex: " + std::string(e.what()) +
+                   "), ECMA-262 syntax not checked further");
     }
+  }
+
+  void note(const std::string& at, const std::string& what) {
+    if (notes.size() < kMaxProblems) notes.push_back(at + ": " + what);
   }
 };
 
 }  // namespace
 
-std::vector<std::string> lint_json_schema(const json& schema, bool root_is_config) {
+SchemaLint lint_json_schema(const json& schema, bool root_is_config) {
   Linter linter;
   linter.schema(schema, "", 0);
   if (root_is_config && schema.is_object()) linter.root_type_object(schema);
-  return linter.problems;
+  return {std::move(linter.problems), std::move(linter.notes)};
+}
+
+std::optional<std::string> ecma262_syntax_error(std::string_view p) {
+  size_t open_groups = 0;
+  bool can_repeat = false;        // the last term is an atom a quantifier may follow
+  bool after_quantifier = false;  // ... or a quantifier, which one '?' may follow (lazy)
+  auto nothing_to_repeat = [&](size_t at) {
+    return "nothing to repeat at " + std::to_string(at) + " ('" + std::string(1, p[at]) + "')";
+  };
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '?' && after_quantifier) {
+      after_quantifier = false;
+      continue;
+    }
+    after_quantifier = false;
+    if (c == '*' || c == '+' || c == '?') {
+      if (!can_repeat) return nothing_to_repeat(i);
+      can_repeat = false;
+      after_quantifier = true;
+    } else if (c == '{') {
+      // {n}, {n,} or {n,m} is a quantifier; any other brace is a literal (Annex B).
+      size_t j = i + 1;
+      auto number = [&](uint64_t& value) {
+        const size_t start = j;
+        for (value = 0; j < p.size() && p[j] >= '0' && p[j] <= '9'; ++j)
+          value = std::min<uint64_t>(value * 10 + static_cast<uint64_t>(p[j] - '0'), UINT32_MAX);
+        return j > start;
+      };
+      uint64_t min = 0, max = UINT64_MAX;
+      bool quantifier = number(min);
+      if (quantifier && j < p.size() && p[j] == ',') {
+        ++j;
+        if (!number(max)) max = UINT64_MAX;
+      } else {
+        max = min;
+      }
+      quantifier = quantifier && j < p.size() && p[j] == '}';
+      if (!quantifier) {
+        can_repeat = true;
+        continue;
+      }
+      if (!can_repeat) return nothing_to_repeat(i);
+      if (min > max) return "numbers out of order in " + std::string(p.substr(i, j + 1 - i));
+      i = j;
+      can_repeat = false;
+      after_quantifier = true;
+    } else if (c == '\\') {
+      if (++i == p.size()) return std::string("\\ at end of pattern");
+      can_repeat = true;
+    } else if (c == '[') {
+      size_t j = i + 1;
+      if (j < p.size() && p[j] == '^') ++j;
+      for (; j < p.size() && p[j] != ']'; ++j) {
+        if (p[j] == '\\') ++j;
+      }
+      if (j >= p.size()) return "unterminated character class at " + std::to_string(i);
+      i = j;
+      can_repeat = true;
+    } else if (c == '(') {
+      ++open_groups;
+      // (?:, (?=, (?!, (?<=, (?<!, (?<name>, and modifiers such as (?i: in newer editions: the
+      // '?' is no quantifier.
+      if (i + 1 < p.size() && p[i + 1] == '?') ++i;
+      can_repeat = false;
+    } else if (c == ')') {
+      if (open_groups == 0) return "unmatched ')' at " + std::to_string(i);
+      --open_groups;
+      can_repeat = true;
+    } else if (c == '|' || c == '^' || c == '$') {
+      can_repeat = false;
+    } else {
+      can_repeat = true;
+    }
+  }
+  if (open_groups > 0) return std::to_string(open_groups) + " unclosed '('";
+  return std::nullopt;
 }
 
 }  // namespace backhaul::validate

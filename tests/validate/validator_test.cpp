@@ -479,14 +479,58 @@ TEST(JsonSchemaLintTest, AHugePatternIsRefusedWithoutCompilingIt) {
   const std::string nested = std::string(100'000, '(') + "a" + std::string(100'000, ')');
   const nlohmann::json schema = {
       {"type", "object"}, {"properties", {{"name", {{"type", "string"}, {"pattern", nested}}}}}};
-  const std::vector<std::string> problems = lint_json_schema(schema, true);
+  const std::vector<std::string> problems = lint_json_schema(schema, true).problems;
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_EQ(problems[0],
             "/properties/name/pattern: is 200001 characters long: more than 2000 is not checked");
   const nlohmann::json fine = {
       {"type", "object"},
       {"properties", {{"name", {{"type", "string"}, {"pattern", "^(a|b)+$"}}}}}};
-  EXPECT_TRUE(lint_json_schema(fine, true).empty());
+  EXPECT_TRUE(lint_json_schema(fine, true).problems.empty());
+}
+
+nlohmann::json schema_with_pattern(const std::string& pattern) {
+  return {{"type", "object"},
+          {"properties", {{"name", {{"type", "string"}, {"pattern", pattern}}}}}};
+}
+
+// Review: JSON Schema's patterns are ECMA-262's, and libstdc++'s std::regex lacks some of it:
+// named groups, lookbehind, \p{...}, counts its automaton cannot hold. Such a pattern failed
+// config_schema_keywords, though a validator of JSON Schema takes it; it is noted as not checked
+// now. A pattern that ECMA-262 refuses too still fails.
+TEST(JsonSchemaLintTest, APatternStdRegexCannotCompileIsNotedAndOnlyInvalidEcma262Fails) {
+  for (const char* valid : {"^(?<n>a)$", "\\p{L}+", "(?<=a)b", "a{1,200000}", "{x}"}) {
+    SCOPED_TRACE(valid);
+    const SchemaLint lint = lint_json_schema(schema_with_pattern(valid), true);
+    EXPECT_TRUE(lint.problems.empty()) << lint.problems.front();
+    ASSERT_EQ(lint.notes.size(), 1u);
+    EXPECT_EQ(lint.notes[0].rfind("/properties/name/pattern: not compiled (std::regex: ", 0), 0u)
+        << lint.notes[0];
+  }
+  const std::vector<std::pair<std::string, std::string>> invalid = {
+      {"(a", "1 unclosed '('"},
+      {"a)", "unmatched ')' at 1"},
+      {"[a", "unterminated character class at 0"},
+      {"*a", "nothing to repeat at 0 ('*')"},
+      {"a**", "nothing to repeat at 2 ('*')"},
+      {"a???", "nothing to repeat at 3 ('?')"},
+      {"(?:a|+)", "nothing to repeat at 5 ('+')"},
+      {"x{2}{3}", "nothing to repeat at 4 ('{')"},
+      {"a{2,1}", "numbers out of order in {2,1}"},
+      {"a\\", "\\ at end of pattern"},
+  };
+  for (const auto& [pattern, why] : invalid) {
+    SCOPED_TRACE(pattern);
+    const SchemaLint lint = lint_json_schema(schema_with_pattern(pattern), true);
+    ASSERT_EQ(lint.problems.size(), 1u);
+    EXPECT_EQ(lint.problems[0],
+              "/properties/name/pattern: is not a valid regular expression: " + why);
+  }
+  for (const char* fine : {"^[a-z][a-z0-9_-]*$", "a*?b+?c??", "[]a]", "a{2,}?"}) {
+    SCOPED_TRACE(fine);
+    const SchemaLint lint = lint_json_schema(schema_with_pattern(fine), true);
+    EXPECT_TRUE(lint.problems.empty() && lint.notes.empty());
+  }
 }
 
 TEST(ValidatorTest, FailsAWrongStatusOn401) {
