@@ -45,7 +45,7 @@ Verdict entry_symbol_by_dlsym(CheckContext& ctx) {
   const json& facts = ctx.entry_facts();
   if (facts.contains("dlopen_error")) return skip("the library does not load (see library_loads)");
   if (!facts.value("found", false)) return fail(BACKHAUL_ENTRY_SYMBOL " is not exported (dlsym)");
-  return pass("found by dlsym (the file has no section headers to inspect)");
+  return pass("found by dlsym (the file's dynamic symbol table is not readable)");
 }
 
 Verdict entry_symbol_exported(CheckContext& ctx) {
@@ -84,7 +84,8 @@ std::string demangled(const std::string& name) {
 Verdict exports_only_entry(CheckContext& ctx) {
   const ElfFacts& elf = ctx.elf();
   if (!elf.problem.empty()) return skip("not a loadable ELF shared object (see elf_shared_object)");
-  if (!elf.has_dynsym) return skip("no section headers: the dynamic symbol table is not readable");
+  if (!elf.has_dynsym)
+    return skip("the dynamic symbol table is not readable (no dynamic segment or section)");
   if (elf.exported_others == 0) return pass(BACKHAUL_ENTRY_SYMBOL " is the only symbol exported");
   const size_t n = elf.exported_others;
   std::vector<std::string> names;

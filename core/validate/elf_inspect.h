@@ -21,7 +21,8 @@ struct ElfSymbol {
 struct ElfFacts {
   // Empty when the file is an ELF shared object this host can load; else why not.
   std::string problem;
-  // Whether the dynamic symbol table could be read (absent section headers leave it unknown).
+  // Whether the dynamic symbol table could be read: through the dynamic segment, as the loader
+  // finds it, or else its section.
   bool has_dynsym = false;
   std::optional<ElfSymbol> entry;            // the symbol named `symbol`, if present
   std::vector<std::string> exported_sample;  // a few other defined global symbols (for hints)

@@ -9,10 +9,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -25,6 +27,7 @@
 #include "core/validate/checks.h"
 #include "core/validate/elf_inspect.h"
 #include "core/validate/json_schema_lint.h"
+#include <elf.h>
 
 namespace backhaul::validate {
 namespace {
@@ -249,6 +252,56 @@ TEST(ValidatorTest, FailsAPluginThatExportsMoreThanItsEntry) {
   const Report level4 = validate(reference_options("broken_exports_more", 4));
   EXPECT_TRUE(level4.passed()) << dump(level4);
   EXPECT_EQ(find(level4, "exports_only_entry")->status, CheckStatus::kSkip);
+}
+
+// A copy of test plugin `name` in the test's temporary directory, its bytes changed by `edit`.
+fs::path edited_copy(const std::string& name, const std::function<void(std::string&)>& edit) {
+  std::ifstream in(test_plugin(name), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  edit(bytes);
+  const fs::path copy = fs::path(::testing::TempDir()) /
+                        ("edited-" + std::to_string(::getpid()) + "-" + name + ".so");
+  std::ofstream(copy, std::ios::binary | std::ios::trunc) << bytes;
+  fs::permissions(copy, fs::perms::owner_all);
+  return copy;
+}
+
+// Review: with e_shoff and e_shnum zeroed (the loader needs neither), the dynamic symbol table was
+// taken for unreadable: exports_only_entry skipped, and the run passed. It is read through the
+// dynamic segment now, as the loader finds it (DT_SYMTAB, DT_STRTAB, counted by DT_GNU_HASH).
+TEST(ValidatorTest, ReadsTheDynamicSymbolsOfAFileWithoutSectionHeaders) {
+  const fs::path plugin = edited_copy("broken_exports_more", [](std::string& bytes) {
+    Elf64_Ehdr header{};
+    ASSERT_GE(bytes.size(), sizeof header);
+    std::memcpy(&header, bytes.data(), sizeof header);
+    header.e_shoff = 0;
+    header.e_shnum = 0;
+    header.e_shstrndx = 0;
+    std::memcpy(bytes.data(), &header, sizeof header);
+  });
+  const ElfFacts elf = inspect_elf(plugin, "backhaul_entry");
+  EXPECT_TRUE(elf.problem.empty()) << elf.problem;
+  EXPECT_TRUE(elf.has_dynsym);
+  ASSERT_TRUE(elf.entry.has_value());
+  EXPECT_TRUE(elf.entry->defined && elf.entry->global && elf.entry->visible &&
+              elf.entry->is_object);
+  EXPECT_EQ(elf.exported_others,
+            inspect_elf(test_plugin("broken_exports_more"), "backhaul_entry").exported_others)
+      << "the dynamic segment and the section hold one table";
+  Report report = validate(options_for(plugin, std::nullopt, 5));
+  expect_fail(report, "exports_only_entry", " symbols besides backhaul_entry (");
+  expect_pass(report, "entry_symbol_exported");
+  fs::remove(plugin);
+}
+
+// Review: section headers past the end of the file were taken for absent ones, and the file passed.
+TEST(ValidatorTest, FailsAFileCutShortOfItsSectionHeaders) {
+  const fs::path plugin =
+      edited_copy("reference", [](std::string& bytes) { bytes.resize(bytes.size() - 100); });
+  Report report = validate(options_for(plugin, std::nullopt, 1));
+  expect_fail(report, "elf_shared_object",
+              "is truncated: its section headers end past the end of the file (");
+  fs::remove(plugin);
 }
 
 TEST(ValidatorTest, FailsAFileThatIsNoSharedObject) {
