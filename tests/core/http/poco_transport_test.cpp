@@ -1539,24 +1539,6 @@ TEST_F(PocoTransportTlsTest, ASlowHandshakeOrTunnelEndsAtTheRequestsDeadline) {
   }
 }
 
-// Every connection is opened by the transport, where it is watched: Poco reopened one idle for its
-// keep-alive timeout (8 s) inside sendRequest() by itself, unwatched, and a tunnel it reopened so
-// had no timeout at all (a proxy that then never answered the CONNECT held the request for ever).
-// The pool checks an idle connection at checkout instead: one still open is used again. There is
-// no clock to move in Poco: the test waits out its keep-alive timeout.
-TEST_F(PocoTransportTlsTest, AnIdleTunnelIsUsedAgainNotReopenedByPoco) {
-  testing::TestProxy proxy;
-  PocoTransportOptions options;
-  options.ca_file = pki_->ca_file;
-  options.proxy = proxy.options();
-  PocoTransport transport(options);
-  expect_echoed(transport, "before", 1);
-  std::this_thread::sleep_for(8500ms);
-  expect_echoed(transport, "after Poco's keep-alive timeout", 1);
-  EXPECT_EQ(transport.connections_opened(), 1u);
-  EXPECT_EQ(proxy.seen_containing("CONNECT "), 1u);
-}
-
 // A pooled connection that the server closed while it was idle, direct or through a tunnel, is
 // dropped at checkout (or, closed just before its use, found dead by the request, which goes
 // again), and a new one is opened by the transport, as Poco no longer reconnects by itself.
