@@ -927,6 +927,9 @@ class Writes {
   // read before that is stale in cancel_requested, and an ending of the job later in the same
   // transaction must follow the cancellation rule.
   void cancel_requested(JobId id) { cancel_requested_.insert(id); }
+  // Jobs this transaction cancelled (mark_cancelled).
+  void cancelled(JobId id) { cancelled_.insert(id); }
+  bool cancelled_here(JobId id) const { return cancelled_.count(id) > 0; }
   JobState current(JobState s) const {
     if (cancel_requested_.count(s.id)) s.cancel_requested = true;
     return s;
@@ -999,6 +1002,7 @@ class Writes {
 
   std::vector<std::string> statements_;
   std::map<std::pair<std::string, std::string>, int64_t> running_;
+  std::set<JobId> cancelled_;
   std::set<JobId> cancel_requested_;
 };
 
@@ -1086,6 +1090,7 @@ void mark_cancelled(Tx& tx, Writes& w, const JobState& s, int refund,
                  "wait_deadline_ms = 0, active_dedupe_key = NULL, counted_in_parent = 0 "
                  "WHERE id = "
               << s.id);
+  w.cancelled(s.id);
   if (s.dead_letter_id) {
     w.push_back(Sql("UPDATE dead_letters SET status = 'ignored', updated_ms = ")
                 << now << " WHERE id = " << *s.dead_letter_id << " AND status = 'retrying'");
@@ -1348,6 +1353,8 @@ size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_
 // (or `limit`, if more), so that a read stays a few hundred KB. A claim that finds no free job
 // that far returns short, and the caller claims again.
 constexpr int kClaimReads = 8;
+// The rows a claim locks past those it wants, at most, in each slice of a read past held rows.
+constexpr size_t kSliceSlack = 32;
 constexpr size_t kMaxClaimWindow = 4096;
 // The statements reading the heads of per-key capped kinds, and each round trip of them, hold at
 // most this much (one sub-SELECT of about 250 bytes per key with room): well under any
@@ -1547,11 +1554,13 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   // locking scan (SKIP LOCKED) would find them too, but it locks and releases every held and
   // delete-marked entry on its way: with three hosts on one server it cost 20 ms a call.
   const auto lock_in_claim_order = [&](const std::vector<Candidate*>& candidates) {
-    // In slices, each twice the last, so that the jobs locked are the first free ones in claim
-    // order (a lock of the whole window LIMITed would take the lowest ids), in a few round trips.
-    // A slice's free rows past those wanted stay locked, unclaimed, until the commit.
+    // In slices in claim order, so that the jobs locked are the first free ones in that order (a
+    // lock of the whole window LIMITed took the lowest ids). A slice's free rows past those wanted
+    // stay locked, unclaimed, until the commit, and other claims pass them over: a slice grows
+    // (twice the last) to at most kSliceSlack rows more than are still wanted.
     size_t slice = r.limit - locked;
-    for (size_t at = 0; at < candidates.size() && locked < r.limit; at += slice, slice *= 2) {
+    for (size_t at = 0; at < candidates.size() && locked < r.limit;
+         at += slice, slice = std::min(slice * 2, r.limit - locked + kSliceSlack)) {
       const std::vector<Candidate*> part(candidates.begin() + static_cast<std::ptrdiff_t>(at),
                                          candidates.begin() + static_cast<std::ptrdiff_t>(std::min(
                                                                   candidates.size(), at + slice)));
@@ -2490,25 +2499,16 @@ class MysqlStore final : public JobStore {
       // A job found ended when locked was cancelled here, through its parent, or ended elsewhere
       // since the read (on another host): only the former counts. (A locking read instead would
       // deadlock with those endings, which change the key's index entries it holds.)
-      std::vector<JobId> ended;
-      int64_t count = 0;
+      int count = 0;
       for (const Row& row : active.rows) {
         const JobId id = to_i64(row[0]);
-        if (cancel_job(tx, w, id, now_ms) == CancelOutcome::kAlreadyFinished) {
-          ended.push_back(id);
-        } else {
+        if (cancel_job(tx, w, id, now_ms) != CancelOutcome::kAlreadyFinished ||
+            w.cancelled_here(id)) {
           ++count;
         }
       }
-      if (!ended.empty()) {
-        w.flush(tx);
-        count += to_i64(tx.one(Sql("SELECT COUNT(*) FROM jobs WHERE id IN (")
-                               << id_list(ended)
-                               << ") AND status = 'cancelled' AND finished_ms = " << now_ms)
-                            .rows[0][0]);
-      }
       w.commit(tx);
-      return static_cast<int>(count);
+      return count;
     });
   }
 

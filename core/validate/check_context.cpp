@@ -1,4 +1,5 @@
 // CheckContext (children, memoized observations, target resolution) and page walks.
+#include <algorithm>
 #include <cstddef>
 #include <set>
 #include <system_error>
@@ -7,6 +8,7 @@
 #include "core/common/utf8.h"
 #include "core/validate/checks.h"
 #include <dlfcn.h>
+#include <sys/resource.h>
 
 namespace backhaul::validate {
 namespace {
@@ -334,12 +336,27 @@ const std::vector<Walk>& CheckContext::baseline() {
   return *baseline_;
 }
 
-WorkerThread::WorkerThread(std::function<void()> run)
+size_t worker_stack_bytes(int threads) {
+  constexpr size_t kDefault = size_t{8} << 20;
+  rlimit stack{};
+  const size_t usual = ::getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY &&
+                               stack.rlim_cur >= kMinWorkerStackBytes
+                           ? static_cast<size_t>(stack.rlim_cur)
+                           : kDefault;
+  rlimit space{};
+  if (threads <= 0 || ::getrlimit(RLIMIT_AS, &space) != 0 || space.rlim_cur == RLIM_INFINITY) {
+    return usual;
+  }
+  const size_t share = static_cast<size_t>(space.rlim_cur / 4 / static_cast<rlim_t>(threads));
+  return std::clamp(share, kMinWorkerStackBytes, usual);
+}
+
+WorkerThread::WorkerThread(std::function<void()> run, size_t stack_bytes)
     : run_(std::make_unique<std::function<void()>>(std::move(run))) {
   pthread_attr_t attr;
   int error = ::pthread_attr_init(&attr);
   if (error == 0) {
-    error = ::pthread_attr_setstacksize(&attr, kWorkerStackBytes);
+    error = ::pthread_attr_setstacksize(&attr, stack_bytes);
     if (error == 0) {
       error = ::pthread_create(
           &thread_, &attr,
@@ -370,6 +387,7 @@ void WorkerThread::join() {
 std::string on_threads(int threads, const std::function<std::string(int)>& body,
                        const ThreadStarter& start) {
   std::vector<std::string> problems(static_cast<size_t>(threads));
+  const size_t stack_bytes = worker_stack_bytes(threads);
   std::vector<WorkerThread> pool;
   std::string not_started;
   for (int k = 0; k < threads; ++k) {
@@ -381,7 +399,7 @@ std::string on_threads(int threads, const std::function<std::string(int)>& body,
           problems[static_cast<size_t>(k)] = "thread " + std::to_string(k) + ": " + e.what();
         }
       };
-      pool.push_back(start ? start(std::move(run)) : WorkerThread(std::move(run)));
+      pool.push_back(start ? start(std::move(run)) : WorkerThread(std::move(run), stack_bytes));
     } catch (const std::system_error& e) {
       not_started = "the validator could not start thread " + std::to_string(k + 1) + " of " +
                     std::to_string(threads) + " (" + e.what() +

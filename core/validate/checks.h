@@ -44,18 +44,21 @@ inline Verdict pass(std::string note = {}) { return {CheckStatus::kPass, std::mo
 inline Verdict fail(std::string reason) { return {CheckStatus::kFail, std::move(reason)}; }
 inline Verdict skip(std::string reason) { return {CheckStatus::kSkip, std::move(reason)}; }
 
-// The stack of each thread of the concurrency checks. std::thread's default is RLIMIT_STACK's
-// (8 MiB, usually): --threads 256 needed 2 GiB of address space for stacks alone, all of the
-// default --memory-limit-mb, and the check failed for a thread it could not start. 256 of these
-// take 256 MiB; plugin code runs on them, so it is no less than a typical thread library's
-// minimum for code that parses JSON.
-inline constexpr size_t kWorkerStackBytes = size_t{1} << 20;
+// The stack of each of `threads` threads of the concurrency checks: what a thread gets by default
+// (RLIMIT_STACK's, 8 MiB usually, as the daemon's threads calling plugins have), unless that many
+// would take more than a quarter of the address space this process may use (RLIMIT_AS: the
+// validator's --memory-limit-mb in its child). Then each gets its share of that quarter, and at
+// least kMinWorkerStackBytes: plugin code runs on them. --threads 256 on default stacks needed
+// 2 GiB for stacks alone, all of the default limit, and the check failed for a thread it could not
+// start.
+inline constexpr size_t kMinWorkerStackBytes = size_t{1} << 20;
+size_t worker_stack_bytes(int threads);
 
-// A thread with a stack of kWorkerStackBytes, joined by join() or on destruction. Move-only.
+// A thread with a stack of `stack_bytes`, joined by join() or on destruction. Move-only.
 class WorkerThread {
  public:
   // Starts `run`; throws std::system_error when the thread cannot be started.
-  explicit WorkerThread(std::function<void()> run);
+  explicit WorkerThread(std::function<void()> run, size_t stack_bytes = kMinWorkerStackBytes);
   WorkerThread(WorkerThread&& other) noexcept;
   WorkerThread& operator=(WorkerThread&&) = delete;
   WorkerThread(const WorkerThread&) = delete;

@@ -187,7 +187,9 @@ bool find_dynamic_symbols(const std::string& data, const std::vector<Elf64_Phdr>
   const auto dynamic = std::find_if(segments.begin(), segments.end(),
                                     [](const Elf64_Phdr& p) { return p.p_type == PT_DYNAMIC; });
   if (dynamic == segments.end()) return false;
-  uint64_t symtab = 0, strtab = 0, strsz = 0, syment = sizeof(Elf64_Sym), hash = 0, gnu_hash = 0;
+  // DT_STRSZ is not read: the loader does not bound names by it, and a size cut short of some
+  // names would hide their symbols from the checks. A name is bounded by its segment.
+  uint64_t symtab = 0, strtab = 0, syment = sizeof(Elf64_Sym), hash = 0, gnu_hash = 0;
   for (uint64_t i = 0; i < dynamic->p_filesz / sizeof(Elf64_Dyn); ++i) {
     Elf64_Dyn entry{};
     if (!read_at(data, dynamic->p_offset + i * sizeof(Elf64_Dyn), entry) || entry.d_tag == DT_NULL)
@@ -199,9 +201,6 @@ bool find_dynamic_symbols(const std::string& data, const std::vector<Elf64_Phdr>
         break;
       case DT_STRTAB:
         strtab = value;
-        break;
-      case DT_STRSZ:
-        strsz = value;
         break;
       case DT_SYMENT:
         syment = value;
@@ -228,7 +227,7 @@ bool find_dynamic_symbols(const std::string& data, const std::vector<Elf64_Phdr>
   dynsym.sh_entsize = sizeof(Elf64_Sym);
   Elf64_Shdr dynstr{};
   dynstr.sh_offset = strings->first;
-  dynstr.sh_size = std::min(strsz, strings->second);
+  dynstr.sh_size = strings->second;
   facts.has_dynsym = true;
   scan_symbols(data, dynsym, dynstr, wanted, facts);
   return true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -195,20 +196,38 @@ class SubreaperScope {
 // rounds go on until one finds none.
 int kill_orphans(pid_t group, const std::set<pid_t>& ours) {
   int escaped = 0;
+  // One this process may not signal (it ran a set-user-ID program), or that will not end: counted,
+  // and left, rather than waited for without end.
+  std::set<pid_t> left;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (int round = 0; round < kMaxOrphanRounds; ++round) {
     std::vector<pid_t> orphans;
     for (pid_t pid : child_pids(::getpid())) {
-      if (!ours.count(pid)) orphans.push_back(pid);
+      if (!ours.count(pid) && !left.count(pid)) orphans.push_back(pid);
     }
     if (orphans.empty()) break;
+    std::vector<pid_t> killed;
     for (pid_t pid : orphans) {
       // A child's PID is not reused before it is reaped: the kill reaches the process counted.
       const std::optional<ProcStat> stat = read_proc_stat(pid);
-      if (stat && stat->state != 'Z' && stat->state != 'X' && ::getpgid(pid) != group) ++escaped;
-      ::kill(pid, SIGKILL);
+      const bool running = stat && stat->state != 'Z' && stat->state != 'X';
+      if (running && ::getpgid(pid) != group) ++escaped;
+      if (::kill(pid, SIGKILL) == 0 || !running) {
+        killed.push_back(pid);
+      } else {
+        if (::getpgid(pid) == group) ++escaped;  // not counted above: it is left running
+        left.insert(pid);
+      }
     }
-    for (pid_t pid : orphans) {
-      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    for (pid_t pid : killed) {
+      for (;;) {
+        const pid_t reaped = ::waitpid(pid, nullptr, WNOHANG);
+        if (reaped == pid || (reaped < 0 && errno != EINTR)) break;
+        if (std::chrono::steady_clock::now() >= give_up) {
+          left.insert(pid);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
   }

@@ -196,6 +196,11 @@ std::optional<std::string> ecma262_syntax_error(std::string_view p) {
       after_quantifier = true;
     } else if (c == '\\') {
       if (++i == p.size()) return std::string("\\ at end of pattern");
+      // \u{...} (with the u flag) is one atom, braces and all: they are no quantifier.
+      if (p[i] == 'u' && i + 1 < p.size() && p[i + 1] == '{') {
+        const size_t close = p.find('}', i + 2);
+        if (close != std::string_view::npos) i = close;
+      }
       can_repeat = true;
     } else if (c == '[') {
       size_t j = i + 1;

@@ -129,7 +129,11 @@ status=0
 for run in "$github_run" "$vercel_run"; do
   echo
   echo "demo: backhaul run status $run --wait"
-  timeout 600 "$bin/backhaul" run status "$run" --wait --interval-ms 250 || status=1
+  # --foreground: a Ctrl-C reaches the command (timeout's own process group would keep it out).
+  rc=0
+  timeout --foreground 600 "$bin/backhaul" run status "$run" --wait --interval-ms 250 || rc=$?
+  [ "$rc" -ne 130 ] || exit 130
+  [ "$rc" -eq 0 ] || status=1
 done
 
 echo

@@ -43,7 +43,7 @@ fi
 apt_get() {
   local out deadline=$((SECONDS + 600))
   while :; do
-    if out=$(apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1); then
+    if out=$(LC_ALL=C apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1); then
       return 0
     fi
     if ! grep -q "Could not get lock" <<<"$out" || [ $SECONDS -ge $deadline ]; then

@@ -90,6 +90,7 @@ do_stop() {
   local pid
   if ! pid=$(running_pid); then
     rm -f "$pidfile"
+    remove_socket_dir
     echo "mariadb.sh: no server running for $dir"
     return 0
   fi
@@ -110,14 +111,18 @@ do_stop() {
   echo "mariadb.sh: stopped server $pid"
 }
 
-# The short private directory socket_path() made for the socket, if it made one.
+# The short private directory socket_path() made for the socket under the temporary directory, if
+# it made one (and not DIR itself, whatever its name).
 remove_socket_dir() {
   [ -s "$sock_file" ] || return 0
-  local d
+  local d tmp
   d=$(dirname "$(cat "$sock_file")")
-  case "$(basename "$d")" in
-    backhaul-mariadb.*) rm -rf "$d" ;;
-  esac
+  tmp=$(cd "${TMPDIR:-/tmp}" && pwd)
+  if [ "$d" != "$dir" ] && [ "$(dirname "$d")" = "$tmp" ]; then
+    case "$(basename "$d")" in
+      backhaul-mariadb.*) rm -rf "$d" ;;
+    esac
+  fi
   rm -f "$sock_file"
 }
 
