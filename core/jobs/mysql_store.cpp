@@ -2828,8 +2828,12 @@ class MysqlStore final : public JobStore {
   // Whether the ending of job `id`'s attempt under lease `token` (one per claim) wrote its row:
   // a sweep that took the lease back writes one under the token too, as "lease_expired", and
   // that one does not count. Throws StorageError when it cannot be read.
+  // The job's row first: the attempt's row is written in the COMMIT trip, maybe after a statement
+  // that waits (for a dead letter's row, say), and a locking read of a row not there yet does not
+  // wait; the job's row that transaction has held since it began, and a locking read of it waits.
   bool attempt_row_exists(JobId id, const std::string& token) {
     return !read("commit check", [&](mysql::Connection& c) {
+              c.one(Sql("SELECT id FROM jobs WHERE id = ") << id << kAwaitCommits);
               Sql sql("SELECT 1 FROM job_attempts WHERE job_id = ");
               sql << id << " AND lease_token = " << quote(token)
                   << " AND outcome <> 'lease_expired' LIMIT 1" << kAwaitCommits;

@@ -1992,6 +1992,44 @@ TEST(MysqlStore, ACompletionWhoseCommitAppliedButWhoseReplyWasLostSucceeds) {
   EXPECT_EQ(error, "") << "the completion applied";
 }
 
+// The connection of a completion is lost while its COMMIT trip waits for a row another session
+// holds: the dead letter of the job, which the completion of a job retried from it resolves ahead
+// of writing its attempt's row. The store's read-back waits for that transaction (through the
+// job's row, which it holds) and finds it applied. Before, it read the attempt's row alone, not
+// there yet, took the completion for not applied, and ran it again, which found its job ended
+// once the first had committed: "lease lost" for a completion that applied.
+TEST(MysqlStore, ACompletionLostWhileItsCommitWaitsForARowIsFoundApplied) {
+  ThroughRelay t;
+  const int64_t letter = kill_one(*t.direct, spec("k", "key"), 1000);
+  t.direct->retry_dead_letter(letter, 1100);
+  std::vector<Claimed> got = t.direct->claim(claim_of("w", 1, 1200, {"k"}));
+  ASSERT_EQ(got.size(), 1u);
+  auto holder = t.db.app_session();
+  const int64_t holder_id = scalar(*holder, "SELECT CONNECTION_ID()");
+  holder->one("START TRANSACTION");
+  holder->one("SELECT id FROM dead_letters WHERE id = " + std::to_string(letter) + " FOR UPDATE");
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread completing = running(
+      [&] { t.store->complete(got[0].job.id, got[0].lease_token, "{}", 1300); }, error, done);
+  const int64_t first = session_where(t.db, "INFO LIKE '%dead_letters%'", holder_id, done);
+  if (first != 0) t.relay.cut_clients_only();
+  // The store reads back, or runs the completion again: either locks the job's row, and waits.
+  const int64_t next =
+      first == 0 ? 0
+                 : session_where(t.db,
+                                 "ID <> " + std::to_string(first) +
+                                     " AND INFO LIKE '%FROM jobs%' AND (INFO LIKE '%FOR UPDATE%' "
+                                     "OR INFO LIKE '%SHARE MODE%')",
+                                 holder_id, done);
+  holder->one("ROLLBACK");
+  completing.join();
+  EXPECT_NE(first, 0) << "the completion never waited for the letter's row: " << error;
+  EXPECT_NE(next, 0) << "the store neither read back nor completed again: " << error;
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(t.direct->get(got[0].job.id)->status, JobStatus::kSucceeded);
+}
+
 // The same for the endings that take one transaction each (a parent waiting for its children,
 // and a failure, a deferral or a release when finish() runs them one by one): an ending that
 // applied is reported applied, not as an error whose retry would end in "lease lost".
