@@ -391,6 +391,10 @@ class CountingSession final : public PocoSession, public PooledSession {
   }
 
   bool usable_when_idle() override {
+    // Poco's own rule first (idle for its keep-alive timeout, or told "Connection: close"): a
+    // connection idle that long may be dropped silently on the way (a NAT, a firewall), or closed
+    // by the server as the request goes out. It is opened again, as before, but by the transport.
+    if (PocoSession::mustReconnect()) return false;
     if (!this->connected() || this->buffered() != 0) return false;
     if constexpr (std::is_same_v<PocoSession, Poco::Net::HTTPClientSession>) {
       return open_and_quiet(this->socket());
@@ -402,8 +406,8 @@ class CountingSession final : public PocoSession, public PooledSession {
 
  protected:
   // Poco would reopen, inside sendRequest(), a connection idle for its keep-alive timeout (8 s),
-  // unwatched and, through a proxy, without any timeout: the pool checks an idle connection at
-  // checkout instead (usable_when_idle()).
+  // unwatched and, through a proxy, without any timeout: the pool drops such a connection at
+  // checkout instead (usable_when_idle()), and the transport opens a new one.
   bool mustReconnect() const override { return false; }
 
   // Poco would also reopen a connection whose first write fails (the server closed it a moment

@@ -337,18 +337,18 @@ const std::vector<Walk>& CheckContext::baseline() {
 }
 
 size_t worker_stack_bytes(int threads) {
-  constexpr size_t kDefault = size_t{8} << 20;
+  // What glibc gives a thread: RLIMIT_STACK's soft limit, or 2 MiB when that is unlimited.
   rlimit stack{};
-  const size_t usual = ::getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY &&
-                               stack.rlim_cur >= kMinWorkerStackBytes
-                           ? static_cast<size_t>(stack.rlim_cur)
-                           : kDefault;
+  size_t usual = size_t{8} << 20;
+  if (::getrlimit(RLIMIT_STACK, &stack) == 0) {
+    usual = stack.rlim_cur == RLIM_INFINITY ? size_t{2} << 20 : static_cast<size_t>(stack.rlim_cur);
+  }
   rlimit space{};
   if (threads <= 0 || ::getrlimit(RLIMIT_AS, &space) != 0 || space.rlim_cur == RLIM_INFINITY) {
     return usual;
   }
   const size_t share = static_cast<size_t>(space.rlim_cur / 4 / static_cast<rlim_t>(threads));
-  return std::clamp(share, kMinWorkerStackBytes, usual);
+  return std::clamp(share, std::min(usual, kMinWorkerStackBytes), usual);
 }
 
 WorkerThread::WorkerThread(std::function<void()> run, size_t stack_bytes)

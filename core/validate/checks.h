@@ -45,12 +45,12 @@ inline Verdict fail(std::string reason) { return {CheckStatus::kFail, std::move(
 inline Verdict skip(std::string reason) { return {CheckStatus::kSkip, std::move(reason)}; }
 
 // The stack of each of `threads` threads of the concurrency checks: what a thread gets by default
-// (RLIMIT_STACK's, 8 MiB usually, as the daemon's threads calling plugins have), unless that many
-// would take more than a quarter of the address space this process may use (RLIMIT_AS: the
-// validator's --memory-limit-mb in its child). Then each gets its share of that quarter, and at
-// least kMinWorkerStackBytes: plugin code runs on them. --threads 256 on default stacks needed
-// 2 GiB for stacks alone, all of the default limit, and the check failed for a thread it could not
-// start.
+// (RLIMIT_STACK's, 8 MiB usually, or 2 MiB when unlimited: as the daemon's threads calling plugins
+// have), unless that many would take more than a quarter of the address space this process may
+// use (RLIMIT_AS: the validator's --memory-limit-mb in its child). Then each gets its share of that
+// quarter, and at least kMinWorkerStackBytes (or the usual, if less): plugin code runs on them.
+// --threads 256 on default stacks needed 2 GiB for stacks alone, all of the default limit, and the
+// check failed for a thread it could not start.
 inline constexpr size_t kMinWorkerStackBytes = size_t{1} << 20;
 size_t worker_stack_bytes(int threads);
 

@@ -199,7 +199,6 @@ int kill_orphans(pid_t group, const std::set<pid_t>& ours) {
   // One this process may not signal (it ran a set-user-ID program), or that will not end: counted,
   // and left, rather than waited for without end.
   std::set<pid_t> left;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (int round = 0; round < kMaxOrphanRounds; ++round) {
     std::vector<pid_t> orphans;
     for (pid_t pid : child_pids(::getpid())) {
@@ -219,6 +218,9 @@ int kill_orphans(pid_t group, const std::set<pid_t>& ours) {
         left.insert(pid);
       }
     }
+    // Up to 2 s a round for the killed to end (one in uninterruptible sleep may take longer);
+    // their own children are handed to this process as they end, for the next round to find.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (pid_t pid : killed) {
       for (;;) {
         const pid_t reaped = ::waitpid(pid, nullptr, WNOHANG);

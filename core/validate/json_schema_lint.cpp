@@ -1,6 +1,7 @@
 #include "core/validate/json_schema_lint.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <regex>
 #include <set>
@@ -198,8 +199,9 @@ std::optional<std::string> ecma262_syntax_error(std::string_view p) {
       if (++i == p.size()) return std::string("\\ at end of pattern");
       // \u{...} (with the u flag) is one atom, braces and all: they are no quantifier.
       if (p[i] == 'u' && i + 1 < p.size() && p[i + 1] == '{') {
-        const size_t close = p.find('}', i + 2);
-        if (close != std::string_view::npos) i = close;
+        size_t j = i + 2;
+        while (j < p.size() && std::isxdigit(static_cast<unsigned char>(p[j]))) ++j;
+        if (j > i + 2 && j < p.size() && p[j] == '}') i = j;
       }
       can_repeat = true;
     } else if (c == '[') {

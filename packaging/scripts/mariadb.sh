@@ -117,7 +117,7 @@ remove_socket_dir() {
   [ -s "$sock_file" ] || return 0
   local d tmp
   d=$(dirname "$(cat "$sock_file")")
-  tmp=$(cd "${TMPDIR:-/tmp}" && pwd)
+  tmp=$(cd "${TMPDIR:-/tmp}" 2>/dev/null && pwd) || tmp=""
   if [ "$d" != "$dir" ] && [ "$(dirname "$d")" = "$tmp" ]; then
     case "$(basename "$d")" in
       backhaul-mariadb.*) rm -rf "$d" ;;

@@ -165,15 +165,14 @@ TEST(OnThreadsTest, ReportsTheFirstProblemAndAThreadItCouldNotStart) {
 int stacks_under_the_default_memory_limit() {
   rlimit stack{};
   ::getrlimit(RLIMIT_STACK, &stack);
-  const size_t usual = stack.rlim_cur == RLIM_INFINITY || stack.rlim_cur < (size_t{1} << 20)
-                           ? size_t{8} << 20
-                           : static_cast<size_t>(stack.rlim_cur);
+  const size_t usual =
+      stack.rlim_cur == RLIM_INFINITY ? size_t{2} << 20 : static_cast<size_t>(stack.rlim_cur);
   rlimit space{};
   space.rlim_cur = space.rlim_max = rlim_t{2} << 30;
   ::setrlimit(RLIMIT_AS, &space);
-  const bool ok = worker_stack_bytes(2) == usual &&
+  const bool ok = worker_stack_bytes(2) == std::min(usual, size_t{256} << 20) &&
                   worker_stack_bytes(256) == std::min(usual, size_t{2} << 20) &&
-                  worker_stack_bytes(4096) == (size_t{1} << 20);
+                  worker_stack_bytes(4096) == std::min(usual, size_t{1} << 20);
   return ok ? 0 : 1;
 }
 
@@ -609,8 +608,8 @@ nlohmann::json schema_with_pattern(const std::string& pattern) {
 // now (\u{...} too, an atom with the u flag, whose braces a review found taken for a quantifier).
 // A pattern that ECMA-262 refuses too still fails.
 TEST(JsonSchemaLintTest, APatternStdRegexCannotCompileIsNotedAndOnlyInvalidEcma262Fails) {
-  for (const char* valid :
-       {"^(?<n>a)$", "\\p{L}+", "(?<=a)b", "a{1,200000}", "{x}", "\\u{41}+", "^\\u{2014}{2}$"}) {
+  for (const char* valid : {"^(?<n>a)$", "\\p{L}+", "(?<=a)b", "a{1,200000}", "{x}", "\\u{41}+",
+                            "^\\u{2014}{2}$", "(\\u{)x}"}) {
     SCOPED_TRACE(valid);
     const SchemaLint lint = lint_json_schema(schema_with_pattern(valid), true);
     EXPECT_TRUE(lint.problems.empty()) << lint.problems.front();
@@ -629,6 +628,7 @@ TEST(JsonSchemaLintTest, APatternStdRegexCannotCompileIsNotedAndOnlyInvalidEcma2
       {"x{2}{3}", "nothing to repeat at 4 ('{')"},
       {"a{2,1}", "numbers out of order in {2,1}"},
       {"a\\", "\\ at end of pattern"},
+      {"\\u{a)b}", "unmatched ')' at 4"},
   };
   for (const auto& [pattern, why] : invalid) {
     SCOPED_TRACE(pattern);
