@@ -314,8 +314,9 @@ backhaul_status_t reusing_fetch_page(backhaul_instance_t* instance,
 
 void reusing_release_page(backhaul_instance_t*, backhaul_page_t*) {}
 
-// kShortPage: the page's struct_size member alone, at the end of a page of memory whose next page
-// cannot be read: a host that reads any other member of it crashes.
+// kShortPage: the page's struct_size member alone, in the last 8 bytes of a page of memory (aligned
+// as a page must be: UBSan refuses a misaligned one) whose next page cannot be read: a host that
+// reads a member past those 8 bytes crashes.
 backhaul_status_t short_fetch_page(backhaul_instance_t*, const backhaul_fetch_request_t*,
                                    backhaul_page_t** page, backhaul_error_t*) {
   const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -325,15 +326,16 @@ backhaul_status_t short_fetch_page(backhaul_instance_t*, const backhaul_fetch_re
   char* guard = static_cast<char*>(memory) + size;
   if (::mprotect(guard, size, PROT_NONE) != 0) std::abort();
   const uint32_t struct_size = sizeof(uint32_t);
-  std::memcpy(guard - struct_size, &struct_size, struct_size);
-  *page = reinterpret_cast<backhaul_page_t*>(guard - struct_size);
+  char* at = guard - alignof(backhaul_page_t);
+  std::memcpy(at, &struct_size, sizeof struct_size);
+  *page = reinterpret_cast<backhaul_page_t*>(at);
   return BACKHAUL_OK;
 }
 
 void short_release_page(backhaul_instance_t*, backhaul_page_t* page) {
   if (!page) return;
   const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  char* start = reinterpret_cast<char*>(page) + sizeof(uint32_t) - size;
+  char* start = reinterpret_cast<char*>(page) + alignof(backhaul_page_t) - size;
   ::munmap(start, 2 * size);
 }
 
