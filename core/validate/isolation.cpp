@@ -210,11 +210,12 @@ int kill_orphans(pid_t group, const std::set<pid_t>& ours) {
       // A child's PID is not reused before it is reaped: the kill reaches the process counted.
       const std::optional<ProcStat> stat = read_proc_stat(pid);
       const bool running = stat && stat->state != 'Z' && stat->state != 'X';
-      if (running && ::getpgid(pid) != group) ++escaped;
+      const bool in_group = ::getpgid(pid) == group;
+      if (running && !in_group) ++escaped;
       if (::kill(pid, SIGKILL) == 0 || !running) {
         killed.push_back(pid);
       } else {
-        if (::getpgid(pid) == group) ++escaped;  // not counted above: it is left running
+        if (in_group) ++escaped;  // not counted above: it is left running
         left.insert(pid);
       }
     }

@@ -436,12 +436,15 @@ void run_fetch(const FetchOptions& o) {
     const FetchOptions& o;
     std::optional<plugins::Connector>& connector;
     std::optional<plugins::Plugin>& loaded;
-    ~UnloadGuard() {
+    void unload() {
       if (!loaded) return;
+      const Watchdog watchdog = call_watchdog(o, "destroy() or deinit() (unloading)");
+      connector.reset();
+      loaded.reset();
+    }
+    ~UnloadGuard() {
       try {
-        const Watchdog watchdog = call_watchdog(o, "destroy() or deinit() (unloading)");
-        connector.reset();
-        loaded.reset();
+        unload();
       } catch (const std::exception&) {  // no thread for the watchdog: unloaded without it
       }
     }
@@ -516,11 +519,7 @@ void run_fetch(const FetchOptions& o) {
   }
   const int stopped_by = g_stop_signal.load();
   const std::string plugin_id = plugin.info().id;
-  {
-    const Watchdog watchdog = call_watchdog(o, "destroy() or deinit() (unloading)");
-    connector.reset();
-    loaded.reset();
-  }
+  unload_guard.unload();
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.json_summary) {
