@@ -274,7 +274,8 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
   }
 
   // Called by HTTPClientSession::receiveResponse() with a stream that ends after the blank line
-  // closing the header; called again after each 100 Continue.
+  // closing the header; called again after each interim response. The 1 MiB limit is on them all
+  // together, as the pipelined reader counts: interim responses without end are refused too.
   void read(std::istream& in) override {
     in.exceptions(std::ios::badbit);  // socket errors leave as the original Poco exception
     std::string raw;
@@ -285,7 +286,8 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
       if (n == 0) break;
       progress_.response_bytes = true;
       raw.append(buffer, n);
-      if (raw.size() > kMaxHeaderBytes) {
+      header_bytes_ += n;
+      if (header_bytes_ > kMaxHeaderBytes) {
         throw Poco::Net::MessageException("response header larger than 1 MiB");
       }
     }
@@ -315,6 +317,7 @@ class RecordingResponse final : public Poco::Net::HTTPResponse {
   Progress& progress_;
   std::function<void()> before_receive_;
   Headers fields_;
+  size_t header_bytes_ = 0;  // of this response and of the interim ones before it
 };
 
 // An idle plain-TCP connection is open and quiet: one non-blocking peek (Poco's poll() costs four

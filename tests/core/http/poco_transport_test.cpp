@@ -418,6 +418,34 @@ TEST(PocoTransportTest, SkipsInterimResponses) {
   EXPECT_EQ(response.headers, expected);
 }
 
+// A header over 1 MiB fails the request, counting the interim responses before it: each of 1100
+// 103 Early Hints of 1 KiB was under the limit, and an endless run of them was read to the
+// deadline.
+TEST(PocoTransportTest, RefusesAResponseHeaderOver1MiBInterimResponsesIncluded) {
+  std::string lines;
+  for (int i = 0; i < 2048; ++i) lines += "X-Pad: " + std::string(1015, 'p') + "\r\n";
+  std::string interim;
+  for (int i = 0; i < 1100; ++i) {
+    interim += "HTTP/1.1 103 Early Hints\r\nLink: <" + std::string(990, 'l') + ">\r\n\r\n";
+  }
+  const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {"2 MiB of fields", "HTTP/1.1 200 OK\r\n" + lines + "Content-Length: 2\r\n\r\nok"},
+      {"1.1 MiB of interim responses", interim + ok},
+  };
+  for (const auto& [what, answer] : cases) {
+    SCOPED_TRACE(what);
+    RawServer server(answer, RawServer::Then::kClose);
+    PocoTransport transport;
+    try {
+      transport.perform(get(server.url("/x")));
+      ADD_FAILURE() << "the response was taken";
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(contains(e.what(), "response header larger than 1 MiB")) << e.what();
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Connection reuse
 
