@@ -36,6 +36,14 @@ constexpr int64_t kInPlaceRetryAfterMs = 2'000;
 constexpr int64_t kStopWaitMs = 10 * 60 * 1000;
 constexpr const char* kGatewayCircuit = "gateway";
 
+// How long a unit waits out a provider's rate limit: what the plugin said, at least a second; a
+// minute when it could not say (status.h: 0 is unknown), as GitHub asks of a limit without
+// retry-after. A second there was a retry a second, without end, into a limit still in force.
+int64_t provider_rate_limit_wait_ms(int64_t retry_after_ms) {
+  constexpr int64_t kUnknownWaitMs = 60'000;
+  return retry_after_ms > 0 ? std::max<int64_t>(retry_after_ms, 1000) : kUnknownWaitMs;
+}
+
 // The gateway answered a call with 429 (gateway_failed): the job waits `retry_after_ms` (handle).
 // Not a std::exception, so that no handler's catch of errors takes it for a failure.
 struct GatewayBusy {
@@ -777,7 +785,7 @@ struct Pipeline::Impl {
                          plugin_said(e.what(), unit.access_token);
       if (!crashed && e.status() == BACKHAUL_RATE_LIMITED) {  // a wait, not an attempt (D4)
         ++rate_limit_waits;
-        const int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
+        const int64_t wait = provider_rate_limit_wait_ms(e.retry_after_ms());
         return Outcome::defer(ctx.now_ms() + wait, "rate limited by the provider: " + what);
       }
       throw JobFailure(what, !e.is_retryable(), e.retry_after_ms());
@@ -1302,7 +1310,7 @@ struct Pipeline::Impl {
           return {std::nullopt, std::nullopt, false, what};
         case BACKHAUL_RATE_LIMITED: {
           ++rate_limit_waits;
-          int64_t wait = std::max<int64_t>(e.retry_after_ms(), 1000);
+          const int64_t wait = provider_rate_limit_wait_ms(e.retry_after_ms());
           if (retried > 0 || refreshed) {
             // After a failed try of this page in this attempt: a wait would cost no attempt and
             // the next claim would try the page afresh, so a provider answering 502, 429, 502,

@@ -478,6 +478,31 @@ TEST_F(PipelineTest, ARateLimitedScopeCheckWaitsWithoutCostingTheRunAnAttempt) {
   EXPECT_EQ(store_->get(run.run_id)->status, JobStatus::kSucceeded);
 }
 
+// A rate limit whose wait the plugin could not tell (a 429 with "retry-after: 0": vercel passes
+// it on as 0, which status.h calls unknown) waits a minute. It waited a second: a retry a second,
+// without end, into a limit still in force, none of them an attempt.
+TEST_F(PipelineTest, ARateLimitOfUnknownLengthWaitsAMinute) {
+  start(data(0, 1, 20));
+  const RunStart run = start_run("vc-inst-1", "vercel");
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;  // the run's scope check
+    http::Response r = status_response(429, R"({"error":{"code":"rate_limited"}})");
+    r.headers.emplace_back("retry-after", "0");
+    return r;
+  });
+  const int64_t now = test_clock().now_ms();
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const std::optional<jobs::Job> job = store_->get(run.run_id);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->status, JobStatus::kQueued) << job->last_error.value_or("-");
+  EXPECT_EQ(job->attempts, 0);
+  EXPECT_EQ(job->run_after_ms, now + 60'000);
+  EXPECT_EQ(pipeline_->metrics().rate_limit_waits, 1);
+  test_clock().set_ms(job->run_after_ms);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true) << run_result(run.run_id).dump();
+}
+
 // Seed 000 test 2: Vercel, one project, one entity type: one unit.
 TEST_F(PipelineTest, VercelRunWithOneProjectIsOneUnit) {
   start(data(0, 1, 120));
