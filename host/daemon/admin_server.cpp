@@ -345,16 +345,21 @@ AdminServer::AdminServer(AdminApi& api, AdminServerOptions options)
 
 AdminServer::~AdminServer() { stop(); }
 
-void AdminServer::start() {
-  if (impl_->server) throw std::logic_error("admin server already started");
+Poco::Net::ServerSocket AdminServer::listen(const std::string& address, uint16_t port) {
   Poco::Net::ServerSocket socket;
   // Not SO_REUSEPORT, which Poco's bind(address, true) sets too: a second daemon on the port would
   // start, and the kernel would share the requests between the two.
-  socket.bind(Poco::Net::SocketAddress(impl_->options.listen, impl_->options.port),
-              /*reuseAddress=*/true, /*reusePort=*/false);
+  socket.bind(Poco::Net::SocketAddress(address, port), /*reuseAddress=*/true, /*reusePort=*/false);
   socket.listen(64);
   // Not into a process a plugin starts: one outliving backhauld would hold the admin port.
   set_close_on_exec(socket.impl()->sockfd());
+  return socket;
+}
+
+void AdminServer::start() { start(listen(impl_->options.listen, impl_->options.port)); }
+
+void AdminServer::start(Poco::Net::ServerSocket socket) {
+  if (impl_->server) throw std::logic_error("admin server already started");
   impl_->port = socket.address().port();
   impl_->listener = socket;
 

@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include <Poco/Net/ServerSocket.h>
+
 #include "host/daemon/admin_api.h"
 
 namespace backhaul::daemon {
@@ -27,8 +29,14 @@ class AdminServer {
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
 
-  // Binds and starts serving. Throws Poco::Exception when the address cannot be bound.
+  // A socket bound to `listen`:`port` (0: a free port) and listening, for start(). Taken before
+  // anything else a daemon starts: the port is its mark that no other daemon serves this config,
+  // whose jobs it would otherwise recover and claim first, then fail to bind. Connections wait in
+  // the backlog until start(). Throws Poco::Exception when the address cannot be bound.
+  static Poco::Net::ServerSocket listen(const std::string& address, uint16_t port);
+  // Starts serving on `listening` (from listen()); start() binds the options' address first.
   // [main-thread]
+  void start(Poco::Net::ServerSocket listening);
   void start();
   // Stops accepting connections and reading requests: a connection waiting for one ends, and one
   // handling a request answers it and then ends. Idempotent. [main-thread]

@@ -41,6 +41,7 @@ struct Daemon::Impl {
   std::unique_ptr<AuditLog> audit;
   std::unique_ptr<AdminApi> api;
   std::unique_ptr<AdminServer> server;
+  Poco::Net::ServerSocket listener;  // the admin port, bound first; the server's once it starts
   bool started = false;
   bool stopped = false;
   std::atomic<const char*> start_step{""};
@@ -255,6 +256,12 @@ void Daemon::start() {
     std::atomic<const char*>& step;
     ~Steps() { step = ""; }
   } steps{d.start_step};
+  // The port first: a second daemon started on this config (by mistake, while the service runs)
+  // stops here. Bound last, it failed only after its scheduler had recovered the running jobs of
+  // the first (same owner), each at the cost of an attempt, and claimed some.
+  d.start_step = "binding the admin API's port";
+  d.listener =
+      AdminServer::listen(d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port));
   d.start_step = "opening the audit log";
   d.audit = std::make_unique<AuditLog>(d.config.admin.audit_log);
   d.start_step = "opening the store";
@@ -286,7 +293,7 @@ void Daemon::start() {
   d.server = std::make_unique<AdminServer>(
       *d.api, AdminServerOptions{d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port),
                                  d.config.admin.max_connections, d.config.admin.timeout_ms});
-  d.server->start();
+  d.server->start(d.listener);
   d.log->info("admin api listening on {}:{}", d.config.admin.listen, d.server->port());
 }
 

@@ -442,20 +442,29 @@ TEST_F(DaemonProcessTest, AnUnreadableRequestIsLoggedAtDebugLevelEscapedAndCut) 
 
 // A second daemon on a port the first listens on does not start (exit 1): Poco's bind(address,
 // true) set SO_REUSEPORT as well, so both listened and the kernel shared the requests between them.
+// Nor does it touch the store first: started on the same config by mistake (same store, same
+// owner, recovering its own leases), it recovered the first daemon's running jobs, each at the
+// cost of an attempt, and claimed some, and only then failed to bind.
 TEST_F(DaemonProcessTest, ASecondDaemonOnTheSameAdminPortCannotStart) {
-  write_config(good_config());
+  json config = good_config();
+  config["store"] = {{"path", (dir_ / "store.db").string()}};
+  config["scheduler"] = {{"owner", "host-a"}, {"recover_own_leases", true}};
+  write_config(config);
   spawn({"BACKHAUL_PROCESS_TEST_TOKEN=process-token"});
   const uint16_t port = daemon_->wait_port(dir_ / "port", std::chrono::seconds(30));
   ASSERT_NE(port, 0) << daemon_->stderr_text();
-  json second = good_config();
+  json second = config;
   second["admin"] = {{"port", port}, {"token_env", kTokenEnv}};
-  second["store"] = {{"path", (dir_ / "second.db").string()}};
   const std::unique_ptr<ChildProcess> other = launch_daemon("second", second);
   const int status = other->wait_exit(std::chrono::seconds(30));
   ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "; " << other->stderr_text();
   EXPECT_EQ(WEXITSTATUS(status), 1) << other->stderr_text();
   EXPECT_NE(other->stderr_text().find("cannot start"), std::string::npos) << other->stderr_text();
   EXPECT_NE(other->stderr_text().find("in use"), std::string::npos) << other->stderr_text();
+  for (const char* step : {"store: ", "scheduler started", "start-up recovery", "drained"}) {
+    EXPECT_EQ(other->stderr_text().find(step), std::string::npos)
+        << step << " in: " << other->stderr_text();
+  }
   ASSERT_TRUE(daemon_->signal(SIGTERM));
   EXPECT_EQ(daemon_->wait_exit(std::chrono::seconds(30)), 0) << daemon_->stderr_text();
 }
