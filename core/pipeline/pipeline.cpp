@@ -537,7 +537,7 @@ struct Pipeline::Impl {
   // success reports to the gateway's circuit (the call may be its half-open probe), a failure goes
   // to gateway_failed with each failed try counted.
   template <class Call>
-  auto gateway_lookup(const PipelineOptions& o, Call&& call) {
+  auto gateway_lookup(JobContext& ctx, const PipelineOptions& o, Call&& call) {
     int failed_calls = 0;
     for (int retry = 0;; ++retry) {
       const int64_t started = clock.now_ms();
@@ -550,7 +550,7 @@ struct Pipeline::Impl {
         failed_calls += gateway_failure(e) ? 1 : 0;
         if (!retry_in_place(e, retry, o)) gateway_failed(e, o, started, false, failed_calls);
         ++retries_in_place;
-        pause(o, retry, e.retry_after_ms());
+        if (!pause(ctx, o, retry, e.retry_after_ms())) stop_now(ctx, e.what());
       }
     }
   }
@@ -631,7 +631,7 @@ struct Pipeline::Impl {
       Probes probes(*this);
       if (auto wait = wait_for_circuit(kGatewayCircuit, ctx.now_ms(), probes))
         return std::move(*wait);
-      connection = gateway_lookup(o, [&] {
+      connection = gateway_lookup(ctx, o, [&] {
         const int64_t asked = clock.now_ms();
         try {
           return gateway.connection(request.installation_id);
@@ -762,7 +762,7 @@ struct Pipeline::Impl {
     unit.installation_id = connection.installation_id;
     unit.resource_id = connection.resources.front().id;
     unit.resource_name = connection.resources.front().name;
-    unit.access_token = token_for(request.installation_id, o);
+    unit.access_token = token_for(ctx, request.installation_id, o);
     // The provider's answer counts on its circuit, as a page's does (this call may be the
     // half-open probe, which must report back).
     const std::string breaker = provider_circuit(request.provider);
@@ -1047,7 +1047,7 @@ struct Pipeline::Impl {
         return std::move(*wait);
       }
       if (!have_token) {
-        params.unit.access_token = token_for(installation, o);
+        params.unit.access_token = token_for(ctx, installation, o);
         have_token = true;
       }
       Fetched fetched = fetch(*connector, params, installation, o, ctx, refreshed, retried);
@@ -1080,7 +1080,7 @@ struct Pipeline::Impl {
           return std::move(*wait);
       }
       const int64_t dispatching = ctx.now_ms();
-      dispatch_page(p, provider, installation, org_id, o, dispatching);
+      dispatch_page(ctx, p, provider, installation, org_id, o, dispatching);
       if (p.size() > 0)
         circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, dispatching,
                       ctx.now_ms());
@@ -1148,12 +1148,13 @@ struct Pipeline::Impl {
   // whose answer was lost goes out again, and the gateway dedupes by delivery id). A delivery
   // that failed transiently is retried on its own; one that fails for good fails the attempt
   // through gateway_failed(), and the page is not checkpointed, so the retry sends it again.
-  void dispatch_page(const plugins::Page& p, const std::string& provider,
+  void dispatch_page(JobContext& ctx, const plugins::Page& p, const std::string& provider,
                      const std::string& installation, const std::string& org_id,
                      const PipelineOptions& o, int64_t started) {
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     std::atomic<bool> failed_transiently{false};  // a delivery of this page was retried here
+    std::atomic<bool> stopped{false};             // a retry's pause stopped: the job should stop
     std::mutex error_mutex;
     std::optional<gateway::GatewayError> error;
     auto give_up = [&](gateway::GatewayError e) {
@@ -1168,7 +1169,11 @@ struct Pipeline::Impl {
       failed_transiently = true;
       for (;; ++retry) {
         ++retries_in_place;
-        pause(o, retry - 1, asked_ms);
+        if (!pause(ctx, o, retry - 1, asked_ms)) {
+          stopped = true;
+          failed = true;  // the other slices send nothing more either
+          return false;
+        }
         try {
           if (gateway.dispatch(provider, d) == gateway::DispatchResult::kDuplicate) ++duplicates;
           return true;
@@ -1232,6 +1237,8 @@ struct Pipeline::Impl {
     }
     work();
     for (std::thread& t : helpers) t.join();
+    // Before any error: the page is not done, and the job stops as asked (no attempt spent).
+    if (stopped) stop_now(ctx, "sending the page's events");
     if (!error) return;
     if (error->rate_limited() && failed_transiently) {
       // A wait would cost no attempt and the page would go again afresh: a gateway answering
@@ -1248,8 +1255,9 @@ struct Pipeline::Impl {
   }
 
   // The installation's access token, from the gateway (a gateway_lookup).
-  std::string token_for(const std::string& installation, const PipelineOptions& o) {
-    return gateway_lookup(o, [&] { return gateway.access_token(installation); });
+  std::string token_for(JobContext& ctx, const std::string& installation,
+                        const PipelineOptions& o) {
+    return gateway_lookup(ctx, o, [&] { return gateway.access_token(installation); });
   }
 
   // One page, or why there is none: neither (the token was refreshed, or a transient error is
@@ -1296,7 +1304,7 @@ struct Pipeline::Impl {
           ++token_refreshes;
           refreshed = true;
           try {
-            params.unit.access_token = token_for(installation, o);
+            params.unit.access_token = token_for(ctx, installation, o);
           } catch (const GatewayBusy& busy) {
             // Not a wait (no attempt): the next claim would meet the rejected token again, and a
             // provider rejecting it while the gateway sheds load would never end the job.
@@ -1327,7 +1335,7 @@ struct Pipeline::Impl {
           if (retried >= o.transient_retries || e.retry_after_ms() > o.transient_retry_ms * 4)
             throw JobFailure(what, false, e.retry_after_ms());
           ++retries_in_place;
-          pause(o, retried++);
+          if (!pause(ctx, o, retried++, e.retry_after_ms())) stop_now(ctx, what);
           return {std::nullopt, std::nullopt, false, what};
         default:
           throw JobFailure(what, true);
@@ -1355,13 +1363,30 @@ struct Pipeline::Impl {
     return deferral;
   }
 
-  // The real wait before the `retry`-th retry in place (from 0): transient_retry_ms * 2^retry, or
-  // what the last answer asked for (a Retry-After of at most kInPlaceRetryAfterMs) when longer.
-  static void pause(const PipelineOptions& o, int retry, int64_t asked_ms = 0) {
-    const int64_t ms =
-        std::max<int64_t>(o.transient_retry_ms > 0 ? o.transient_retry_ms << retry : 0,
-                          std::min(asked_ms, kInPlaceRetryAfterMs));
-    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  // Waits in_place_wait_ms() of real time before a retry in place. False when it stopped early
+  // because the job should stop (ctx.stopping(): a drain past its grace, a cancel, a lost lease):
+  // a worker sleeping the whole wait held up a hurried drain (21 s for one page of deliveries
+  // answered 503 with Retry-After 1) and a cancel. [any-thread]: the page's slices call it too.
+  static bool pause(const JobContext& ctx, const PipelineOptions& o, int retry,
+                    int64_t asked_ms = 0) {
+    constexpr auto kStep = std::chrono::milliseconds(20);
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(in_place_wait_ms(o, retry, asked_ms));
+    for (auto now = std::chrono::steady_clock::now(); now < until;
+         now = std::chrono::steady_clock::now()) {
+      if (ctx.stopping()) return false;
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(until - now, kStep));
+    }
+    return !ctx.stopping();
+  }
+
+  // After a pause() that stopped early, on the handler's thread: the job's heartbeat throws
+  // JobInterrupted, which ends the handler as the drain, cancel or lost lease asks. Should it not
+  // (the stop was withdrawn), the try that was to be made fails the attempt instead.
+  static void stop_now(JobContext& ctx, const std::string& what) {
+    ctx.heartbeat();
+    throw JobFailure(what + " (its retry in place was stopped)", false);
   }
 
   void note_call(std::chrono::steady_clock::time_point started) {
@@ -1371,6 +1396,13 @@ struct Pipeline::Impl {
                           .count();
   }
 };
+
+int64_t in_place_wait_ms(const PipelineOptions& o, int retry, int64_t asked_ms) {
+  // transient_retry_ms * 2^retry without overflow: past kMaxInPlaceWaitMs it is capped anyway.
+  int64_t backoff = std::max<int64_t>(o.transient_retry_ms, 0);
+  for (int i = 0; i < retry && backoff < kMaxInPlaceWaitMs; ++i) backoff *= 2;
+  return std::min(std::max(backoff, std::min(asked_ms, kInPlaceRetryAfterMs)), kMaxInPlaceWaitMs);
+}
 
 Pipeline::Pipeline(jobs::JobStore& store, const Clock& clock, const gateway::GatewayClient& gateway,
                    ConnectorLookup connectors, PipelineOptions options)

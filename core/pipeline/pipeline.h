@@ -39,8 +39,9 @@ struct PipelineOptions {
   double throttle_burst = 100;      // bucket capacity
   double rate_limit_floor = 0.10;   // sleep until reset when remaining < floor * limit (E2)
   // A transient error (provider RETRYABLE, gateway 5xx/429/unreachable) is retried in place this
-  // many times per page or delivery, after transient_retry_ms * 2^n of real waiting, before it
-  // fails the attempt (whose retry resumes from the checkpoint with the job's backoff).
+  // many times per page or delivery, after transient_retry_ms * 2^n of real waiting (at most
+  // kMaxInPlaceWaitMs; a drain, a cancel or a lost lease ends it), before it fails the attempt
+  // (whose retry resumes from the checkpoint with the job's backoff).
   int transient_retries = 2;
   int dispatch_concurrency = 4;  // slices of a page sent side by side, each pipelined
   int64_t transient_retry_ms = 100;
@@ -177,6 +178,12 @@ struct PipelineMetrics {
   int64_t plugin_calls = 0;
   int64_t plugin_call_us = 0;  // sum of fetch_page wall time
 };
+
+// The real wait before the `retry`-th retry in place (from 0) of a transient error:
+// transient_retry_ms * 2^retry, or what the error's answer asked for (`asked_ms`, its Retry-After,
+// taken up to 2 s) when longer; at most kMaxInPlaceWaitMs, which holds a worker.
+inline constexpr int64_t kMaxInPlaceWaitMs = 30'000;
+int64_t in_place_wait_ms(const PipelineOptions& o, int retry, int64_t asked_ms);
 
 class Pipeline {
  public:

@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -858,6 +859,57 @@ TEST_F(PipelineDrainTest, ADrainStopsAUnitFromTryingAFailedPageAgain) {
   EXPECT_EQ(unit.status, JobStatus::kQueued);
   EXPECT_EQ(unit.attempts, 0) << "released by the drain, without an attempt";
   EXPECT_EQ(unit.run_after_ms, now_);
+}
+
+// A drain with no grace stops a page whose deliveries are being retried in place: the gateway
+// answers each delivery's first POST 503 with Retry-After 1. Found by review: each retry's wait was
+// one real sleep that nothing could cut short, so the drain waited for every delivery of the page
+// to be retried, one second after another (21 s), and then checkpointed the page.
+TEST_F(PipelineDrainTest, ADrainStopsThePagesDeliveriesWaitingToBeRetried) {
+  RunStart run = fanned_out();
+  std::mutex mutex;
+  std::set<std::string> seen;  // the deliveries' bodies
+  int posts = 0;
+  std::promise<void> first_post;
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.method != "POST") return std::nullopt;
+    std::lock_guard lock(mutex);
+    if (++posts == 1) first_post.set_value();
+    if (!seen.insert(r.body.value_or("")).second) return std::nullopt;  // its retry: taken
+    http::Response busy = status_response(503, "{}");
+    busy.headers.emplace_back("retry-after", "1");
+    return busy;
+  });
+  std::unique_ptr<jobs::Scheduler> scheduler = threaded_scheduler("draining", 1);
+  scheduler->start();
+  ASSERT_EQ(first_post.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  scheduler->hurry();
+  scheduler->drain(std::chrono::milliseconds(0));
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.attempts, 0) << "released by the drain, without an attempt: "
+                              << unit.last_error.value_or("-");
+  const json checkpoint = json::parse(unit.checkpoint.value_or("{}"));
+  EXPECT_EQ(checkpoint.value("pages", 0), 0) << "the page was not done: " << checkpoint.dump();
+  std::lock_guard lock(mutex);
+  EXPECT_LE(posts - static_cast<int>(seen.size()), PipelineOptions{}.dispatch_concurrency)
+      << "deliveries retried after the drain asked the unit to stop, of " << seen.size();
+}
+
+// The wait before a retry in place: the backoff, or the answer's Retry-After (up to 2 s) when
+// longer, never more than 30 s (transient_retry_ms may be 60 s, and 2^9 of it was 8.5 hours).
+TEST(InPlaceWaitTest, IsTheBackoffOrTheRetryAfterUpToItsCaps) {
+  PipelineOptions o;
+  o.transient_retry_ms = 100;
+  EXPECT_EQ(in_place_wait_ms(o, 0, 0), 100);
+  EXPECT_EQ(in_place_wait_ms(o, 2, 0), 400);
+  EXPECT_EQ(in_place_wait_ms(o, 0, 300), 300) << "a fetch's Retry-After was not passed";
+  EXPECT_EQ(in_place_wait_ms(o, 0, 5'000), 2'000);
+  o.transient_retry_ms = 60'000;
+  EXPECT_EQ(in_place_wait_ms(o, 9, 0), kMaxInPlaceWaitMs);
+  EXPECT_EQ(in_place_wait_ms(o, 62, 0), kMaxInPlaceWaitMs);
+  o.transient_retry_ms = 0;
+  EXPECT_EQ(in_place_wait_ms(o, 5, 0), 0);
 }
 
 // A rate-limit reset further away than a day (a bad header) is waited for a day, not for ever.
