@@ -94,11 +94,14 @@ Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions optio
                                 std::to_string(options_.prefetch) + ")");
   }
   // A beat no sooner than the lease runs out lets every lease lapse: the sweep would hand running
-  // jobs to a second worker. (The daemon's config refuses it too; this is for every other caller.)
-  if (options_.heartbeat_interval_ms >= options_.lease_ms) {
+  // jobs to a second worker. So does one just before it: a beat comes a little after its interval
+  // (the loop's rounds, the store's write), and a lease 1000 ms beaten every 999 ms ran each job on
+  // three workers at once. Half the lease leaves a beat's delay as long as the interval itself.
+  // (The daemon's config refuses it too; this is for every other caller.)
+  if (options_.heartbeat_interval_ms > options_.lease_ms / 2) {
     throw std::invalid_argument(
         "scheduler: heartbeat_interval_ms (" + std::to_string(options_.heartbeat_interval_ms) +
-        ") must be shorter than lease_ms (" + std::to_string(options_.lease_ms) + ")");
+        ") must be at most half of lease_ms (" + std::to_string(options_.lease_ms) + ")");
   }
   // 0 would spin: a claim loop finding nothing (or a failing store) and a sweeper with no pause.
   for (const auto& [name, value] : {std::pair{"idle_poll_ms", options_.idle_poll_ms},

@@ -305,8 +305,9 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
                  "needs scheduler.owner: the default owner (hostname:pid) changes every start");
   }
   if (config.scheduler.owner.empty()) config.scheduler.owner = default_owner();
-  if (config.scheduler.heartbeat_ms >= config.scheduler.lease_ms) {
-    problems.add("scheduler.heartbeat_ms", "must be less than scheduler.lease_ms (" +
+  if (config.scheduler.heartbeat_ms > config.scheduler.lease_ms / 2) {
+    // A beat comes a little after its interval; one due just before the lease ends comes after it.
+    problems.add("scheduler.heartbeat_ms", "must be at most half of scheduler.lease_ms (" +
                                                std::to_string(config.scheduler.lease_ms) + ")");
   }
 

@@ -1951,7 +1951,15 @@ TEST_F(SchedulerTest, IntervalsThatLetLeasesLapseOrLoopsSpinAreRefused) {
   SchedulerOptions beat = options();
   beat.heartbeat_interval_ms = beat.lease_ms;
   EXPECT_EQ(refused(beat),
-            "scheduler: heartbeat_interval_ms (30000) must be shorter than lease_ms (30000)");
+            "scheduler: heartbeat_interval_ms (30000) must be at most half of lease_ms (30000)");
+  // A beat due just before the lease ends comes after it (the loop's rounds, the store's write):
+  // a lease of 1000 ms beaten every 999 ms ran each job on three workers at once.
+  beat.lease_ms = 1'000;
+  beat.heartbeat_interval_ms = 999;
+  EXPECT_EQ(refused(beat),
+            "scheduler: heartbeat_interval_ms (999) must be at most half of lease_ms (1000)");
+  beat.heartbeat_interval_ms = 500;
+  EXPECT_EQ(refused(beat), "taken");
   SchedulerOptions poll = options();
   poll.idle_poll_ms = 0;
   EXPECT_EQ(refused(poll), "scheduler: idle_poll_ms must be positive (got 0)");

@@ -357,7 +357,14 @@ INSTANTIATE_TEST_SUITE_P(
                    c["scheduler"]["lease_ms"] = 2000;
                    c["scheduler"]["heartbeat_ms"] = 2000;
                  },
-                 "config: scheduler.heartbeat_ms: must be less than scheduler.lease_ms (2000)"},
+                 "config: scheduler.heartbeat_ms: must be at most half of scheduler.lease_ms (2000)"},
+        // A beat due just before the lease ends comes after it: each job ran on 3 workers at once.
+        BadField{"HeartbeatJustUnderTheLease",
+                 [](json& c) {
+                   c["scheduler"]["lease_ms"] = 1000;
+                   c["scheduler"]["heartbeat_ms"] = 999;
+                 },
+                 "config: scheduler.heartbeat_ms: must be at most half of scheduler.lease_ms (1000)"},
         BadField{"RetryInitialOverMax",
                  [](json& c) {
                    c["scheduler"]["retry_initial_ms"] = 2000;
