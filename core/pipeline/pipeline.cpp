@@ -1352,13 +1352,19 @@ struct Pipeline::Impl {
 
   // `deferral`, once `save` (a checkpoint) has run. Draining, the checkpoint throws after saving;
   // the deferral stands all the same: released without its run-after, the job would be claimed
-  // at once (by this host's next start, or another host) and meet the same limit again.
+  // at once (by this host's next start, or another host) and meet the same limit again. So it does
+  // when the store failed to save (a lock wait timeout): a failed attempt instead was retried in
+  // seconds, into the limit again, and on the last attempt made a dead letter of a wait. Only the
+  // counts are lost, or the page's cursor (the page is fetched and sent again, under the same
+  // delivery ids). A lost lease is a JobInterrupted, and ends the handler.
   template <typename Save>
-  static Outcome defer_after(Save save, Outcome deferral) {
+  Outcome defer_after(Save save, Outcome deferral) {
     try {
       save();
     } catch (const jobs::JobInterrupted& e) {
       if (e.reason() != jobs::JobInterrupted::Reason::kDraining) throw;
+    } catch (const StorageError& e) {
+      log->warn("the checkpoint before a wait failed; waiting all the same: {}", e.what());
     }
     return deferral;
   }

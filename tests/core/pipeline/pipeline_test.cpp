@@ -26,6 +26,7 @@
 #include "core/plugins/isolation.h"
 #include "core/plugins/plugin_loader.h"
 #include "host/sandbox/sandbox.h"
+#include "tests/core/jobs/forwarding_store.h"
 
 namespace backhaul::pipeline {
 namespace {
@@ -143,6 +144,7 @@ class PipelineTest : public ::testing::Test {
     scheduler_.reset();
     pipeline_.reset();
     store_.reset();
+    real_store_.reset();
     if (sandbox_) sandbox_->stop();
     plugin_transport().reset();
     for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db_.string() + suffix);
@@ -326,6 +328,7 @@ class PipelineTest : public ::testing::Test {
 
   fs::path db_;
   std::unique_ptr<jobs::JobStore> store_;
+  std::unique_ptr<jobs::JobStore> real_store_;  // under store_, when a test wraps it
   std::unique_ptr<sandbox::Sandbox> sandbox_;
   HookTransport gateway_transport_;  // the gateway's HTTP, with a hook like the plugins'
   std::unique_ptr<gateway::GatewayClient> gateway_;
@@ -910,6 +913,46 @@ TEST(InPlaceWaitTest, IsTheBackoffOrTheRetryAfterUpToItsCaps) {
   EXPECT_EQ(in_place_wait_ms(o, 62, 0), kMaxInPlaceWaitMs);
   o.transient_retry_ms = 0;
   EXPECT_EQ(in_place_wait_ms(o, 5, 0), 0);
+}
+
+// The checkpoint that counts a rate limit's wait fails once (a lock wait timeout): the unit still
+// waits the provider's Retry-After, without an attempt. Found by review: the failure became a
+// failed attempt retried in 2 s, into the limit again, and on a unit's last attempt a dead letter
+// made of a rate limit (D4).
+class FailsTheCheckpointOfAWait : public jobs::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  jobs::HeartbeatResult heartbeat(jobs::JobId id, const std::string& token, int64_t now_ms,
+                                  int64_t lease_ms, const std::optional<std::string>& checkpoint,
+                                  bool progress) override {
+    if (checkpoint && !progress && !failed_.exchange(true))
+      throw StorageError("lock wait timeout exceeded (test)", false, /*lock_conflict=*/true);
+    return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+};
+
+TEST_F(PipelineTest, ARateLimitsWaitStandsThoughItsCheckpointFailed) {
+  real_store_ = std::move(store_);
+  store_ = std::make_unique<FailsTheCheckpointOfAWait>(*real_store_);
+  RunStart run = fanned_out();
+  plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
+    if (n != 1) return std::nullopt;  // the unit's first page
+    http::Response limited = status_response(429, R"({"message":"slow down"})");
+    limited.headers.emplace_back("retry-after", "600");
+    return limited;
+  });
+  const int64_t now = test_clock().now_ms();
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.status, JobStatus::kQueued);
+  EXPECT_EQ(unit.attempts, 0) << "a wait, not an attempt: " << unit.last_error.value_or("-");
+  EXPECT_EQ(unit.run_after_ms, now + 600'000);
+  test_clock().set_ms(unit.run_after_ms);
+  drive();
+  EXPECT_EQ(run_result(run.run_id)["success"], true) << run_result(run.run_id).dump();
 }
 
 // A rate-limit reset further away than a day (a bad header) is waited for a day, not for ever.
