@@ -239,15 +239,20 @@ std::string run_status(const jobs::Job& job) {
 // Throws InvalidRequest naming the first field of a checkpoint the entity worker (`entity`) or the
 // orchestrator cannot resume from.
 void check_checkpoint_json(const json& cp, bool entity) {
-  auto integer = [&](const char* key, int64_t min) {
+  // Counts are added to (a page, its events) and summed over a run's units: a trillion leaves
+  // room for both, where INT64_MAX overflowed at the next page.
+  constexpr int64_t kMaxCount = 1'000'000'000'000;
+  auto integer = [&](const char* key, int64_t min, int64_t max = INT64_MAX) {
     auto it = cp.find(key);
     if (it == cp.end()) return;
     if (!it->is_number_integer() ||
-        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
-        it->get<int64_t>() < min) {
+        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(max)) ||
+        it->get<int64_t>() < min || it->get<int64_t>() > max) {
       throw InvalidRequest(std::string("checkpoint.") + key,
-                           std::string("checkpoint.") + key + ": must be an integer >= " +
-                               std::to_string(min) + " (got " + it->dump() + ")");
+                           std::string("checkpoint.") + key +
+                               ": must be an integer >= " + std::to_string(min) +
+                               (max == INT64_MAX ? "" : " and <= " + std::to_string(max)) +
+                               " (got " + it->dump() + ")");
     }
   };
   if (entity) {
@@ -258,12 +263,12 @@ void check_checkpoint_json(const json& cp, bool entity) {
                                it->dump() + ")");
     }
     for (const char* key : {"pages", "eventsProduced", "eventsDispatched", "rateLimitWaits"})
-      integer(key, 0);
+      integer(key, 0, kMaxCount);
     return;
   }
   integer("since", INT64_MIN);
   integer("deadline", INT64_MIN);
-  integer("retries", 0);
+  integer("retries", 0, kMaxCount);
   integer("stopBy", INT64_MIN);
   if (auto stopped = cp.find("timedOut"); stopped != cp.end()) {
     const bool ids =

@@ -846,8 +846,11 @@ TEST_F(DaemonTest, APipelineJobsCheckpointIsCheckedBeforeItIsStored) {
   const std::string unit_path = "/v1/jobs/" + std::to_string(unit) + "/checkpoint";
   const std::string run_path = "/v1/jobs/" + std::to_string(run) + "/checkpoint";
 
-  for (const char* bad : {R"({"cursor":5})", R"({"cursor":{"page":2}})", R"({"pages":"3"})",
-                          R"({"cursor":"c","eventsDispatched":-1})"}) {
+  // A count of INT64_MAX overflowed (undefined behaviour) at the next page's addition.
+  for (const char* bad :
+       {R"({"cursor":5})", R"({"cursor":{"page":2}})", R"({"pages":"3"})",
+        R"({"cursor":"c","eventsDispatched":-1})", R"({"pages":9223372036854775807})",
+        R"({"eventsProduced":1000000000001})"}) {
     const HttpResult r = call("PUT", unit_path, bad);
     expect_envelope(r, 400, "VALIDATION_ERROR");
     EXPECT_EQ(r.json()["error"]["message"].get<std::string>().rfind("checkpoint.", 0), 0u)
