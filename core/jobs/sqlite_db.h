@@ -371,7 +371,8 @@ class Connection {
       if (rc != SQLITE_OK) {
         sqlite3_finalize(stmt);
         if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) fail(rc);
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << attempt)));
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min(50, 1 << std::min(attempt, 6))));
         continue;
       }
       rc = sqlite3_step(stmt);
@@ -385,7 +386,8 @@ class Connection {
         return;
       }
       if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) fail(rc);
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << attempt)));
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::min(50, 1 << std::min(attempt, 6))));
     }
   }
 
@@ -536,6 +538,9 @@ class GroupCommitWriter {
     operations_.fetch_add(static_cast<int64_t>(batch.size()), std::memory_order_relaxed);
     int64_t size = static_cast<int64_t>(batch.size());
     if (size > max_seen_.load(std::memory_order_relaxed)) max_seen_.store(size);
+    // A transaction left open by a ROLLBACK that failed (rollback() cannot throw) would fail every
+    // later BEGIN ("cannot start a transaction within a transaction") until a restart.
+    rollback();
     try {
       // IMMEDIATE takes the write lock up front (waiting up to busy_timeout for another
       // process); a DEFERRED read-then-write transaction would fail with SQLITE_BUSY instead.
