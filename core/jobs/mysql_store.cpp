@@ -1057,9 +1057,12 @@ void requeue(Writes& w, const JobState& s, int64_t run_after, int refund,
               << now << " WHERE id = " << s.id);
 }
 
+void cancel_active_children(Tx& tx, Writes& w, JobId parent, int64_t now);
+
 // Dead (attempts exhausted, FATAL, or an expired last lease): the dead letter is created, or a
-// retried one is pending again with the new error.
-void mark_dead(Writes& w, const JobState& s, const std::string& error, int64_t now) {
+// retried one is pending again with the new error. One asked to stop takes its active children
+// with it, as its cancellation would have.
+void mark_dead(Tx& tx, Writes& w, const JobState& s, const std::string& error, int64_t now) {
   std::string e = quote(clip(error));
   w.push_back(Sql("INSERT INTO dead_letters (job_id, kind, concurrency_key, status, error, "
                   "retries, created_ms, updated_ms) VALUES (")
@@ -1075,6 +1078,7 @@ void mark_dead(Writes& w, const JobState& s, const std::string& error, int64_t n
                  "j.active_dedupe_key = NULL, j.counted_in_parent = 0 WHERE j.id = "
               << s.id);
   uncount_from_parent(w, s, now);
+  if (s.cancel_requested) cancel_active_children(tx, w, s.id, now);
 }
 
 CancelOutcome cancel_job(Tx& tx, Writes& w, JobId id, int64_t now);
@@ -1096,9 +1100,13 @@ void mark_cancelled(Tx& tx, Writes& w, const JobState& s, int refund,
                 << now << " WHERE id = " << *s.dead_letter_id << " AND status = 'retrying'");
   }
   uncount_from_parent(w, s, now);
+  cancel_active_children(tx, w, s.id, now);
+}
+
+void cancel_active_children(Tx& tx, Writes& w, JobId parent, int64_t now) {
   Result children = read_after(tx, w,
                                Sql("SELECT id FROM jobs WHERE parent_id = ")
-                                   << s.id << " AND status IN " << kActive << " ORDER BY id");
+                                   << parent << " AND status IN " << kActive << " ORDER BY id");
   for (const Row& row : children.rows) cancel_job(tx, w, to_i64(row[0]), now);
 }
 
@@ -1938,7 +1946,7 @@ void expire_lease(Tx& tx, Writes& w, const JobState& read, int64_t now, Expiry& 
   end_attempt(w, s, "lease_expired", expired, now);
   if (s.attempts >= s.max_attempts) {  // would not requeue: dies even if cancel was requested
     mark_dead(
-        w, s,
+        tx, w, s,
         "lease expired after " + std::to_string(s.attempts) + " attempts (worker crashed or hung)",
         now);
     ++pass.result.dead;
@@ -2326,7 +2334,7 @@ class MysqlStore final : public JobStore {
     end_attempt(w, s, failure.fatal ? "fatal" : "failed", failure.error, now);
     const JobStatus next = after_failure(failure, s.attempts, s.max_attempts, s.cancel_requested);
     if (next == JobStatus::kDead) {
-      mark_dead(w, s, failure.error, now);
+      mark_dead(tx, w, s, failure.error, now);
     } else if (next == JobStatus::kCancelled) {
       mark_cancelled(tx, w, s, 0, failure.error, now);
     } else {

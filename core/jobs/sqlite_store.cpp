@@ -266,8 +266,11 @@ const std::string kMarkDead =
     "updated_ms = ?4, lease_owner = NULL, lease_token = NULL, lease_expires_ms = 0, "
     "counted_in_parent = 0 WHERE id = ?1";
 
+void cancel_active_children(Connection& c, JobId parent, int64_t now);
+
 // Dead (attempts exhausted, FATAL, or an expired last lease): the dead letter is created, or a
-// retried one is pending again with the new error.
+// retried one is pending again with the new error. One asked to stop takes its active children
+// with it, as its cancellation would have.
 void mark_dead(Connection& c, const JobState& s, const std::string& error, int64_t now) {
   int64_t letter_id = 0;
   {
@@ -278,6 +281,7 @@ void mark_dead(Connection& c, const JobState& s, const std::string& error, int64
   }
   c.query(kMarkDead).args(s.id, error, letter_id, now).run();
   uncount_from_parent(c, s, now);
+  if (s.cancel_requested) cancel_active_children(c, s.id, now);
 }
 
 const std::string kMarkCancelled =
@@ -301,10 +305,14 @@ void mark_cancelled(Connection& c, const JobState& s, int refund,
   c.query(kMarkCancelled).args(s.id, refund, error, now).run();
   if (s.dead_letter_id) c.query(kIgnoreRetryingLetter).args(*s.dead_letter_id, now).run();
   uncount_from_parent(c, s, now);
+  cancel_active_children(c, s.id, now);
+}
+
+void cancel_active_children(Connection& c, JobId parent, int64_t now) {
   std::vector<JobId> children;
   {
     Query q = c.query(kActiveChildren);
-    q.args(s.id);
+    q.args(parent);
     while (q.step()) children.push_back(q.i64(0));
   }
   for (JobId child : children) cancel_job(c, child, now);

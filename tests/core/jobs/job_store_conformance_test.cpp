@@ -1800,6 +1800,40 @@ TEST_P(JobStoreConformance, ACancelRequestedJobOnItsLastAttemptStillDies) {
   EXPECT_EQ(status_of(expired), JobStatus::kDead);
 }
 
+// A parent asked to stop that dies instead (FATAL, its last attempt, its last lease expired)
+// takes its active children with it, as its cancellation would have. Found by review: only the
+// cancelled path did, so the children enqueued after the cancel (which the cancel of the run's
+// children never saw) ran on under a dead run.
+TEST_P(JobStoreConformance, ACancelRequestedParentThatDiesCancelsItsActiveChildren) {
+  JobSpec last = spec("backfill.run");
+  last.max_attempts = 1;
+  for (const char* how : {"fatal", "retryable on its last attempt", "lease expired"}) {
+    SCOPED_TRACE(how);
+    const JobId parent = add(last);
+    const Claimed p = claim_job(parent, kT0);
+    ASSERT_EQ(store().cancel(parent, kT0 + 1), CancelOutcome::kRequested);
+    const JobId running = add_child(parent);
+    claim_job(running, kT0 + 2, kOwner, 2 * kLeaseMs);
+    const JobId done = add_child(parent);
+    store().complete(done, claim_job(done, kT0 + 2).lease_token, "{}", kT0 + 3);
+    const JobId queued = add_child(parent);
+    if (std::string(how) == "fatal") {
+      EXPECT_EQ(store().fail(parent, p.lease_token, fatal("HTTP 404"), kT0 + 4), JobStatus::kDead);
+    } else if (std::string(how) == "lease expired") {
+      EXPECT_EQ(store().sweep(kT0 + kLeaseMs + 1).dead, 1);
+    } else {
+      EXPECT_EQ(store().fail(parent, p.lease_token, retryable("502"), kT0 + 4), JobStatus::kDead);
+    }
+    EXPECT_EQ(status_of(parent), JobStatus::kDead);
+    EXPECT_EQ(status_of(queued), JobStatus::kCancelled) << describe(get_job(queued));
+    const Job r = get_job(running);
+    EXPECT_TRUE(r.status == JobStatus::kCancelled || r.cancel_requested)
+        << "a running child is cancelled or asked to stop: " << describe(r);
+    EXPECT_EQ(status_of(done), JobStatus::kSucceeded);
+    store().cancel(running, kT0 + 5);  // out of the next case's way
+  }
+}
+
 TEST_P(JobStoreConformance, ACancelRequestedJobThatCompletesStillSucceeds) {
   const JobId id = add(spec());
   Claimed c = claim_job(id);
