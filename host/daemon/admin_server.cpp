@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include <Poco/Exception.h>
@@ -54,16 +55,53 @@ class Connections {
     handling_[fd] = false;
     if (stopping_) ::shutdown(fd, SHUT_RD);
   }
+  // The connections served now: one server thread each.
+  size_t served() const {
+    std::lock_guard lock(mutex_);
+    return handling_.size();
+  }
+  // Every server thread is taken and a connection waits for one: connections between requests
+  // (their last one read whole: answered, or being answered) are shut for reading, which ends
+  // their keep-alive wait and frees their threads. A client may close such a connection, and a
+  // server too (RFC 9112 9.3); its next request goes on a new one. Before, a few polling clients
+  // (`run status --wait`) held every thread in their 10 s keep-alive waits, and /health/live went
+  // unanswered for 30 s.
+  void shed_idle() {
+    std::lock_guard lock(mutex_);
+    for (int fd : keep_alive_) ::shutdown(fd, SHUT_RD);
+  }
+  // The request on `fd` was read whole: from here until its next request begins, shedding the
+  // connection cuts nothing short (its answer still goes out; the reading side is what is shut).
+  // Marked before the answer is written, so that a client that has it finds the mark made.
+  void sheddable(int fd) {
+    std::lock_guard lock(mutex_);
+    if (handling_.count(fd)) keep_alive_.insert(fd);
+  }
+  // Whether an accepted connection waits for a server thread: an answer then closes its own
+  // connection rather than keep it (and its thread) for the client's next request.
+  bool others_waiting() const {
+    const Poco::Net::TCPServer* server = server_.load();
+    return server != nullptr && server->queuedConnections() > 0;
+  }
+  void serving_for(const Poco::Net::TCPServer* server) { server_ = server; }
   void remove(int fd) {
     std::lock_guard lock(mutex_);
     handling_.erase(fd);
+    keep_alive_.erase(fd);
     changed_.notify_all();
   }
   // The connection on `fd` began (true) or ended (false) handling a request: from its headers to
   // its answer on the socket. One that ends after the stop is shut for reading then.
   void handling(int fd, bool yes) {
     std::lock_guard lock(mutex_);
-    if (auto it = handling_.find(fd); it != handling_.end()) it->second = yes;
+    if (auto it = handling_.find(fd); it != handling_.end()) {
+      it->second = yes;
+      if (yes) {
+        keep_alive_.erase(fd);
+      } else {
+        keep_alive_.insert(fd);
+      }
+    }
     if (!yes && stopping_) ::shutdown(fd, SHUT_RD);
     if (!yes) changed_.notify_all();
   }
@@ -107,6 +145,8 @@ class Connections {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<int, bool> handling_;  // by descriptor: whether it is handling a request
+  std::set<int> keep_alive_;      // those whose last request was read whole (sheddable)
+  std::atomic<const Poco::Net::TCPServer*> server_{nullptr};
   bool stopping_ = false;
   bool hurried_ = false;
 };
@@ -149,10 +189,16 @@ class ServedConnection {
     if (current_ && current_->registered_) current_->connections_.handling(current_->fd_, true);
   }
   static void request_read() {
-    if (current_) current_->watch_.reset();
+    if (!current_) return;
+    current_->watch_.reset();
+    if (current_->registered_) current_->connections_.sheddable(current_->fd_);
   }
-  // Whether the server stopped taking requests: the answer closes the connection.
-  static bool last_answer() { return current_ && current_->connections_.stopping(); }
+  // Whether the server stopped taking requests, or another connection waits for this one's
+  // thread: the answer closes the connection.
+  static bool last_answer() {
+    return current_ &&
+           (current_->connections_.stopping() || current_->connections_.others_waiting());
+  }
   static void answered() {
     if (!current_) return;
     if (current_->registered_) current_->connections_.handling(current_->fd_, false);
@@ -316,12 +362,21 @@ class ConnectionFactory final : public Poco::Net::TCPServerConnectionFactory {
 // Runs on the accepting thread, as soon as a connection is accepted: neither is a connection
 // passed on to a process a plugin starts (a helper holding it would keep the client from seeing
 // the connection close).
+// It also makes room for the connection: with every server thread taken, the connections idle
+// between requests are shed (Connections::shed_idle), and it is served as their threads free up.
 class CloseOnExec final : public Poco::Net::TCPServerConnectionFilter {
  public:
+  CloseOnExec(Connections& connections, size_t threads)
+      : connections_(connections), threads_(threads) {}
   bool accept(const Poco::Net::StreamSocket& socket) override {
     set_close_on_exec(socket.impl()->sockfd());
+    if (connections_.served() >= threads_) connections_.shed_idle();
     return true;
   }
+
+ private:
+  Connections& connections_;
+  const size_t threads_;
 };
 
 }  // namespace
@@ -380,7 +435,9 @@ void AdminServer::start(Poco::Net::ServerSocket socket) {
       new ConnectionFactory(params, impl_->handlers, impl_->api, impl_->deadlines,
                             impl_->connections),
       *impl_->pool, socket, Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
-  impl_->server->setConnectionFilter(new CloseOnExec);
+  impl_->server->setConnectionFilter(
+      new CloseOnExec(impl_->connections, static_cast<size_t>(threads)));
+  impl_->connections.serving_for(impl_->server.get());
   impl_->server->start();
 }
 
@@ -406,6 +463,7 @@ void AdminServer::stop(std::chrono::steady_clock::time_point answer_until) {
   }
   impl_->handler_factory->abort_connections();
   impl_->pool->joinAll();  // a handler still in a call into a plugin: the stop's watchdog
+  impl_->connections.serving_for(nullptr);
   impl_->server.reset();
   impl_->handlers = nullptr;
   impl_->handler_factory = nullptr;

@@ -184,6 +184,64 @@ TEST_F(DaemonTest, ARequestTricklingInIsCutOffAtItsDeadline) {
   EXPECT_EQ(call("GET", "/health/live").status, 200);
 }
 
+// A connection to the daemon that has sent `request` and read its whole answer (headers and a
+// Content-Length body), left open; -1 if that failed.
+int answered_keep_alive(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  const timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  std::string answer;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return -1;
+  }
+  char buffer[4096];
+  for (;;) {
+    const size_t end = answer.find("\r\n\r\n");
+    const size_t length_at = answer.find("Content-Length: ");
+    if (end != std::string::npos && length_at != std::string::npos &&
+        answer.size() >= end + 4 + std::stoul(answer.substr(length_at + 16))) {
+      return fd;
+    }
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    answer.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return -1;
+}
+
+// Clients that keep their connections open between requests (`backhaul run status --wait` polls
+// so) held every server thread in their 10 s keep-alive waits, and /health/live went unanswered
+// for 30 s at a time: a liveness probe would have restarted a healthy daemon. With every thread
+// taken, a new connection now sheds the connections idle between requests, and is served.
+TEST_F(DaemonTest, ClientsIdleBetweenRequestsDoNotShutOutTheOthers) {
+  start([](json& c) { c["admin"]["max_connections"] = 2; });
+  const std::string request = "GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<int> idle;
+  for (int i = 0; i < 2; ++i) {
+    idle.push_back(answered_keep_alive(daemon_->port(), request));
+    ASSERT_GE(idle.back(), 0) << "keep-alive client " << i;
+  }
+  const int fd = answered_keep_alive(daemon_->port(), request);  // waits at most 5 s
+  EXPECT_GE(fd, 0) << "not answered within 5 s while two clients idled between requests";
+  int shed = 0;
+  for (int held : idle) {
+    char byte;
+    shed += ::recv(held, &byte, 1, 0) == 0 ? 1 : 0;  // an answer would not come: EOF or 5 s
+    ::close(held);
+  }
+  if (fd >= 0) ::close(fd);
+  EXPECT_GE(shed, 1) << "an idle connection was closed to serve the new one";
+}
+
 // How many answers `raw` holds.
 size_t answers_in(const std::string& raw) {
   size_t count = 0;
