@@ -115,19 +115,33 @@ TEST_F(DaemonTest, BodyOverTheLimitIs413AndHugeHeadersAre431) {
 
 // The raw bytes of one exchange on a new connection: `request` sent as it is, the answer read
 // until the daemon closes the connection (it does after a request it could not read) or 10 s.
-std::string raw_exchange(int port, const std::string& request) {
+// A new connection to the daemon on which `request` was sent, its receives bounded by
+// `timeout_s`; -1 (errno set) when that failed.
+int sent_on_new_connection(int port, const std::string& request, int timeout_s) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "socket: " + std::string(std::strerror(errno));
-  const timeval timeout{10, 0};
+  if (fd < 0) return -1;
+  const timeval timeout{timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = htons(static_cast<uint16_t>(port));
-  std::string answer;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
           static_cast<ssize_t>(request.size())) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    return -1;
+  }
+  return fd;
+}
+
+std::string raw_exchange(int port, const std::string& request) {
+  const int fd = sent_on_new_connection(port, request, 10);
+  if (fd < 0) return "connect or send: " + std::string(std::strerror(errno));
+  std::string answer;
+  {
     char buffer[4096];
     for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) {
       answer.append(buffer, static_cast<size_t>(n));
@@ -187,21 +201,9 @@ TEST_F(DaemonTest, ARequestTricklingInIsCutOffAtItsDeadline) {
 // A connection to the daemon that has sent `request` and read its whole answer (headers and a
 // Content-Length body), left open; -1 if that failed.
 int answered_keep_alive(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = sent_on_new_connection(port, request, 5);
   if (fd < 0) return -1;
-  const timeval timeout{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
   std::string answer;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(request.size())) {
-    ::close(fd);
-    return -1;
-  }
   char buffer[4096];
   for (;;) {
     const size_t end = answer.find("\r\n\r\n");
