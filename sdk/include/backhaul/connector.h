@@ -26,13 +26,20 @@ typedef struct backhaul_descriptor {
                                      create() config */
 } backhaul_descriptor_t;
 
-/* One provider resource (a GitHub repository, a Vercel project). */
+/* One provider resource (a GitHub repository, a Vercel project).
+ * Frozen for this major version: it is embedded by value in backhaul_unit_t, so a field added
+ * here would move the unit's fields after it. Fields can only be added at the end of the outer
+ * struct (see version.h). */
 typedef struct backhaul_resource {
   backhaul_string_t id;   /* provider's stable id, e.g. "515435940" or "prj_abc" */
   backhaul_string_t name; /* provider's name, e.g. "octo-org/hello"; may be absent (data NULL) */
 } backhaul_resource_t;
 
-/* Everything a call about one work unit needs. Owned by the host, valid until the call returns. */
+/* Everything a call about one work unit needs. Owned by the host, valid until the call returns.
+ * Frozen for this major version: it is embedded by value in backhaul_fetch_request_t, so growing
+ * it would move entity_type, since_unix_ms and cursor whatever its own struct_size says (which
+ * only describes a unit passed by pointer, to validate_scopes()). Fields can only be added at the
+ * end of the outer struct, backhaul_fetch_request_t (see version.h). */
 typedef struct backhaul_unit {
   uint32_t struct_size;
   backhaul_string_t installation_id;

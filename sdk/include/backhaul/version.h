@@ -10,7 +10,10 @@ extern "C" {
 
 /* The ABI this header describes. A host loads plugins of its own major and any minor up to its
  * own; it refuses a different major and a newer minor (the plugin may rely on host behaviour the
- * host does not have). Structs only grow at the end within a major. */
+ * host does not have). Structs only grow at the end within a major, and only structs the ABI
+ * passes by pointer: one embedded by value in another (backhaul_resource_t in backhaul_unit_t,
+ * backhaul_unit_t in backhaul_fetch_request_t) is frozen until the next major, since growing it
+ * would move the fields of the struct around it. Add such fields at the outer struct's end. */
 #define BACKHAUL_ABI_VERSION_MAJOR 1
 #define BACKHAUL_ABI_VERSION_MINOR 1
 
