@@ -150,11 +150,14 @@ std::string checked_cursor(std::string_view cursor, const Config& config, const 
 // The rel="next" URL of a response, verbatim (GitHub docs: never construct page URLs; it may move
 // from /repos/{owner}/{repo}/... to /repositories/{id}/...). nullopt on the last page. One the
 // next call would refuse as its cursor is FATAL now, before it is saved as the checkpoint.
+// Every link header counts: several lines are one comma-separated list (RFC 9110 5.3), and the
+// host hands them over one by one.
 std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const Config& config,
                                        const UnitList& list) {
-  const std::optional<std::string_view> link = response.header("link");
-  if (!link) return std::nullopt;
-  const std::optional<std::string_view> next = find_link(*link, "next");
+  std::optional<std::string_view> next;
+  for (const std::string_view link : response.headers("link")) {
+    if ((next = find_link(link, "next"))) break;
+  }
   if (!next) return std::nullopt;
   if (const std::string problem = off_the_list(*next, config, list); !problem.empty()) {
     throw sdk::Error(BACKHAUL_FATAL, "github: rel=\"next\" link \"" +

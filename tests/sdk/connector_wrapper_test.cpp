@@ -1,10 +1,13 @@
 // The header-only C++ layer, called through its C trampolines exactly as a host would.
 #include <cstddef>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backhaul/connector.hpp"
+#include "backhaul/host.hpp"
 #include "backhaul/json_depth.hpp"
 
 extern "C" size_t backhaul_c_layout(size_t* out, size_t capacity);
@@ -177,6 +180,32 @@ TEST(ConnectorWrapperTest, InitRejectsMissingHost) {
 
 // Tokens of 8 bytes or more go wherever they are; shorter ones (test values) only where they
 // stand alone, so that the rest of a message stays readable.
+void release_nothing(const backhaul_host_t*, backhaul_http_response_t*) {}
+
+// The host passes a header that came several times as several entries (host.h); header() sees
+// only the first, which lost GitHub's rel="next" when it came in a second link line.
+TEST(HttpResponseTest, HeadersListsEveryValueOfARepeatedNameInOrder) {
+  const backhaul_http_header_t headers[] = {{s("link"), s("<a>; rel=\"first\"")},
+                                            {s("content-type"), s("application/json")},
+                                            {s("link"), s("<b>; rel=\"next\"")},
+                                            {s("link"), s("")}};
+  backhaul_http_response_t raw{};
+  raw.status = 200;
+  raw.headers = headers;
+  raw.header_count = 4;
+  backhaul_host_t host{};
+  host.struct_size = sizeof(host);
+  host.http_release = &release_nothing;
+  const backhaul::sdk::HttpResponse response(&host, &raw);
+
+  EXPECT_EQ(response.header("link"), std::string_view("<a>; rel=\"first\""));
+  EXPECT_EQ(response.headers("link"),
+            (std::vector<std::string_view>{"<a>; rel=\"first\"", "<b>; rel=\"next\"", ""}));
+  EXPECT_EQ(response.headers("content-type"), std::vector<std::string_view>{"application/json"});
+  EXPECT_TRUE(response.headers("etag").empty());
+  EXPECT_TRUE(response.headers("Link").empty()) << "names are compared as given: lower case";
+}
+
 TEST(RedactSecretTest, ALongSecretGoesEverywhereAShortOneOnlyWhereItStandsAlone) {
   using backhaul::sdk::redact_secret;
   const std::string token = "ghp_0123456789abcdef";

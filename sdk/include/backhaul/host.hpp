@@ -76,6 +76,18 @@ class HttpResponse {
     }
     return std::nullopt;
   }
+  // Every header with this lower-case name, in the order received: the host passes a header that
+  // came several times (several Link lines, say) as several entries, of which header() sees only
+  // the first.
+  std::vector<std::string_view> headers(std::string_view lower_name) const {
+    std::vector<std::string_view> values;
+    for (size_t i = 0; i < response_->header_count; ++i) {
+      const backhaul_http_header_t& h = response_->headers[i];
+      if (std::string_view(h.name.data, h.name.size) == lower_name)
+        values.emplace_back(h.value.data, h.value.size);
+    }
+    return values;
+  }
 
  private:
   const backhaul_host_t* host_;

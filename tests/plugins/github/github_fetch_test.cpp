@@ -249,6 +249,16 @@ INSTANTIATE_TEST_SUITE_P(
         R"(<https://api.github.com/repositories/1000/pulls?page=1>; title="rel=\"next\""; rel="first", <https://api.github.com/repositories/1000/pulls?page=2>; rel="next"; rel="prev")",
         R"(garbage, <https://api.github.com/repositories/1000/pulls?page=2>; rel="next")"));
 
+// The host hands a repeated header over as it came, one entry per line (host.h); a next link in
+// the second of two link lines ended the walk silently after the first page (review).
+TEST_F(GithubFetchTest, ANextLinkInALaterLinkHeaderIsFollowed) {
+  add_get(pulls_url(), 200, "[]",
+          {{"link", R"(<https://api.github.com/repositories/1000/pulls?page=1>; rel="first")"},
+           {"link", R"(<https://api.github.com/repositories/1000/pulls?page=3>; rel="next")"}});
+  EXPECT_EQ(connect().fetch_page(params("pull_request")).next_cursor(),
+            std::string("https://api.github.com/repositories/1000/pulls?page=3"));
+}
+
 TEST_F(GithubFetchTest, LastPageHasNoNextLink) {
   add_get(pulls_url(), 200, "[]",
           {{"link", R"(<https://api.github.com/repositories/1/pulls?page=4>; rel="prev", )"
