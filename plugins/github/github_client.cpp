@@ -179,6 +179,10 @@ sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_vie
     return sdk::Error(BACKHAUL_FATAL,
                       describe(status, request, permission_message(response, std::move(message))));
   }
+  // 408 Request Timeout and 425 Too Early (RFC 8470) ask for the same request again, later.
+  if (status == 408 || status == 425) {
+    return sdk::Error(BACKHAUL_RETRYABLE, describe(status, request, message));
+  }
   if (status >= 400 && status < 500) {
     return sdk::Error(BACKHAUL_FATAL, describe(status, request, message));
   }

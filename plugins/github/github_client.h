@@ -41,7 +41,8 @@ std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response);
 //   403/429 -> RATE_LIMITED when x-ratelimit-remaining is "0" (wait until x-ratelimit-reset + 1 s),
 //              or retry-after is present (that many seconds), or the message names a secondary
 //              rate limit (60 s); otherwise 403 -> FATAL (permission) and 429 -> RATE_LIMITED 60 s
-//   other 4xx (404, 410, 422, ...) -> FATAL;  5xx, 3xx and anything else -> RETRYABLE
+//   408, 425 -> RETRYABLE;  other 4xx (404, 410, 422, ...) -> FATAL
+//   5xx, 3xx and anything else -> RETRYABLE
 // `token` (the request's) is taken out of the body before its message is read and shortened.
 sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_view request,
                               int64_t now_ms, std::string_view token);

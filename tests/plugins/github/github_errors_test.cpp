@@ -16,11 +16,19 @@ class GithubStatusTest : public GithubPluginTest {
     add_scenario(scenario, pulls_url());
     return failure_of([&] { connect().fetch_page(params("pull_request")); });
   }
+  // Each call asks with a per_page of its own: the transport answers a URL with its first
+  // recording, so the calls of one test would otherwise all get the first call's answer.
   plugins::ConnectorFailure fetch_failure_for(int status, std::string body,
                                               http::Headers headers = {}) {
-    add_get(pulls_url(), status, std::move(body), std::move(headers));
-    return failure_of([&] { connect().fetch_page(params("pull_request")); });
+    const int per_page = next_per_page_--;
+    add_get(pulls_url(per_page), status, std::move(body), std::move(headers));
+    return failure_of([&] {
+      connect("{\"per_page\":" + std::to_string(per_page) + "}").fetch_page(params("pull_request"));
+    });
   }
+
+ private:
+  int next_per_page_ = 100;
 };
 
 void expect_message(const plugins::ConnectorFailure& f, const std::string& part) {
@@ -120,6 +128,15 @@ TEST_F(GithubStatusTest, AnAbsurdResetOrRetryAfterIsIgnored) {
                                     {"retry-after", "-5"}});
   EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
   EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+// A 408 or 425 says "send it again", not that the request is wrong.
+TEST_F(GithubStatusTest, RequestTimeoutAndTooEarlyAreRetryable) {
+  for (const int status : {408, 425}) {
+    const auto f = fetch_failure_for(status, "");
+    EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE) << status;
+    expect_message(f, "HTTP " + std::to_string(status));
+  }
 }
 
 TEST_F(GithubStatusTest, ForbiddenWithoutRateLimitSignsIsAPermissionError) {
