@@ -172,6 +172,20 @@ TEST_F(GithubStatusTest, AnIssuesListThatIsGoneIsAnEmptyLastPage) {
   EXPECT_FALSE(page.next_cursor());
 }
 
+// The 410 cost a request like any other answer, and a page reports the rate limit of its answer
+// (connector.h); the early return for it came before the headers were read (review).
+TEST_F(GithubStatusTest, AnIssuesListThatIsGoneStillReportsItsRateLimit) {
+  add_scenario("410-issues-disabled",
+               std::string(kApi) + "/repos/" + kRepo +
+                   "/issues?state=all&sort=updated&direction=desc&per_page=100");
+  const plugins::Page page = connect().fetch_page(params("issue"));
+  EXPECT_EQ(page.size(), 0u);
+  ASSERT_TRUE(page.rate_limit());
+  EXPECT_EQ(page.rate_limit()->remaining, 4997);
+  EXPECT_EQ(page.rate_limit()->limit, 5000);
+  EXPECT_EQ(page.rate_limit()->reset_at_unix_ms, 1'710'075'600'000);
+}
+
 TEST_F(GithubStatusTest, ValidationFailedIsFatalWithTheRecordedErrors) {
   // The real 422 recording (a POST in octokit's scenario), replayed for our GET.
   http::Exchange e = load_nock("recorded/errors-422.normalized-fixture.json", "POST").at(0);
