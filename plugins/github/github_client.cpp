@@ -10,6 +10,8 @@
 
 #include "backhaul/json_depth.hpp"
 
+#include "iso8601.h"
+
 namespace backhaul::github {
 namespace {
 
@@ -34,13 +36,43 @@ std::optional<int64_t> to_int64(std::optional<std::string_view> text) {
   return value;
 }
 
+constexpr int64_t kMaxSeconds = 1'000'000'000'000;  // ~ year 33658 as an epoch time
+
 // Milliseconds of a header holding whole seconds (a delay or an epoch time), or nullopt when it
 // is absent, not a number, negative, or too large to be meant (which also rules out overflow).
 std::optional<int64_t> seconds_header_ms(const sdk::HttpResponse& response, std::string_view name) {
-  constexpr int64_t kMaxSeconds = 1'000'000'000'000;  // ~ year 33658 as an epoch time
   const std::optional<int64_t> seconds = to_int64(response.header(name));
   if (!seconds || *seconds < 0 || *seconds > kMaxSeconds) return std::nullopt;
   return *seconds * 1000;
+}
+
+// The wait a retry-after value asks for, at GitHub's time `github_now_ms`: whole seconds, a
+// fraction of them rounded up (not RFC 9110's form, but read, not refused), or an HTTP-date.
+// nullopt when it names no wait (blank, 0, a date already past) or cannot be read; the response
+// is a rate limit all the same, and the caller waits its default. Not 0: that is "unknown" to
+// the host (status.h), which then retries every second.
+std::optional<int64_t> retry_after_wait_ms(std::string_view value, int64_t github_now_ms) {
+  value = trim(value);
+  if (const std::optional<int64_t> until_ms = parse_imf_fixdate(value)) {
+    if (*until_ms > github_now_ms) return *until_ms - github_now_ms;
+    return std::nullopt;
+  }
+  int64_t seconds = 0;
+  size_t i = 0;
+  for (; i < value.size() && value[i] >= '0' && value[i] <= '9'; ++i) {
+    seconds = seconds * 10 + (value[i] - '0');
+    if (seconds > kMaxSeconds) return std::nullopt;
+  }
+  if (i == 0) return std::nullopt;
+  if (i < value.size() && value[i] == '.') {
+    const size_t fraction = ++i;
+    bool nonzero = false;
+    for (; i < value.size() && value[i] >= '0' && value[i] <= '9'; ++i) nonzero |= value[i] != '0';
+    if (i == fraction) return std::nullopt;
+    if (nonzero) ++seconds;
+  }
+  if (i != value.size() || seconds == 0 || seconds > kMaxSeconds) return std::nullopt;
+  return seconds * 1000;
 }
 
 bool contains_icase(std::string_view haystack, std::string_view needle) {
@@ -90,24 +122,41 @@ std::string describe(int status, std::string_view request, std::string_view mess
   return text;
 }
 
+// GitHub's wordings of a limit: "API rate limit exceeded for ...", "You have exceeded a secondary
+// rate limit", and the older "You have triggered an abuse detection mechanism".
+bool names_a_rate_limit(std::string_view message) {
+  return contains_icase(message, "rate limit") || contains_icase(message, "secondary rate") ||
+         contains_icase(message, "abuse detection");
+}
+
 // Primary, secondary and 429 limits (GitHub docs "Exceeding the rate limit"): wait as long as
 // retry-after says, or until an exhausted primary window resets; when both are given, the longer,
 // since a secondary limit may outlast the primary window and retrying early under it is what
 // GitHub warns can get an integration banned. Else a minute. nullopt: a 403 that is not a rate
-// limit.
+// limit (a permission error). Any retry-after makes a limit, even a blank one (octokit: "The
+// Retry-After header can sometimes be blank"): a limit read as a permission error fails the unit
+// for good, one read the other way costs a minute.
 std::optional<int64_t> rate_limit_wait_ms(const sdk::HttpResponse& response,
                                           std::string_view message, int64_t now_ms) {
+  // x-ratelimit-reset and an HTTP-date retry-after are GitHub's clock: measured against the
+  // response's Date, not a host clock that may be off by minutes (one ahead saw the reset as past
+  // and retried a minute early, over and over). Without a readable Date, the host's.
+  const std::optional<std::string_view> date = response.header("date");
+  const int64_t github_now_ms = date ? parse_imf_fixdate(trim(*date)).value_or(now_ms) : now_ms;
+
   const std::optional<std::string_view> remaining = response.header("x-ratelimit-remaining");
   const bool exhausted = remaining && trim(*remaining) == "0";
-  std::optional<int64_t> wait_ms = seconds_header_ms(response, "retry-after");
+  const std::optional<std::string_view> retry_after = response.header("retry-after");
+  std::optional<int64_t> wait_ms =
+      retry_after ? retry_after_wait_ms(*retry_after, github_now_ms) : std::nullopt;
   if (exhausted) {
     if (const auto reset_ms = seconds_header_ms(response, "x-ratelimit-reset")) {
-      wait_ms =
-          std::max(wait_ms.value_or(0), std::max<int64_t>(0, *reset_ms - now_ms) + kResetMarginMs);
+      wait_ms = std::max(wait_ms.value_or(0),
+                         std::max<int64_t>(0, *reset_ms - github_now_ms) + kResetMarginMs);
     }
   }
   if (wait_ms) return wait_ms;
-  if (exhausted || contains_icase(message, "secondary rate") || response.status() == 429) {
+  if (retry_after || exhausted || names_a_rate_limit(message) || response.status() == 429) {
     return kDefaultRateLimitWaitMs;
   }
   return std::nullopt;

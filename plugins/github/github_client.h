@@ -39,8 +39,11 @@ std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response);
 // The error for a non-2xx response to `request` ("GET <url>"), at host time `now_ms`:
 //   401 -> AUTH_EXPIRED
 //   403/429 -> RATE_LIMITED when x-ratelimit-remaining is "0" (wait until x-ratelimit-reset + 1 s),
-//              or retry-after is present (that many seconds), or the message names a secondary
-//              rate limit (60 s); otherwise 403 -> FATAL (permission) and 429 -> RATE_LIMITED 60 s
+//              or there is a retry-after (seconds, rounded up; or an HTTP-date), or the message
+//              says "rate limit" or "abuse detection"; the longer wait when several apply, 60 s
+//              when none gives one. Reset and HTTP-dates are measured against the response's Date
+//              when it has an IMF-fixdate one, else `now_ms`. Otherwise 403 -> FATAL (permission)
+//              and 429 -> RATE_LIMITED 60 s
 //   408, 425 -> RETRYABLE;  other 4xx (404, 410, 422, ...) -> FATAL
 //   5xx, 3xx and anything else -> RETRYABLE
 // `token` (the request's) is taken out of the body before its message is read and shortened.

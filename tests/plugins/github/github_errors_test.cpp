@@ -130,6 +130,118 @@ TEST_F(GithubStatusTest, AnAbsurdResetOrRetryAfterIsIgnored) {
   EXPECT_EQ(f.retry_after_ms(), 60'000);
 }
 
+// GitHub's own client takes any retry-after for a limit ("The Retry-After header can sometimes be
+// blank"): a 403 read as a permission error instead dead-lettered a unit that only had to wait.
+TEST_F(GithubStatusTest, ABlankRetryAfterIsARateLimitOfOneMinute) {
+  const auto f = fetch_failure_for(403, "", {{"retry-after", ""}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+// RFC 9110 allows an HTTP-date: the wait runs until then by the response's own clock (its Date),
+// since the host's may be off by minutes.
+TEST_F(GithubStatusTest, AnHttpDateRetryAfterWaitsUntilThatDateByTheResponsesClock) {
+  const auto f = fetch_failure_for(403, "",
+                                   {{"date", "Tue, 14 Nov 2023 22:11:40 GMT"},  // host - 100 s
+                                    {"retry-after", "Tue, 14 Nov 2023 22:13:20 GMT"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 100'000);
+}
+
+TEST_F(GithubStatusTest, AnHttpDateRetryAfterWithoutADateIsMeasuredByTheHostClock) {
+  // The clock is at 1'700'000'000 s = Tue, 14 Nov 2023 22:13:20 GMT.
+  const auto f = fetch_failure_for(429, "", {{"retry-after", "Tue, 14 Nov 2023 22:15:00 GMT"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 100'000);
+}
+
+// Rounded up: retrying half a second early is retrying while still limited.
+TEST_F(GithubStatusTest, AFractionalRetryAfterIsRoundedUpToWholeSeconds) {
+  const auto f = fetch_failure_for(403, "", {{"retry-after", "1.5"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 2'000);
+}
+
+TEST_F(GithubStatusTest, AnUnreadableRetryAfterIsARateLimitOfOneMinute) {
+  for (const char* value : {"soon", "-5", "1e3", "Tue, 14 Nov 2023 22:15:00 UTC"}) {
+    const auto f = fetch_failure_for(403, "", {{"retry-after", value}});
+    EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED) << value;
+    EXPECT_EQ(f.retry_after_ms(), 60'000) << value;
+  }
+}
+
+// Seen in the wild without x-ratelimit-remaining (API-FACTS A4 quotes the message).
+TEST_F(GithubStatusTest, ARateLimitMessageWithoutRemainingIsARateLimit) {
+  const auto f = fetch_failure_for(
+      403, R"({"message":"API rate limit exceeded for user ID 1.","status":"403"})",
+      {{"x-ratelimit-limit", "5000"}, {"x-ratelimit-reset", "1700000120"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+// GitHub's wording for secondary limits before "secondary rate limit".
+TEST_F(GithubStatusTest, TheOlderAbuseDetectionWordingIsARateLimit) {
+  const auto f = fetch_failure_for(
+      403,
+      R"({"message":"You have triggered an abuse detection mechanism. Please wait a few minutes before you try again."})");
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 60'000);
+}
+
+// retry_after_ms 0 means "unknown" to the host (status.h), which then retried every second for as
+// long as the limit lasted. octokit reads it as absent: Number(retry-after) || 60.
+TEST_F(GithubStatusTest, ARetryAfterOfZeroWaitsTheDefaultMinuteNotZero) {
+  for (const int status : {403, 429}) {
+    const auto f = fetch_failure_for(status, "", {{"retry-after", "0"}});
+    EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED) << status;
+    EXPECT_EQ(f.retry_after_ms(), 60'000) << status;
+  }
+}
+
+// ... and a retry-after of 0 beside an exhausted window leaves the window's wait.
+TEST_F(GithubStatusTest, ARetryAfterOfZeroLeavesTheWaitForTheReset) {
+  const auto f = fetch_failure_for(
+      403, "",
+      {{"retry-after", "0"}, {"x-ratelimit-remaining", "0"}, {"x-ratelimit-reset", "1700000120"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 121'000);
+}
+
+// x-ratelimit-reset is GitHub's clock: a host clock 100 s ahead saw the reset as past and waited
+// only the 1 s margin, a minute and a half early. The response's Date is GitHub's clock too.
+TEST_F(GithubStatusTest, TheResetIsMeasuredAgainstTheResponsesDateNotTheHostClock) {
+  const auto f = fetch_failure_for(403, R"({"message":"API rate limit exceeded"})",
+                                   {{"date", "Tue, 14 Nov 2023 22:11:40 GMT"},  // host - 100 s
+                                    {"x-ratelimit-remaining", "0"},
+                                    {"x-ratelimit-limit", "5000"},
+                                    {"x-ratelimit-reset", "1699999990"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 91'000);
+}
+
+// Only the IMF-fixdate of RFC 9110 is read; any other Date leaves the host clock (reset 120 s
+// ahead of it: 121 s).
+class GithubDateHeaderTest : public GithubStatusTest,
+                             public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(GithubDateHeaderTest, AnythingButAnImfFixdateLeavesTheHostClock) {
+  const auto f = fetch_failure_for(
+      403, "",
+      {{"date", GetParam()}, {"x-ratelimit-remaining", "0"}, {"x-ratelimit-reset", "1700000120"}});
+  EXPECT_EQ(f.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(f.retry_after_ms(), 121'000) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    NotImfFixdate, GithubDateHeaderTest,
+    ::testing::Values("", "garbage", "Tuesday, 14-Nov-23 22:11:40 GMT",  // RFC 850
+                      "Tue Nov 14 22:11:40 2023",                        // asctime
+                      "Tue, 14 Nov 2023 22:11:40 UTC", "Tue, 14 Nov 2023 22:11:40 gmt",
+                      "Tue, 14 nov 2023 22:11:40 GMT", "Wed, 14 Nov 2023 22:11:40 GMT",
+                      "Tue, 4 Nov 2023 22:11:40 GMT", "Fri, 31 Nov 2023 22:11:40 GMT",
+                      "Tue, 14 Nov 2023 24:11:40 GMT", "Tue, 14 Nov 2023 22:11:40 GMT x",
+                      "Tue,  14 Nov 2023 22:11:40 GMT", "Tue, 14 Nov 2023 22:11:4x GMT"));
+
 // A 408 or 425 says "send it again", not that the request is wrong.
 TEST_F(GithubStatusTest, RequestTimeoutAndTooEarlyAreRetryable) {
   for (const int status : {408, 425}) {
