@@ -13,14 +13,19 @@ std::string dump(const json& value) {
   return value.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 
-// The decimal text of an integer field ("number", "id"), as it appears in delivery ids.
-std::string integer_text(const json& item, const char* key, std::string_view kind) {
+// The decimal text of an integer field ("number", "id"), as it appears in delivery ids. FATAL
+// without one, naming the item by its place in the page (`index`) and showing what is there.
+std::string integer_text(const json& item, const char* key, std::string_view kind, size_t index) {
   const auto it = item.find(key);
-  if (it == item.end() || !it->is_number_integer()) {
-    throw sdk::Error(BACKHAUL_RETRYABLE, "github: " + std::string(kind) +
-                                             " item without an integer \"" + key + "\" field");
+  if (it != item.end() && it->is_number_integer()) return it->dump();
+  std::string problem = "has no \"" + std::string(key) + "\" field";
+  if (it != item.end()) {
+    std::string found = dump(*it);
+    if (found.size() > 40) found = found.substr(0, 40) + "...";
+    problem = "has a \"" + std::string(key) + "\" that is not an integer: " + found;
   }
-  return it->dump();
+  throw sdk::Error(BACKHAUL_FATAL, "github: item " + std::to_string(index) + " of the page (a " +
+                                       std::string(kind) + ") " + problem);
 }
 
 // "closed" for closed issues and pull requests, "opened" for the rest: what a webhook receiver
@@ -73,8 +78,8 @@ EventBuilder::EventBuilder(std::string_view installation_id, std::string_view re
                    {"name", name.repo},
                    {"owner", {{"login", name.owner}}}}) {}
 
-sdk::Event EventBuilder::pull_request(json&& item) const {
-  std::string number = integer_text(item, "number", "pull request");
+sdk::Event EventBuilder::pull_request(json&& item, size_t index) const {
+  std::string number = integer_text(item, "number", "pull request", index);
   json payload = {{"action", open_or_closed(item)}, {"number", item["number"]}};
   add_sender(payload, item, "user");
   // A list item lacks the webhook's `merged`, which a receiver of "closed" reads.
@@ -87,8 +92,8 @@ sdk::Event EventBuilder::pull_request(json&& item) const {
   return {delivery_prefix_ + "pr-" + number, "pull_request", dump(payload)};
 }
 
-sdk::Event EventBuilder::issue(json&& item) const {
-  std::string number = integer_text(item, "number", "issue");
+sdk::Event EventBuilder::issue(json&& item, size_t index) const {
+  std::string number = integer_text(item, "number", "issue", index);
   json payload = {{"action", open_or_closed(item)}};
   add_sender(payload, item, "user");
   payload["issue"] = std::move(item);
@@ -96,8 +101,8 @@ sdk::Event EventBuilder::issue(json&& item) const {
   return {delivery_prefix_ + "issue-" + number, "issues", dump(payload)};
 }
 
-sdk::Event EventBuilder::release(json&& item) const {
-  std::string id = integer_text(item, "id", "release");
+sdk::Event EventBuilder::release(json&& item, size_t index) const {
+  std::string id = integer_text(item, "id", "release", index);
   const auto draft = item.find("draft");
   const bool is_draft = draft != item.end() && draft->is_boolean() && draft->get<bool>();
   json payload = {{"action", is_draft ? "created" : "published"}};

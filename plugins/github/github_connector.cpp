@@ -166,8 +166,42 @@ std::optional<std::string> next_cursor(const sdk::HttpResponse& response, const 
   return std::string(*next);
 }
 
-// The page body as a JSON array. Malformed JSON and other shapes are RETRYABLE: a truncated body
-// or an error page from a proxy in front of GitHub is usually transient.
+// Which element of a top-level array the parser was in when `body` stopped parsing: the index
+// of the last one begun if it is an object or array not yet closed, else of the next one.
+size_t failing_item_index(std::string_view body) {
+  size_t begun = 0;
+  bool open = false;
+  const json::parser_callback_t count = [&](int depth, json::parse_event_t event, json&) {
+    if (depth != 1) return true;  // 0: the array itself; 2 and deeper: inside an element
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        ++begun;
+        open = true;
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        open = false;
+        break;
+      case json::parse_event_t::value:  // a string, number, ... element, once it is read
+        ++begun;
+        break;
+      case json::parse_event_t::key:
+        break;
+    }
+    return true;
+  };
+  const json discarded =
+      json::parse(body.data(), body.data() + body.size(), count, /*allow_exceptions=*/false);
+  return open ? begun - 1 : begun;
+}
+
+// The page body as a JSON array of objects. What another attempt may mend is RETRYABLE: a body
+// cut short (the parser ran out of input: the transfer's fault) or garbled, or of another shape
+// than an array (an error page from a proxy in front of GitHub). What it cannot is FATAL: a page
+// GitHub would send again as it is, with an item that is not an object, or with a lone surrogate
+// escape ("\ud83d", a text cut inside an emoji) that the parser refuses. Retrying those burnt
+// every attempt of the unit.
 json parse_array(std::string_view body, std::string_view url) {
   if (sdk::json_depth(body) > sdk::kMaxJsonDepth) {
     throw sdk::Error(BACKHAUL_RETRYABLE, "github: malformed JSON from GET " + std::string(url) +
@@ -178,6 +212,13 @@ json parse_array(std::string_view body, std::string_view url) {
   try {
     items = json::parse(body.data(), body.data() + body.size());
   } catch (const json::parse_error& e) {
+    // e.byte is past the end of the body when the parser ran out of input, wherever the cut.
+    const bool cut_short = e.byte > body.size();
+    if (!cut_short && std::string_view(e.what()).find("surrogate") != std::string_view::npos) {
+      throw sdk::Error(BACKHAUL_FATAL, "github: item " + std::to_string(failing_item_index(body)) +
+                                           " of the page from GET " + std::string(url) +
+                                           " has a lone surrogate escape in a string: " + e.what());
+    }
     throw sdk::Error(BACKHAUL_RETRYABLE,
                      "github: malformed JSON from GET " + std::string(url) + ": " + e.what());
   }
@@ -185,10 +226,11 @@ json parse_array(std::string_view body, std::string_view url) {
     throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected a JSON array from GET " +
                                              std::string(url) + ", got " + items.type_name());
   }
-  for (const json& item : items) {
-    if (!item.is_object()) {
-      throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected an array of objects from GET " +
-                                               std::string(url) + ", found " + item.type_name());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].is_object()) {
+      throw sdk::Error(BACKHAUL_FATAL, "github: item " + std::to_string(i) +
+                                           " of the page from GET " + std::string(url) + " is a " +
+                                           items[i].type_name() + ", not an object");
     }
   }
   return items;
@@ -212,13 +254,13 @@ struct Filtered {
 Filtered pull_requests(json& items, const EventBuilder& builder, int64_t since_ms) {
   Filtered out;
   out.events.reserve(items.size());
-  for (json& item : items) {
-    const std::optional<int64_t> updated = timestamp(item, "updated_at");
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::optional<int64_t> updated = timestamp(items[i], "updated_at");
     if (since_ms > 0 && updated && *updated < since_ms) {
       out.reached_since = true;
       continue;
     }
-    out.events.push_back(builder.pull_request(std::move(item)));
+    out.events.push_back(builder.pull_request(std::move(items[i]), i));
   }
   return out;
 }
@@ -228,9 +270,9 @@ Filtered pull_requests(json& items, const EventBuilder& builder, int64_t since_m
 Filtered issues(json& items, const EventBuilder& builder) {
   Filtered out;
   out.events.reserve(items.size());
-  for (json& item : items) {
-    if (item.contains("pull_request")) continue;
-    out.events.push_back(builder.issue(std::move(item)));
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].contains("pull_request")) continue;
+    out.events.push_back(builder.issue(std::move(items[i]), i));
   }
   return out;
 }
@@ -242,11 +284,11 @@ Filtered issues(json& items, const EventBuilder& builder) {
 Filtered releases(json& items, const EventBuilder& builder, int64_t since_ms) {
   Filtered out;
   out.events.reserve(items.size());
-  for (json& item : items) {
-    std::optional<int64_t> date = timestamp(item, "published_at");
-    if (!date) date = timestamp(item, "created_at");
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::optional<int64_t> date = timestamp(items[i], "published_at");
+    if (!date) date = timestamp(items[i], "created_at");
     if (since_ms > 0 && date && *date < since_ms) continue;
-    out.events.push_back(builder.release(std::move(item)));
+    out.events.push_back(builder.release(std::move(items[i]), i));
   }
   return out;
 }
@@ -298,7 +340,12 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   json items = parse_array(response.body(), url);
   page.raw_count = items.size();
   const EventBuilder builder(request.unit.installation_id, request.unit.resource_id, name);
-  Filtered filtered = filter(kind, items, builder, since_ms);
+  Filtered filtered;
+  try {
+    filtered = filter(kind, items, builder, since_ms);
+  } catch (const sdk::Error& e) {  // an item's: which page it is on
+    throw sdk::Error(e.status(), std::string(e.what()) + " (GET " + url + ")", e.retry_after_ms());
+  }
   page.events = std::move(filtered.events);
   if (!filtered.reached_since) page.next_cursor = next_cursor(response, config, list);
   return page;

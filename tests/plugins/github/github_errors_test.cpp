@@ -366,15 +366,63 @@ TEST_F(GithubStatusTest, AnEmptyBodyOn200IsRetryable) {
   expect_message(f, "malformed JSON");
 }
 
-TEST_F(GithubStatusTest, ItemsWithoutTheirIdFieldAreRetryable) {
+// Well-formed pages whose items lack what a delivery id needs: GitHub answers the same again.
+TEST_F(GithubStatusTest, ItemsWithoutTheirIdFieldAreFatal) {
   const auto f = fetch_failure_for(200, R"([{"id":1,"title":"no number"}])");
-  EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "item 0 of the page");
   expect_message(f, "number");
   const auto g = failure_of([&] {
-    add_get(std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100", 200, R"([42])");
+    add_get(std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100", 200,
+            R"([{"id":1},42])");
     connect().fetch_page(params("release"));
   });
-  EXPECT_EQ(g.status(), BACKHAUL_RETRYABLE);
+  EXPECT_EQ(g.status(), BACKHAUL_FATAL);
+  expect_message(g, "item 1 of the page");
+  expect_message(g, "not an object");
+}
+
+// A well-formed page with one bad item comes back the same on every retry: RETRYABLE burnt every
+// attempt of the unit on it (review). The message says which item, for the report to GitHub.
+TEST_F(GithubStatusTest, AnItemWhoseNumberIsNotAnIntegerIsFatalAndNamedByItsIndex) {
+  for (const char* number : {R"("2")", "2.5", "null", "true"}) {
+    const auto f = fetch_failure_for(
+        200, std::string(R"([{"number":1,"title":"fine"},{"number":)") + number + "}]");
+    EXPECT_EQ(f.status(), BACKHAUL_FATAL) << number;
+    expect_message(f, "item 1 of the page");
+    expect_message(f, "\"number\"");
+  }
+}
+
+TEST_F(GithubStatusTest, AReleaseWhoseIdIsNotAnIntegerIsFatalAndNamedByItsIndex) {
+  add_get(std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100", 200,
+          R"([{"id":1},{"id":2},{"id":"3"}])");
+  const auto f = failure_of([&] { connect().fetch_page(params("release")); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, "item 2 of the page");
+  expect_message(f, "\"id\"");
+}
+
+// GitHub has sent half of a surrogate pair (a title cut inside an emoji); the JSON parser refuses
+// the whole page, and so it will on every retry.
+TEST_F(GithubStatusTest, ALoneSurrogateEscapeInAnItemIsFatalAndNamedByItsIndex) {
+  for (const char* escape : {R"(\ud83d)", R"(\ude00 after)", R"(\ud83d\u0041)"}) {
+    const auto f = fetch_failure_for(
+        200, std::string(R"([{"number":1,"title":"ok"},{"number":2,"title":"cut )") + escape +
+                 R"("},{"number":3}])");
+    EXPECT_EQ(f.status(), BACKHAUL_FATAL) << escape;
+    expect_message(f, "item 1 of the page");
+    expect_message(f, "surrogate");
+  }
+}
+
+// A body cut short is the transfer's fault, not GitHub's answer: the next attempt gets it whole.
+TEST_F(GithubStatusTest, ABodyCutShortStaysRetryableWhereverItIsCut) {
+  const std::string whole = R"([{"number":1,"title":"ok \ud83d\ude00"},{"number":2}])";
+  for (size_t cut = 1; cut < whole.size(); ++cut) {
+    const auto f = fetch_failure_for(200, whole.substr(0, cut));
+    EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE) << whole.substr(0, cut);
+  }
 }
 
 TEST_F(GithubStatusTest, ARedirectTheHostGaveUpOnIsRetryable) {
