@@ -100,7 +100,8 @@ void run(const std::string& plugin_dir, const std::string& fixture_dir, int iter
   std::vector<Target> targets;
   Target gh{
       "github",
-      "https://api.github.com/repos/o/r/pulls?state=all&sort=updated&direction=desc&per_page=100",
+      "https://api.github.com/repositories/1296269/pulls?state=all&sort=updated&direction=desc&"
+      "per_page=100",
       github_page(fixture_dir),
       "{}",
       {}};

@@ -1,5 +1,7 @@
 #include "github_connector.h"
 
+#include <charconv>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,11 +50,29 @@ std::string repository_url(const Config& config, const RepositoryName& name) {
   return config.base_url + "/repos/" + percent_encode(name.owner) + "/" + percent_encode(name.repo);
 }
 
+// A resource id that is a repository's number ("1296269"), not a node id ("R_kgDOH").
+bool is_repository_number(std::string_view resource_id) {
+  return !resource_id.empty() &&
+         resource_id.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// The unit's repository for its lists: by number when the resource id is one, else by name. A
+// name can change hands (a repository renamed, its old name taken by a new one), and a list asked
+// for by it would then be another repository's, its items delivered with this unit's id; the
+// number never does, and GitHub's next links use it already.
+std::string list_base_url(const Config& config, const RepositoryName& name,
+                          std::string_view resource_id) {
+  if (is_repository_number(resource_id)) {
+    return config.base_url + "/repositories/" + std::string(resource_id);
+  }
+  return repository_url(config, name);
+}
+
 // Pull requests and issues come most recently updated first, so `since` can stop the walk
 // (pulls have no `since` parameter); releases take no parameters at all, and are all walked.
 std::string first_page_url(const Config& config, EntityKind kind, const RepositoryName& name,
-                           int64_t since_ms) {
-  const std::string repo = repository_url(config, name);
+                           std::string_view resource_id, int64_t since_ms) {
+  const std::string repo = list_base_url(config, name, resource_id);
   const std::string per_page = "per_page=" + std::to_string(config.per_page);
   switch (kind) {
     case EntityKind::kPullRequest:
@@ -107,8 +127,7 @@ UnitList unit_list(const Config& config, EntityKind kind, const RepositoryName& 
   list.by_name =
       base + "/repos/" + percent_encode(name.owner) + "/" + percent_encode(name.repo) + segment;
   list.list_segment = segment;
-  list.any_id = repository_id.empty() ||
-                repository_id.find_first_not_of("0123456789") != std::string_view::npos;
+  list.any_id = !is_repository_number(repository_id);
   list.by_id = base + "/repositories/" + (list.any_id ? "" : std::string(repository_id) + segment);
   return list;
 }
@@ -324,8 +343,9 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   }
   const int64_t since_ms = since_floor_seconds_ms(request.since_unix_ms);
   const UnitList list = unit_list(config, kind, name, request.unit.resource_id);
-  const std::string url = request.cursor ? checked_cursor(*request.cursor, config, list)
-                                         : first_page_url(config, kind, name, since_ms);
+  const std::string url =
+      request.cursor ? checked_cursor(*request.cursor, config, list)
+                     : first_page_url(config, kind, name, request.unit.resource_id, since_ms);
 
   // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
   // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
@@ -370,10 +390,27 @@ auto guarded(std::string_view token, Fn&& fn) -> decltype(fn()) {
   }
 }
 
+// Whether the repository's "id" is `resource_id`, when both are numbers; true when either is not
+// (a node id as the resource id, or an answer without an id: nothing to compare).
+bool same_repository(const json& repo, std::string_view resource_id) {
+  const auto id = repo.find("id");
+  if (!is_repository_number(resource_id) || id == repo.end() || !id->is_number_integer()) {
+    return true;
+  }
+  uint64_t unit_id = 0;
+  const auto [end, ec] =
+      std::from_chars(resource_id.data(), resource_id.data() + resource_id.size(), unit_id);
+  return ec == std::errc() && end == resource_id.data() + resource_id.size() &&
+         id->is_number_unsigned() && id->get<uint64_t>() == unit_id;
+}
+
 // The answer to GET /repos/{owner}/{repo}. GitHub answers 404, not 403, for a private repository
-// the token cannot see, so 404 gets a message that says both.
+// the token cannot see, so 404 gets a message that says both. A repository under the unit's name
+// whose id is not the unit's is another one: the unit's was renamed or transferred and its old
+// name taken since, and its lists by name would deliver that one's items as the unit's.
 void check_repository_readable(const sdk::HttpResponse& response, const RepositoryName& name,
-                               const std::string& url, std::string_view token) {
+                               std::string_view resource_id, const std::string& url,
+                               std::string_view token) {
   const std::string full_name = name.owner + "/" + name.repo;
   const int status = response.status();
   if (status == 404) {
@@ -393,6 +430,13 @@ void check_repository_readable(const sdk::HttpResponse& response, const Reposito
                                       /*allow_exceptions=*/false);
   if (!repo.is_object()) {
     throw sdk::Error(BACKHAUL_RETRYABLE, "github: expected a JSON object from GET " + url);
+  }
+  if (!same_repository(repo, resource_id)) {
+    throw sdk::Error(BACKHAUL_FATAL, "github: repository " + full_name + " has id " +
+                                         repo["id"].dump() + ", not the unit's resource id " +
+                                         std::string(resource_id) +
+                                         " (renamed or transferred, and the name taken by "
+                                         "another repository?)");
   }
   // Present for authenticated requests; "pull" is the read permission.
   const auto permissions = repo.find("permissions");
@@ -415,7 +459,8 @@ void GithubConnector::validate_scopes(const sdk::Unit& unit) {
   guarded(unit.access_token, [&] {
     const RepositoryName name = require_repository(unit);
     const std::string url = repository_url(config_, name);
-    check_repository_readable(client_.send(url, unit.access_token), name, url, unit.access_token);
+    check_repository_readable(client_.send(url, unit.access_token), name, unit.resource_id, url,
+                              unit.access_token);
   });
 }
 

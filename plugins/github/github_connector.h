@@ -14,8 +14,10 @@ namespace backhaul::github {
 // One instance per config. Holds only immutable state, so validate_scopes() and fetch_page() may
 // run concurrently on the same instance. [thread-safe]
 //
-// Work units: resource name "owner/repo" (required), resource id the numeric repository id
-// (opaque; it goes into delivery ids). Cursors are GitHub's rel="next" URLs, used verbatim.
+// Work units: resource name "owner/repo" (required), resource id the numeric repository id (it
+// goes into delivery ids; another id, a node id, is taken as is). Lists are asked for by the
+// repository's number when the resource id is one ({base}/repositories/{id}/pulls), else by name.
+// Cursors are GitHub's rel="next" URLs, used verbatim.
 // Every method throws backhaul::sdk::Error; messages never contain the access token.
 class GithubConnector final : public sdk::Connector {
  public:
@@ -26,8 +28,10 @@ class GithubConnector final : public sdk::Connector {
   GithubConnector(const GithubConnector&) = delete;
   GithubConnector& operator=(const GithubConnector&) = delete;
 
-  // GET /repos/{owner}/{repo}: FATAL when the repository is missing or hidden from the token (404)
-  // or the token may not read it (permissions.pull false); otherwise the common status mapping.
+  // GET /repos/{owner}/{repo}: FATAL when the repository is missing or hidden from the token (404),
+  // the token may not read it (permissions.pull false), or its id is not the unit's numeric
+  // resource id (the name now belongs to another repository); otherwise the common status
+  // mapping.
   void validate_scopes(const sdk::Unit& unit) override;
 
   // One page of `entity_type` ("pull_request", "issue" or "release"); see github_connector.cpp

@@ -637,9 +637,12 @@ TEST_F(PipelineTest, AFailingUnitIsReportedInTheAggregateAndTheOthersComplete) {
   RunStart run = start_run("gh-inst-1", "github");
   ASSERT_EQ(scheduler_->run_once(1), 1u);
   json first = json::parse(units_of(run.run_id).back().payload);
-  const std::string broken = "/repos/" + first["resource"]["name"].get<std::string>() + "/";
+  // Its lists, asked for by the repository's number (first pages) or name.
+  const std::string by_name = "/repos/" + first["resource"]["name"].get<std::string>() + "/";
+  const std::string by_id = "/repositories/" + first["resource"]["id"].get<std::string>() + "/";
   plugin_transport().reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
-    if (r.url.find(broken) == std::string::npos) return std::nullopt;
+    if (r.url.find(by_name) == std::string::npos && r.url.find(by_id) == std::string::npos)
+      return std::nullopt;
     return status_response(404, R"({"message":"Not Found"})");
   });
   drive();

@@ -276,8 +276,8 @@ TEST_F(GithubStatusTest, GoneIsFatal) {
 // Except on the issues list, where it means the repository has issues turned off: none to fetch.
 // Such a repository's issue unit failed for good on every backfill, and its run with it.
 TEST_F(GithubStatusTest, AnIssuesListThatIsGoneIsAnEmptyLastPage) {
-  const std::string issues = std::string(kApi) + "/repos/" + kRepo +
-                             "/issues?state=all&sort=updated&direction=desc&per_page=100";
+  const std::string issues =
+      repo_by_id() + "/issues?state=all&sort=updated&direction=desc&per_page=100";
   add_get(issues, 410, R"({"message":"Issues are disabled for this repo"})");
   const plugins::Page page = connect().fetch_page(params("issue"));
   EXPECT_EQ(page.size(), 0u);
@@ -288,8 +288,7 @@ TEST_F(GithubStatusTest, AnIssuesListThatIsGoneIsAnEmptyLastPage) {
 // (connector.h); the early return for it came before the headers were read (review).
 TEST_F(GithubStatusTest, AnIssuesListThatIsGoneStillReportsItsRateLimit) {
   add_scenario("410-issues-disabled",
-               std::string(kApi) + "/repos/" + kRepo +
-                   "/issues?state=all&sort=updated&direction=desc&per_page=100");
+               repo_by_id() + "/issues?state=all&sort=updated&direction=desc&per_page=100");
   const plugins::Page page = connect().fetch_page(params("issue"));
   EXPECT_EQ(page.size(), 0u);
   ASSERT_TRUE(page.rate_limit());
@@ -373,8 +372,7 @@ TEST_F(GithubStatusTest, ItemsWithoutTheirIdFieldAreFatal) {
   expect_message(f, "item 0 of the page");
   expect_message(f, "number");
   const auto g = failure_of([&] {
-    add_get(std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100", 200,
-            R"([{"id":1},42])");
+    add_get(repo_by_id() + "/releases?per_page=100", 200, R"([{"id":1},42])");
     connect().fetch_page(params("release"));
   });
   EXPECT_EQ(g.status(), BACKHAUL_FATAL);
@@ -395,8 +393,7 @@ TEST_F(GithubStatusTest, AnItemWhoseNumberIsNotAnIntegerIsFatalAndNamedByItsInde
 }
 
 TEST_F(GithubStatusTest, AReleaseWhoseIdIsNotAnIntegerIsFatalAndNamedByItsIndex) {
-  add_get(std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100", 200,
-          R"([{"id":1},{"id":2},{"id":"3"}])");
+  add_get(repo_by_id() + "/releases?per_page=100", 200, R"([{"id":1},{"id":2},{"id":"3"}])");
   const auto f = failure_of([&] { connect().fetch_page(params("release")); });
   EXPECT_EQ(f.status(), BACKHAUL_FATAL);
   expect_message(f, "item 2 of the page");
@@ -506,6 +503,26 @@ TEST_F(GithubScopesTest, ARenamedRepositoryPassesThroughTheHostsRedirect) {
       requested_urls(),
       (std::vector<std::string>{kApi + std::string("/repos/octokit-fixture-org/rename-repository"),
                                 kApi + std::string("/repositories/1000")}));
+}
+
+// The name now belongs to another repository (the unit's was renamed and its old name taken):
+// its items would be delivered as the unit's. The id is the unit's identity, not the name.
+TEST_F(GithubScopesTest, ARepositoryWhoseIdIsNotTheUnitsIsFatal) {
+  add_get(kRepoUrl, 200,
+          R"({"id":2000,"full_name":"octokit-fixture-org/hello-world",)"
+          R"("permissions":{"admin":false,"push":false,"pull":true}})");
+  const auto f = failure_of([&] { connect().validate_scopes(unit()); });
+  EXPECT_EQ(f.status(), BACKHAUL_FATAL);
+  expect_message(f, kRepo);
+  expect_message(f, "id 2000");
+  expect_message(f, "1000");
+}
+
+// Ids that are not numbers (node ids) cannot be compared with the numeric "id".
+TEST_F(GithubScopesTest, ANonNumericResourceIdIsNotComparedWithTheRepositoryId) {
+  add_get(kRepoUrl, 200,
+          R"({"id":2000,"node_id":"R_kgDOH","full_name":"octokit-fixture-org/hello-world"})");
+  EXPECT_NO_THROW(connect().validate_scopes(unit("R_kgDOH")));
 }
 
 TEST_F(GithubScopesTest, NoPullPermissionIsFatal) {

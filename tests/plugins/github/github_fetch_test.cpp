@@ -68,11 +68,12 @@ Walk walk(const plugins::Connector& connector, plugins::FetchParams params, int 
 class GithubFetchTest : public GithubPluginTest {
  protected:
   // The raw recording's five issue GETs, the first re-keyed to the URL this connector asks for
-  // (octokit asked for "?per_page=3"; we add state/sort/direction). Pages 2-5 stay verbatim.
+  // (octokit asked for "/repos/{owner}/{repo}/issues?per_page=3"; we ask by the repository's
+  // number and add state/sort/direction). Pages 2-5 stay verbatim.
   void add_recorded_issue_pages() {
     std::vector<http::Exchange> pages = load_nock("recorded/paginate-issues.raw-fixture.json");
     ASSERT_EQ(pages.size(), 5u);
-    pages[0].url = std::string(kApi) + "/repos/" + kRecordedRepo +
+    pages[0].url = std::string(kApi) + "/repositories/" + kRecordedRepoId +
                    "/issues?state=all&sort=updated&direction=desc&per_page=3";
     pages[0].response.url = pages[0].url;
     add_all(std::move(pages));
@@ -90,7 +91,7 @@ class GithubFetchTest : public GithubPluginTest {
 
 TEST_F(GithubFetchTest, FirstPageUrlsFollowTheSpecPerEntityType) {
   const std::string base = "https://ghe.example.com/api/v3";
-  const std::string repo = base + "/repos/octokit-fixture-org/hello-world";
+  const std::string repo = base + "/repositories/1000";
   const std::string pulls = repo + "/pulls?state=all&sort=updated&direction=desc&per_page=50";
   const std::string issues = repo + "/issues?state=all&sort=updated&direction=desc&per_page=50";
   const std::string issues_since = issues + "&since=2024-03-01T00:00:00Z";
@@ -150,11 +151,12 @@ TEST_F(GithubFetchTest, TokensAreOpaque) {
   EXPECT_EQ(header(transport_.requests().at(0), "authorization"), "Bearer " + token);
 }
 
+// (A list by name: the unit's resource id is a node id, not a number.)
 TEST_F(GithubFetchTest, PercentEncodesOwnerAndRepoSegments) {
   const std::string url = std::string(kApi) + "/repos/o%26x/r%3Fy%20z.git_~-/releases?per_page=100";
   add_get(url, 200, "[]");
   connect().fetch_page(
-      params("release", std::nullopt, 0, unit("1", std::string("o&x/r?y z.git_~-"))));
+      params("release", std::nullopt, 0, unit("R_kgDOH", std::string("o&x/r?y z.git_~-"))));
   EXPECT_EQ(requested_urls(), std::vector<std::string>{url});
 }
 
@@ -363,6 +365,31 @@ TEST_F(GithubFetchTest, RequiresOwnerSlashRepoAndAResourceId) {
   EXPECT_EQ(transport_.request_count(), 0u);
 }
 
+// A repository's name can change hands: renamed, its old name taken by a new repository. The
+// first page asked by name then came from the new one, its items delivered with this unit's id
+// (review). The id never changes hands, and next links use it already.
+TEST_F(GithubFetchTest, TheFirstPageIsAskedForByTheRepositoryIdWhenItIsANumber) {
+  const std::string by_id = std::string(kApi) + "/repositories/1000";
+  const std::vector<std::string> urls = {
+      by_id + "/pulls?state=all&sort=updated&direction=desc&per_page=100",
+      by_id + "/issues?state=all&sort=updated&direction=desc&per_page=100",
+      by_id + "/releases?per_page=100"};
+  for (const auto& url : urls) add_get(url, 200, "[]");
+  const auto connector = connect();
+  for (const char* type : {"pull_request", "issue", "release"}) {
+    EXPECT_NO_THROW(connector.fetch_page(params(type))) << type;
+  }
+  EXPECT_EQ(requested_urls(), urls);
+}
+
+// A unit whose resource id is not the repository's number (a node id) has only the name to go by.
+TEST_F(GithubFetchTest, TheFirstPageIsAskedForByNameWhenTheResourceIdIsNotANumber) {
+  const std::string url = std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=100";
+  add_get(url, 200, "[]");
+  EXPECT_NO_THROW(connect().fetch_page(params("release", std::nullopt, 0, unit("R_kgDOH"))));
+  EXPECT_EQ(requested_urls(), std::vector<std::string>{url});
+}
+
 TEST_F(GithubFetchTest, RejectsAnUnknownEntityType) {
   const auto f = failure_of([&] { connect().fetch_page(params("deployment")); });
   EXPECT_EQ(f.status(), BACKHAUL_INVALID_ARGUMENT);
@@ -438,7 +465,7 @@ TEST_F(GithubFetchTest, ReleasesDropOlderOnesOnEveryPage) {
 // the window from an old commit (a maintenance branch's patch) comes after a page of releases
 // older than the window. The walk stopped at that page, and the release was never fetched.
 TEST_F(GithubFetchTest, AReleasePublishedLateFromAnOldCommitIsFoundAfterAPageOfOlderOnes) {
-  const std::string first = std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=2";
+  const std::string first = repo_by_id() + "/releases?per_page=2";
   const std::string second = std::string(kApi) + "/repositories/1000/releases?per_page=2&page=2";
   auto release = [](int id, const char* created, const char* published) {
     return json{{"id", id},
@@ -644,7 +671,11 @@ TEST_F(GithubFetchTest, IssueEventsCarryTheIssueAndItsState) {
 }
 
 TEST_F(GithubFetchTest, ANonNumericResourceIdStaysAString) {
-  add_all(load_nock("synthetic/releases.json"));
+  // A node id tells no number to ask by: the first page is asked for by name.
+  std::vector<http::Exchange> pages = load_nock("synthetic/releases.json");
+  pages[0].url = std::string(kApi) + "/repos/" + kRepo + "/releases?per_page=3";
+  pages[0].response.url = pages[0].url;
+  add_all(std::move(pages));
   const plugins::Page page =
       connect(R"({"per_page":3})").fetch_page(params("release", std::nullopt, 0, unit("R_kgDOH")));
   EXPECT_EQ(payload_of(page, 0)["repository"]["id"], "R_kgDOH");

@@ -29,9 +29,13 @@ inline constexpr const char* kRepoId = "1000";
 // 2024-03-01T00:00:00Z
 inline constexpr int64_t kSince20240301Ms = 1'709'251'200'000;
 
-// "https://api.github.com/repos/octokit-fixture-org/hello-world/pulls?state=all&...&per_page=N"
+// "{kApi}/repositories/1000": the unit's repository by number, as first pages ask for it when the
+// resource id is one.
+inline std::string repo_by_id() { return std::string(kApi) + "/repositories/" + kRepoId; }
+
+// "https://api.github.com/repositories/1000/pulls?state=all&...&per_page=N"
 inline std::string pulls_url(int per_page = 100) {
-  return std::string(kApi) + "/repos/" + kRepo +
+  return repo_by_id() +
          "/pulls?state=all&sort=updated&direction=desc&per_page=" + std::to_string(per_page);
 }
 
