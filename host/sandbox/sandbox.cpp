@@ -14,6 +14,7 @@
 #include <Poco/Net/ServerSocket.h>
 #include <Poco/Net/SocketAddress.h>
 #include <Poco/ThreadPool.h>
+#include <Poco/Timestamp.h>
 
 #include "host/sandbox/apis.h"
 
@@ -128,6 +129,10 @@ Response Sandbox::Impl::dispatch(const Request& request) const {
 
 void Sandbox::Impl::serve(Poco::Net::HTTPServerRequest& in,
                           Poco::Net::HTTPServerResponse& out) const {
+  // Date by the sandbox's clock, the one its rate-limit resets and retry-afters are counted on (as
+  // GitHub's are on its own): a client measures a reset against the Date (the GitHub connector
+  // does), and Poco's Date, the wall clock, is far from an injected now_ms.
+  out.setDate(Poco::Timestamp(static_cast<Poco::Timestamp::TimeVal>(options.now_ms()) * 1000));
   host::Request request;
   try {
     request = host::read_request(in, kMaxBodyBytes);

@@ -217,6 +217,16 @@ TEST_F(GithubApiTest, TokenExpiresAfterItsLifetime) {
   EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 200);
 }
 
+// The Date is the sandbox's clock, the one x-ratelimit-reset counts on, as GitHub's Date is its
+// own: a client measures a reset against it (the GitHub connector does). It was the wall clock,
+// far from an injected now_ms, so resets looked long past.
+TEST_F(GithubApiTest, TheDateHeaderIsTheSandboxsClock) {
+  start(with_items(10));
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").header("date"), "Fri, 15 Jan 2027 08:00:00 GMT");
+  clock_.advance_ms(60'000);
+  EXPECT_EQ(get("/github/repos/org-9/repo-1").header("date"), "Fri, 15 Jan 2027 08:01:00 GMT");
+}
+
 TEST_F(GithubApiTest, PrimaryRateLimitGives403WithRemainingZeroUntilTheWindowResets) {
   SandboxOptions options = with_items(10);
   options.installations = 2;
