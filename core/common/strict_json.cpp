@@ -34,6 +34,42 @@ std::string syntax_problem(const nlohmann::json::parse_error& e) {
   return what;
 }
 
+// Where nlohmann stops reading `text` (the byte, counted from 1, of the last one it read before it
+// gave up), from its SAX parser: the exceptions of its DOM parser, but parse_error's, say no place.
+class FailurePlace final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::json::exception&) override {
+    byte = position;
+    return false;
+  }
+
+  std::optional<size_t> byte;
+};
+
+// The text of a JsonTextError for nlohmann's exception `e` other than a parse_error, thrown
+// parsing `text`: a number past what a double holds ("1e999", out_of_range.406) is the one its
+// parser throws. Its what() quotes the text it read, so it is not passed on.
+std::string other_problem(std::string_view text, const nlohmann::json::exception& e) {
+  FailurePlace place;
+  nlohmann::json::sax_parse(text, &place);
+  const std::string where = place.byte ? " at byte " + std::to_string(*place.byte) : "";
+  if (e.id == 406) return "number out of range" + where + ": a double holds up to about 1.8e308";
+  return "not valid JSON" + where + ": nlohmann error " + std::to_string(e.id);
+}
+
 }  // namespace
 
 nlohmann::json parse_strict_json(std::string_view text, size_t max_depth) {
@@ -62,6 +98,10 @@ nlohmann::json parse_strict_json(std::string_view text, size_t max_depth) {
   } catch (const nlohmann::json::parse_error& e) {
     throw JsonTextError("not valid JSON at byte " + std::to_string(e.byte) + ": " +
                         syntax_problem(e));
+  } catch (const nlohmann::json::exception& e) {
+    // Not a parse_error (a number that overflows a double): a 500 of every API route reading a
+    // body, and an uncaught exception of a config's check, before this.
+    throw JsonTextError(other_problem(text, e));
   }
   if (repeated) {
     throw JsonTextError("an object holds the key " + nlohmann::json(*repeated).dump() + " twice");

@@ -22,10 +22,11 @@ class JsonTextError : public std::runtime_error {
 };
 
 // Parses `text` as one JSON value. Throws JsonTextError for text that is empty or not JSON
-// ("not valid JSON at byte 6: syntax error while parsing value - invalid literal"), for an
-// object that holds a key twice ("an object holds the key \"depth\" twice"), and, before any
-// parsing, for arrays and objects nested more than `max_depth` deep ("nests 300001 levels deep,
-// more than 64"): copying or dumping a value recurses once per level (json_depth).
+// ("not valid JSON at byte 6: syntax error while parsing value - invalid literal"), for a number
+// past what a double holds ("number out of range at byte 5: ..." of 1e999), for an object that
+// holds a key twice ("an object holds the key \"depth\" twice"), and, before any parsing, for
+// arrays and objects nested more than `max_depth` deep ("nests 300001 levels deep, more than
+// 64"): copying or dumping a value recurses once per level (json_depth).
 nlohmann::json parse_strict_json(std::string_view text, size_t max_depth = sdk::kMaxJsonDepth);
 
 }  // namespace backhaul

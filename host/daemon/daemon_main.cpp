@@ -161,6 +161,11 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    // Whatever else reading the configuration throws is its problem too: exit 2 saying so, not a
+    // terminate() (SIGABRT) that names only the exception's type.
+    std::fprintf(stderr, "config: %s: %s\n", config_path.c_str(), e.what());
+    return 2;
   }
   logging::configure(
       config.logging.format == "json" ? logging::Format::kJson : logging::Format::kText,

@@ -69,6 +69,23 @@ TEST(StrictJsonTest, ASyntaxErrorSaysWhereAndWhatWithoutQuotingTheText) {
   }
 }
 
+// A number past what a double holds is no parse_error to nlohmann but an out_of_range.406, which
+// got past the catch: every API route reading a body answered 500, and a config file holding one
+// ended `backhauld --check-config` with an uncaught exception (SIGABRT). It is refused as any
+// other bad text is, with its place and without the number (nlohmann's what() quotes it).
+TEST(StrictJsonTest, ANumberTooLargeForADoubleIsRefusedSayingWhere) {
+  EXPECT_EQ(problem("1e999"), "number out of range at byte 5: a double holds up to about 1.8e308");
+  EXPECT_EQ(problem(R"({"throttlePerHour":1e999})"),
+            "number out of range at byte 24: a double holds up to about 1.8e308");
+  EXPECT_EQ(problem(R"({"a":[1, -2.5e400]})"),
+            "number out of range at byte 17: a double holds up to about 1.8e308")
+      << "negative";
+  // One too small to tell from 0 reads as 0, as nlohmann reads it: no value is lost that a
+  // double could hold. An integer past 64 bits is a double.
+  EXPECT_EQ(parse_strict_json("1e-999"), 0.0);
+  EXPECT_EQ(parse_strict_json("123456789012345678901234567890"), 1.2345678901234568e29);
+}
+
 // Copying or dumping a parsed value recurses once per level: text nested deeper than its caller
 // allows (256 levels unless told) is refused before it is parsed, saying how deep it goes.
 TEST(StrictJsonTest, ValuesNestedDeeperThan256LevelsAreRefused) {

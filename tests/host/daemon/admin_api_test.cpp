@@ -849,6 +849,27 @@ TEST_F(DaemonTest, InputMistakesAreNamedInFullNotGuessedAround) {
   EXPECT_EQ(lines.back()["path"], "/v1/installations/a%2Fb/cancel") << lines.back().dump();
 }
 
+// A number past what a double holds ({"throttlePerHour": 1e999}) was nlohmann's out_of_range, not
+// its parse_error: every route reading a body answered 500 INTERNAL_ERROR. It is the body's
+// mistake, named with its place, as any other text that is not JSON.
+TEST_F(DaemonTest, ABodyNumberTooLargeForADoubleIsA400NamingItNotA500) {
+  start();
+  for (const auto& [method, target, body, byte] :
+       std::vector<std::tuple<std::string, std::string, std::string, int>>{
+           {"PUT", "/v1/rate-limits", R"({"throttlePerHour":1e999})", 24},
+           {"POST", "/v1/runs", R"({"installationId":"gh-inst-1","depth":-1e999})", 44},
+           {"POST", "/v1/dead-letters/purge", R"({"olderThanDays":1E400})", 22}}) {
+    const HttpResult r = call(method, target, body);
+    expect_envelope(r, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(r.json()["error"]["message"], "body: number out of range at byte " +
+                                                std::to_string(byte) +
+                                                ": a double holds up to about 1.8e308")
+        << target << ": " << r.body;
+    EXPECT_EQ(r.json()["error"]["details"]["field"], "body") << r.body;
+  }
+  EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
+}
+
 // A depth that does not fit an int is refused, not wrapped: 2^32 + 7 is not 7.
 TEST_F(DaemonTest, ARunDepthOutsideTheIntRangeIsRefusedNotWrapped) {
   start();

@@ -566,6 +566,20 @@ TEST(ConfigTest, InvalidJsonAndMissingFileFail) {
   EXPECT_EQ(error_of(json::array()), "config: (root): must be an object (got [])");
 }
 
+// A number past what a double holds threw nlohmann's out_of_range, no ConfigError: a start or
+// `--check-config` ended on an uncaught exception (SIGABRT) instead of naming the problem.
+TEST(ConfigTest, ANumberTooLargeForADoubleIsAConfigErrorSayingWhere) {
+  const std::string text = R"({"pipeline":{"throttle_per_hour":1e999}})";
+  try {
+    parse_config(text, "/tmp", kEnv);
+    ADD_FAILURE() << "loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "config: (root): number out of range at byte 38: a double holds up to about "
+                 "1.8e308");
+  }
+}
+
 // A file nested absurdly deep is refused with the depth, not a stack overflow in the schema check.
 TEST(ConfigTest, AConfigNestedTooDeepIsRefused) {
   const size_t deep = 300'000;

@@ -367,6 +367,27 @@ TEST_F(DaemonProcessTest, CheckConfigHasEachPluginCheckItsConnectorConfig) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "port"));
 }
 
+// A number past what a double holds was no ConfigError but nlohmann's out_of_range, which
+// nothing caught: `--check-config` and a start died of SIGABRT (status 134 in a shell), saying
+// only "terminate called after throwing an instance of ...". They exit 2 naming the problem.
+TEST_F(DaemonProcessTest, AConfigNumberTooLargeForADoubleExits2NamingItNotAnAbort) {
+  std::string text = good_config().dump();
+  text.insert(1, R"("pipeline":{"throttle_per_hour":1e999},)");
+  std::ofstream(dir_ / "config.json") << text;
+  const std::vector<std::string> env = {"BACKHAUL_PROCESS_TEST_TOKEN=t"};
+  for (const bool check : {true, false}) {
+    std::vector<std::string> args = {"--config", (dir_ / "config.json").string()};
+    if (check) args.push_back("--check-config");
+    const CommandResult refused = run_command(BACKHAULD_PATH, args, env, dir_);
+    EXPECT_EQ(refused.exit_code, 2) << "check " << check << ": " << refused.err;
+    EXPECT_NE(refused.err.find("config: (root): number out of range at byte 38: a double holds "
+                               "up to about 1.8e308"),
+              std::string::npos)
+        << refused.err;
+    EXPECT_EQ(refused.err.find("terminate"), std::string::npos) << refused.err;
+  }
+}
+
 TEST_F(DaemonProcessTest, MissingTokenVariableExits2NamingIt) {
   write_config(good_config());
   spawn({});
