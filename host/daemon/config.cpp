@@ -69,11 +69,18 @@ std::string default_owner() {
   return std::string(host[0] ? host : "backhauld") + ":" + std::to_string(getpid());
 }
 
+// Where a secret goes, which decides what it may hold.
+enum class SecretUse {
+  kHeaderValue,       // a header's value as it is (a bearer token, an API key)
+  kEncodedInHeader,   // a header's value once encoded (the proxy's user:password, in base64)
+  kConnectionString,  // the store's, whose parser drops the whitespace around its items
+};
+
 // Reads the secret named by `env_field` (e.g. "admin.token_env"); a missing or empty variable is
 // a problem naming both the field and the variable.
 std::optional<std::string> secret(const EnvLookup& env, const std::string& variable,
                                   const std::string& env_field, Problems* problems,
-                                  bool in_header = true) {
+                                  SecretUse use = SecretUse::kHeaderValue) {
   std::optional<std::string> value = env(variable);
   if (!value || value->empty()) {
     problems->add(env_field, "environment variable " + variable + " is not set or empty");
@@ -82,9 +89,18 @@ std::optional<std::string> secret(const EnvLookup& env, const std::string& varia
   // A secret that goes into a header (the store's connection string does not: its parser drops
   // surrounding whitespace): one with a line break (read from a file with its newline) made every
   // gateway call fail as "gateway unreachable", retried for ever, or every admin request 401.
-  if (in_header && has_control_character(*value)) {
+  if (use != SecretUse::kConnectionString && has_control_character(*value)) {
     problems->add(env_field, "environment variable " + variable +
                                  " holds a control character (a line break from a file?)");
+    return std::nullopt;
+  }
+  // Nor, as a header's value, a space at either end: HTTP parsers (Poco's among them) drop those,
+  // so the receiving side sees another secret (an admin token "t0ken " answered every request
+  // 401). Encoded, as the proxy's password is, a space is kept.
+  if (use == SecretUse::kHeaderValue && (value->front() == ' ' || value->back() == ' ')) {
+    problems->add(env_field, "environment variable " + variable +
+                                 " begins or ends with a space, which an HTTP header drops (it "
+                                 "could never match)");
     return std::nullopt;
   }
   return value;
@@ -126,9 +142,8 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   if (config.store.backend == "mysql") {
     if (config.store.connection_env.empty()) {
       problems.add("store.connection_env", "is required when store.backend is \"mysql\"");
-    } else if (auto dsn =
-                   secret(env, config.store.connection_env, "store.connection_env", &problems,
-                          /*in_header=*/false)) {
+    } else if (auto dsn = secret(env, config.store.connection_env, "store.connection_env",
+                                 &problems, SecretUse::kConnectionString)) {
       config.store.connection = *dsn;
       try {
         jobs::check_mysql_connection_string(*dsn);
@@ -245,8 +260,8 @@ DaemonConfig parse_config(const std::string& text, const fs::path& base_dir, con
   if (!config.proxy.credentials_env.empty()) {
     if (config.proxy.url.empty()) {
       problems.add("proxy.credentials_env", "is set without proxy.url");
-    } else if (auto credentials =
-                   secret(env, config.proxy.credentials_env, "proxy.credentials_env", &problems)) {
+    } else if (auto credentials = secret(env, config.proxy.credentials_env, "proxy.credentials_env",
+                                         &problems, SecretUse::kEncodedInHeader)) {
       try {
         http::set_proxy_credentials(config.proxy.options, *credentials);
       } catch (const std::invalid_argument&) {

@@ -550,6 +550,40 @@ TEST(ConfigTest, ASecretWithALineBreakIsRefusedNamingTheVariable) {
   EXPECT_EQ(c.store.backend, "mysql");
 }
 
+// A secret that goes into a header with a space at either end was taken, and could never match:
+// the server's HTTP parser (Poco's, here) drops the spaces around a header's value, so an admin
+// token "t0ken " answered every request 401. It is refused at start, naming the variable and not
+// the value; a space inside is the secret's own, and so is one at the end of the proxy's password,
+// which goes base64-encoded.
+TEST(ConfigTest, ASecretThatBeginsOrEndsWithASpaceIsRefusedNamingTheVariable) {
+  json with_key = minimal();
+  with_key["gateway"]["api_key_env"] = "GW_KEY";
+  for (const char* token : {"t0ken ", " t0ken", "  t0ken  "}) {
+    const std::string error =
+        error_of(with_key, env_with({{"ADMIN_TOKEN", token}, {"GW_KEY", " gw-secret"}}));
+    EXPECT_NE(error.find("config: admin.token_env: environment variable ADMIN_TOKEN begins or "
+                         "ends with a space, which an HTTP header drops (it could never match)"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("config: gateway.api_key_env: environment variable GW_KEY begins or ends "
+                         "with a space"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(error.find("t0ken"), std::string::npos) << error;
+    EXPECT_EQ(error.find("secret"), std::string::npos) << error;
+  }
+  EXPECT_EQ(parse_config(with_key.dump(), "/srv/backhaul",
+                         env_with({{"ADMIN_TOKEN", "t0 ken"}, {"GW_KEY", "gw secret"}}))
+                .admin.token,
+            "t0 ken");
+  json proxied = minimal();
+  proxied["proxy"] = {{"url", "http://proxy.corp:3128"}, {"credentials_env", "PROXY_AUTH"}};
+  EXPECT_EQ(parse_config(proxied.dump(), "/srv/backhaul",
+                         env_with({{"ADMIN_TOKEN", "t0ken"}, {"PROXY_AUTH", "me:pass "}}))
+                .proxy.options.password,
+            "pass ");
+}
+
 TEST(ConfigTest, EveryProblemIsReportedOnItsOwnLine) {
   json config = minimal();
   config["scheduler"]["workers"] = "eight";
