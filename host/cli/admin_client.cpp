@@ -101,6 +101,13 @@ AdminClient::AdminClient(AdminEndpoint endpoint)
     throw ConfigError("environment variable " + endpoint_.token_env +
                       " (the admin token) holds a control character (a line break at its end?)");
   }
+  // Nor a space at either end: the daemon refuses such a token at start, and the header's value
+  // loses its spaces on the way, so what authenticated would be another token than the one given.
+  if (token_.front() == ' ' || token_.back() == ' ') {
+    throw ConfigError("environment variable " + endpoint_.token_env +
+                      " (the admin token) begins or ends with a space, which an HTTP header drops "
+                      "(it could never match)");
+  }
   while (!endpoint_.url.empty() && endpoint_.url.back() == '/') endpoint_.url.pop_back();
 }
 

@@ -170,6 +170,26 @@ TEST_F(CliTest, ATokenWithALineBreakTheUrlsPasswordATimeoutAndAZeroBeforeAreHand
   }
 }
 
+// A token with a space at either end (copied with one) is not the daemon's token, which refuses
+// one at start: it was sent, and was let in only because the daemon's HTTP parser drops the spaces
+// around a header's value (anything on the way that kept them answered 401, naming no variable).
+// It is refused before any request, naming the variable, as the daemon refuses it.
+TEST_F(CliTest, ATokenThatBeginsOrEndsWithASpaceIsRefusedNamingTheVariable) {
+  start();
+  const std::string url = "http://127.0.0.1:" + std::to_string(daemon_->port());
+  for (const std::string& token : {std::string(kToken) + " ", " " + std::string(kToken)}) {
+    const CommandResult spaced = run_command(BACKHAUL_CLI_PATH, {"dlq", "stats", "--url", url},
+                                             {"BACKHAUL_ADMIN_TOKEN=" + token}, dir_);
+    EXPECT_EQ(spaced.exit_code, 1);
+    EXPECT_NE(spaced.err.find("environment variable BACKHAUL_ADMIN_TOKEN (the admin token) begins "
+                              "or ends with a space, which an HTTP header drops (it could never "
+                              "match)"),
+              std::string::npos)
+        << spaced.err;
+    EXPECT_EQ(spaced.err.find(kToken), std::string::npos) << spaced.err;
+  }
+}
+
 // Options that cannot be honoured are refused, naming the option: an unknown log level turned
 // logging off altogether, a --since past the int64 range ended in "error: stoll", a timeout of
 // 0 failed every request, and --retries without a bound could shift the backoff past int64.
