@@ -108,6 +108,16 @@ std::vector<std::string_view> path_segments(const Request& request) {
   return {request.segments.begin(), request.segments.end()};
 }
 
+std::string_view raw_segment(const Request& request, std::string_view segment) {
+  // By identity, not by value: "1" and "%31" may both be in the path.
+  for (size_t i = 0; i < request.segments.size(); ++i) {
+    if (request.segments[i].data() != segment.data()) continue;
+    const std::vector<std::string_view> raw = split_path(request.raw_path);
+    return raw.size() == request.segments.size() ? raw[i] : segment;
+  }
+  return segment;
+}
+
 std::string percent_decode(std::string_view text, bool plus_is_space) {
   std::string out;
   out.reserve(text.size());

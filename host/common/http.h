@@ -83,6 +83,10 @@ Response json_response(int status, const nlohmann::json& body);
 std::vector<std::string_view> split_path(std::string_view path);
 // `request.segments` as views, or split_path(request.path) when it has none.
 std::vector<std::string_view> path_segments(const Request& request);
+// `segment`, one of path_segments(request) (a view of one of `request.segments`), as the client
+// sent it, before it was decoded: "%31" of "1". `segment` itself for a request made in code (no
+// `segments`) or a view of anything else.
+std::string_view raw_segment(const Request& request, std::string_view segment);
 
 std::string percent_decode(std::string_view text, bool plus_is_space);
 

@@ -352,11 +352,18 @@ void require_known_parameters(const Request& request, std::initializer_list<cons
 
 std::optional<std::string> query_key(const Request& request) { return request.query.get("key"); }
 
-int64_t path_id(std::string_view segment) {
+int64_t path_id(const Call& call, std::string_view segment) {
   const std::optional<int64_t> id = parse_positive(segment);
   if (!id) {
     throw validation_error("id", std::string("must be a positive integer, ") + kPlainDecimal +
                                      " (got \"" + std::string(segment) + "\")");
+  }
+  // The segment is decoded: "%31" read as 1, another name for the id than the path the audit log
+  // keeps.
+  if (const std::string_view raw = host::raw_segment(call.request, segment); raw != segment) {
+    throw validation_error("id", std::string("must be a positive integer, ") + kPlainDecimal +
+                                     ", and not percent-encoded (got \"" + std::string(raw) +
+                                     "\")");
   }
   return *id;
 }

@@ -107,9 +107,9 @@ size_t query_limit(const host::Request& request);  // "limit", 1..500, default 5
 std::optional<std::string> query_string(const host::Request& request, const char* name);
 // "key", the concurrency key: present and empty selects the jobs without one.
 std::optional<std::string> query_key(const host::Request& request);
-// A path id: a positive integer in plain decimal ("7", not "+7" or "007"), else
-// validation_error("id").
-int64_t path_id(std::string_view segment);
+// A path id: a positive integer in plain decimal as sent ("7", not "+7", "007" or "%37"), else
+// validation_error("id"). `segment` is one of the request's path_segments().
+int64_t path_id(const Call& call, std::string_view segment);
 
 // "cancelled", "requested", "already_finished".
 std::string_view cancel_outcome_name(jobs::CancelOutcome outcome);

@@ -160,7 +160,7 @@ Response handle_dead_letters(Call& call, Route rest) {
     only("POST");
     return purge(call);
   }
-  const int64_t id = path_id(rest[0]);
+  const int64_t id = path_id(call, rest[0]);
   if (rest.size() == 1) {
     only("GET");
     return get(call, id);

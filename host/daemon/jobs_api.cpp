@@ -109,7 +109,7 @@ Response handle_jobs(Call& call, Route rest) {
     allow_only(call, {"GET"});
     return list_jobs(call);
   }
-  const jobs::JobId id = path_id(rest[0]);
+  const jobs::JobId id = path_id(call, rest[0]);
   if (rest.size() == 1) {
     allow_only(call, {"GET"});
     return get_job(call, id);

@@ -264,7 +264,7 @@ Response handle_runs(Call& call, Route rest) {
     only("POST");
     return preview(call);
   }
-  const jobs::JobId id = path_id(rest[0]);
+  const jobs::JobId id = path_id(call, rest[0]);
   if (rest.size() == 1) {
     only("GET");
     return call.ok(200, run_json(require_run(require_pipeline(call), id), true));

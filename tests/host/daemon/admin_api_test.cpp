@@ -849,6 +849,45 @@ TEST_F(DaemonTest, InputMistakesAreNamedInFullNotGuessedAround) {
   EXPECT_EQ(lines.back()["path"], "/v1/installations/a%2Fb/cancel") << lines.back().dump();
 }
 
+// Each path segment is decoded before the id in it is read: "/v1/jobs/%31" answered job 1 and
+// "/v1/runs/%31%30" run 10, another spelling of the id than the audit log (which keeps the path
+// as sent) and any cache keyed by path see, as "+1" and "007" were before they were refused. An id
+// is taken only as plain decimal as sent.
+TEST_F(DaemonTest, AnIdSpeltWithPercentEscapesIsRefusedNotReadAsThatId) {
+  start();
+  const auto escaped = [](int64_t id) {
+    std::string spelt;
+    for (const char digit : std::to_string(id)) spelt += std::string("%3") + digit;
+    return spelt;
+  };
+  const jobs::JobId job = enqueue("kind.a");
+  const int64_t letter = make_dead_letter("kind.b", "inst-1", "failed");
+  const HttpResult run =
+      call("POST", "/v1/runs", R"({"installationId":"gh-inst-1","provider":"github","depth":7})");
+  ASSERT_EQ(run.status, 202) << run.body;
+  const int64_t run_id = run.json()["runId"];
+  for (const auto& [route, id] : std::vector<std::pair<std::string, int64_t>>{
+           {"/v1/jobs/", job}, {"/v1/dead-letters/", letter}, {"/v1/runs/", run_id}}) {
+    ASSERT_EQ(call("GET", route + std::to_string(id)).status, 200) << route << id;
+    const HttpResult spelt = call("GET", route + escaped(id));
+    EXPECT_EQ(spelt.status, 400) << route << ": " << spelt.body;
+    if (spelt.status != 400) continue;  // the object itself, whose "error" may be a string
+    expect_envelope(spelt, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(spelt.json()["error"]["message"],
+              "id: must be a positive integer, digits only, with no sign or leading zero, and "
+              "not percent-encoded (got \"" +
+                  escaped(id) + "\")")
+        << route << ": " << spelt.body;
+    EXPECT_EQ(spelt.json()["error"]["details"]["field"], "id") << spelt.body;
+  }
+  // A mutation alike: refused, and the job left as it was.
+  const HttpResult cancel = call("POST", "/v1/jobs/" + escaped(job) + "/cancel");
+  expect_envelope(cancel, 400, "VALIDATION_ERROR");
+  EXPECT_EQ(store().get(job)->status, jobs::JobStatus::kQueued);
+  // Some digits escaped and some not is another spelling too.
+  expect_envelope(call("GET", "/v1/jobs/1%30"), 400, "VALIDATION_ERROR");
+}
+
 // A number past what a double holds ({"throttlePerHour": 1e999}) was nlohmann's out_of_range, not
 // its parse_error: every route reading a body answered 500 INTERNAL_ERROR. It is the body's
 // mistake, named with its place, as any other text that is not JSON.
