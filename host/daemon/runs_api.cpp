@@ -63,6 +63,12 @@ pipeline::RunRequest run_request(const json& body) {
   if (body.contains("entityTypes") && !body["entityTypes"].is_null()) {
     const json& types = body["entityTypes"];
     if (!types.is_array()) throw validation_error("entityTypes", "must be an array of strings");
+    // The pipeline reads no types as the connector's defaults: [] would run every default type.
+    if (types.empty()) {
+      throw validation_error("entityTypes",
+                             "must name at least one entity type (or be left out: the "
+                             "connector's defaults)");
+    }
     for (const json& t : types) {
       if (!t.is_string()) throw validation_error("entityTypes", "must be an array of strings");
       r.entity_types.push_back(t.get<std::string>());

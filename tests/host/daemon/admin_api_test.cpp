@@ -909,6 +909,29 @@ TEST_F(DaemonTest, ABodyNumberTooLargeForADoubleIsA400NamingItNotA500) {
   EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
 }
 
+// An explicit "entityTypes": [] reached the pipeline as no selection, which means the connector's
+// defaults: the preview showed 9 units, and a run would fetch every default type for a request
+// that named none. It is refused; left out or null, the field still means the defaults.
+TEST_F(DaemonTest, AnEmptyEntityTypesListIsRefusedNotReadAsTheDefaults) {
+  start();
+  for (const char* target : {"/v1/runs", "/v1/runs/preview"}) {
+    const HttpResult r =
+        call("POST", target,
+             R"({"installationId":"gh-inst-1","provider":"github","depth":7,"entityTypes":[]})");
+    expect_envelope(r, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(r.json()["error"]["message"],
+              "entityTypes: must name at least one entity type (or be left out: the "
+              "connector's defaults)")
+        << target << ": " << r.body;
+    EXPECT_EQ(r.json()["error"]["details"]["field"], "entityTypes") << r.body;
+  }
+  EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
+  const HttpResult defaults =
+      call("POST", "/v1/runs",
+           R"({"installationId":"gh-inst-1","provider":"github","depth":7,"entityTypes":null})");
+  EXPECT_EQ(defaults.status, 202) << defaults.body;
+}
+
 // A depth that does not fit an int is refused, not wrapped: 2^32 + 7 is not 7.
 TEST_F(DaemonTest, ARunDepthOutsideTheIntRangeIsRefusedNotWrapped) {
   start();
