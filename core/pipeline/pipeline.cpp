@@ -193,6 +193,9 @@ void validate_request(const RunRequest& r, const plugins::Connector* connector) 
                                                std::to_string(kMaxInstallationIdBytes) +
                                                " bytes (got " +
                                                std::to_string(r.installation_id.size()) + ")");
+  if (r.org_id && r.org_id->size() > kMaxOrgIdBytes)
+    throw InvalidRequest("orgId", "orgId: must be at most " + std::to_string(kMaxOrgIdBytes) +
+                                      " bytes (got " + std::to_string(r.org_id->size()) + ")");
   if (r.provider.empty()) throw InvalidRequest("provider", "provider: must be a non-empty string");
   if (!connector)
     throw InvalidRequest("provider",

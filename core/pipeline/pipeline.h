@@ -55,8 +55,9 @@ struct PipelineOptions {
 };
 
 // What POST /v1/runs takes. installation_id is the gateway connection id (the tenant), at most
-// kMaxInstallationIdBytes long.
+// kMaxInstallationIdBytes long; org_id, stamped on every unit and event, at most kMaxOrgIdBytes.
 inline constexpr size_t kMaxInstallationIdBytes = 255;
+inline constexpr size_t kMaxOrgIdBytes = 255;
 struct RunRequest {
   std::string installation_id;
   std::string provider;

@@ -932,6 +932,32 @@ TEST_F(DaemonTest, AnEmptyEntityTypesListIsRefusedNotReadAsTheDefaults) {
   EXPECT_EQ(defaults.status, 202) << defaults.body;
 }
 
+// An orgId of any length was taken (100 KB was, and run), stamped on every unit's payload and
+// every event; installationId, beside it, is held to 255 bytes. It is held to the same.
+TEST_F(DaemonTest, AnOrgIdLongerThan255BytesIsRefusedNamingTheField) {
+  start();
+  for (const char* target : {"/v1/runs", "/v1/runs/preview"}) {
+    const HttpResult r = call("POST", target,
+                              json{{"installationId", "gh-inst-1"},
+                                   {"provider", "github"},
+                                   {"depth", 7},
+                                   {"orgId", std::string(256, 'o')}}
+                                  .dump());
+    expect_envelope(r, 400, "VALIDATION_ERROR");
+    EXPECT_EQ(r.json()["error"]["message"], "orgId: must be at most 255 bytes (got 256)")
+        << target << ": " << r.body;
+    EXPECT_EQ(r.json()["error"]["details"]["field"], "orgId") << r.body;
+  }
+  EXPECT_TRUE(call("GET", "/v1/jobs").json()["items"].empty()) << "no run was enqueued";
+  const HttpResult longest = call("POST", "/v1/runs",
+                                  json{{"installationId", "gh-inst-1"},
+                                       {"provider", "github"},
+                                       {"depth", 7},
+                                       {"orgId", std::string(255, 'o')}}
+                                      .dump());
+  EXPECT_EQ(longest.status, 202) << longest.body;
+}
+
 // A depth that does not fit an int is refused, not wrapped: 2^32 + 7 is not 7.
 TEST_F(DaemonTest, ARunDepthOutsideTheIntRangeIsRefusedNotWrapped) {
   start();
