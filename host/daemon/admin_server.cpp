@@ -30,6 +30,7 @@
 #include "core/common/unique_fd.h"
 #include "core/common/utf8.h"
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 namespace backhaul::daemon {
@@ -68,9 +69,16 @@ class Connections {
   // unanswered for 30 s.
   void shed_idle() {
     std::lock_guard lock(mutex_);
-    for (int fd : keep_alive_) ::shutdown(fd, SHUT_RD);
+    for (int fd : keep_alive_) {
+      // Not one whose next request has begun to arrive: shut, the rest of its headers would not
+      // be read. (Bytes Poco has already taken from the socket are not seen here: a request
+      // whose first part it read, and whose rest is late, may still be cut.)
+      int unread = 0;
+      if (::ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) continue;
+      ::shutdown(fd, SHUT_RD);
+    }
   }
-  // The request on `fd` was read whole: from here until its next request begins, shedding the
+  // The request on `fd` was read whole: from here until its next request arrives, shedding the
   // connection cuts nothing short (its answer still goes out; the reading side is what is shut).
   // Marked before the answer is written, so that a client that has it finds the mark made.
   void sheddable(int fd) {

@@ -30,9 +30,9 @@ class AdminServer {
   AdminServer& operator=(const AdminServer&) = delete;
 
   // A socket bound to `listen`:`port` (0: a free port) and listening, for start(). Taken before
-  // anything else a daemon starts: the port is its mark that no other daemon serves this config,
-  // whose jobs it would otherwise recover and claim first, then fail to bind. Connections wait in
-  // the backlog until start(). Throws Poco::Exception when the address cannot be bound.
+  // anything else a daemon starts: a fixed port is its mark that no other daemon serves this
+  // config, whose jobs it would otherwise recover and claim first, then fail to bind. Connections
+  // wait in the backlog until start(). Throws Poco::Exception when the address cannot be bound.
   static Poco::Net::ServerSocket listen(const std::string& address, uint16_t port);
   // Starts serving on `listening` (from listen()); start() binds the options' address first.
   // [main-thread]

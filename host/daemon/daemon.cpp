@@ -252,13 +252,21 @@ void Daemon::start() {
   Impl& d = *impl_;
   if (d.started) throw std::logic_error("daemon already started");
   d.started = true;
+  // A start that fails closes the port it took: not left listening, taking connections nobody
+  // answers, while the failed daemon unloads its plugins.
   struct Steps {
     std::atomic<const char*>& step;
-    ~Steps() { step = ""; }
-  } steps{d.start_step};
-  // The port first: a second daemon started on this config (by mistake, while the service runs)
-  // stops here. Bound last, it failed only after its scheduler had recovered the running jobs of
-  // the first (same owner), each at the cost of an attempt, and claimed some.
+    Poco::Net::ServerSocket& listener;
+    bool done = false;
+    ~Steps() {
+      step = "";
+      if (!done) listener.close();
+    }
+  } steps{d.start_step, d.listener};
+  // The port first (on a fixed admin.port; 0 takes any free one): a second daemon started on this
+  // config (by mistake, while the service runs) stops here. Bound last, it failed only after its
+  // scheduler had recovered the running jobs of the first (same owner), each at the cost of an
+  // attempt, and claimed some.
   d.start_step = "binding the admin API's port";
   d.listener =
       AdminServer::listen(d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port));
@@ -294,6 +302,7 @@ void Daemon::start() {
       *d.api, AdminServerOptions{d.config.admin.listen, static_cast<uint16_t>(d.config.admin.port),
                                  d.config.admin.max_connections, d.config.admin.timeout_ms});
   d.server->start(d.listener);
+  steps.done = true;
   d.log->info("admin api listening on {}:{}", d.config.admin.listen, d.server->port());
 }
 

@@ -1731,8 +1731,8 @@ TEST_F(SchedulerTest, AnEndingWhoseLeaseLastsIsNotGivenUpWithAnOlderOne) {
   } store(*store_);
   SchedulerOptions o = options();
   o.workers = 2;
-  o.lease_ms = 30'000;
-  o.heartbeat_interval_ms = 25'000;
+  o.lease_ms = 60'000;
+  o.heartbeat_interval_ms = 30'000;  // none before fresh is claimed
   o.sweep_interval_ms = 3'600'000;
   Scheduler scheduler(store, clock_, o);
   std::atomic<bool> release{false};
@@ -1763,17 +1763,17 @@ TEST_F(SchedulerTest, AnEndingWhoseLeaseLastsIsNotGivenUpWithAnOlderOne) {
   release = true;
   wait_for([&] { return store.widest.load() == 2; });  // both endings in one retried call
   ASSERT_EQ(store.widest.load(), 2);
-  clock_.advance_ms(11'000);  // 31 s: old's lease is over, fresh's lasts until 50 s
+  clock_.advance_ms(41'000);  // 61 s: old's lease is over, fresh's lasts until 80 s
   const int before = store.failed.load();
   wait_for([&] { return store.failed.load() >= before + 5; });
   std::this_thread::sleep_for(std::chrono::milliseconds(1'500));  // time for a 6th try
-  clock_.advance_ms(5'000);                                       // 36 s
+  clock_.advance_ms(5'000);                                       // 66 s
   store.down = false;  // back, 14 s before fresh's lease ends
   wait_for([&] { return store_->get(fresh)->status == JobStatus::kSucceeded; });
   EXPECT_EQ(store_->get(fresh)->status, JobStatus::kSucceeded)
-      << "fresh's ending was given up at 31 s with old's, although its lease lasted until 50 s; "
+      << "fresh's ending was given up at 61 s with old's, although its lease lasted until 80 s; "
          "finish() calls during the outage: "
-      << store.failed.load() << " (" << store.failed.load() - before << " after 31 s)";
+      << store.failed.load() << " (" << store.failed.load() - before << " after 61 s)";
   EXPECT_EQ(store_->get(old)->status, JobStatus::kRunning) << "old's is left to the sweep";
   scheduler.drain(std::chrono::milliseconds(1'000));
   EXPECT_EQ(runs["fresh"].load(), 1);
