@@ -326,7 +326,10 @@ class JobStore {
   // --- reading -----------------------------------------------------------------------------
   virtual std::optional<Job> get(JobId id) = 0;
   virtual JobPage list(const JobQuery& query) = 0;
-  virtual std::vector<Attempt> attempts(JobId id) = 0;
+  // The job's attempt history, oldest first: every attempt, or its newest `limit`. Each wait
+  // (throttle, rate limit, open circuit) is a row too, so a long-throttled job has thousands.
+  virtual std::vector<Attempt> newest_attempts(JobId id, size_t limit) = 0;
+  std::vector<Attempt> attempts(JobId id) { return newest_attempts(id, SIZE_MAX); }
   // Number of jobs by (kind, status).
   virtual std::map<std::pair<std::string, JobStatus>, int64_t> counts() = 0;
   // Replaces (or clears) the checkpoint of a job that is not running (operators repairing a

@@ -2549,7 +2549,7 @@ class MysqlStore final : public JobStore {
     return page;
   }
 
-  std::vector<Attempt> attempts(JobId id) override {
+  std::vector<Attempt> newest_attempts(JobId id, size_t limit) override {
     Result r = read("attempts", [&](mysql::Connection& c) {
       // The ended attempts, then the running one from the job row (one statement: one
       // snapshot).
@@ -2558,12 +2558,13 @@ class MysqlStore final : public JobStore {
                    << id << " UNION ALL SELECT attempt_no, " << kOwnerName
                    << ", started_ms, 0, 'running', NULL, "
                       "9223372036854775807 FROM jobs WHERE id = "
-                   << id << " AND status = 'running' ORDER BY seq");
+                   << id << " AND status = 'running' ORDER BY seq DESC LIMIT "
+                   << static_cast<uint64_t>(limit));
     });
     std::vector<Attempt> out;
-    for (const Row& row : r.rows) {
-      out.push_back({id, to_int(row[0]), to_str(row[1]), to_i64(row[2]), to_i64(row[3]),
-                     to_str(row[4]), row[5]});
+    for (auto row = r.rows.rbegin(); row != r.rows.rend(); ++row) {
+      out.push_back({id, to_int((*row)[0]), to_str((*row)[1]), to_i64((*row)[2]),
+                     to_i64((*row)[3]), to_str((*row)[4]), (*row)[5]});
     }
     return out;
   }

@@ -1651,7 +1651,7 @@ class SqliteStore final : public SqliteJobStore {
 
   std::optional<Job> get(JobId id) override;
   JobPage list(const JobQuery& query) override;
-  std::vector<Attempt> attempts(JobId id) override;
+  std::vector<Attempt> newest_attempts(JobId id, size_t limit) override;
   std::map<std::pair<std::string, JobStatus>, int64_t> counts() override;
   void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
                       int64_t now_ms) override {
@@ -1792,7 +1792,9 @@ JobPage SqliteStore::list(const JobQuery& query) {
   });
 }
 
-std::vector<Attempt> SqliteStore::attempts(JobId id) {
+std::vector<Attempt> SqliteStore::newest_attempts(JobId id, size_t limit) {
+  // SQLite's LIMIT is an int64; a negative one is no limit.
+  const int64_t rows = limit > static_cast<size_t>(INT64_MAX) ? -1 : static_cast<int64_t>(limit);
   return read([&](Connection& c) {
     std::vector<Attempt> out;
     // The attempts with a row, then the one the job row holds: a running attempt, or a
@@ -1805,11 +1807,12 @@ std::vector<Attempt> SqliteStore::attempts(JobId id) {
         "CASE status WHEN 'running' THEN 0 ELSE finished_ms END, status, NULL FROM jobs "
         "WHERE id = ?1 AND status IN ('running', 'succeeded') AND lease_owner IS NOT NULL "
         "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = jobs.id "
-        "AND a.seq = jobs.claims) ORDER BY 1");
-    q.args(id);
+        "AND a.seq = jobs.claims) ORDER BY 1 DESC LIMIT ?2");
+    q.args(id, rows);
     while (q.step()) {
       out.push_back({id, q.i32(1), q.text(2), q.i64(3), q.i64(4), q.text(5), q.opt_text(6)});
     }
+    std::reverse(out.begin(), out.end());
     return out;
   });
 }

@@ -429,6 +429,17 @@ json attempt_json(const jobs::Attempt& attempt) {
           {"outcome", attempt.outcome},      {"error", optional_text(attempt.error)}};
 }
 
+void add_attempt_history(json& body, jobs::JobStore& store, jobs::JobId id) {
+  std::vector<jobs::Attempt> attempts = store.newest_attempts(id, kMaxAttemptHistory + 1);
+  const bool truncated = attempts.size() > kMaxAttemptHistory;
+  json history = json::array();
+  for (size_t i = truncated ? 1 : 0; i < attempts.size(); ++i) {
+    history.push_back(attempt_json(attempts[i]));
+  }
+  body["attemptHistory"] = std::move(history);
+  body["attemptHistoryTruncated"] = truncated;
+}
+
 json dead_letter_json(const jobs::DeadLetter& letter) {
   return {{"id", letter.id},
           {"jobId", letter.job_id},

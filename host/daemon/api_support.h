@@ -117,6 +117,11 @@ std::string_view cancel_outcome_name(jobs::CancelOutcome outcome);
 nlohmann::json page_json(nlohmann::json items, const std::optional<int64_t>& next_before);
 nlohmann::json job_json(const jobs::Job& job);
 nlohmann::json attempt_json(const jobs::Attempt& attempt);
+// Sets body["attemptHistory"] to the job's newest kMaxAttemptHistory attempts, oldest first, and
+// body["attemptHistoryTruncated"] to whether older ones were left out. Every wait of a job is an
+// attempt row: a backfill throttled for days had tens of thousands, all in one answer.
+inline constexpr size_t kMaxAttemptHistory = 100;
+void add_attempt_history(nlohmann::json& body, jobs::JobStore& store, jobs::JobId id);
 nlohmann::json dead_letter_json(const jobs::DeadLetter& letter);
 // JSON text stored by the queue, parsed; the raw string when it is not valid JSON or nests
 // deeper than kMaxJsonDepth.

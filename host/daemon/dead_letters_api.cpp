@@ -64,11 +64,7 @@ Response get(Call& call, int64_t id) {
   const jobs::DeadLetter letter = require_letter(call, id);
   json body = dead_letter_json(letter);
   if (auto job = call.deps.store.get(letter.job_id)) body["job"] = job_json(*job);
-  json history = json::array();
-  for (const jobs::Attempt& attempt : call.deps.store.attempts(letter.job_id)) {
-    history.push_back(attempt_json(attempt));
-  }
-  body["attemptHistory"] = std::move(history);
+  add_attempt_history(body, call.deps.store, letter.job_id);
   return call.ok(200, std::move(body));
 }
 

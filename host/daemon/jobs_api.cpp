@@ -41,11 +41,7 @@ Response list_jobs(Call& call) {
 
 Response get_job(Call& call, jobs::JobId id) {
   json body = job_json(require_job(call, id));
-  json attempts = json::array();
-  for (const jobs::Attempt& attempt : call.deps.store.attempts(id)) {
-    attempts.push_back(attempt_json(attempt));
-  }
-  body["attemptHistory"] = std::move(attempts);
+  add_attempt_history(body, call.deps.store, id);
   return call.ok(200, std::move(body));
 }
 

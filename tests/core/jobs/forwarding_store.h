@@ -62,7 +62,9 @@ class ForwardingStore : public JobStore {
   }
   std::optional<Job> get(JobId id) override { return inner_.get(id); }
   JobPage list(const JobQuery& query) override { return inner_.list(query); }
-  std::vector<Attempt> attempts(JobId id) override { return inner_.attempts(id); }
+  std::vector<Attempt> newest_attempts(JobId id, size_t limit) override {
+    return inner_.newest_attempts(id, limit);
+  }
   std::map<std::pair<std::string, JobStatus>, int64_t> counts() override { return inner_.counts(); }
   void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
                       int64_t now_ms) override {

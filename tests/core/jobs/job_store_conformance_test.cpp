@@ -580,6 +580,25 @@ TEST_P(JobStoreConformance, ClaimStartsALeasedAttempt) {
   EXPECT_EQ(history[0].started_ms, kT0 + 7);
 }
 
+// The newest attempts of a long history, oldest first, the running one last: the API shows the
+// newest 100 of a job whose every wait (throttle, rate limit) is an attempt row too.
+TEST_P(JobStoreConformance, NewestAttemptsAreTheLastOnesOldestFirst) {
+  const JobId id = add(spec());
+  for (int i = 0; i < 5; ++i) {
+    const int64_t t = kT0 + i * kMinute;
+    store().defer(id, claim_job(id, t).lease_token, t + 1, "wait " + std::to_string(i), t);
+  }
+  claim_job(id, kT0 + kHour);
+  const std::vector<Attempt> all = store().attempts(id);
+  ASSERT_EQ(all.size(), 6u) << describe(all);
+  EXPECT_EQ(all.back().outcome, "running") << describe(all);
+  const std::vector<Attempt> newest = store().newest_attempts(id, 3);
+  ASSERT_EQ(newest.size(), 3u) << describe(newest);
+  EXPECT_EQ(describe(newest), describe(std::vector<Attempt>(all.end() - 3, all.end())));
+  EXPECT_EQ(describe(store().newest_attempts(id, 100)), describe(all));
+  EXPECT_THAT(store().newest_attempts(id, 0), ::testing::IsEmpty());
+}
+
 TEST_P(JobStoreConformance, ClaimSkipsJobsThatAreNotQueued) {
   const JobId running = add(spec());
   claim_job(running);

@@ -306,6 +306,22 @@ TEST_F(DaemonTest, GetJobShowsAttemptHistoryAndCancelStopsIt) {
   expect_envelope(call("POST", "/v1/jobs/4242/cancel"), 404, "JOB_NOT_FOUND");
 }
 
+// A job whose every wait is an attempt row (a backfill throttled for days) answered with all of
+// them; its history is the newest 100, oldest first, and says that older ones were left out.
+TEST_F(DaemonTest, AJobsAttemptHistoryIsItsNewest100) {
+  start();
+  const jobs::JobId id = enqueue("kind.a", "inst-1", 3);
+  EXPECT_EQ(call("GET", "/v1/jobs/" + std::to_string(id)).json()["attemptHistoryTruncated"], false);
+  for (int i = 0; i < 150; ++i) {
+    store().defer(id, claim("kind.a"), now(), "throttled " + std::to_string(i), now());
+  }
+  const json job = call("GET", "/v1/jobs/" + std::to_string(id)).json();
+  ASSERT_EQ(job["attemptHistory"].size(), 100u);
+  EXPECT_EQ(job["attemptHistory"][0]["error"], "throttled 50");
+  EXPECT_EQ(job["attemptHistory"][99]["error"], "throttled 149");
+  EXPECT_EQ(job["attemptHistoryTruncated"], true);
+}
+
 TEST_F(DaemonTest, CheckpointReadReplaceResetAndConflictWhileRunning) {
   start();
   const jobs::JobId id = enqueue("kind.a");
