@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <system_error>
@@ -687,6 +688,28 @@ struct Pipeline::Impl {
     for (const auto& resource : connection.resources)
       for (const std::string& t : types) units.push_back({0, resource.id, resource.name, t});
     if (units.empty()) return Outcome::complete(aggregate(request, org_id, since, {}, {}).dump());
+    // The run waits with every unit in its checkpoint, which the store holds to kMaxTextBytes
+    // (o.run_checkpoint_bytes). Past that (some 150 000 units) the wait failed after the units were
+    // enqueued: each retry of the run adopted them and failed so again, and the units ran on under
+    // a dead run. Refused here.
+    size_t checkpoint_bytes = 256;  // the checkpoint's other fields
+    for (const UnitRef& u : units) {
+      UnitRef widest = u;
+      widest.job_id = std::numeric_limits<JobId>::max();
+      checkpoint_bytes += unit_json(widest).dump().size() + 1;
+    }
+    if (checkpoint_bytes > std::min(o.run_checkpoint_bytes, jobs::kMaxTextBytes)) {
+      throw JobFailure("the run would have " + std::to_string(units.size()) + " units (" +
+                           std::to_string(connection.resources.size()) + " resources x " +
+                           std::to_string(types.size()) +
+                           " entity types), more than one run can track (its checkpoint would "
+                           "take " +
+                           std::to_string(checkpoint_bytes) + " bytes, over " +
+                           std::to_string(std::min(o.run_checkpoint_bytes, jobs::kMaxTextBytes)) +
+                           "): start runs of fewer entity types, or split "
+                           "the connection's resources",
+                       true);
+    }
 
     std::vector<jobs::JobSpec> specs;
     for (const UnitRef& u : units) {

@@ -52,6 +52,9 @@ struct PipelineOptions {
   // A run's result lists its units in at most this many bytes; the lines past it are counted as
   // resultsOmitted. The default keeps a result under what a store keeps (jobs::kMaxTextBytes).
   size_t result_lines_bytes = (16u << 20) - (128u << 10);
+  // The most bytes a run's checkpoint may take listing its units while it waits for them: what a
+  // store keeps (jobs::kMaxTextBytes). A run with more units is refused at its fan-out.
+  size_t run_checkpoint_bytes = (16u << 20) - 1;
 };
 
 // What POST /v1/runs takes. installation_id is the gateway connection id (the tenant), at most

@@ -507,6 +507,26 @@ TEST_F(PipelineTest, ARateLimitOfUnknownLengthWaitsAMinute) {
   EXPECT_EQ(run_result(run.run_id)["success"], true) << run_result(run.run_id).dump();
 }
 
+// A run whose units would not fit its checkpoint (the store holds 16 MiB of text: some 150 000
+// units) is refused at its fan-out, before any unit is enqueued, naming the count. It failed at its
+// wait instead, after the units were enqueued: each retry adopted them and failed again, and they
+// ran on under a dead run. Here the limit is 256 KiB, and the run 3 000 units of about 110 bytes.
+TEST_F(PipelineTest, ARunTooLargeToTrackIsRefusedBeforeItsUnitsAreEnqueued) {
+  PipelineOptions options = fast();
+  options.run_checkpoint_bytes = 256 << 10;
+  start(data(1'000, 0, 0), options);
+  const RunStart run = start_run("gh-inst-1", "github");
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const jobs::Job job = *store_->get(run.run_id);
+  EXPECT_EQ(job.status, JobStatus::kDead);
+  EXPECT_NE(job.last_error.value_or("").find(
+                "the run would have 3000 units (1000 resources x 3 entity types), more than "
+                "one run can track"),
+            std::string::npos)
+      << job.last_error.value_or("-");
+  EXPECT_TRUE(units_of(run.run_id).empty()) << "units were enqueued";
+}
+
 // Seed 000 test 2: Vercel, one project, one entity type: one unit.
 TEST_F(PipelineTest, VercelRunWithOneProjectIsOneUnit) {
   start(data(0, 1, 120));
