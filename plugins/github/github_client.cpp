@@ -129,6 +129,13 @@ bool names_a_rate_limit(std::string_view message) {
          contains_icase(message, "abuse detection");
 }
 
+// GitHub's time when it answered: the response's Date (an IMF-fixdate), or `now_ms` (the host's)
+// when it has none that can be read.
+int64_t github_clock_ms(const sdk::HttpResponse& response, int64_t now_ms) {
+  const std::optional<std::string_view> date = response.header("date");
+  return date ? parse_imf_fixdate(trim(*date)).value_or(now_ms) : now_ms;
+}
+
 // Primary, secondary and 429 limits (GitHub docs "Exceeding the rate limit"): wait as long as
 // retry-after says, or until an exhausted primary window resets; when both are given, the longer,
 // since a secondary limit may outlast the primary window and retrying early under it is what
@@ -141,8 +148,7 @@ std::optional<int64_t> rate_limit_wait_ms(const sdk::HttpResponse& response,
   // x-ratelimit-reset and an HTTP-date retry-after are GitHub's clock: measured against the
   // response's Date, not a host clock that may be off by minutes (one ahead saw the reset as past
   // and retried a minute early, over and over). Without a readable Date, the host's.
-  const std::optional<std::string_view> date = response.header("date");
-  const int64_t github_now_ms = date ? parse_imf_fixdate(trim(*date)).value_or(now_ms) : now_ms;
+  const int64_t github_now_ms = github_clock_ms(response, now_ms);
 
   const std::optional<std::string_view> remaining = response.header("x-ratelimit-remaining");
   const bool exhausted = remaining && trim(*remaining) == "0";
@@ -200,12 +206,16 @@ sdk::HttpResponse GithubClient::get(const std::string& url, std::string_view tok
   throw error_for_response(response, "GET " + url, sdk::Host::now_ms(), token);
 }
 
-std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response) {
+std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response, int64_t now_ms) {
   const auto remaining = to_int64(response.header("x-ratelimit-remaining"));
   const auto limit = to_int64(response.header("x-ratelimit-limit"));
   const auto reset_ms = seconds_header_ms(response, "x-ratelimit-reset");
   if (!remaining || !limit || !reset_ms) return std::nullopt;
-  return sdk::RateLimit{*remaining, *limit, *reset_ms};
+  // The reset on the host's clock, which the host compares it with: as far after `now_ms` as it
+  // is after the response's Date. A host clock ahead of GitHub's saw a reset as past, and went on
+  // past the rate-limit floor (E2) into the limit.
+  const int64_t github_now_ms = github_clock_ms(response, now_ms);
+  return sdk::RateLimit{*remaining, *limit, *reset_ms - github_now_ms + now_ms};
 }
 
 sdk::Error error_for_response(const sdk::HttpResponse& response, std::string_view request,

@@ -33,8 +33,9 @@ class GithubClient {
   const Config& config_;
 };
 
-// The x-ratelimit-* headers of a response, when all three are present and numeric.
-std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response);
+// The x-ratelimit-* headers of a response, when all three are present and numeric. The reset is
+// on the host's clock (`now_ms`): as far after it as after the response's Date, when it has one.
+std::optional<sdk::RateLimit> rate_limit_of(const sdk::HttpResponse& response, int64_t now_ms);
 
 // The error for a non-2xx response to `request` ("GET <url>"), at host time `now_ms`:
 //   401 -> AUTH_EXPIRED

@@ -353,7 +353,8 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   const bool issues = kind == EntityKind::kIssue;
   const sdk::HttpResponse response = client.get(url, request.unit.access_token, issues ? 410 : 0);
   sdk::Page page;
-  page.rate_limit = rate_limit_of(response);  // of every answer, a 410 too: it cost a request
+  page.rate_limit = rate_limit_of(
+      response, sdk::Host::now_ms());  // of every answer, a 410 too: it cost a request
   if (response.status() == 410) return page;
   if (response.status() == 204) return page;  // "No Content": an empty last page
 

@@ -183,14 +183,19 @@ TEST_F(GithubFetchTest, FollowsRecordedLinkHeadersToTheLastPage) {
   EXPECT_TRUE(transport_.unmatched().empty());
 }
 
+// The reset is on the host's clock: as far after it as the recorded reset (1658208999) is after
+// each page's Date (04:39:16 for the first two, 04:39:17 for the rest). Read as GitHub's epoch
+// against a host clock ahead of GitHub's, the reset looked past, and the rate-limit floor's wait
+// (E2) was skipped.
 TEST_F(GithubFetchTest, ReportsTheRateLimitOfEveryPage) {
   add_recorded_issue_pages();
   const Walk w = walk(recorded_connector(), recorded_issues());
   ASSERT_EQ(w.rate_limits.size(), 5u);
+  const int64_t host_now = clock_.now_ms();
   for (size_t i = 0; i < w.rate_limits.size(); ++i) {
     EXPECT_EQ(w.rate_limits[i].remaining, 4922 - static_cast<int64_t>(i));
     EXPECT_EQ(w.rate_limits[i].limit, 5000);
-    EXPECT_EQ(w.rate_limits[i].reset_at_unix_ms, 1'658'208'999'000);  // epoch seconds * 1000
+    EXPECT_EQ(w.rate_limits[i].reset_at_unix_ms, host_now + (i < 2 ? 3443 : 3442) * 1000) << i;
   }
 }
 
