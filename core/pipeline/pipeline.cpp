@@ -692,11 +692,23 @@ struct Pipeline::Impl {
     // (o.run_checkpoint_bytes). Past that (some 150 000 units) the wait failed after the units were
     // enqueued: each retry of the run adopted them and failed so again, and the units ran on under
     // a dead run. Refused here.
-    size_t checkpoint_bytes = 256;  // the checkpoint's other fields
+    // Counted at its widest: every job id of 19 digits, the wait's fields at their largest, and
+    // every unit in `timedOut` too (gather() adds it when units time out).
+    constexpr JobId kWidestId = std::numeric_limits<JobId>::max();
+    const json widest_rest = {{"stage", "waiting"},
+                              {"since", std::numeric_limits<int64_t>::min()},
+                              {"orgId", org_id},
+                              {"deadline", std::numeric_limits<int64_t>::min()},
+                              {"stopBy", std::numeric_limits<int64_t>::min()},
+                              {"retries", std::numeric_limits<int64_t>::min()},
+                              {"units", json::array()},
+                              {"timedOut", json::array()}};
+    size_t checkpoint_bytes = widest_rest.dump().size();
     for (const UnitRef& u : units) {
       UnitRef widest = u;
-      widest.job_id = std::numeric_limits<JobId>::max();
-      checkpoint_bytes += unit_json(widest).dump().size() + 1;
+      widest.job_id = kWidestId;
+      checkpoint_bytes += unit_json(widest).dump().size() + 1;   // in "units"
+      checkpoint_bytes += std::to_string(kWidestId).size() + 1;  // in "timedOut"
     }
     if (checkpoint_bytes > std::min(o.run_checkpoint_bytes, jobs::kMaxTextBytes)) {
       throw JobFailure("the run would have " + std::to_string(units.size()) + " units (" +

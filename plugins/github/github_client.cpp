@@ -130,10 +130,14 @@ bool names_a_rate_limit(std::string_view message) {
 }
 
 // GitHub's time when it answered: the response's Date (an IMF-fixdate), or `now_ms` (the host's)
-// when it has none that can be read.
+// when it has none that can be read, or one more than a day from the host's (a broken proxy's
+// year 9999 would put every reset in the past): a skew is minutes, not days.
 int64_t github_clock_ms(const sdk::HttpResponse& response, int64_t now_ms) {
+  constexpr int64_t kMaxSkewMs = 24LL * 3600 * 1000;
   const std::optional<std::string_view> date = response.header("date");
-  return date ? parse_imf_fixdate(trim(*date)).value_or(now_ms) : now_ms;
+  const std::optional<int64_t> date_ms = date ? parse_imf_fixdate(trim(*date)) : std::nullopt;
+  if (!date_ms || *date_ms > now_ms + kMaxSkewMs || *date_ms < now_ms - kMaxSkewMs) return now_ms;
+  return *date_ms;
 }
 
 // Primary, secondary and 429 limits (GitHub docs "Exceeding the rate limit"): wait as long as

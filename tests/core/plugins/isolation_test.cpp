@@ -518,19 +518,28 @@ TEST_F(IsolatedConnector, InterruptKillsAWorkerStillStartingForACall) {
 
   std::string message;
   std::thread caller = fetch_in_background(*workers, &message);
-  // Interrupts until the worker starting for the call is stopped. One that lands while it is being
-  // spawned returns 0 and still stops it, as soon as it is spawned (the interrupt generation).
-  const auto stopped = [&] {
-    return workers->stats().lost[static_cast<size_t>(WorkerLoss::kStopped)] > 0;
+  // The call has reaped the worker killed above and counted the one it starts: an interrupt
+  // before that (during the reap) stops the call before any worker is started.
+  const auto losses = [&](WorkerLoss loss) {
+    return workers->stats().lost[static_cast<size_t>(loss)];
   };
+  const auto until = [](const std::function<bool()>& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  ASSERT_TRUE(until([&] { return losses(WorkerLoss::kDiedIdle) == 1 && workers->live() == 1; }));
+  // Then interrupts until one reaches it. One that lands while it is being spawned returns 0 and
+  // still stops it once spawned (the interrupt generation); one that finds it busy returns 1.
   size_t killed = 0;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!stopped() && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    killed += workers->interrupt();  // 0 until the new worker is spawned
-  }
-  EXPECT_TRUE(stopped()) << "the worker starting for the call";
-  EXPECT_LE(killed, 1u);
+  EXPECT_TRUE(until([&] {
+    if (losses(WorkerLoss::kStopped) > 0) return true;
+    killed += workers->interrupt();
+    return killed > 0;
+  }));
+  EXPECT_TRUE(until([&] { return losses(WorkerLoss::kStopped) > 0; }))
+      << "the worker starting for the call";
   caller.join();
   EXPECT_THAT(message, HasSubstr("was stopped while starting: the daemon could not wait for it "
                                  "any longer"));

@@ -185,9 +185,10 @@ TEST_F(GithubFetchTest, FollowsRecordedLinkHeadersToTheLastPage) {
 
 // The reset is on the host's clock: as far after it as the recorded reset (1658208999) is after
 // each page's Date (04:39:16 for the first two, 04:39:17 for the rest). Read as GitHub's epoch
-// against a host clock ahead of GitHub's, the reset looked past, and the rate-limit floor's wait
-// (E2) was skipped.
+// against a host clock ahead of GitHub's (here by 10 minutes), the reset looked nearer or past,
+// and the rate-limit floor's wait (E2) was cut short or skipped.
 TEST_F(GithubFetchTest, ReportsTheRateLimitOfEveryPage) {
+  clock_.set_ms(1'658'205'556'000 + 600'000);  // the recording's 04:39:16, and 10 minutes
   add_recorded_issue_pages();
   const Walk w = walk(recorded_connector(), recorded_issues());
   ASSERT_EQ(w.rate_limits.size(), 5u);
@@ -197,6 +198,16 @@ TEST_F(GithubFetchTest, ReportsTheRateLimitOfEveryPage) {
     EXPECT_EQ(w.rate_limits[i].limit, 5000);
     EXPECT_EQ(w.rate_limits[i].reset_at_unix_ms, host_now + (i < 2 ? 3443 : 3442) * 1000) << i;
   }
+}
+
+// A Date more than a day from the host's clock is no skew (a broken proxy's, say): the reset is
+// then read as it is, not moved by days. The recording's Date is 16 months before the host's here.
+TEST_F(GithubFetchTest, AResetIsReadAsItIsWhenTheDateIsDaysAway) {
+  add_recorded_issue_pages();
+  const Walk w = walk(recorded_connector(), recorded_issues());
+  ASSERT_EQ(w.rate_limits.size(), 5u);
+  for (const backhaul_rate_limit_t& rl : w.rate_limits)
+    EXPECT_EQ(rl.reset_at_unix_ms, 1'658'208'999'000);
 }
 
 TEST_F(GithubFetchTest, ResumesFromACursorInAFreshInstance) {
