@@ -104,11 +104,7 @@ class Connections {
     std::lock_guard lock(mutex_);
     if (auto it = handling_.find(fd); it != handling_.end()) {
       it->second = yes;
-      if (yes) {
-        keep_alive_.erase(fd);
-      } else {
-        keep_alive_.insert(fd);
-      }
+      if (yes) keep_alive_.erase(fd);  // marked sheddable again once its request is read
     }
     if (!yes && stopping_) ::shutdown(fd, SHUT_RD);
     if (!yes) changed_.notify_all();

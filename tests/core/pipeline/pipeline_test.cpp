@@ -85,6 +85,14 @@ http::Response status_response(int status, std::string body) {
   return r;
 }
 
+// A provider's 429 asking to wait `retry_after` seconds.
+http::Response rate_limited(const std::string& retry_after,
+                            std::string body = R"({"message":"slow down"})") {
+  http::Response r = status_response(429, std::move(body));
+  r.headers.emplace_back("retry-after", retry_after);
+  return r;
+}
+
 // A circuit record opened at `opened_ms` by 3 failures, whose probe may go from `retry_at_ms`.
 jobs::CircuitRecord open_circuit(int64_t opened_ms, int64_t retry_at_ms) {
   jobs::CircuitRecord open;
@@ -462,9 +470,7 @@ TEST_F(PipelineTest, ARateLimitedScopeCheckWaitsWithoutCostingTheRunAnAttempt) {
   const int limited = fast().run_max_attempts + 1;  // one more than its attempts
   plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
     if (static_cast<int>(n) > limited) return std::nullopt;  // the first requests: scope checks
-    http::Response r = status_response(429, R"({"message":"slow down"})");
-    r.headers.emplace_back("retry-after", "30");
-    return r;
+    return rate_limited("30");
   });
   for (int i = 0; i < limited; ++i) {
     const int64_t now = test_clock().now_ms();
@@ -490,9 +496,7 @@ TEST_F(PipelineTest, ARateLimitOfUnknownLengthWaitsAMinute) {
   const RunStart run = start_run("vc-inst-1", "vercel");
   plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
     if (n != 1) return std::nullopt;  // the run's scope check
-    http::Response r = status_response(429, R"({"error":{"code":"rate_limited"}})");
-    r.headers.emplace_back("retry-after", "0");
-    return r;
+    return rate_limited("0", R"({"error":{"code":"rate_limited"}})");
   });
   const int64_t now = test_clock().now_ms();
   ASSERT_EQ(scheduler_->run_once(1), 1u);
@@ -791,9 +795,7 @@ TEST_F(PipelineTest, ARateLimitedPageIsCountedInTheUnitsRateLimitWaits) {
   RunStart run = fanned_out();
   plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
     if (n != 1) return std::nullopt;  // the unit's first page
-    http::Response r = status_response(429, R"({"message":"slow down"})");
-    r.headers.emplace_back("retry-after", "5");
-    return r;
+    return rate_limited("5");
   });
   drive();
   const json result = run_result(run.run_id);
@@ -857,11 +859,8 @@ class PipelineDrainTest : public PipelineTest {
 };
 
 TEST_F(PipelineDrainTest, ADrainKeepsTheRetryAfterOfA429) {
-  const jobs::Job unit = drain_while_the_first_page_is_under_way([](http::Response) {
-    http::Response limited = status_response(429, R"({"message":"slow down"})");
-    limited.headers.emplace_back("retry-after", "600");
-    return limited;
-  });
+  const jobs::Job unit =
+      drain_while_the_first_page_is_under_way([](http::Response) { return rate_limited("600"); });
   expect_waiting_ten_minutes(unit);
 }
 
@@ -963,9 +962,7 @@ TEST_F(PipelineTest, ARateLimitsWaitStandsThoughItsCheckpointFailed) {
   RunStart run = fanned_out();
   plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
     if (n != 1) return std::nullopt;  // the unit's first page
-    http::Response limited = status_response(429, R"({"message":"slow down"})");
-    limited.headers.emplace_back("retry-after", "600");
-    return limited;
+    return rate_limited("600");
   });
   const int64_t now = test_clock().now_ms();
   ASSERT_EQ(scheduler_->run_once(1), 1u);
@@ -1113,9 +1110,7 @@ class PipelineAlternatingTest : public PipelineTest {
           if (r.url.find("/issues") == std::string::npos) return std::nullopt;
           if (++tries_ % (failures_per_429 + 1) != 0)
             return status_response(502, R"({"message":"x"})");
-          http::Response limited = status_response(429, R"({"message":"slow down"})");
-          limited.headers.emplace_back("retry-after", "1");
-          return limited;
+          return rate_limited("1");
         });
   }
 
@@ -1353,9 +1348,7 @@ TEST_F(PipelineTest, AProviderProbeAnsweredWithA429ReportsTheProviderUp) {
   probe_due("provider:github");
   plugin_transport().reset([&](const http::Request&, size_t n) -> std::optional<http::Response> {
     if (n != 1) return std::nullopt;
-    http::Response r = status_response(429, R"({"message":"slow down"})");
-    r.headers.emplace_back("retry-after", "1");
-    return r;
+    return rate_limited("1");
   });
   ASSERT_EQ(scheduler_->run_once(1), 1u);  // the probe's page: 429, the unit waits a second
   EXPECT_EQ(circuit("provider:github").state, "closed") << "the probe never reported back";
