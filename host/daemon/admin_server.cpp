@@ -54,6 +54,7 @@ class Connections {
   void add(int fd) {
     std::lock_guard lock(mutex_);
     handling_[fd] = false;
+    silent_[fd] = std::chrono::steady_clock::now();
     if (stopping_) ::shutdown(fd, SHUT_RD);
   }
   // The connections served now: one server thread each.
@@ -67,15 +68,15 @@ class Connections {
   // server too (RFC 9112 9.3); its next request goes on a new one. Before, a few polling clients
   // (`run status --wait`) held every thread in their 10 s keep-alive waits, and /health/live went
   // unanswered for 30 s.
+  // So are connections that have sent no request within kSilentGrace of their start: a client
+  // sends its request as soon as it connects, and before, a few that connected and sent nothing
+  // held the threads until admin.timeout_ms ended them.
   void shed_idle() {
     std::lock_guard lock(mutex_);
-    for (int fd : keep_alive_) {
-      // Not one whose next request has begun to arrive: shut, the rest of its headers would not
-      // be read. (Bytes Poco has already taken from the socket are not seen here: a request
-      // whose first part it read, and whose rest is late, may still be cut.)
-      int unread = 0;
-      if (::ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) continue;
-      ::shutdown(fd, SHUT_RD);
+    for (int fd : keep_alive_) shed_unless_arriving(fd);
+    const auto started_before = std::chrono::steady_clock::now() - kSilentGrace;
+    for (const auto& [fd, since] : silent_) {
+      if (since <= started_before) shed_unless_arriving(fd);
     }
   }
   // The request on `fd` was read whole: from here until its next request arrives, shedding the
@@ -96,6 +97,7 @@ class Connections {
     std::lock_guard lock(mutex_);
     handling_.erase(fd);
     keep_alive_.erase(fd);
+    silent_.erase(fd);
     changed_.notify_all();
   }
   // The connection on `fd` began (true) or ended (false) handling a request: from its headers to
@@ -104,7 +106,10 @@ class Connections {
     std::lock_guard lock(mutex_);
     if (auto it = handling_.find(fd); it != handling_.end()) {
       it->second = yes;
-      if (yes) keep_alive_.erase(fd);  // marked sheddable again once its request is read
+      if (yes) {
+        keep_alive_.erase(fd);  // marked sheddable again once its request is read
+        silent_.erase(fd);
+      }
     }
     if (!yes && stopping_) ::shutdown(fd, SHUT_RD);
     if (!yes) changed_.notify_all();
@@ -141,6 +146,17 @@ class Connections {
   }
 
  private:
+  static constexpr std::chrono::seconds kSilentGrace{1};
+
+  // Shuts `fd` for reading, unless its next request has begun to arrive: shut, the rest of its
+  // headers would not be read. (Bytes Poco has already taken from the socket are not seen here: a
+  // request whose first part it read, and whose rest is late, may still be cut.)
+  static void shed_unless_arriving(int fd) {
+    int unread = 0;
+    if (::ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) return;
+    ::shutdown(fd, SHUT_RD);
+  }
+
   size_t under_way_locked() const {
     return static_cast<size_t>(
         std::count_if(handling_.begin(), handling_.end(), [](const auto& c) { return c.second; }));
@@ -150,6 +166,7 @@ class Connections {
   std::condition_variable changed_;
   std::map<int, bool> handling_;  // by descriptor: whether it is handling a request
   std::set<int> keep_alive_;      // those whose last request was read whole (sheddable)
+  std::map<int, std::chrono::steady_clock::time_point> silent_;  // no request begun yet: since
   std::atomic<const Poco::Net::TCPServer*> server_{nullptr};
   bool stopping_ = false;
   bool hurried_ = false;

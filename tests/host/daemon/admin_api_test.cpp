@@ -244,6 +244,30 @@ TEST_F(DaemonTest, ClientsIdleBetweenRequestsDoNotShutOutTheOthers) {
   EXPECT_GE(shed, 1) << "an idle connection was closed to serve the new one";
 }
 
+// Clients that connected and sent nothing held every server thread until admin.timeout_ms ended
+// them (30 s by default): /health/live went unanswered meanwhile. With every thread taken, a new
+// connection now sheds those silent for a second since they connected, and is served.
+TEST_F(DaemonTest, ClientsThatConnectAndSendNothingDoNotShutOutTheOthers) {
+  start([](json& c) { c["admin"]["max_connections"] = 2; });
+  std::vector<int> silent;
+  for (int i = 0; i < 2; ++i) {
+    silent.push_back(sent_on_new_connection(daemon_->port(), "", 5));
+    ASSERT_GE(silent.back(), 0) << "silent client " << i;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past the 1 s grace
+  const int fd =
+      answered_keep_alive(daemon_->port(), "GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_GE(fd, 0) << "not answered within 5 s while two clients connected and sent nothing";
+  int shed = 0;
+  for (int held : silent) {
+    char byte;
+    shed += ::recv(held, &byte, 1, 0) == 0 ? 1 : 0;  // EOF, or nothing for 5 s
+    ::close(held);
+  }
+  if (fd >= 0) ::close(fd);
+  EXPECT_GE(shed, 1) << "a silent connection was closed to serve the new one";
+}
+
 // How many answers `raw` holds.
 size_t answers_in(const std::string& raw) {
   size_t count = 0;
