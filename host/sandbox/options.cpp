@@ -31,11 +31,8 @@ constexpr std::string_view kLists[] = {"",           "pulls",       "issues", "r
                                        "repository", "deployments", "project"};
 
 nlohmann::json to_json(const ResourceFault& r) {
-  return {{"resource", r.resource},
-          {"list", r.list},
-          {"skip", r.skip},
-          {"count", r.count},
-          {"status", r.status}};
+  return {{"resource", r.resource}, {"list", r.list},     {"skip", r.skip},
+          {"count", r.count},       {"status", r.status}, {"per_page_over", r.per_page_over}};
 }
 
 ResourceFault resource_fault_from(const nlohmann::json& rule, size_t index) {
@@ -47,8 +44,9 @@ ResourceFault resource_fault_from(const nlohmann::json& rule, size_t index) {
     if (key == "resource" || key == "list") {
       if (!value.is_string()) throw std::invalid_argument(field + " must be a string");
       (key == "resource" ? r.resource : r.list) = value.get<std::string>();
-    } else if (key == "skip" || key == "count" || key == "status") {
+    } else if (key == "skip" || key == "count" || key == "status" || key == "per_page_over") {
       if (!value.is_number_integer()) throw std::invalid_argument(field + " must be an integer");
+      if (key == "per_page_over") r.per_page_over = value.get<int64_t>();
       if (key == "skip") r.skip = value.get<int64_t>();
       if (key == "count") r.count = value.get<int64_t>();
       if (key == "status") r.status = value.get<int>();
@@ -85,6 +83,7 @@ void validate(const Faults& f) {
     require(r.skip >= 0, name + ".skip", "must be >= 0");
     require(r.count >= 0, name + ".count", "must be >= 0");
     require(r.status >= 400 && r.status <= 599, name + ".status", "must be in [400, 599]");
+    require(r.per_page_over >= 0, name + ".per_page_over", "must be >= 0");
   }
 }
 

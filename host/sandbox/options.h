@@ -15,14 +15,18 @@ namespace backhaul::sandbox {
 // One resource made to fail: provider requests for `resource` (a GitHub repository's full name
 // "org-1/repo-2" or id "100002", a Vercel project's id "prj_1_1" or name "project-1"), only those
 // for `list` when set ("pulls", "issues", "releases", "repository" for the repository itself;
-// "deployments", "project"), are answered with `status` after the first `skip` matching requests,
-// for `count` requests (0: every one from then on).
+// "deployments", "project"), and with `per_page_over` only those asking for larger pages, are
+// answered with `status` after the first `skip` matching requests, for `count` requests (0: every
+// one from then on).
 struct ResourceFault {
   std::string resource;
   std::string list;  // empty: any request for the resource
   int64_t skip = 0;
   int64_t count = 0;
   int status = 500;  // 400..599
+  // > 0: only list requests for more than this many items a page (a page too heavy for GitHub to
+  // answer in time, which it ends with a 502 and asks for a smaller per_page).
+  int64_t per_page_over = 0;
   bool operator==(const ResourceFault&) const = default;
 };
 

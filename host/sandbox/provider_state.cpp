@@ -136,6 +136,7 @@ int ProviderState::visit(Provider provider, const Target& target) {
       const ResourceFault& rule = faults_.resource_faults[i];
       if (rule.resource != target.resource && rule.resource != target.alias) continue;
       if (!rule.list.empty() && rule.list != target.list) continue;
+      if (rule.per_page_over > 0 && target.per_page <= rule.per_page_over) continue;
       const int64_t seen = rule_matches_[i]++;
       if (seen < rule.skip || (rule.count > 0 && seen >= rule.skip + rule.count)) continue;
       ++fault_counts_.resource;

@@ -52,6 +52,7 @@ struct Target {
   std::string resource;  // "org-1/repo-2" or "prj_1_1"
   std::string alias;     // "100002" or "project-1"
   std::string list;      // "pulls", "issues", "releases", "repository", "deployments", "project"
+  int64_t per_page = 0;  // a GitHub list request's per_page
 };
 
 // Admitted requests for one resource, by list.

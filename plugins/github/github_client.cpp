@@ -203,10 +203,11 @@ sdk::HttpResponse GithubClient::send(const std::string& url, std::string_view to
 }
 
 sdk::HttpResponse GithubClient::get(const std::string& url, std::string_view token,
-                                    int also) const {
+                                    std::initializer_list<int> also) const {
   sdk::HttpResponse response = send(url, token);
   const int status = response.status();
-  if ((status >= 200 && status < 300) || (also != 0 && status == also)) return response;
+  if ((status >= 200 && status < 300) || std::find(also.begin(), also.end(), status) != also.end())
+    return response;
   throw error_for_response(response, "GET " + url, sdk::Host::now_ms(), token);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,10 +25,11 @@ class GithubClient {
   // did.
   sdk::HttpResponse send(const std::string& url, std::string_view token) const;
 
-  // As send(), but returns only 2xx responses (204 included), and one of status `also` when
-  // given, and throws error_for_response() for the others. Messages name the status, the request
-  // and GitHub's message.
-  sdk::HttpResponse get(const std::string& url, std::string_view token, int also = 0) const;
+  // As send(), but returns only 2xx responses (204 included) and those whose status is in `also`,
+  // and throws error_for_response() for the others. Messages name the status, the request and
+  // GitHub's message.
+  sdk::HttpResponse get(const std::string& url, std::string_view token,
+                        std::initializer_list<int> also = {}) const;
 
  private:
   const Config& config_;

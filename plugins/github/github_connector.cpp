@@ -20,6 +20,9 @@ namespace {
 
 using nlohmann::json;
 
+// The smallest page asked for when GitHub cannot answer a larger one in time (100, 50, 25, 12).
+constexpr int64_t kMinPerPage = 10;
+
 enum class EntityKind { kPullRequest = 1, kIssue, kRelease };
 
 EntityKind parse_entity_kind(std::string_view entity_type) {
@@ -343,15 +346,28 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   }
   const int64_t since_ms = since_floor_seconds_ms(request.since_unix_ms);
   const UnitList list = unit_list(config, kind, name, request.unit.resource_id);
-  const std::string url =
-      request.cursor ? checked_cursor(*request.cursor, config, list)
-                     : first_page_url(config, kind, name, request.unit.resource_id, since_ms);
+  std::string url = request.cursor
+                        ? checked_cursor(*request.cursor, config, list)
+                        : first_page_url(config, kind, name, request.unit.resource_id, since_ms);
 
   // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
   // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
   // mirrors often have them off). Every other 410 is FATAL.
   const bool issues = kind == EntityKind::kIssue;
-  const sdk::HttpResponse response = client.get(url, request.unit.access_token, issues ? 410 : 0);
+  const std::string_view token = request.unit.access_token;
+  // GitHub ends a request it cannot answer within 10 s with a 502 or 504, and asks for a smaller
+  // per_page (API-FACTS A1). A page of heavy items (pull requests with long bodies) failed so on
+  // every attempt, until its unit was dead. It is asked for again at half the size, down to
+  // kMinPerPage; the walk goes on at that size, as GitHub's next links carry it.
+  const sdk::HttpResponse response = [&] {
+    for (;;) {
+      sdk::HttpResponse answer = client.get(url, token, {issues ? 410 : 0, 502, 504});
+      if (answer.status() != 502 && answer.status() != 504) return answer;
+      std::optional<std::string> smaller = half_page(url, kMinPerPage);
+      if (!smaller) throw error_for_response(answer, "GET " + url, sdk::Host::now_ms(), token);
+      url = std::move(*smaller);
+    }
+  }();
   sdk::Page page;
   page.rate_limit = rate_limit_of(
       response, sdk::Host::now_ms());  // of every answer, a 410 too: it cost a request

@@ -1086,6 +1086,27 @@ TEST_F(PipelineTest, APageThatAlwaysFailsDiesAfterItsAttemptsThoughItsFailuresOp
   EXPECT_EQ(result["failed"], 1);
 }
 
+// A list too heavy for GitHub to answer 100 or 50 a page in time (a 502 each time) is walked 25 a
+// page: every item is delivered and the unit succeeds on its first attempt. Before, every attempt
+// met the 502 and the unit died.
+TEST_F(PipelineTest, AListTooHeavyForFullPagesIsWalkedInSmallerOnes) {
+  const RunStart run = fanned_out({"pull_request", "issue", "release"});
+  sandbox::Faults heavy;
+  heavy.resource_faults = {{"org-1/repo-1", "pulls", 0, 0, 502, /*per_page_over=*/25}};
+  sandbox_->set_faults(heavy);
+  drive();
+  const std::vector<jobs::Job> units = units_of(run.run_id);
+  ASSERT_EQ(units.size(), 3u);
+  for (const jobs::Job& unit : units) {
+    EXPECT_EQ(unit.status, JobStatus::kSucceeded) << unit.payload;
+    EXPECT_EQ(unit.attempts, 1) << unit.payload;
+  }
+  EXPECT_EQ(run_result(run.run_id)["success"], true);
+  const sandbox::Report report = sandbox_->report("inst-1");
+  EXPECT_TRUE(report.complete()) << sandbox::to_json(report).dump(2);
+  EXPECT_GT(report.faults_injected.at("resource"), 0);
+}
+
 // A provider or gateway answering a transient error and a rate limit in turn never let a unit
 // die: the 429 deferred it (no attempt), and the next claim tried the page afresh, until the run's
 // unit timeout (4 h). `drive_until_the_unit_dies` runs the run's one unit and checks it died after

@@ -354,6 +354,27 @@ TEST_F(GithubApiTest, ResourceFaultsFailOneRepositoryOrOnePageAndRequestsAreCoun
   EXPECT_EQ(control.get("/_sandbox/requests").json()["by_resource"], nlohmann::json::object());
 }
 
+// per_page_over: only list requests for larger pages fail (a list too heavy to answer in time).
+TEST_F(GithubApiTest, AResourceFaultOverAPageSizeFailsOnlyLargerPages) {
+  start(with_items(30));
+  TestClient control(sandbox_->port());
+  HttpResult set = control.post(
+      "/_sandbox/faults",
+      R"({"resource_faults":[{"resource":"org-1/repo-1","status":502,"per_page_over":25}]})");
+  ASSERT_EQ(set.status, 200) << set.body;
+  EXPECT_EQ(set.json()["resource_faults"][0]["per_page_over"], 25);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls?per_page=100").status, 502);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls?per_page=26").status, 502);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls").status, 502);  // GitHub's default: 30
+  EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls?per_page=25").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-2/pulls?per_page=100").status, 200);
+  EXPECT_EQ(
+      control
+          .post("/_sandbox/faults", R"({"resource_faults":[{"resource":"x","per_page_over":-1}]})")
+          .json()["error"]["message"],
+      "resource_faults[0].per_page_over must be >= 0");
+}
+
 TEST_F(GithubApiTest, ConditionalRequestGives304WithoutUsingTheRateLimit) {
   start(with_items(10));
   HttpResult first = get("/github/repos/org-1/repo-1/pulls?state=all");
