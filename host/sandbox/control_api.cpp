@@ -167,7 +167,8 @@ nlohmann::json to_json(const Report& report) {
   json out = {{"gateway", gateway},
               {"provider_requests", requests},
               {"faults_injected", report.faults_injected},
-              {"complete", report.complete()}};
+              {"complete", report.complete()},
+              {"exactly_once", report.exactly_once()}};
   if (report.installation) out["installation"] = *report.installation;
   return out;
 }

@@ -94,8 +94,9 @@ void add_fault_flags(CLI::App& app, Faults& f) {
 
 // `backhaul-sandbox report --url URL`: prints what a running sandbox's gateway received next to
 // what it should have received. With --require-complete, exits 1 unless every expected delivery
-// arrived exactly once and nothing unexpected did (what scripts and CI check).
-int run_report(const std::string& url, bool require_complete) {
+// arrived and nothing unexpected did; with --require-exactly-once, unless also none arrived twice
+// (what the demo checks).
+int run_report(const std::string& url, bool require_complete, bool require_exactly_once) {
   Poco::URI uri(url);
   Poco::Net::HTTPClientSession session(uri.getHost(), uri.getPort());
   session.setTimeout(Poco::Timespan(10, 0));
@@ -120,13 +121,17 @@ int run_report(const std::string& url, bool require_complete) {
               g.at("expected").get<long long>(), g.at("missing").get<long long>(),
               g.at("unexpected").get<long long>());
   std::printf("%s\n", report.dump(2).c_str());
-  if (!require_complete) return 0;
-  bool complete = g.at("missing").get<long long>() == 0 &&
-                  g.at("unexpected").get<long long>() == 0 &&
-                  g.at("unique").get<long long>() == g.at("expected").get<long long>();
+  if (!require_complete && !require_exactly_once) return 0;
+  const bool complete = report.at("complete").get<bool>();
   std::printf("%s\n", complete ? "COMPLETE: every expected delivery arrived, nothing else did"
                                : "INCOMPLETE: the gateway did not receive what it should have");
-  return complete ? 0 : 1;
+  if (!complete) return 1;
+  if (require_exactly_once && !report.at("exactly_once").get<bool>()) {
+    std::printf("DUPLICATED: %lld deliveries arrived more than once\n",
+                g.at("duplicates").get<long long>());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -144,15 +149,18 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "write the chosen port to this file once listening");
   std::string report_url;
   bool require_complete = false;
+  bool require_exactly_once = false;
   CLI::App* report = app.add_subcommand(
       "report", "Print a running sandbox's delivery report instead of starting one");
   report->add_option("--url", report_url, "base URL of the running sandbox")->required();
   report->add_flag("--require-complete", require_complete,
                    "exit 1 unless every expected delivery arrived and nothing else did");
+  report->add_flag("--require-exactly-once", require_exactly_once,
+                   "as --require-complete, and exit 1 if any delivery arrived twice");
   CLI11_PARSE(app, argc, argv);
   if (report->parsed()) {
     try {
-      return run_report(report_url, require_complete);
+      return run_report(report_url, require_complete, require_exactly_once);
     } catch (const Poco::Exception& error) {
       std::fprintf(stderr, "backhaul-sandbox report: %s\n", error.displayText().c_str());
       return 1;

@@ -38,6 +38,9 @@ struct Report {
 
   // True when every expected delivery arrived and nothing else did.
   bool complete() const { return gateway.missing == 0 && gateway.unexpected == 0; }
+  // complete(), and no delivery arrived twice: what a run without faults must achieve, where
+  // nothing is sent again (delivery is at least once only where an answer was lost).
+  bool exactly_once() const { return complete() && gateway.duplicates == 0; }
 };
 
 // The wire format of GET /_sandbox/report (see docs/sandbox.md).

@@ -138,7 +138,7 @@ done
 
 echo
 echo "demo: what the gateway received"
-"$bin/backhaul-sandbox" report --url "$url" --require-complete || status=1
+"$bin/backhaul-sandbox" report --url "$url" --require-exactly-once || status=1
 
 daemon_rc=0
 stop "$daemon_pid" || daemon_rc=$?

@@ -203,6 +203,25 @@ TEST_F(GatewayTest, ConcurrentDeliveriesAreCountedExactly) {
   EXPECT_TRUE(report.complete());
 }
 
+// A delivery that arrived twice leaves the report complete (delivery is at least once) but not
+// exactly once, which the demo requires: a run without faults sends nothing again.
+TEST_F(GatewayTest, ADuplicateLeavesTheReportCompleteButNotExactlyOnce) {
+  start(small());
+  const auto ids = sandbox_->expected_delivery_ids();
+  for (const auto& id : ids)
+    client_->post("/gateway/webhooks/github", webhook_body("gh-inst-1", id).dump());
+  EXPECT_TRUE(sandbox_->report().exactly_once());
+  EXPECT_EQ(client_->get("/_sandbox/report").json()["exactly_once"], true);
+  client_->post("/gateway/webhooks/github", webhook_body("gh-inst-1", ids[0]).dump());
+  const Report report = sandbox_->report();
+  EXPECT_TRUE(report.complete());
+  EXPECT_EQ(report.gateway.duplicates, 1);
+  EXPECT_FALSE(report.exactly_once());
+  const nlohmann::json wire = client_->get("/_sandbox/report").json();
+  EXPECT_EQ(wire["complete"], true);
+  EXPECT_EQ(wire["exactly_once"], false);
+}
+
 TEST_F(GatewayTest, ApiKeyIsCheckedWhenConfigured) {
   SandboxOptions options = small();
   options.gateway_api_key = "s3cret";
