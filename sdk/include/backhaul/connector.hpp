@@ -1,6 +1,6 @@
 // Header-only C++17 layer over the C ABI: derive from backhaul::sdk::Connector, describe it with a
-// backhaul::sdk::Descriptor, and export it with BACKHAUL_DEFINE_CONNECTOR. Every trampoline is
-// noexcept and translates exceptions into statuses in one place (call_guarded).
+// backhaul_descriptor_t (connector.h), and export both with BACKHAUL_DEFINE_CONNECTOR. Every
+// trampoline is noexcept and translates exceptions into statuses in one place (call_guarded).
 #ifndef BACKHAUL_CONNECTOR_HPP
 #define BACKHAUL_CONNECTOR_HPP
 
