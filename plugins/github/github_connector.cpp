@@ -336,7 +336,7 @@ int64_t since_floor_seconds_ms(int64_t since_unix_ms) {
 // One page. Pages are numbered, so an item updated during a walk can move to a page already
 // fetched and be missed; its update also produced a real webhook, which is why that is
 // acceptable. Items can equally be seen twice; their delivery ids make that harmless.
-sdk::Page fetch(const Config& config, const GithubClient& client,
+sdk::Page fetch(const Config& config, const GithubClient& client, HeavyPages& heavy,
                 const sdk::FetchRequest& request) {
   const EntityKind kind = parse_entity_kind(request.entity_type);
   const RepositoryName name = require_repository(request.unit);
@@ -346,28 +346,41 @@ sdk::Page fetch(const Config& config, const GithubClient& client,
   }
   const int64_t since_ms = since_floor_seconds_ms(request.since_unix_ms);
   const UnitList list = unit_list(config, kind, name, request.unit.resource_id);
-  std::string url = request.cursor
-                        ? checked_cursor(*request.cursor, config, list)
-                        : first_page_url(config, kind, name, request.unit.resource_id, since_ms);
+  const std::string asked =
+      request.cursor ? checked_cursor(*request.cursor, config, list)
+                     : first_page_url(config, kind, name, request.unit.resource_id, since_ms);
+  // GitHub ends a request it cannot answer within 10 s with a 502 or 504, and asks for a smaller
+  // per_page (API-FACTS A1). A list of heavy items (pull requests with long bodies) failed so on
+  // every attempt, until its unit was dead. Each such failure is still this call's RETRYABLE
+  // error (the host retries the page, and counts the failure); when it was the list's first page,
+  // the next call asks for half as many items, down to kMinPerPage, and the walk goes on at that
+  // size, as GitHub's next links carry it. (A later page keeps its size: see half_first_page.)
+  const int halvings = heavy.halvings(asked);
+  std::string url = asked;
+  for (int i = 0; i < halvings; ++i) {
+    std::optional<std::string> smaller = half_first_page(url, kMinPerPage);
+    if (!smaller) break;
+    url = std::move(*smaller);
+  }
 
   // A repository whose issues are turned off answers its issues list 410 ("Issues are disabled
   // for this repo"): no issues, not a unit that fails for good on every backfill (forks and
   // mirrors often have them off). Every other 410 is FATAL.
   const bool issues = kind == EntityKind::kIssue;
   const std::string_view token = request.unit.access_token;
-  // GitHub ends a request it cannot answer within 10 s with a 502 or 504, and asks for a smaller
-  // per_page (API-FACTS A1). A page of heavy items (pull requests with long bodies) failed so on
-  // every attempt, until its unit was dead. It is asked for again at half the size, down to
-  // kMinPerPage; the walk goes on at that size, as GitHub's next links carry it.
-  const sdk::HttpResponse response = [&] {
-    for (;;) {
-      sdk::HttpResponse answer = client.get(url, token, {issues ? 410 : 0, 502, 504});
-      if (answer.status() != 502 && answer.status() != 504) return answer;
-      std::optional<std::string> smaller = half_page(url, kMinPerPage);
-      if (!smaller) throw error_for_response(answer, "GET " + url, sdk::Host::now_ms(), token);
-      url = std::move(*smaller);
+  const sdk::HttpResponse response = client.get(url, token, {issues ? 410 : 0, 502, 504});
+  if (response.status() == 502 || response.status() == 504) {
+    sdk::Error error = error_for_response(response, "GET " + url, sdk::Host::now_ms(), token);
+    if (const std::optional<std::string> smaller = half_first_page(url, kMinPerPage)) {
+      heavy.failed(asked, halvings + 1);
+      throw sdk::Error(error.status(),
+                       std::string(error.what()) + " (too heavy to answer in time? the next try " +
+                           "asks for " + *smaller + ")",
+                       error.retry_after_ms());
     }
-  }();
+    throw error;
+  }
+  if (halvings > 0) heavy.answered(asked);
   sdk::Page page;
   page.rate_limit = rate_limit_of(
       response, sdk::Host::now_ms());  // of every answer, a 410 too: it cost a request
@@ -467,6 +480,23 @@ void check_repository_readable(const sdk::HttpResponse& response, const Reposito
 
 }  // namespace
 
+int HeavyPages::halvings(const std::string& url) const {
+  std::lock_guard lock(mutex_);
+  const auto it = halvings_.find(url);
+  return it == halvings_.end() ? 0 : it->second;
+}
+
+void HeavyPages::failed(const std::string& url, int halvings) {
+  std::lock_guard lock(mutex_);
+  if (halvings_.size() >= kMaxPages && !halvings_.count(url)) halvings_.clear();
+  halvings_[url] = halvings;
+}
+
+void HeavyPages::answered(const std::string& url) {
+  std::lock_guard lock(mutex_);
+  halvings_.erase(url);
+}
+
 void GithubConnector::validate_config(std::string_view config_json) { parse_config(config_json); }
 
 GithubConnector::GithubConnector(std::string_view config_json)
@@ -482,7 +512,8 @@ void GithubConnector::validate_scopes(const sdk::Unit& unit) {
 }
 
 sdk::Page GithubConnector::fetch_page(const sdk::FetchRequest& request) {
-  return guarded(request.unit.access_token, [&] { return fetch(config_, client_, request); });
+  return guarded(request.unit.access_token,
+                 [&] { return fetch(config_, client_, heavy_, request); });
 }
 
 }  // namespace backhaul::github

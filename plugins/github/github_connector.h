@@ -2,7 +2,11 @@
 // unit, paginated by the Link header, as webhook-shaped events.
 #pragma once
 
+#include <cstddef>
+#include <mutex>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "backhaul/connector.hpp"
 
@@ -11,8 +15,24 @@
 
 namespace backhaul::github {
 
-// One instance per config. Holds only immutable state, so validate_scopes() and fetch_page() may
-// run concurrently on the same instance. [thread-safe]
+// Pages GitHub could not answer in time (a 502 or 504), by the URL asked for (a cursor, or a
+// unit's first page): how many times to halve their per_page when they are asked for again.
+// Forgotten once answered; all forgotten past kMaxPages, which costs those pages one more try at
+// full size. [thread-safe]
+class HeavyPages {
+ public:
+  int halvings(const std::string& url) const;
+  void failed(const std::string& url, int halvings);
+  void answered(const std::string& url);
+
+ private:
+  static constexpr size_t kMaxPages = 1024;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, int> halvings_;
+};
+
+// One instance per config. Holds immutable state and the locked HeavyPages, so validate_scopes()
+// and fetch_page() may run concurrently on the same instance. [thread-safe]
 //
 // Work units: resource name "owner/repo" (required), resource id the numeric repository id (it
 // goes into delivery ids; another id, a node id, is taken as is). Lists are asked for by the
@@ -42,6 +62,7 @@ class GithubConnector final : public sdk::Connector {
  private:
   const Config config_;
   const GithubClient client_{config_};  // refers to config_, declared before it
+  HeavyPages heavy_;
 };
 
 }  // namespace backhaul::github

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <vector>
 
 namespace backhaul::github {
 
@@ -89,61 +88,36 @@ std::optional<int64_t> positive_number(std::string_view value, int64_t max) {
 
 }  // namespace
 
-std::optional<std::string> half_page(std::string_view url, int64_t min_per_page) {
+std::optional<std::string> half_first_page(std::string_view url, int64_t min_per_page) {
   const size_t question = url.find('?');
   if (question == std::string_view::npos || url.find('#') != std::string_view::npos) {
     return std::nullopt;
   }
-  std::vector<std::string_view> params;
+  std::string out(url.substr(0, question + 1));
+  int per_pages = 0;
   for (std::string_view rest = url.substr(question + 1); !rest.empty();) {
     const size_t amp = rest.find('&');
-    params.push_back(rest.substr(0, amp));
+    const std::string_view param = rest.substr(0, amp);
     rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
-  }
-  std::optional<int64_t> per_page;
-  int64_t page = 1;
-  int seen_per_page = 0;
-  int seen_page = 0;
-  for (const std::string_view param : params) {
     const size_t eq = param.find('=');
     const std::string_view key = param.substr(0, eq);
     const std::string_view value =
         eq == std::string_view::npos ? std::string_view{} : param.substr(eq + 1);
+    if (out.back() != '?') out += '&';
     if (key == "per_page") {
-      ++seen_per_page;
-      per_page = positive_number(value, 100);
-      if (!per_page) return std::nullopt;
-    } else if (key == "page") {
-      ++seen_page;
-      const std::optional<int64_t> n = positive_number(value, 1'000'000'000);
-      if (!n) return std::nullopt;
-      page = *n;
-    } else if (key == "after" || key == "before" || key == "cursor") {
-      return std::nullopt;
-    }
-  }
-  if (!per_page || seen_per_page != 1 || seen_page > 1) return std::nullopt;
-  const int64_t half = *per_page / 2;
-  if (half < std::max<int64_t>(min_per_page, 1)) return std::nullopt;
-  const int64_t new_page = (page - 1) * *per_page / half + 1;
-
-  std::string out(url.substr(0, question + 1));
-  bool first = true;
-  auto add = [&](std::string_view param) {
-    if (!first) out += '&';
-    out += param;
-    first = false;
-  };
-  for (const std::string_view param : params) {
-    const std::string_view key = param.substr(0, param.find('='));
-    if (key == "per_page") {
-      add("per_page=" + std::to_string(half));
-    } else if (key == "page") {
-      add("page=" + std::to_string(new_page));
+      const std::optional<int64_t> n = positive_number(value, 100);
+      if (!n || *n / 2 < std::max<int64_t>(min_per_page, 1) || ++per_pages > 1) {
+        return std::nullopt;
+      }
+      out += "per_page=" + std::to_string(*n / 2);
+    } else if ((key == "page" && value != "1") || key == "after" || key == "before" ||
+               key == "cursor") {
+      return std::nullopt;  // not the first page
     } else {
-      add(param);
+      out += param;
     }
   }
+  if (per_pages != 1) return std::nullopt;
   return out;
 }
 

@@ -24,12 +24,11 @@ bool iequals(std::string_view a, std::string_view b);
 // authority up to the query or fragment, as written (not decoded). Empty when there is none.
 std::string_view url_path(std::string_view url);
 
-// `url`, a page of a list paged by number (`per_page=P`, and `page=N` or none for the first),
-// asking for pages half as large (P/2) from the same place, or from a little before it when P is
-// odd: page (N-1)*P / (P/2) + 1. The items in between come again, which is harmless where items
-// are delivered by id; none is skipped. The other parameters are kept as written. nullopt when
-// P/2 would be under `min_per_page`, or `url` has no such per_page or page (one paged by a cursor,
-// `after=`, or a fragment).
-std::optional<std::string> half_page(std::string_view url, int64_t min_per_page);
+// `url`, the first page of a list paged by number (`per_page=P`, and no `page` or `page=1`),
+// asking for half as many items (P/2); the other parameters are kept as written. nullopt when P/2
+// would be under `min_per_page`, or `url` is not such a first page. Only the first: where a later
+// page starts depends on how many items the server really puts on a page, which may be fewer than
+// asked for (a server's own cap), and a later page halved by the number asked for would skip items.
+std::optional<std::string> half_first_page(std::string_view url, int64_t min_per_page);
 
 }  // namespace backhaul::github

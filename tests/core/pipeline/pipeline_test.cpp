@@ -1087,8 +1087,8 @@ TEST_F(PipelineTest, APageThatAlwaysFailsDiesAfterItsAttemptsThoughItsFailuresOp
 }
 
 // A list too heavy for GitHub to answer 100 or 50 a page in time (a 502 each time) is walked 25 a
-// page: every item is delivered and the unit succeeds on its first attempt. Before, every attempt
-// met the 502 and the unit died.
+// page: the page's retries in place ask for 50, then 25, every item is delivered and the unit
+// succeeds on its first attempt. Before, every attempt met the 502 and the unit died.
 TEST_F(PipelineTest, AListTooHeavyForFullPagesIsWalkedInSmallerOnes) {
   const RunStart run = fanned_out({"pull_request", "issue", "release"});
   sandbox::Faults heavy;

@@ -324,9 +324,7 @@ TEST_F(GithubStatusTest, ServerErrorsAreRetryable) {
   expect_message(e500, "Server Error");
 }
 
-// A 502 is asked for again at smaller sizes first (GithubFetchTest: heavy pages), then fails.
 TEST_F(GithubStatusTest, BadGatewayWithAnHtmlBodyIsRetryable) {
-  for (int per_page : {50, 25, 12}) add_scenario("502-bad-gateway", pulls_url(per_page));
   const auto f = fetch_failure("502-bad-gateway");
   EXPECT_EQ(f.status(), BACKHAUL_RETRYABLE);
   expect_message(f, "HTTP 502");
