@@ -15,6 +15,7 @@
 
 #include "backhaul/connector.hpp"
 #include "backhaul/host.hpp"
+#include "backhaul/http_date.hpp"
 #include "backhaul/json_depth.hpp"
 
 namespace backhaul::vercel {
@@ -27,9 +28,11 @@ using sdk::Error;
 
 constexpr std::string_view kEntityType = "deployment";
 constexpr std::string_view kUserAgent = "backhaul-vercel/1.0";
-constexpr int64_t kDefaultRetryAfterMs = 60'000;  // Vercel's rate-limit buckets are one minute
-constexpr int64_t kResetMarginMs = 1'000;         // the reset second itself may still be limited
-constexpr size_t kMaxQuotedLength = 200;          // of provider text quoted in messages
+constexpr int64_t kDefaultRetryAfterMs = 60'000;    // Vercel's rate-limit buckets are one minute
+constexpr int64_t kResetMarginMs = 1'000;           // the reset second itself may still be limited
+constexpr int64_t kMaxSkewMs = 24LL * 3600 * 1000;  // a clock further off than this is broken
+constexpr int64_t kMaxEpochSeconds = 1'000'000'000'000;  // ~ year 33658
+constexpr size_t kMaxQuotedLength = 200;                 // of provider text quoted in messages
 constexpr size_t kMaxUidLength = 128;
 
 // ---------------------------------------------------------------------------------------------
@@ -300,23 +303,50 @@ std::optional<int64_t> header_int(const sdk::HttpResponse& response, std::string
   return parse_decimal(value->substr(first, last - first + 1));
 }
 
-// x-ratelimit-* as Vercel sends them on every response (reset in epoch seconds).
-std::optional<sdk::RateLimit> read_rate_limit(const sdk::HttpResponse& response) {
+// Vercel's time when it answered: the response's Date, or `now_ms` (the host's) when it has none
+// that can be read, or one more than a day from the host's (a broken proxy's year 9999 would put
+// every reset in the past): a skew is minutes, not days.
+int64_t vercel_clock_ms(const sdk::HttpResponse& response, int64_t now_ms) {
+  const std::optional<std::string_view> date = response.header("date");
+  const std::optional<int64_t> date_ms = date ? sdk::parse_imf_fixdate(*date) : std::nullopt;
+  if (!date_ms || *date_ms > now_ms + kMaxSkewMs || *date_ms < now_ms - kMaxSkewMs) return now_ms;
+  return *date_ms;
+}
+
+// x-ratelimit-reset in milliseconds on Vercel's clock, or nullopt when absent or not a number. One
+// beyond any clock (milliseconds sent as seconds, say) is held to ~ year 33658, so that moving it
+// by the skew cannot overflow, and it is still waited for as long as the host waits at most.
+std::optional<int64_t> reset_header_ms(const sdk::HttpResponse& response) {
+  const std::optional<int64_t> seconds = header_int(response, "x-ratelimit-reset");
+  if (!seconds) return std::nullopt;
+  return std::min(*seconds, kMaxEpochSeconds) * 1000;
+}
+
+// x-ratelimit-* as Vercel sends them on every response. The reset, epoch seconds by Vercel's
+// clock, is put on the host's (`now_ms`), which the host compares it with: as far after `now_ms`
+// as it is after the response's Date. Read as it was, a host clock ahead of Vercel's saw a reset
+// as past, and went on past the rate-limit floor (E2) into the limit.
+std::optional<sdk::RateLimit> read_rate_limit(const sdk::HttpResponse& response, int64_t now_ms) {
   const std::optional<int64_t> remaining = header_int(response, "x-ratelimit-remaining");
   const std::optional<int64_t> limit = header_int(response, "x-ratelimit-limit");
   if (!remaining || !limit) return std::nullopt;
-  const std::optional<int64_t> reset = header_int(response, "x-ratelimit-reset");
-  return sdk::RateLimit{*remaining, *limit, reset ? seconds_to_ms(*reset) : 0};
+  const std::optional<int64_t> reset_ms = reset_header_ms(response);
+  const int64_t host_reset_ms =
+      reset_ms ? *reset_ms - vercel_clock_ms(response, now_ms) + now_ms : 0;
+  return sdk::RateLimit{*remaining, *limit, host_reset_ms};
 }
 
 // How long to wait after a rate-limited answer: retry-after (seconds) when present, else until
-// x-ratelimit-reset and a second more (the reset is a whole second, which may still be limited,
-// by a clock that may differ from ours), else one minute.
+// x-ratelimit-reset and a second more (the reset is a whole second, which may still be limited),
+// else one minute. The reset is measured against the response's Date, on Vercel's clock: a host
+// clock minutes ahead saw it as past and retried every second into the limit.
 int64_t retry_after_ms(const sdk::HttpResponse& response) {
   if (const std::optional<int64_t> seconds = header_int(response, "retry-after"))
     return seconds_to_ms(*seconds);
-  if (const std::optional<int64_t> reset = header_int(response, "x-ratelimit-reset"))
-    return std::max<int64_t>(0, seconds_to_ms(*reset) - sdk::Host::now_ms()) + kResetMarginMs;
+  if (const std::optional<int64_t> reset_ms = reset_header_ms(response)) {
+    const int64_t vercel_now_ms = vercel_clock_ms(response, sdk::Host::now_ms());
+    return std::max<int64_t>(0, *reset_ms - vercel_now_ms) + kResetMarginMs;
+  }
   return kDefaultRetryAfterMs;
 }
 
@@ -649,7 +679,7 @@ sdk::Page fetch_deployments(const VercelConfig& config, const sdk::FetchRequest&
 
   sdk::Page page;
   page.raw_count = list.deployments.size();
-  page.rate_limit = read_rate_limit(response);
+  page.rate_limit = read_rate_limit(response, sdk::Host::now_ms());
   // Skips the boundary deployments the cursor says were read already, and repeats within a page.
   std::set<std::string_view> seen;
   if (cursor) seen.insert(cursor->boundary_uids.begin(), cursor->boundary_uids.end());

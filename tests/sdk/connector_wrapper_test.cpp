@@ -1,5 +1,6 @@
 // The header-only C++ layer, called through its C trampolines exactly as a host would.
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -8,6 +9,7 @@
 
 #include "backhaul/connector.hpp"
 #include "backhaul/host.hpp"
+#include "backhaul/http_date.hpp"
 #include "backhaul/json_depth.hpp"
 
 extern "C" size_t backhaul_c_layout(size_t* out, size_t capacity);
@@ -235,6 +237,22 @@ TEST(JsonDepthTest, CountsArraysAndObjectsOutsideStrings) {
   const std::string deep(kMaxJsonDepth, '[');
   EXPECT_LE(json_depth(deep), kMaxJsonDepth);
   EXPECT_GT(json_depth(deep + "{"), kMaxJsonDepth);
+}
+
+// RFC 9110's IMF-fixdate and nothing else: the obsolete forms, a wrong day name, an impossible
+// date and surrounding whitespace are not dates.
+TEST(HttpDateTest, ReadsTheImfFixdateOnly) {
+  using backhaul::sdk::parse_imf_fixdate;
+  EXPECT_EQ(parse_imf_fixdate("Sun, 06 Nov 1994 08:49:37 GMT"), 784'111'777'000);
+  EXPECT_EQ(parse_imf_fixdate("Thu, 01 Jan 1970 00:00:00 GMT"), 0);
+  EXPECT_EQ(parse_imf_fixdate("Thu, 29 Feb 2024 23:59:60 GMT"), 1'709'251'200'000);
+  for (const char* bad : {"", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
+                          "Mon, 06 Nov 1994 08:49:37 GMT", "sun, 06 Nov 1994 08:49:37 GMT",
+                          "Sun, 6 Nov 1994 08:49:37 GMT", "Thu, 29 Feb 2023 08:49:37 GMT",
+                          "Sun, 06 Nov 1994 24:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 UTC",
+                          " Sun, 06 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08-49-37 GMT"}) {
+    EXPECT_EQ(parse_imf_fixdate(bad), std::nullopt) << bad;
+  }
 }
 
 TEST(AbiLayoutTest, CAndCppAgreeOnEveryStruct) {

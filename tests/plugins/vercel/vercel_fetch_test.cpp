@@ -1,4 +1,5 @@
 // One page of deployments: the request the connector builds and the events it makes of the answer.
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -237,6 +238,49 @@ TEST_F(VercelFetchTest, ReportsTheRateLimitHeaders) {
   EXPECT_EQ(page.rate_limit()->remaining, 42);
   EXPECT_EQ(page.rate_limit()->limit, 100);
   EXPECT_EQ(page.rate_limit()->reset_at_unix_ms, 1784470123000);
+}
+
+// The reset is Vercel's epoch seconds, on Vercel's clock; the host compares it with its own. It
+// is put on the host's clock: as far after the host's now as it is after the response's Date.
+// Read as it was, a host clock 10 minutes ahead of Vercel's saw a reset a minute away as 9
+// minutes past, and the rate-limit floor's wait (E2) was skipped.
+TEST_F(VercelFetchTest, TheResetIsOnTheHostsClockMeasuredFromTheDate) {
+  clock_.set_ms(kNowMs + 600'000);  // the host is 10 minutes ahead of Vercel
+  http::Headers headers = rate_limit_headers(4, 100, kResetSeconds);  // Date + 60 s
+  headers.emplace_back("date", "Sun, 19 Jul 2026 14:06:40 GMT");      // kNowMs
+  reply_recorded_page(headers);
+  const plugins::Page page = connector().fetch_page(params());
+  ASSERT_TRUE(page.rate_limit().has_value());
+  EXPECT_EQ(page.rate_limit()->reset_at_unix_ms, kNowMs + 600'000 + 60'000);
+}
+
+// A Date that cannot be read, or more than a day from the host's clock (a broken proxy's), is no
+// skew: the reset is read as it is, not moved by days.
+TEST_F(VercelFetchTest, TheResetIsReadAsItIsWithoutADateWithinADay) {
+  int project = 0;
+  for (const char* date : {"Thu, 16 Jul 2026 14:06:40 GMT", "Sun, 19 Jul 2026 14:06:40",
+                           "Sunday, 19-Jul-26 14:06:40 GMT"}) {
+    const std::string project_id = "prj_" + std::to_string(++project);
+    http::Headers headers = rate_limit_headers(4, 100, kResetSeconds);
+    headers.emplace_back("date", date);
+    reply(list_url(project_id), 200, R"({"deployments":[]})", headers);
+    const plugins::Page page = connector().fetch_page(params(project_id));
+    ASSERT_TRUE(page.rate_limit().has_value()) << date;
+    EXPECT_EQ(page.rate_limit()->reset_at_unix_ms, kResetSeconds * 1000) << date;
+  }
+}
+
+// An epoch that no clock reaches is held to 10^12 s (~ year 33658), then moved by the skew: adding
+// the skew to INT64_MAX ms overflowed. The host still waits its most (a day) for it.
+TEST_F(VercelFetchTest, AResetBeyondAnyClockIsHeldNotOverflowed) {
+  clock_.set_ms(kNowMs + 600'000);
+  http::Headers headers = rate_limit_headers(4, 100, std::numeric_limits<int64_t>::max());
+  headers.emplace_back("date", "Sun, 19 Jul 2026 14:06:40 GMT");
+  reply_recorded_page(headers);
+  const plugins::Page page = connector().fetch_page(params());
+  ASSERT_TRUE(page.rate_limit().has_value());
+  EXPECT_EQ(page.rate_limit()->remaining, 4);
+  EXPECT_EQ(page.rate_limit()->reset_at_unix_ms, 1'000'000'000'000'000 + 600'000);
 }
 
 TEST_F(VercelFetchTest, NoRateLimitHeadersMeansNoRateLimit) {

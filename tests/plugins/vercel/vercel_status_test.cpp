@@ -82,6 +82,22 @@ TEST_F(VercelStatusTest, Http429WithOnlyResetWaitsUntilTheResetByTheHostClock) {
   EXPECT_EQ(failure.retry_after_ms(), 42'500 + 1'000) << "the reset, and a second more";
 }
 
+// The reset is on Vercel's clock, measured against the response's Date: a host clock 10 minutes
+// ahead of Vercel's took a reset a minute away as long past, and retried a second later, into the
+// limit, again and again. Its wait was 1 s.
+TEST_F(VercelStatusTest, Http429WithOnlyResetWaitsUntilTheResetByVercelsClock) {
+  clock_.set_ms(kNowMs + 600'000);
+  http::Headers headers = rate_limit_headers(0, 100, kResetSeconds);
+  headers.emplace_back("date", "Sun, 19 Jul 2026 14:06:40 GMT");  // kNowMs, 60 s before the reset
+  const auto failure = fetch_failure(429, recorded_error_body(4), headers);
+  EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(failure.retry_after_ms(), 60'000 + 1'000) << "the reset, and a second more";
+  // A 403 that is a rate limit, and validate_scopes, wait the same.
+  const auto forbidden = scope_failure(403, recorded_error_body(1), headers);
+  EXPECT_EQ(forbidden.status(), BACKHAUL_RATE_LIMITED);
+  EXPECT_EQ(forbidden.retry_after_ms(), 60'000 + 1'000);
+}
+
 // Answered 429 all the same: the reset's second (by Vercel's clock) may not be over.
 TEST_F(VercelStatusTest, Http429WithResetInThePastWaitsASecond) {
   clock_.set_ms(kResetSeconds * 1000 + 5'000);
