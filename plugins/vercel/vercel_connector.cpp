@@ -415,7 +415,9 @@ std::string describe_failure(std::string_view what, int status, const ProviderEr
   if (status == 401) throw Error(BACKHAUL_AUTH_EXPIRED, message);
   if (status == 403) throw_for_403(response, provider, message);
   if (status == 429) throw Error(BACKHAUL_RATE_LIMITED, message, retry_after_ms(response));
-  if (status >= 500) {
+  // 408 Request Timeout and 425 Too Early ask for the request again (RFC 9110 15.5.9, RFC 8470),
+  // as a 5xx does; read as "the request is wrong", they failed the unit for good.
+  if (status >= 500 || status == 408 || status == 425) {
     const std::optional<int64_t> seconds = header_int(response, "retry-after");
     throw Error(BACKHAUL_RETRYABLE, message, seconds ? seconds_to_ms(*seconds) : 0);
   }

@@ -245,6 +245,24 @@ TEST_F(VercelStatusTest, Http503PassesItsRetryAfterAlong) {
   EXPECT_EQ(failure.retry_after_ms(), 5'000);
 }
 
+// 408 Request Timeout and 425 Too Early say "send it again" (RFC 9110 15.5.9, RFC 8470 5.2); a
+// proxy in front of Vercel answers them too. They were FATAL, as every other 4xx, and failed the
+// unit for good on a moment's trouble. Their retry-after, if any, is passed along as a 5xx's is.
+TEST_F(VercelStatusTest, Http408And425AreRetryable) {
+  const auto timeout =
+      fetch_failure(408, R"({"error":{"code":"request_timeout","message":"Request Timeout"}})");
+  EXPECT_EQ(timeout.status(), BACKHAUL_RETRYABLE);
+  EXPECT_TRUE(contains(timeout, "HTTP 408 request_timeout")) << timeout.what();
+  http::Headers headers = rate_limit_headers(42);
+  headers.emplace_back("retry-after", "3");
+  reply(list_url("prj_2"), 425, "", headers);
+  const plugins::ConnectorFailure early =
+      failure_of([&] { connector().fetch_page(params("prj_2")); });
+  EXPECT_EQ(early.status(), BACKHAUL_RETRYABLE);
+  EXPECT_EQ(early.retry_after_ms(), 3'000);
+  EXPECT_EQ(scope_failure(408, "").status(), BACKHAUL_RETRYABLE);
+}
+
 TEST_F(VercelStatusTest, NetworkErrorIsRetryable) {
   // Nothing recorded: the transport fails as a refused connection would.
   const plugins::ConnectorFailure failure =
