@@ -449,24 +449,34 @@ struct DeploymentList {
   DeploymentList& operator=(const DeploymentList&) = delete;
 };
 
+// A deployment of a well-formed page that cannot be read: Vercel would send it again as it is, so
+// retrying cannot help (RETRYABLE burnt every attempt of the unit). `where` names it by its place
+// in the page.
+[[noreturn]] void bad_deployment(const std::string& where, const std::string& problem) {
+  throw Error(BACKHAUL_FATAL, "vercel: list deployments: " + where + " " + problem);
+}
+
 Deployment read_deployment(const ordered_json& item, size_t index) {
-  const std::string where = "deployment #" + std::to_string(index);
-  if (!item.is_object()) malformed_response(where + " is not an object");
+  const std::string where = "deployment #" + std::to_string(index) + " of the page";
+  if (!item.is_object())
+    bad_deployment(where, "is a " + std::string(item.type_name()) + ", not an object");
   const auto uid = item.find("uid");
-  if (uid == item.end() || !uid->is_string() || !is_valid_uid(uid->get<std::string>()))
-    malformed_response(where + " has no valid uid");
+  if (uid == item.end() || !uid->is_string() || !is_valid_uid(uid->get<std::string>())) {
+    const std::string found =
+        uid == item.end() ? "none"
+                          : clip(uid->dump(-1, ' ', false, ordered_json::error_handler_t::replace));
+    bad_deployment(where, "has no valid uid (found: " + found + ")");
+  }
   // `created` is the documented sort key; `createdAt` is the same instant in newer responses.
   std::optional<int64_t> created;
   for (const char* key : {"created", "createdAt"}) {
     const auto it = item.find(key);
     if (!created && it != item.end()) created = json_int(*it);
   }
-  if (!created)
-    malformed_response(where + " (" + uid->get<std::string>() + ") has no created time");
+  if (!created) bad_deployment(where, "(" + uid->get<std::string>() + ") has no created time");
   // The cursor continues from created + 1 (Cursor::until), which must be a number too.
   if (*created == std::numeric_limits<int64_t>::max())
-    malformed_response(where + " (" + uid->get<std::string>() +
-                       ") has no created time it could have");
+    bad_deployment(where, "(" + uid->get<std::string>() + ") has no created time it could have");
   return {uid->get<std::string>(), *created, &item};
 }
 

@@ -216,7 +216,7 @@ TEST_F(VercelStatusTest, ATimestampOfInt64MaxIsMalformedNotAnOverflow) {
         rate_limit_headers(42));
   const plugins::ConnectorFailure created =
       failure_of([&] { connector().fetch_page(params("prj_2")); });
-  EXPECT_EQ(created.status(), BACKHAUL_RETRYABLE);
+  EXPECT_EQ(created.status(), BACKHAUL_FATAL);  // a bad deployment: see VercelBadItemTest
   EXPECT_TRUE(contains(created, "dpl_a")) << created.what();
 }
 
@@ -310,15 +310,36 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         MalformedBody{"JsonArray", R"([{"uid":"dpl_a","created":1}])"},
         MalformedBody{"DeploymentsIsObject", R"({"deployments":{"uid":"dpl_a"}})"},
-        MalformedBody{"ItemIsString", R"({"deployments":["dpl_a"]})"},
-        MalformedBody{"ItemWithoutUid", R"({"deployments":[{"created":1}]})"},
-        MalformedBody{"UidWithComma", R"({"deployments":[{"uid":"dpl_a,b","created":1}]})"},
-        MalformedBody{"ItemWithoutCreated", R"({"deployments":[{"uid":"dpl_a"}]})"},
-        MalformedBody{"CreatedIsString", R"({"deployments":[{"uid":"dpl_a","created":"1"}]})"},
         MalformedBody{"PaginationIsString", R"({"deployments":[],"pagination":"next"})"},
         MalformedBody{"NextIsString",
                       R"({"deployments":[],"pagination":{"next":"1784463388997"}})"},
         MalformedBody{"NextIsNegative", R"({"deployments":[],"pagination":{"next":-1}})"}),
+    [](const ::testing::TestParamInfo<MalformedBody>& param_info) {
+      return std::string(param_info.param.name);
+    });
+
+// A well-formed page with a bad deployment in it is sent again as it is: retrying it burnt every
+// attempt of the unit (RETRYABLE, "malformed response"). It is FATAL, naming the deployment by its
+// place in the page. A body cut short (MalformedJsonIsRetryable) stays RETRYABLE.
+class VercelBadItemTest : public VercelStatusTest,
+                          public ::testing::WithParamInterface<MalformedBody> {};
+
+TEST_P(VercelBadItemTest, IsFatalNamingTheItemsIndex) {
+  const auto failure = fetch_failure(200, R"({"deployments":[{"uid":"dpl_ok","created":2},)" +
+                                              std::string(GetParam().body) + "]}");
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "deployment #1 of the page")) << failure.what();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Status, VercelBadItemTest,
+    ::testing::Values(MalformedBody{"ItemIsString", R"("dpl_a")"},
+                      MalformedBody{"ItemWithoutUid", R"({"created":1})"},
+                      MalformedBody{"UidWithComma", R"({"uid":"dpl_a,b","created":1})"},
+                      MalformedBody{"ItemWithoutCreated", R"({"uid":"dpl_a"})"},
+                      MalformedBody{"CreatedIsString", R"({"uid":"dpl_a","created":"1"})"},
+                      MalformedBody{"CreatedIsInt64Max",
+                                    R"({"uid":"dpl_a","created":9223372036854775807})"}),
     [](const ::testing::TestParamInfo<MalformedBody>& param_info) {
       return std::string(param_info.param.name);
     });
