@@ -336,17 +336,47 @@ std::optional<sdk::RateLimit> read_rate_limit(const sdk::HttpResponse& response,
   return sdk::RateLimit{*remaining, *limit, host_reset_ms};
 }
 
-// How long to wait after a rate-limited answer: retry-after (seconds) when present, else until
-// x-ratelimit-reset and a second more (the reset is a whole second, which may still be limited),
-// else one minute. The reset is measured against the response's Date, on Vercel's clock: a host
-// clock minutes ahead saw it as past and retried every second into the limit.
-int64_t retry_after_ms(const sdk::HttpResponse& response) {
-  if (const std::optional<int64_t> seconds = header_int(response, "retry-after"))
-    return seconds_to_ms(*seconds);
-  if (const std::optional<int64_t> reset_ms = reset_header_ms(response)) {
-    const int64_t vercel_now_ms = vercel_clock_ms(response, sdk::Host::now_ms());
-    return std::max<int64_t>(0, *reset_ms - vercel_now_ms) + kResetMarginMs;
+// The wait the retry-after header asks for, at Vercel's time `vercel_now_ms`: whole seconds, a
+// fraction of them rounded up (not RFC 9110's form, but read, not refused), or an HTTP-date.
+// nullopt when there is none, or it names no wait (blank, 0, a date already past) or cannot be
+// read: the caller then waits as if it were absent. Not 0, which is "unknown" to the host.
+std::optional<int64_t> retry_after_header_ms(const sdk::HttpResponse& response,
+                                             int64_t vercel_now_ms) {
+  std::optional<std::string_view> header = response.header("retry-after");
+  if (!header) return std::nullopt;
+  std::string_view value = *header;
+  const size_t first = value.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return std::nullopt;
+  value = value.substr(first, value.find_last_not_of(" \t") - first + 1);
+  if (const std::optional<int64_t> until_ms = sdk::parse_imf_fixdate(value)) {
+    if (*until_ms > vercel_now_ms) return *until_ms - vercel_now_ms;
+    return std::nullopt;
   }
+  const size_t point = value.find('.');
+  std::optional<int64_t> seconds = parse_decimal(value.substr(0, point));
+  if (!seconds) return std::nullopt;
+  if (point != std::string_view::npos) {
+    const std::string_view fraction = value.substr(point + 1);
+    if (fraction.empty() || fraction.find_first_not_of("0123456789") != std::string_view::npos)
+      return std::nullopt;
+    // Rounded up, but not past the largest number of seconds (an overflow there is undefined).
+    const bool whole = fraction.find_first_not_of('0') == std::string_view::npos;
+    if (!whole && *seconds < std::numeric_limits<int64_t>::max()) ++*seconds;
+  }
+  if (*seconds == 0) return std::nullopt;
+  return seconds_to_ms(*seconds);
+}
+
+// How long to wait after a rate-limited answer: what retry-after asks for, else until
+// x-ratelimit-reset and a second more (the reset is a whole second, which may still be limited),
+// else one minute. A reset and an HTTP-date are Vercel's clock: measured against the response's
+// Date, as a host clock minutes ahead saw them as past and retried every second into the limit.
+int64_t retry_after_ms(const sdk::HttpResponse& response) {
+  const int64_t vercel_now_ms = vercel_clock_ms(response, sdk::Host::now_ms());
+  if (const std::optional<int64_t> wait_ms = retry_after_header_ms(response, vercel_now_ms))
+    return *wait_ms;
+  if (const std::optional<int64_t> reset_ms = reset_header_ms(response))
+    return std::max<int64_t>(0, *reset_ms - vercel_now_ms) + kResetMarginMs;
   return kDefaultRetryAfterMs;
 }
 
@@ -418,8 +448,9 @@ std::string describe_failure(std::string_view what, int status, const ProviderEr
   // 408 Request Timeout and 425 Too Early ask for the request again (RFC 9110 15.5.9, RFC 8470),
   // as a 5xx does; read as "the request is wrong", they failed the unit for good.
   if (status >= 500 || status == 408 || status == 425) {
-    const std::optional<int64_t> seconds = header_int(response, "retry-after");
-    throw Error(BACKHAUL_RETRYABLE, message, seconds ? seconds_to_ms(*seconds) : 0);
+    const int64_t vercel_now_ms = vercel_clock_ms(response, sdk::Host::now_ms());
+    throw Error(BACKHAUL_RETRYABLE, message,
+                retry_after_header_ms(response, vercel_now_ms).value_or(0));
   }
   // 404, 410, 422 and every other 4xx: the request itself is wrong; retrying cannot help.
   if (status >= 400) throw Error(BACKHAUL_FATAL, message);

@@ -488,8 +488,9 @@ TEST_F(PipelineTest, ARateLimitedScopeCheckWaitsWithoutCostingTheRunAnAttempt) {
   EXPECT_EQ(store_->get(run.run_id)->status, JobStatus::kSucceeded);
 }
 
-// A rate limit whose wait the plugin could not tell (a 429 with "retry-after: 0": vercel passes
-// it on as 0, which status.h calls unknown) waits a minute. It waited a second: a retry a second,
+// A rate limit whose wait the plugin could not tell (a 429 with "retry-after: 0" and no reset:
+// vercel passed it on as 0, which status.h calls unknown; it now waits its own default minute)
+// waits a minute. It waited a second: a retry a second,
 // without end, into a limit still in force, none of them an attempt.
 TEST_F(PipelineTest, ARateLimitOfUnknownLengthWaitsAMinute) {
   start(data(0, 1, 20));

@@ -2,6 +2,8 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -104,6 +106,37 @@ TEST_F(VercelStatusTest, Http429WithResetInThePastWaitsASecond) {
   const auto failure = fetch_failure(429, recorded_error_body(4), rate_limit_headers(0));
   EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED);
   EXPECT_EQ(failure.retry_after_ms(), 1'000);
+}
+
+// Retry-After in its other forms (RFC 9110 10.2.3): an HTTP-date, measured against the response's
+// Date as a reset is (here 10 minutes after it, with the host's clock 10 minutes ahead); a
+// fraction of a second (not RFC 9110's, but read), rounded up; and "0" or blank, which name no
+// wait: the reset, or the default minute, then. Only whole seconds were read: the date waited the
+// default minute and was retried 9 minutes early, the fraction a minute, and "0" nothing at all.
+TEST_F(VercelStatusTest, Http429RetryAfterAsADateAFractionOrZero) {
+  clock_.set_ms(kNowMs + 600'000);
+  const http::Headers dated = {{"date", "Sun, 19 Jul 2026 14:06:40 GMT"}};  // kNowMs
+  http::Headers headers = dated;
+  headers.emplace_back("retry-after", "Sun, 19 Jul 2026 14:16:40 GMT");  // kNowMs + 10 min
+  EXPECT_EQ(fetch_failure(429, recorded_error_body(4), headers).retry_after_ms(), 600'000);
+
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"2.5", 3'000},
+      {"9223372036854775807.5", 86'400'000},  // rounded up, not over: a day, the host's most
+      {"0", 60'000 + 1'000},
+      {" ", 60'000 + 1'000},
+      {"Sun, 19 Jul 2026 14:06:00 GMT", 60'000 + 1'000}};  // a date already past: the reset
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string project = "prj_r" + std::to_string(i);
+    headers = rate_limit_headers(0, 100, kResetSeconds);  // kNowMs + 60 s
+    headers.insert(headers.end(), dated.begin(), dated.end());
+    headers.emplace_back("retry-after", cases[i].first);
+    reply(list_url(project), 429, recorded_error_body(4), headers);
+    const plugins::ConnectorFailure failure =
+        failure_of([&] { connector().fetch_page(params(project)); });
+    EXPECT_EQ(failure.status(), BACKHAUL_RATE_LIMITED) << cases[i].first;
+    EXPECT_EQ(failure.retry_after_ms(), cases[i].second) << "retry-after: " << cases[i].first;
+  }
 }
 
 TEST_F(VercelStatusTest, Http429WithoutHeadersWaitsOneMinute) {
