@@ -526,12 +526,66 @@ std::optional<int64_t> read_next(const ordered_json& doc) {
   return value;
 }
 
+// Which element of the top-level "deployments" array the parser was in when `body` stopped
+// parsing: the last one begun if it is an object or array not yet closed, else the next one.
+// nullopt when it stopped outside that array.
+std::optional<size_t> failing_deployment_index(std::string_view body) {
+  size_t begun = 0;
+  bool open = false;
+  bool in_deployments = false;
+  // Depth 0: the body's object; 1: its keys and values; 2: the elements of those values.
+  const ordered_json::parser_callback_t count = [&](int depth, ordered_json::parse_event_t event,
+                                                    ordered_json& parsed) {
+    if (depth == 1 && event == ordered_json::parse_event_t::key) {
+      in_deployments = parsed == "deployments";
+    } else if (depth == 2 && in_deployments) {
+      switch (event) {
+        case ordered_json::parse_event_t::object_start:
+        case ordered_json::parse_event_t::array_start:
+          ++begun;
+          open = true;
+          break;
+        case ordered_json::parse_event_t::object_end:
+        case ordered_json::parse_event_t::array_end:
+          open = false;
+          break;
+        case ordered_json::parse_event_t::value:  // a string, number, ... element, once read
+          ++begun;
+          break;
+        case ordered_json::parse_event_t::key:
+          break;
+      }
+    }
+    return true;
+  };
+  const ordered_json discarded = ordered_json::parse(body, count, /*allow_exceptions=*/false);
+  if (!in_deployments) return std::nullopt;
+  return open ? begun - 1 : begun;
+}
+
+// The body parsed. What another attempt may mend is RETRYABLE: a body cut short (the parser ran
+// out of input: the transfer's fault) or garbled. A lone surrogate escape ("\ud83d", a text cut
+// inside an emoji) in a body that is all there is Vercel's text, sent again as it is: FATAL,
+// naming the deployment it is in. Retrying it burnt every attempt of the unit.
+ordered_json parse_body(std::string_view body) {
+  try {
+    return ordered_json::parse(body);
+  } catch (const ordered_json::parse_error& e) {
+    // e.byte is past the end of the body when the parser ran out of input, wherever the cut.
+    const bool cut_short = e.byte > body.size();
+    if (!cut_short && std::string_view(e.what()).find("surrogate") != std::string_view::npos) {
+      const std::optional<size_t> index = failing_deployment_index(body);
+      bad_deployment(index ? "deployment #" + std::to_string(*index) + " of the page" : "the page",
+                     std::string("has a lone surrogate escape in a string: ") + e.what());
+    }
+  }
+  malformed_response("body is not JSON (" + std::to_string(body.size()) + " bytes)");
+}
+
 void parse_deployment_list(std::string_view body, DeploymentList& list) {
   if (sdk::json_depth(body) > sdk::kMaxJsonDepth)
     malformed_response("nested more than " + std::to_string(sdk::kMaxJsonDepth) + " levels deep");
-  list.doc = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (list.doc.is_discarded())
-    malformed_response("body is not JSON (" + std::to_string(body.size()) + " bytes)");
+  list.doc = parse_body(body);
   if (!list.doc.is_object()) malformed_response("body is not a JSON object");
   const auto items = list.doc.find("deployments");
   if (items == list.doc.end() || !items->is_array()) malformed_response("no deployments array");

@@ -377,6 +377,28 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(param_info.param.name);
     });
 
+// A lone surrogate escape (a commit message cut inside an emoji, "\ud83d") is refused by the
+// parser, and comes back the same on every retry: RETRYABLE ("not JSON") burnt every attempt of
+// the unit. It is FATAL, naming the deployment; a body cut short inside the same escape, or
+// anywhere, is still RETRYABLE.
+TEST_F(VercelStatusTest, ALoneSurrogateInADeploymentIsFatalNamingItButABodyCutShortIsNot) {
+  const std::string body =
+      R"({"deployments":[{"uid":"dpl_ok","created":2,"meta":{"m":"ok \ud83d\ude00"}},)"
+      R"({"uid":"dpl_b","created":1,"meta":{"githubCommitMessage":"fix \ud83d"}}],)"
+      R"("pagination":{"count":2,"next":1,"prev":2}})";
+  const auto failure = fetch_failure(200, body);
+  EXPECT_EQ(failure.status(), BACKHAUL_FATAL);
+  EXPECT_TRUE(contains(failure, "deployment #1 of the page")) << failure.what();
+  EXPECT_TRUE(contains(failure, "surrogate")) << failure.what();
+
+  const std::string cut = body.substr(0, body.find(R"(\ud83d"}})") + 6);  // ends in "\ud83d"
+  reply(list_url("prj_2"), 200, cut, rate_limit_headers(42));
+  const plugins::ConnectorFailure short_body =
+      failure_of([&] { connector().fetch_page(params("prj_2")); });
+  EXPECT_EQ(short_body.status(), BACKHAUL_RETRYABLE) << short_body.what();
+  EXPECT_TRUE(contains(short_body, "not JSON")) << short_body.what();
+}
+
 // --- validate_scopes ---------------------------------------------------------------------------
 
 TEST_F(VercelStatusTest, ValidateScopesAcceptsAReadableProject) {
