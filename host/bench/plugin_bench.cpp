@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -169,7 +170,8 @@ void add_plugin_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--fixtures", *fixture_dir, "tests/fixtures directory")->capture_default_str();
   cmd->add_option("--iterations", *iterations, "fetch_page calls per plugin")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));  // the figures are per call
   cmd->callback([=] { run(*plugin_dir, *fixture_dir, *iterations); });
 }
 
