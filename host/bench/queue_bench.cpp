@@ -13,13 +13,18 @@
 //                 prints p50/p99/max of (handler start - enqueue call).
 // --processes P (W1): after the enqueue, P worker processes (this program with --worker-of) share
 // the processing on one store, as P daemons on one MySQL server would; the figures cover them
-// all (handler calls and CPU summed, first claim = the earliest of theirs). The workers count
-// their handler calls in one shared counter (a memfd they inherit), so that the run ends as a
-// single process's does: the store is polled only once every handler has returned.
+// all (handler calls, CPU and peak RSS summed, first claim = the earliest of theirs). The workers
+// count their handler calls in one shared counter (a memfd they inherit), so that the run ends as
+// a single process's does: the store is polled only once every handler has returned. A worker
+// is stopped by SIGTERM, which it gets blocked from the fork on and takes with sigwait(), so one
+// sent before it is ready waits for it instead of killing it.
 // --keys K spreads W1's jobs over K concurrency keys; --per-key-cap/--global-cap set exact caps
 // on the bench kind (to measure what caps cost).
 // --server-pid PID (MySQL on this machine): server_cpu_s is that process's user+system CPU over the
-// run, setup included (the run's database and migrations), as the peers' lines count theirs.
+// run, setup included (the run's database and migrations), as the peers' lines count theirs, and
+// server_rss_kb its VmRSS at the end of the run (the server is not fresh, so its VmHWM is not the
+// run's peak, as a fresh peer server's is; that is kept in server_mem.root_hwm_kb).
+// A run's own store (a temp SQLite file, a MySQL database) is removed however the run ends.
 // Every acknowledgement is durable (SQLite synchronous=FULL, InnoDB flush_log_at_trx_commit=1).
 #include <algorithm>
 #include <atomic>
@@ -31,6 +36,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -40,6 +46,8 @@
 #include "core/jobs/mysql_db.h"
 #include "core/jobs/scheduler.h"
 #include "host/bench/bench.h"
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -56,9 +64,9 @@ struct QueueOptions {
   std::string workload = "lifecycle";
   std::string sqlite_path;
   std::string mysql;
-  int jobs = 0;  // 0 = the workload's N
+  int jobs = 0;  // 0 = the workload's N (--jobs itself must be positive)
   int concurrency = 8;
-  int claim_batch = 0;  // 0 = concurrency
+  int claim_batch = 0;  // 0 = concurrency (--claim-batch itself must be positive)
   int prefetch = 0;
   int rep = 1;
   int keys = 1;
@@ -68,6 +76,8 @@ struct QueueOptions {
   int server_pid = 0;     // the store server's process (MySQL on this machine), for server_cpu_s
   std::string worker_of;  // internal: run as one of --processes' workers for this kind
   int calls_fd = -1;      // internal: the workers' shared handler-call counter
+  // The options given on the command line, to refuse those that the chosen run cannot use.
+  std::set<std::string> given;
 };
 
 // A handler-call counter shared by the parent and its worker processes: one lock-free atomic in
@@ -126,24 +136,54 @@ double cpu_seconds(const rusage& r) {
          static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
 }
 
+// The store of one run. What the run made for itself (a temp SQLite file, a MySQL database) goes
+// when the holder does, however the run ends (a thrown error included), so that no run leaves one
+// behind; close() does it on the way out of a run that succeeded, where a failure is an error.
+// Not movable: open_store() fills one in place, so that the database is marked for dropping as
+// soon as it exists.
 struct OpenStore {
+  OpenStore() = default;
+  OpenStore(const OpenStore&) = delete;
+  OpenStore& operator=(const OpenStore&) = delete;
+  ~OpenStore() {
+    try {
+      close();
+    } catch (const std::exception& e) {
+      std::cerr << "warning: the run's store was not removed: " << e.what() << "\n";
+    }
+  }
+  void close() {
+    store.reset();
+    if (!mysql_drop.empty()) {
+      const std::string db = std::exchange(mysql_drop, "");
+      jobs::mysql::Connection(jobs::mysql::parse_config(mysql_admin))
+          .one("DROP DATABASE IF EXISTS `" + db + "`");
+    }
+    if (!path.empty()) {
+      const std::string file = std::exchange(path, "");
+      for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(file + suffix);
+    }
+  }
+
   std::unique_ptr<jobs::JobStore> store;
-  std::string path;        // a temp SQLite file to remove afterwards, or empty
-  std::string mysql;       // MySQL: the run's own database (connection string), for workers
-  std::string mysql_drop;  // MySQL: that database, to drop afterwards
+  std::string path;         // a temp SQLite file to remove afterwards, or empty
+  std::string sqlite_path;  // SQLite: the file, given or temp (for the workers)
+  std::string mysql;        // MySQL: the run's own database (connection string), for workers
+  std::string mysql_admin;  // MySQL: the given connection string, to drop that database with
+  std::string mysql_drop;   // MySQL: that database, to drop afterwards
   std::string server_version = "sqlite (embedded)";
 };
 
-OpenStore open_store(const QueueOptions& o) {
-  OpenStore out;
-  std::string path = o.sqlite_path;
+void open_store(const QueueOptions& o, OpenStore& out) {
   if (o.store == "sqlite") {
+    std::string path = o.sqlite_path;
     if (path.empty()) {
       path = (std::filesystem::temp_directory_path() /
               ("backhaul-bench-" + std::to_string(::getpid()) + ".db"))
                  .string();
       out.path = path;
     }
+    out.sqlite_path = path;
     for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(path + s);
     out.store = jobs::open_sqlite_store(path);
   } else if (o.store == "mysql") {
@@ -164,34 +204,21 @@ OpenStore open_store(const QueueOptions& o) {
                                "CREATE and DROP on it): " +
                                e.what());
     }
-    out.mysql = jobs::mysql::with_database(o.mysql, db);
+    out.mysql_admin = o.mysql;
     out.mysql_drop = db;
+    out.mysql = jobs::mysql::with_database(o.mysql, db);
     out.store = jobs::open_mysql_store(out.mysql, static_cast<size_t>(o.concurrency) + 4);
   } else {
     throw std::runtime_error("--store sqlite|mysql");
   }
-  return out;
 }
 
-// A worker process opens the store the parent filled (never deletes the SQLite file).
-OpenStore open_store_existing(const QueueOptions& o) {
-  OpenStore out;
+// A worker process opens the store the parent filled (and never removes it).
+void open_store_existing(const QueueOptions& o, OpenStore& out) {
   if (o.store == "sqlite") {
     out.store = jobs::open_sqlite_store(o.sqlite_path);
   } else {
     out.store = jobs::open_mysql_store(o.mysql, static_cast<size_t>(o.concurrency) + 4);
-  }
-  return out;
-}
-
-void close_store(OpenStore& s, const QueueOptions& o) {
-  s.store.reset();
-  if (!s.mysql_drop.empty()) {
-    jobs::mysql::Connection(jobs::mysql::parse_config(o.mysql))
-        .one("DROP DATABASE IF EXISTS `" + s.mysql_drop + "`");
-  }
-  if (!s.path.empty()) {
-    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(s.path + suffix);
   }
 }
 
@@ -204,7 +231,8 @@ double percentile(std::vector<double> values, double p) {
 // Enqueue -> handler start on an idle queue, one job at a time.
 void run_latency(const QueueOptions& o) {
   const int n = o.jobs > 0 ? o.jobs : 2000;
-  OpenStore opened = open_store(o);
+  OpenStore opened;
+  open_store(o, opened);
   jobs::JobStore& store = *opened.store;
   SystemClock clock;
   const std::string kind =
@@ -254,7 +282,7 @@ void run_latency(const QueueOptions& o) {
                          {"rep", o.rep},
                          {"config", o.store}};
   std::cout << line.dump() << std::endl;
-  close_store(opened, o);
+  opened.close();
 }
 
 jobs::SchedulerOptions throughput_options(const QueueOptions& o) {
@@ -263,19 +291,34 @@ jobs::SchedulerOptions throughput_options(const QueueOptions& o) {
   so.workers = o.concurrency;
   so.claim_batch = static_cast<size_t>(o.claim_batch > 0 ? o.claim_batch : o.concurrency);
   so.prefetch = o.prefetch;
+  // The claim loop sleeps this long after a claim that found nothing when no in-process wakeup
+  // came (a job's end or retry wakes it; a cap freed by an ending's commit, or rows another
+  // worker process holds, do not). The daemon's 200 ms would make such gaps, not the queue,
+  // the figure of a 20 000-job run. Recorded in the line's settings (docs/benchmarks.md).
   so.idle_poll_ms = 5;
   so.retry = {0, 2.0, 0};  // immediate retry, like the peers' smallest backoff
   return so;
 }
 
-std::atomic<bool> g_worker_stop{false};
+// SIGTERM, the parent's "stop" to its worker processes.
+sigset_t sigterm_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
 
 // One of --processes' workers: runs the kind's W1 handler until SIGTERM, then prints its handler
 // calls, the steady-clock time of its first call (CLOCK_MONOTONIC, the same in every process)
-// and its CPU seconds.
+// and its CPU seconds and peak RSS.
 void run_worker(const QueueOptions& o) {
-  std::signal(SIGTERM, [](int) { g_worker_stop = true; });
-  OpenStore opened = open_store_existing(o);
+  // SIGTERM arrives blocked (the parent blocks it before the fork; exec keeps the mask), so one
+  // sent before this worker waits for it stays pending rather than killing it. Blocked here too,
+  // before any thread starts (threads inherit the mask), for a worker started some other way.
+  const sigset_t term = sigterm_set();
+  ::pthread_sigmask(SIG_BLOCK, &term, nullptr);
+  OpenStore opened;
+  open_store_existing(o, opened);
   SystemClock clock;
   std::optional<SharedCounter> shared;
   if (o.calls_fd >= 0) shared.emplace(o.calls_fd);
@@ -293,7 +336,8 @@ void run_worker(const QueueOptions& o) {
     return jobs::Outcome::complete();
   });
   scheduler.start();
-  while (!g_worker_stop) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  int received = 0;
+  ::sigwait(&term, &received);
   scheduler.drain(std::chrono::milliseconds(1000));
   rusage self{};
   getrusage(RUSAGE_SELF, &self);
@@ -305,54 +349,163 @@ void run_worker(const QueueOptions& o) {
             << std::endl;
 }
 
-struct Worker {
-  pid_t pid = -1;
-  int out = -1;  // read end of its stdout
-};
+// The worker processes of a --processes run. However the run ends (a thrown error included), every
+// worker is stopped and reaped when the set goes, before the store does: none is left claiming
+// from it, and none outlives the run.
+class Workers {
+ public:
+  Workers() = default;
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+  ~Workers() {
+    for (Worker& w : workers_) {
+      if (w.out >= 0) ::close(w.out);
+      if (w.reaped) continue;
+      ::kill(w.pid, SIGTERM);
+      // SIGTERM drains the worker (up to a second); one that will not end is killed.
+      for (int i = 0; i < 500 && !w.reaped; ++i) {
+        w.reaped = ::waitpid(w.pid, &w.status, WNOHANG) == w.pid;
+        if (!w.reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (!w.reaped) {
+        ::kill(w.pid, SIGKILL);
+        ::waitpid(w.pid, &w.status, 0);
+      }
+    }
+  }
 
-Worker spawn_worker(const QueueOptions& o, const OpenStore& opened, const std::string& kind,
-                    const SharedCounter& calls) {
-  std::vector<std::string> args = {"backhaul-bench", "queue",
-                                   "--worker-of",    kind,
-                                   "--calls-fd",     std::to_string(calls.fd()),
-                                   "--store",        o.store,
-                                   "--concurrency",  std::to_string(o.concurrency),
-                                   "--claim-batch",  std::to_string(o.claim_batch),
-                                   "--prefetch",     std::to_string(o.prefetch)};
-  if (o.store == "mysql") args.insert(args.end(), {"--mysql", opened.mysql});
-  if (o.store == "sqlite") args.insert(args.end(), {"--sqlite-path", o.sqlite_path});
-  int fds[2];
-  if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    ::dup2(fds[1], STDOUT_FILENO);
-    ::close(fds[0]);
-    ::close(fds[1]);
+  bool empty() const { return workers_.empty(); }
+
+  void spawn(const QueueOptions& o, const OpenStore& opened, const std::string& kind,
+             const SharedCounter& calls) {
+    std::vector<std::string> args = {"backhaul-bench", "queue",
+                                     "--worker-of",    kind,
+                                     "--calls-fd",     std::to_string(calls.fd()),
+                                     "--store",        o.store,
+                                     "--concurrency",  std::to_string(o.concurrency),
+                                     "--prefetch",     std::to_string(o.prefetch)};
+    if (o.claim_batch > 0) {
+      args.insert(args.end(), {"--claim-batch", std::to_string(o.claim_batch)});
+    }
+    if (o.store == "mysql") args.insert(args.end(), {"--mysql", opened.mysql});
+    if (o.store == "sqlite") args.insert(args.end(), {"--sqlite-path", opened.sqlite_path});
+    // Built before the fork: the child of a threaded process may only make async-signal-safe calls.
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ::execv("/proc/self/exe", argv.data());
-    std::_Exit(127);
+    int fds[2];
+    // CLOEXEC: later workers do not inherit this one's pipe (dup2 clears it on the child's stdout).
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    const sigset_t term = sigterm_set();
+    sigset_t before;
+    ::pthread_sigmask(SIG_BLOCK, &term, &before);  // the child starts with SIGTERM blocked
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::execv("/proc/self/exe", argv.data());
+      std::_Exit(127);
+    }
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    ::close(fds[1]);
+    if (pid < 0) {
+      ::close(fds[0]);
+      throw std::runtime_error("fork failed");
+    }
+    workers_.push_back({pid, fds[0]});
   }
-  ::close(fds[1]);
-  return {pid, fds[0]};
+
+  // Throws when a worker has ended before it was told to: the run would otherwise wait for handler
+  // calls that will never come.
+  void check_running() {
+    for (Worker& w : workers_) {
+      if (!w.reaped && ::waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
+        w.reaped = true;
+        throw std::runtime_error("worker process " + std::to_string(w.pid) + " ended early (" +
+                                 describe(w.status) + ")");
+      }
+    }
+  }
+
+  // Stops every worker and returns their reports. Every worker is told to stop before any is
+  // waited for, so they drain at once; the first failure throws (the destructor reaps the rest).
+  std::vector<nlohmann::json> finish() {
+    for (Worker& w : workers_) ::kill(w.pid, SIGTERM);
+    std::vector<nlohmann::json> reports;
+    for (Worker& w : workers_) {
+      std::string text;
+      char buffer[4096];
+      ssize_t n;
+      while ((n = ::read(w.out, buffer, sizeof buffer)) > 0) {
+        text.append(buffer, static_cast<size_t>(n));
+      }
+      ::close(w.out);
+      w.out = -1;
+      ::waitpid(w.pid, &w.status, 0);
+      w.reaped = true;
+      if (!WIFEXITED(w.status) || WEXITSTATUS(w.status) != 0 || text.empty()) {
+        throw std::runtime_error("worker process " + std::to_string(w.pid) + " failed (" +
+                                 describe(w.status) + ")");
+      }
+      reports.push_back(nlohmann::json::parse(text));
+    }
+    return reports;
+  }
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    int out = -1;  // read end of its stdout
+    bool reaped = false;
+    int status = 0;
+  };
+
+  static std::string describe(int status) {
+    if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+    return "status " + std::to_string(status);
+  }
+
+  std::vector<Worker> workers_;
+};
+
+// The final state and handler calls of `n` jobs, counted as the peers' w2Expected()
+// (shared/bench/peers/common/payload.mjs) counts them, so that any n (not only multiples of 100)
+// is checked exactly.
+struct Expected {
+  int64_t completed = 0;
+  int64_t dead = 0;
+  int64_t handler_calls = 0;
+};
+
+Expected expected_outcome(bool w2, int n) {
+  if (!w2) return {n, 0, n};
+  int64_t dead = 0, retried = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i % 100 == 1) {
+      ++dead;
+    } else if (i % 5 == 0) {
+      ++retried;
+    }
+  }
+  return {n - dead, dead, n + retried + dead * 2};
 }
 
-nlohmann::json finish_worker(Worker& w) {
-  ::kill(w.pid, SIGTERM);
-  std::string text;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = ::read(w.out, buffer, sizeof buffer)) > 0)
-    text.append(buffer, static_cast<size_t>(n));
-  ::close(w.out);
-  int status = 0;
-  ::waitpid(w.pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || text.empty()) {
-    throw std::runtime_error("worker process " + std::to_string(w.pid) + " failed");
+// Options the chosen run cannot use are refused, naming them: a line must not record settings the
+// run never had.
+void refuse_inapplicable(const QueueOptions& o) {
+  auto refuse = [&o](std::initializer_list<const char*> flags, const std::string& why) {
+    for (const char* flag : flags) {
+      if (o.given.count(flag) > 0) throw std::runtime_error(std::string(flag) + " " + why);
+    }
+  };
+  if (o.workload == "latency") {
+    refuse(
+        {"--processes", "--keys", "--per-key-cap", "--global-cap", "--claim-batch", "--prefetch"},
+        "does not apply to --workload latency (one job at a time, default claim settings, "
+        "one process)");
   }
-  return nlohmann::json::parse(text);
+  if (o.store == "sqlite") refuse({"--mysql"}, "is for --store mysql");
+  if (o.store == "mysql") refuse({"--sqlite-path"}, "is for --store sqlite");
 }
 
 void run(const QueueOptions& o) {
@@ -360,21 +513,21 @@ void run(const QueueOptions& o) {
   if (o.server_pid > 0 && (o.store != "mysql" || o.workload == "latency")) {
     throw std::runtime_error("--server-pid is for --store mysql, workloads lifecycle and retries");
   }
+  refuse_inapplicable(o);
   if (o.workload == "latency") return run_latency(o);
-  if (o.processes > 1 && o.workload != "lifecycle") {
+  if (o.given.count("--processes") > 0 && o.workload != "lifecycle") {
     throw std::runtime_error("--processes is for the lifecycle workload");
-  }
-  if (o.processes > 1 && o.store == "sqlite" && o.sqlite_path.empty()) {
-    throw std::runtime_error("--processes with sqlite needs --sqlite-path");
   }
   const bool w2 = o.workload == "retries";
   if (!w2 && o.workload != "lifecycle") {
     throw std::runtime_error("--workload lifecycle|retries|latency");
   }
   const int n = o.jobs > 0 ? o.jobs : (w2 ? 5000 : 20000);
+  const Expected want = expected_outcome(w2, n);
 
   const double server_cpu_start = o.server_pid > 0 ? proc_cpu_s(o.server_pid) : 0.0;
-  OpenStore opened = open_store(o);
+  OpenStore opened;
+  open_store(o, opened);
   std::unique_ptr<jobs::JobStore>& store = opened.store;
   SystemClock clock;
   const std::string kind =
@@ -414,31 +567,32 @@ void run(const QueueOptions& o) {
   }
   auto t_enq = Steady::now();
 
-  std::vector<Worker> workers;
+  // Declared after the store and the scheduler, so destroyed before them: on any error the
+  // workers are stopped and reaped before the store goes.
+  Workers workers;
   std::optional<SharedCounter> worker_calls;
+  // Before the worker starts, as the peers take tWorkerStart before they create theirs: the
+  // start-up is part of worker_start_to_first_claim_s, which is then never negative.
+  const auto t_start = Steady::now();
   if (o.processes > 1) {
     worker_calls.emplace(SharedCounter::create());
-    for (int p = 0; p < o.processes; ++p) {
-      workers.push_back(spawn_worker(o, opened, kind, *worker_calls));
-    }
+    for (int p = 0; p < o.processes; ++p) workers.spawn(o, opened, kind, *worker_calls);
   } else {
     scheduler.start();
   }
-  auto t_start = Steady::now();
-  const int64_t want_done = w2 ? n - n / 100 : n;
-  const int64_t want_dead = w2 ? n / 100 : 0;
   int64_t done = 0, dead = 0;
   // As the peers' harness does: once the handler has returned for every job, poll the store's
   // own state every 20 ms; tEnd is the first poll that shows the final state (the check too).
   // Waiting for the handlers is a counter in memory (shared with the worker processes, if any),
   // so it costs the store nothing.
-  const int64_t expected_calls = w2 ? n + n / 5 + 2 * (n / 100) : n;
   auto calls_so_far = [&] {
     return worker_calls ? worker_calls->value().load(std::memory_order_relaxed)
                         : handler_calls.load();
   };
-  while (calls_so_far() < expected_calls && seconds(t0, Steady::now()) < 600) {
+  for (int64_t spins = 0; calls_so_far() < want.handler_calls && seconds(t0, Steady::now()) < 600;
+       ++spins) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (spins % 100 == 0) workers.check_running();  // a worker that died would never count
   }
   for (;;) {
     auto counts = store->counts();
@@ -450,25 +604,36 @@ void run(const QueueOptions& o) {
   }
   auto t_end = Steady::now();
   nlohmann::json server_cpu_s = nullptr;
-  if (o.server_pid > 0) server_cpu_s = proc_cpu_s(o.server_pid) - server_cpu_start;
+  nlohmann::json server_rss_kb = nullptr;
+  nlohmann::json server_mem = nullptr;
+  if (o.server_pid > 0) {
+    server_cpu_s = proc_cpu_s(o.server_pid) - server_cpu_start;
+    // The server outlives the run, so its VmHWM is the peak since it started (earlier runs
+    // included), not this run's as a fresh peer server's is: the run's figure is its resident
+    // size now, at the end of the run; VmHWM is kept beside it.
+    server_rss_kb = proc_status_kb(o.server_pid, "VmRSS");
+    server_mem = {{"rss_at_end_kb", server_rss_kb},
+                  {"root_hwm_kb", proc_status_kb(o.server_pid, "VmHWM")}};
+  }
   scheduler.drain(std::chrono::milliseconds(1000));
 
-  rusage self{};
-  getrusage(RUSAGE_SELF, &self);
   double workers_cpu_s = 0;
-  int64_t workers_rss_kb = 0;
-  for (Worker& w : workers) {
-    nlohmann::json report = finish_worker(w);
+  int64_t workers_rss_kb = 0, worker_max_rss_kb = 0;
+  for (const nlohmann::json& report : workers.finish()) {
     handler_calls += report["calls"].get<int64_t>();
     workers_cpu_s += report["cpu_s"].get<double>();
-    workers_rss_kb = std::max(workers_rss_kb, report["rss_kb"].get<int64_t>());
+    workers_rss_kb += report["rss_kb"].get<int64_t>();
+    worker_max_rss_kb = std::max(worker_max_rss_kb, report["rss_kb"].get<int64_t>());
     const Steady::time_point first{std::chrono::nanoseconds(report["first_ns"].get<int64_t>())};
     if (report["calls"].get<int64_t>() > 0 && (!first_seen || first < t_first)) {
       t_first = first;
       first_seen = true;
     }
   }
-  const bool ok = done == want_done && dead == want_dead && handler_calls == expected_calls;
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  const bool ok =
+      done == want.completed && dead == want.dead && handler_calls == want.handler_calls;
   double process_s = seconds(t_first, t_end);
   double e2e = seconds(t0, t_end);
   nlohmann::json line = {
@@ -482,35 +647,40 @@ void run(const QueueOptions& o) {
       {"process_s", process_s},
       {"process_jobs_per_s", n / process_s},
       {"worker_start_to_first_claim_s", seconds(t_start, t_first)},
-      // None: SQLite runs in this process, and a MariaDB server outlives the run (its peak
-      // resident size is not this run's, as a peer's fresh server's is).
-      {"server_rss_kb", nullptr},
-      {"client_rss_kb", self.ru_maxrss},
+      // None for SQLite: it runs in this process.
+      {"server_rss_kb", server_rss_kb},
+      {"server_mem", server_mem},
+      // The peers' client is one process, producer and worker together: with --processes, the
+      // producer's peak plus each worker's (an upper bound of their peak together).
+      {"client_rss_kb", self.ru_maxrss + workers_rss_kb},
       {"server_cpu_s", server_cpu_s},
       {"client_cpu_s", cpu_seconds(self) + workers_cpu_s},
       {"processes", o.processes},
-      {"worker_rss_kb", workers.empty() ? nlohmann::json(nullptr) : nlohmann::json(workers_rss_kb)},
+      {"worker_rss_kb",
+       workers.empty() ? nlohmann::json(nullptr) : nlohmann::json(worker_max_rss_kb)},
       {"ok", ok},
       {"completed", done},
       {"dead", dead},
       {"handler_calls", handler_calls.load()},
-      {"expected_handler_calls", expected_calls},
+      {"expected_handler_calls", want.handler_calls},
       {"batch_enqueue", true},
       {"enqueue_api", "JobStore::enqueue_batch"},
       {"settings",
        {{"workers", o.concurrency},
         {"claim_batch", so.claim_batch},
         {"prefetch", so.prefetch},
+        {"max_in_flight", o.concurrency + so.prefetch},
+        {"idle_poll_ms", so.idle_poll_ms},
         {"keys", o.keys},
         {"per_key_cap", o.per_key_cap},
         {"global_cap", o.global_cap}}},
-      {"version", "backhaul"},
+      {"version", {{"backhaul", BACKHAUL_VERSION}}},
       {"rep", o.rep},
       {"config", o.store},
       {"server_version", opened.server_version},
       {"durability", o.store == "sqlite" ? "synchronous=FULL" : "flush_log_at_trx_commit=1"}};
   std::cout << line.dump() << std::endl;
-  close_store(opened, o);
+  opened.close();
   if (!ok) throw std::runtime_error("final state is wrong (see the JSON line)");
 }
 
@@ -518,33 +688,53 @@ void run(const QueueOptions& o) {
 
 void add_queue_bench(CLI::App& app) {
   auto o = std::make_shared<QueueOptions>();
+  const auto positive = CLI::Range(1, std::numeric_limits<int>::max());
+  const auto non_negative = CLI::Range(0, std::numeric_limits<int>::max());
   CLI::App* cmd = app.add_subcommand(
       "queue", "peer workloads W1 (lifecycle) and W2 (retries) of shared/bench on the job queue");
-  cmd->add_option("--store", o->store, "sqlite | mysql")->capture_default_str();
+  cmd->add_option("--store", o->store, "sqlite | mysql")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sqlite", "mysql"}));
   cmd->add_option("--workload", o->workload, "lifecycle (W1) | retries (W2) | latency")
-      ->capture_default_str();
-  cmd->add_option("--jobs", o->jobs, "N (default: 20000 for W1, 5000 for W2)");
-  cmd->add_option("--concurrency", o->concurrency, "workers")->capture_default_str();
-  cmd->add_option("--claim-batch", o->claim_batch, "jobs per claim (default: concurrency)");
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lifecycle", "retries", "latency"}));
+  cmd->add_option("--jobs", o->jobs, "N (default: 20000 for W1, 5000 for W2, 2000 for latency)")
+      ->check(positive);
+  cmd->add_option("--concurrency", o->concurrency, "workers")
+      ->capture_default_str()
+      ->check(positive);
+  cmd->add_option("--claim-batch", o->claim_batch, "jobs per claim (default: concurrency)")
+      ->check(positive);
   cmd->add_option("--prefetch", o->prefetch, "jobs claimed ahead of free workers")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative);
   cmd->add_option("--sqlite-path", o->sqlite_path, "SQLite file (default: a temp file)");
   cmd->add_option("--mysql", o->mysql, "Poco-style MySQL connection string");
-  cmd->add_option("--rep", o->rep, "repetition number recorded in the line");
+  cmd->add_option("--rep", o->rep, "repetition number recorded in the line")->check(positive);
   cmd->add_option("--keys", o->keys, "concurrency keys the jobs are spread over")
-      ->capture_default_str();
-  cmd->add_option("--per-key-cap", o->per_key_cap, "exact cap per key (0 = none)");
-  cmd->add_option("--global-cap", o->global_cap, "exact cap for the kind (0 = none)");
+      ->capture_default_str()
+      ->check(positive);
+  cmd->add_option("--per-key-cap", o->per_key_cap, "exact cap per key (0 = none)")
+      ->check(non_negative);
+  cmd->add_option("--global-cap", o->global_cap, "exact cap for the kind (0 = none)")
+      ->check(non_negative);
   cmd->add_option("--processes", o->processes, "worker processes sharing the store (W1)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positive);
   cmd->add_option("--server-pid", o->server_pid,
-                  "MySQL server's PID on this machine: its CPU over the run -> server_cpu_s")
-      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+                  "MySQL server's PID on this machine: its CPU over the run -> server_cpu_s, its "
+                  "VmRSS at the end -> server_rss_kb")
+      ->check(positive);
   cmd->add_option("--worker-of", o->worker_of, "internal: worker process for this job kind")
       ->group("");
   cmd->add_option("--calls-fd", o->calls_fd, "internal: the workers' shared call counter")
       ->group("");
-  cmd->callback([o] { run(*o); });
+  cmd->callback([o, cmd] {
+    for (const CLI::Option* option : cmd->get_options()) {
+      if (option->count() > 0) o->given.insert(option->get_name());
+    }
+    run(*o);
+  });
 }
 
 }  // namespace backhaul::bench

@@ -3,14 +3,17 @@
 // failures imply), its line has the peers' result fields, MySQL runs name the server and count its
 // CPU, and options that cannot apply are refused with the reason. Outcomes and fields only: no
 // figure here is a speed.
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/common/proc.h"
 #include "tests/host/daemon/child_process.h"
 #include <unistd.h>
 
@@ -18,6 +21,7 @@ namespace backhaul {
 namespace {
 
 namespace fs = std::filesystem;
+using daemon::testing::ChildProcess;
 using daemon::testing::CommandResult;
 using daemon::testing::run_command;
 using nlohmann::json;
@@ -116,6 +120,11 @@ TEST_F(QueueBench, SqliteLifecycleCompletesEveryJobOnce) {
   EXPECT_EQ(line["expected_handler_calls"], 300);
   EXPECT_EQ(line["settings"]["claim_batch"], 16);
   EXPECT_EQ(line["settings"]["prefetch"], 16);
+  EXPECT_EQ(line["settings"]["max_in_flight"], 8 + 16);
+  EXPECT_EQ(line["settings"]["idle_poll_ms"], 5);
+  EXPECT_TRUE(line["version"]["backhaul"].is_string()) << line["version"];
+  // Taken before the scheduler starts, as the peers take tWorkerStart before their worker.
+  EXPECT_GE(line["worker_start_to_first_claim_s"].get<double>(), 0);
   EXPECT_TRUE(line["server_cpu_s"].is_null());  // no server: the store is in the process
   EXPECT_EQ(line["server_version"], "sqlite (embedded)");
   EXPECT_EQ(line["durability"], "synchronous=FULL");
@@ -132,6 +141,103 @@ TEST_F(QueueBench, SqliteRetriesEndWithTheFailingJobsDead) {
   EXPECT_EQ(line["dead"], 5);
   EXPECT_EQ(line["handler_calls"], 500 + 100 + 2 * 5);
   EXPECT_EQ(line["expected_handler_calls"], 610);
+}
+
+TEST_F(QueueBench, RetriesExpectExactlyWhatThePeersCountForAnyN) {
+  // The peers' w2Expected() loops over i: for 150 jobs, i = 1 and 101 die (2, not 150 / 100),
+  // 30 fail once; for 1 job, job 0 fails once (i % 5 == 0) and then succeeds.
+  json line = line_of({"--store", "sqlite", "--workload", "retries", "--jobs", "150"});
+  EXPECT_TRUE(line["ok"].get<bool>()) << line.dump();
+  EXPECT_EQ(line["completed"], 148);
+  EXPECT_EQ(line["dead"], 2);
+  EXPECT_EQ(line["handler_calls"], 150 + 30 + 2 * 2);
+  EXPECT_EQ(line["expected_handler_calls"], 184);
+
+  line = line_of({"--store", "sqlite", "--workload", "retries", "--jobs", "1"});
+  EXPECT_TRUE(line["ok"].get<bool>()) << line.dump();
+  EXPECT_EQ(line["completed"], 1);
+  EXPECT_EQ(line["dead"], 0);
+  EXPECT_EQ(line["handler_calls"], 2);
+  EXPECT_EQ(line["expected_handler_calls"], 2);
+}
+
+TEST_F(QueueBench, BadNumbersAreRefusedNamingTheOption) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--jobs", "-5"},        {"--jobs", "0"},        {"--claim-batch", "-3"},
+      {"--claim-batch", "0"},  {"--concurrency", "0"}, {"--concurrency", "-2"},
+      {"--prefetch", "-1"},    {"--keys", "0"},        {"--processes", "0"},
+      {"--per-key-cap", "-1"}, {"--global-cap", "-1"}, {"--rep", "0"},
+      {"--store", "postgres"}, {"--workload", "w3"}};
+  for (const std::vector<std::string>& args : cases) {
+    CommandResult r =
+        args[0] == "--store" ? bench(args) : bench({"--store", "sqlite", args[0], args[1]});
+    EXPECT_NE(r.exit_code, 0) << args[0] << " " << args[1];
+    EXPECT_NE(r.err.find(args[0]), std::string::npos) << args[0] << " " << args[1] << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST_F(QueueBench, OptionsTheWorkloadCannotUseAreRefusedNamingThem) {
+  const std::vector<std::vector<std::string>> latency = {
+      {"--processes", "2"},   {"--keys", "10"},       {"--prefetch", "4"},
+      {"--claim-batch", "8"}, {"--per-key-cap", "1"}, {"--global-cap", "1"}};
+  for (const std::vector<std::string>& args : latency) {
+    CommandResult r =
+        bench({"--store", "sqlite", "--workload", "latency", "--jobs", "5", args[0], args[1]});
+    EXPECT_NE(r.exit_code, 0) << args[0];
+    EXPECT_NE(r.err.find(args[0] + " does not apply to --workload latency"), std::string::npos)
+        << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  CommandResult retries = bench({"--store", "sqlite", "--workload", "retries", "--processes", "2"});
+  EXPECT_NE(retries.exit_code, 0);
+  EXPECT_NE(retries.err.find("--processes is for the lifecycle workload"), std::string::npos)
+      << retries.err;
+  CommandResult mysql = bench({"--store", "sqlite", "--mysql", "host=127.0.0.1", "--jobs", "5"});
+  EXPECT_NE(mysql.exit_code, 0);
+  EXPECT_NE(mysql.err.find("--mysql is for --store mysql"), std::string::npos) << mysql.err;
+}
+
+// The parent stops its workers with SIGTERM as soon as the handlers have run every job: with 5
+// jobs that can come before a worker is ready for it. Every run must still end well.
+TEST_F(QueueBench, SqliteWorkerProcessesStoppedEarlyStillEndTheRun) {
+  for (int run = 0; run < 8; ++run) {
+    json line = line_of({"--store", "sqlite", "--jobs", "5", "--processes", "3"});
+    EXPECT_TRUE(line["ok"].get<bool>()) << line.dump();
+    EXPECT_EQ(line["handler_calls"], 5);
+    // The producer's peak plus every worker's, as the peers' one client process counts both.
+    EXPECT_GT(line["client_rss_kb"].get<int64_t>(), line["worker_rss_kb"].get<int64_t>());
+  }
+}
+
+// A worker that dies mid-run ends the run with an error naming it; the other workers are stopped
+// and reaped, and the run's temp SQLite file is removed.
+TEST_F(QueueBench, AWorkerThatDiesEndsTheRunAndLeavesNothingBehind) {
+  // One key capped at 1: the jobs run one at a time, so the run is still going when a worker dies.
+  ChildProcess parent(BACKHAUL_BENCH_PATH,
+                      {"queue", "--store", "sqlite", "--jobs", "5000", "--keys", "1",
+                       "--per-key-cap", "1", "--processes", "2"},
+                      {"TMPDIR=" + dir_.string()}, dir_ / "err.txt", dir_ / "out.txt");
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 1000 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    workers = child_pids(parent.pid());
+  }
+  ASSERT_EQ(workers.size(), 2u) << parent.stderr_text();
+  ASSERT_EQ(::kill(workers[0], SIGKILL), 0);
+  const int status = parent.wait_exit(std::chrono::seconds(30));
+  ASSERT_NE(status, -1) << "the run went on without its worker";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
+  EXPECT_NE(parent.stderr_text().find("worker process " + std::to_string(workers[0])),
+            std::string::npos)
+      << parent.stderr_text();
+  for (pid_t worker : workers) {
+    EXPECT_FALSE(fs::exists("/proc/" + std::to_string(worker))) << "worker " << worker << " left";
+  }
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().rfind("backhaul-bench-", 0), std::string::npos)
+        << entry.path() << " left behind";
+  }
 }
 
 TEST_F(QueueBench, MysqlRetriesNameTheServerAndCountItsCpu) {
