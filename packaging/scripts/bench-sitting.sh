@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One benchmark sitting: the peer job queues of shared/bench, then backhaul-bench queue on both
-# stores, on the same machine in the same minutes, and a table of the job-queue goals.
+# stores, on the same machine, in two consecutive blocks (all the peers' runs, then all of ours),
+# and a table of the job-queue goals.
 #
 # Usage: packaging/scripts/bench-sitting.sh OUTDIR
 #
@@ -68,24 +69,75 @@ mysql=(--store mysql --mysql "$(cat "$mariadb_dir/connection.txt")"
 ours=$out/ours.jsonl
 : >"$ours"
 run() { "$bench" queue "$@" >>"$ours"; }
+root_sql() {
+  mariadb --no-defaults --socket="$(cat "$mariadb_dir/socket.txt")" -uroot --batch \
+    --skip-column-names -e "$1" 2>/dev/null
+}
+# After a MySQL run has dropped its database, InnoDB still purges the run's undo history in the
+# background: wait until that history is small (at most 30 s), so that it does not slow the next
+# run; a few seconds when the length cannot be read.
+settle_mysql() {
+  local len
+  for _ in $(seq 1 60); do
+    len=$(root_sql "SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'" | awk '{print $2}' ||
+      true)
+    if ! [[ $len =~ ^[0-9]+$ ]]; then sleep 3; return; fi
+    [ "$len" -lt 1000 ] && return
+    sleep 0.5
+  done
+}
+# The job shapes (docs/benchmarks.md): the peers' primary rows take one job per claim, 8 in flight;
+# their TUNED rows keep at most 8 in flight; 256/256 keeps up to 264 leased, more than any peer row.
+strict=(--claim-batch 1 --prefetch 0)  # one job per claim, like the peers' primary rows
 tuned=(--claim-batch 256 --prefetch 256)
+# One configuration by name. The caps pair at 256/256 uses a cap that never binds (1000 per key
+# for 2000 jobs a key); the binding pair (1 per key over 10 keys, default settings) is reported
+# apart.
+config() {
+  local name=$1 rep=$2
+  case $name in
+    sqlite-w1-strict) run --store sqlite "${strict[@]}" --rep "$rep" ;;
+    sqlite-w1-default) run --store sqlite --rep "$rep" ;;
+    sqlite-w1-256) run --store sqlite "${tuned[@]}" --rep "$rep" ;;
+    sqlite-w2-strict) run --store sqlite "${strict[@]}" --workload retries --rep "$rep" ;;
+    sqlite-w2-default) run --store sqlite --workload retries --rep "$rep" ;;
+    sqlite-w2-256) run --store sqlite "${tuned[@]}" --workload retries --rep "$rep" ;;
+    mysql-*)
+      case $name in
+        mysql-w1-strict) run "${mysql[@]}" "${strict[@]}" --rep "$rep" ;;
+        mysql-w1-default) run "${mysql[@]}" --rep "$rep" ;;
+        mysql-w1-256) run "${mysql[@]}" "${tuned[@]}" --rep "$rep" ;;
+        mysql-w1-256-p3) run "${mysql[@]}" "${tuned[@]}" --processes 3 --rep "$rep" ;;
+        mysql-w2-strict) run "${mysql[@]}" "${strict[@]}" --workload retries --rep "$rep" ;;
+        mysql-w2-default) run "${mysql[@]}" --workload retries --rep "$rep" ;;
+        mysql-w2-256) run "${mysql[@]}" "${tuned[@]}" --workload retries --rep "$rep" ;;
+      esac
+      settle_mysql
+      ;;
+    keys-256) run --store sqlite "${tuned[@]}" --keys 10 --rep "$rep" ;;
+    keys-256-cap1000) run --store sqlite "${tuned[@]}" --keys 10 --per-key-cap 1000 --rep "$rep" ;;
+    keys-default) run --store sqlite --keys 10 --rep "$rep" ;;
+    keys-default-cap1) run --store sqlite --keys 10 --per-key-cap 1 --rep "$rep" ;;
+    latency) run --store sqlite --workload latency --rep "$rep" ;;
+    *) echo "bench-sitting: no configuration $name" >&2; exit 1 ;;
+  esac
+}
+configs=(sqlite-w1-strict sqlite-w1-default sqlite-w1-256 sqlite-w2-strict sqlite-w2-default
+  sqlite-w2-256 mysql-w1-strict mysql-w1-default mysql-w1-256 mysql-w1-256-p3 mysql-w2-strict
+  mysql-w2-default mysql-w2-256 keys-256 keys-256-cap1000 keys-default keys-default-cap1 latency)
 stamp "ours-start"
+# Each rep runs every configuration once, the list rotated by the rep's index, so that no
+# configuration always runs first (after the peers) or always after the same neighbour.
 for rep in $(seq 1 "$reps"); do
-  run --store sqlite "${tuned[@]}" --rep "$rep"
-  run --store sqlite "${tuned[@]}" --workload retries --rep "$rep"
-  run "${mysql[@]}" "${tuned[@]}" --rep "$rep"
-  run "${mysql[@]}" "${tuned[@]}" --processes 3 --rep "$rep"
-  run "${mysql[@]}" "${tuned[@]}" --workload retries --rep "$rep"
-  run --store sqlite "${tuned[@]}" --keys 10 --rep "$rep"
-  run --store sqlite "${tuned[@]}" --keys 10 --per-key-cap 1000 --rep "$rep"
-  run --store sqlite --workload latency --rep "$rep"
+  shift_by=$(((rep - 1) * ${#configs[@]} / reps))
+  for k in $(seq 0 $((${#configs[@]} - 1))); do
+    config "${configs[$(((k + shift_by) % ${#configs[@]}))]}" "$rep"
+  done
 done
-# Defaults (no tuning flags), once each, and the million-job backlog.
-run --store sqlite --rep 1
-run --store sqlite --workload retries --rep 1
-run "${mysql[@]}" --rep 1
-run "${mysql[@]}" --workload retries --rep 1
-run --store sqlite "${tuned[@]}" --jobs 1000000 --rep 1
+# The million-job backlog, three times (the summary takes the median).
+for rep in $(seq 1 3); do
+  run --store sqlite "${tuned[@]}" --jobs 1000000 --rep "$rep"
+done
 stamp "ours-end"
 
 peer_files=()
