@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backhaul/http_date.hpp"
 #include "backhaul/json_depth.hpp"
 
 #include "iso8601.h"
@@ -53,7 +54,7 @@ std::optional<int64_t> seconds_header_ms(const sdk::HttpResponse& response, std:
 // the host (status.h), which then retries every second.
 std::optional<int64_t> retry_after_wait_ms(std::string_view value, int64_t github_now_ms) {
   value = trim(value);
-  if (const std::optional<int64_t> until_ms = parse_imf_fixdate(value)) {
+  if (const std::optional<int64_t> until_ms = sdk::parse_imf_fixdate(value)) {
     if (*until_ms > github_now_ms) return *until_ms - github_now_ms;
     return std::nullopt;
   }
@@ -135,7 +136,7 @@ bool names_a_rate_limit(std::string_view message) {
 int64_t github_clock_ms(const sdk::HttpResponse& response, int64_t now_ms) {
   constexpr int64_t kMaxSkewMs = 24LL * 3600 * 1000;
   const std::optional<std::string_view> date = response.header("date");
-  const std::optional<int64_t> date_ms = date ? parse_imf_fixdate(trim(*date)) : std::nullopt;
+  const std::optional<int64_t> date_ms = date ? sdk::parse_imf_fixdate(trim(*date)) : std::nullopt;
   if (!date_ms || *date_ms > now_ms + kMaxSkewMs || *date_ms < now_ms - kMaxSkewMs) return now_ms;
   return *date_ms;
 }

@@ -77,15 +77,6 @@ std::optional<int64_t> zone_offset_seconds(std::string_view text, size_t pos) {
   return sign * (*hours * 3600 + *minutes * 60);
 }
 
-// Index of `name` in `names`, or nullopt. Compared as is: IMF-fixdate names are case-sensitive.
-template <size_t N>
-std::optional<int64_t> index_of(std::string_view name, const std::string_view (&names)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    if (names[i] == name) return static_cast<int64_t>(i);
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 std::string format_iso8601(int64_t unix_ms) {
@@ -143,39 +134,6 @@ std::optional<int64_t> parse_iso8601(std::string_view text) {
   const int64_t seconds = days_from_civil(*year, *month, *day) * kSecondsPerDay + *hour * 3600 +
                           *minute * 60 + *second - *offset;
   return seconds * kMsPerSecond + millis;
-}
-
-std::optional<int64_t> parse_imf_fixdate(std::string_view text) {
-  // Day names in the order of (days since 1970-01-01) mod 7: that day was a Thursday.
-  static constexpr std::string_view kDayNames[] = {"Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"};
-  static constexpr std::string_view kMonthNames[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  // "Sun, 06 Nov 1994 08:49:37 GMT": every field has a fixed width and place.
-  if (text.size() != 29 || text.substr(3, 2) != ", " || text[7] != ' ' || text[11] != ' ' ||
-      text[16] != ' ' || text.substr(25) != " GMT") {
-    return std::nullopt;
-  }
-  const std::optional<int64_t> weekday = index_of(text.substr(0, 3), kDayNames);
-  const std::optional<int64_t> month0 = index_of(text.substr(8, 3), kMonthNames);
-  size_t pos = 5;
-  const auto day = digits(text, pos, 2);
-  pos = 12;
-  const auto year = digits(text, pos, 4);
-  pos = 17;
-  const auto hour = digits(text, pos, 2);
-  if (!weekday || !month0 || !day || !year || !hour || !expect(text, pos, ':')) return std::nullopt;
-  const auto minute = digits(text, pos, 2);
-  if (!minute || !expect(text, pos, ':')) return std::nullopt;
-  const auto second = digits(text, pos, 2);
-  if (!second) return std::nullopt;
-  const int64_t month = *month0 + 1;
-  if (*day < 1 || *day > days_in_month(*year, month) || *hour > 23 || *minute > 59 ||
-      *second > 60) {  // 60: a leap second, as RFC 9110 allows
-    return std::nullopt;
-  }
-  const int64_t days = days_from_civil(*year, month, *day);
-  if (((days % 7) + 7) % 7 != *weekday) return std::nullopt;
-  return (days * kSecondsPerDay + *hour * 3600 + *minute * 60 + *second) * kMsPerSecond;
 }
 
 }  // namespace backhaul::github
