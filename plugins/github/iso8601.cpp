@@ -2,22 +2,15 @@
 
 #include <cstdio>
 
+#include "backhaul/http_date.hpp"
+
 namespace backhaul::github {
 namespace {
 
 constexpr int64_t kMsPerSecond = 1000;
 constexpr int64_t kSecondsPerDay = 86'400;
 
-// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil), so no
-// dependency on the C library's time zone state (timegm is not standard, mktime is local time).
-int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-  y -= m <= 2 ? 1 : 0;
-  const int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const int64_t yoe = y - era * 400;
-  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146'097 + doe - 719'468;
-}
+using sdk::detail::days_from_civil;
 
 struct Civil {
   int64_t year;
