@@ -234,13 +234,23 @@ struct CircuitRecord {
   int64_t updated_ms = 0;
 };
 
+// The schema version a store had before JobStore::apply_migrations() (0: none, a store it
+// created) and the one it has after.
+struct SchemaVersions {
+  int before = 0;
+  int after = 0;
+};
+
 class JobStore {
  public:
   virtual ~JobStore() = default;
 
   // Applies the versioned migrations in schemas/sql/<backend>/ that are not applied yet.
   // Returns the schema version now in force. Safe to call from several hosts at once.
-  virtual int migrate() = 0;
+  int migrate() { return apply_migrations().after; }
+  // migrate(), also telling the version it found, read under the same lock: `db migrate` says
+  // whether it created the store, upgraded it or found it current.
+  virtual SchemaVersions apply_migrations() = 0;
   virtual std::string backend() const = 0;  // "sqlite" | "mysql"
 
   // --- producing ---------------------------------------------------------------------------
@@ -400,9 +410,10 @@ class JobStore {
 // Opens the SQLite store at `path` (created if missing; WAL, synchronous=FULL) and migrates it.
 std::unique_ptr<JobStore> open_sqlite_store(const std::string& path);
 // Opens the MySQL/MariaDB store with a Poco connection string
-// ("host=127.0.0.1;port=3306;db=backhaul;user=...;password=...") and migrates it.
+// ("host=127.0.0.1;port=3306;db=backhaul;user=...;password=...") and migrates it, unless
+// `migrate` is false (`db migrate`, which calls apply_migrations() to report what it did).
 std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string,
-                                           size_t pool_size = 8);
+                                           size_t pool_size = 8, bool migrate = true);
 // Throws ConfigError naming what open_mysql_store() would refuse in `connection_string` before
 // connecting (an unknown key, a value that is not one, no db=); connects to nothing.
 void check_mysql_connection_string(const std::string& connection_string);

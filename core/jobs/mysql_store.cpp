@@ -1991,13 +1991,13 @@ CircuitRecord read_circuit(const Result& r) {
 
 class MysqlStore final : public JobStore {
  public:
-  MysqlStore(const std::string& connection_string, size_t pool_size)
+  MysqlStore(const std::string& connection_string, size_t pool_size, bool migrate_now)
       : pool_(store_config(connection_string), pool_size),
         pool_size_(std::max<size_t>(pool_size, 1)) {
-    migrate();
+    if (migrate_now) migrate();
   }
 
-  int migrate() override;
+  SchemaVersions apply_migrations() override;
   std::string backend() const override { return "mysql"; }
 
   EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
@@ -2563,8 +2563,8 @@ class MysqlStore final : public JobStore {
     });
     std::vector<Attempt> out;
     for (auto row = r.rows.rbegin(); row != r.rows.rend(); ++row) {
-      out.push_back({id, to_int((*row)[0]), to_str((*row)[1]), to_i64((*row)[2]),
-                     to_i64((*row)[3]), to_str((*row)[4]), (*row)[5]});
+      out.push_back({id, to_int((*row)[0]), to_str((*row)[1]), to_i64((*row)[2]), to_i64((*row)[3]),
+                     to_str((*row)[4]), (*row)[5]});
     }
     return out;
   }
@@ -3368,7 +3368,7 @@ void take_migration_lock(mysql::Connection& c, const std::string& name, unsigned
 // its own in MySQL, so a migration is not atomic: its statements are written to be re-run
 // (IF NOT EXISTS) after a crash halfway, and schema_migrations records it only once all ran.
 // It runs on a session of its own (migration_session), closed at the end.
-int MysqlStore::migrate() {
+SchemaVersions MysqlStore::apply_migrations() {
   const std::string lock_name = [&] {
     std::string name = "backhaul_migrate:" + pool_.config().db;
     return name.substr(0, 64);  // the server's limit for lock names
@@ -3404,6 +3404,8 @@ int MysqlStore::migrate() {
       std::map<int, std::string> applied;
       for (const Row& row : recorded.rows) applied.emplace(to_int(row[0]), to_str(row[1]));
       check_history("mysql", applied, mysql_migrations());
+      SchemaVersions versions;
+      versions.before = applied.empty() ? 0 : applied.rbegin()->first;
       for (const Migration& m : mysql_migrations()) {
         if (applied.count(m.version)) continue;
         for (const std::string& statement : split_sql_statements(m.sql)) {
@@ -3422,7 +3424,9 @@ int MysqlStore::migrate() {
         c->one(Sql("INSERT INTO schema_migrations (version, name, applied_ms) VALUES (")
                << m.version << ", " << quote(std::string_view(m.name)) << ", " << wall_ms << ")");
       }
-      return first_or(c->one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"), 0);
+      versions.after =
+          first_or(c->one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"), 0);
+      return versions;
     } catch (const mysql::Error& e) {
       if ((e.needs_new_session() || e.lock_conflict()) && attempt < 5) {
         mysql::backoff(attempt, std::chrono::milliseconds(100), std::chrono::milliseconds(2000));
@@ -3435,8 +3439,9 @@ int MysqlStore::migrate() {
 
 }  // namespace
 
-std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string, size_t pool_size) {
-  return std::make_unique<MysqlStore>(connection_string, pool_size);
+std::unique_ptr<JobStore> open_mysql_store(const std::string& connection_string, size_t pool_size,
+                                           bool migrate) {
+  return std::make_unique<MysqlStore>(connection_string, pool_size, migrate);
 }
 
 void check_mysql_connection_string(const std::string& connection_string) {

@@ -1496,7 +1496,7 @@ int64_t wall_clock_ms() {
 
 // Runs inside the writer's BEGIN IMMEDIATE transaction, so two processes migrating at once are
 // serialized and the second finds the work done.
-int migrate_schema(Connection& c) {
+SchemaVersions migrate_schema(Connection& c) {
   c.exec(
       "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
       "name TEXT NOT NULL, applied_ms INTEGER NOT NULL)");
@@ -1506,6 +1506,8 @@ int migrate_schema(Connection& c) {
     while (q.step()) applied.emplace(q.i32(0), q.text(1));
   }
   check_history("sqlite", applied, sqlite_migrations());
+  SchemaVersions versions;
+  versions.before = applied.empty() ? 0 : applied.rbegin()->first;
   for (const Migration& m : sqlite_migrations()) {
     if (applied.count(m.version)) continue;
     for (const std::string& statement : split_sql_statements(m.sql)) c.exec(statement);
@@ -1514,7 +1516,8 @@ int migrate_schema(Connection& c) {
         .run();
   }
   Query q = c.query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations");
-  return q.step() ? q.i32(0) : 0;
+  versions.after = q.step() ? q.i32(0) : 0;
+  return versions;
 }
 
 // --- the store -----------------------------------------------------------------------------
@@ -1539,7 +1542,7 @@ class SqliteStore final : public SqliteJobStore {
     if (options.migrate) migrate();
   }
 
-  int migrate() override {
+  SchemaVersions apply_migrations() override {
     return write([](Connection& c) { return migrate_schema(c); });
   }
   std::string backend() const override { return "sqlite"; }

@@ -18,6 +18,15 @@ struct DbOptions {
   std::string mysql_env;
 };
 
+// What a migration did, which the version after does not tell: a path mistyped made a new, empty
+// store, and said so only as a version.
+std::string migration_outcome(const jobs::SchemaVersions& v) {
+  const std::string after = std::to_string(v.after);
+  if (v.before == 0) return "created a new store at schema version " + after;
+  if (v.before == v.after) return "already at schema version " + after;
+  return "migrated from schema version " + std::to_string(v.before) + " to " + after;
+}
+
 void migrate(const DbOptions& o) {
   std::unique_ptr<jobs::JobStore> store;
   std::string where;
@@ -33,11 +42,12 @@ void migrate(const DbOptions& o) {
                         " (the MySQL connection string) "
                         "is not set");
     }
-    store = jobs::open_mysql_store(dsn, 1);
+    store = jobs::open_mysql_store(dsn, 1, /*migrate=*/false);  // as options.migrate above
     where = "$" + o.mysql_env;
   }
-  const int version = store->migrate();
-  std::printf("%s store %s: schema version %d\n", store->backend().c_str(), where.c_str(), version);
+  const jobs::SchemaVersions versions = store->apply_migrations();
+  std::printf("%s store %s: %s\n", store->backend().c_str(), where.c_str(),
+              migration_outcome(versions).c_str());
 }
 
 }  // namespace
@@ -46,8 +56,10 @@ void add_db_command(CLI::App& app) {
   auto options = std::make_shared<DbOptions>();
   CLI::App* db = app.add_subcommand("db", "the job store's schema");
   db->require_subcommand(1);
-  CLI::App* migrate_cmd =
-      db->add_subcommand("migrate", "apply pending schema migrations and print the version");
+  CLI::App* migrate_cmd = db->add_subcommand(
+      "migrate",
+      "apply pending schema migrations and say what they did: created a new store, migrated it "
+      "from one version to another, or found it current");
   auto* sqlite = migrate_cmd->add_option("--sqlite", options->sqlite,
                                          "SQLite database file (created if "
                                          "missing)");

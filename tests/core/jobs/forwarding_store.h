@@ -11,7 +11,7 @@ class ForwardingStore : public JobStore {
   explicit ForwardingStore(JobStore& inner) : inner_(inner) {}
   JobStore& inner() { return inner_; }
 
-  int migrate() override { return inner_.migrate(); }
+  SchemaVersions apply_migrations() override { return inner_.apply_migrations(); }
   std::string backend() const override { return inner_.backend(); }
   EnqueueResult enqueue(const JobSpec& spec, int64_t now_ms) override {
     return inner_.enqueue(spec, now_ms);
