@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 
@@ -56,6 +57,20 @@ fs::path resolve_plugin(const std::string& spec, const std::vector<std::string>&
   throw ConfigError("plugin '" + spec + "' not found; searched:" + searched);
 }
 
+bool output_written() {
+  errno = 0;
+  std::cout.flush();  // through stdout, which std::cout is synced with, as printf's lines are
+  const bool flushed = std::fflush(stdout) == 0;
+  int error = errno;
+  if (flushed && std::cout && std::ferror(stdout) == 0) return true;
+  // A flush that failed before (std::endl's, a full buffer's) dropped its data and left no errno:
+  // one line break, on output already cut short, asks the descriptor for the reason.
+  if (error == 0 && ::write(STDOUT_FILENO, "\n", 1) < 0) error = errno;
+  std::cerr << "error: writing the output: "
+            << (error != 0 ? std::strerror(error) : "an earlier write failed") << "\n";
+  return false;
+}
+
 namespace {
 
 // CLI11 reads an integer as strtoll(text, 0) does: "010" is 8, "0x10" is 16, and a number too
@@ -108,7 +123,8 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {
-    return app.exit(e);
+    const int status = app.exit(e);  // --help and --version print, and exit 0
+    return status == 0 && !output_written() ? 1 : status;
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
@@ -116,7 +132,7 @@ int run(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
-  return 0;
+  return output_written() ? 0 : 1;
 }
 
 }  // namespace backhaul::cli

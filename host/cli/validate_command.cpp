@@ -78,13 +78,9 @@ void run_validate(const ValidateCommandOptions& o) {
   } else {
     std::cout << "\n" << validate::format_summary(report) << "\n";
   }
-  std::cout.flush();
   // A report that did not reach its reader (a full disk, a closed pipe) is no verdict a CI can
   // act on: the run could not validate, whatever the checks said.
-  if (!std::cout) {
-    std::cerr << "error: the report could not be written to standard output\n";
-    throw CLI::RuntimeError(kExitCannotValidate);
-  }
+  if (!output_written()) throw CLI::RuntimeError(kExitCannotValidate);
   if (!report.passed()) throw CLI::RuntimeError(kExitChecksFailed);
 }
 

@@ -878,6 +878,30 @@ TEST_F(CliTest, FetchStopsOutOfAWaitAndASecondSignalOfAnyKindEndsIt) {
   EXPECT_TRUE(WIFSIGNALED(ended) && WTERMSIG(ended) == SIGTERM) << ended;
 }
 
+// Review: output that could not be written (a full disk: /dev/full) was dropped without a word,
+// and the command exited 0, as if a script had got an empty list.
+TEST_F(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
+  start();
+  const std::string url = "http://127.0.0.1:" + std::to_string(daemon_->port());
+  const std::vector<std::vector<std::string>> commands = {
+      {"run", "list", "--json", "--url", url},
+      {"run", "list", "--url", url},
+      {"dlq", "stats", "--url", url},
+      {"db", "migrate", "--sqlite", (dir_ / "full.db").string()},
+      {"plugin", "info", FAKE_PLUGIN_PATH},
+      {"run", "list", "--help"}};
+  for (const std::vector<std::string>& args : commands) {
+    ChildProcess full(BACKHAUL_CLI_PATH, args, {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken},
+                      dir_ / "full.stderr", "/dev/full");
+    const int status = full.wait_exit(std::chrono::seconds(60));
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << args[0] << " " << args[1] << ": " << full.stderr_text();
+    EXPECT_NE(full.stderr_text().find("error: writing the output: No space left on device"),
+              std::string::npos)
+        << full.stderr_text();
+  }
+}
+
 // Review: a --sqlite path mistyped made a new, empty store, and the command printed the same line
 // as for an upgrade (the version). It says what it did: created, migrated or found current.
 TEST_F(CliTest, DbMigrateSqliteSaysWhetherItCreatedTheStore) {
