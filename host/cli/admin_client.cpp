@@ -7,16 +7,27 @@
 #include <Poco/Exception.h>
 #include <Poco/URI.h>
 
+#include "core/common/json_check.h"
 #include "core/common/redact.h"
 #include "core/common/utf8.h"
 #include "core/http/poco_transport.h"
 
 namespace backhaul::cli {
 
+AdminApiError::AdminApiError(int status, std::string code, const std::string& message,
+                             nlohmann::json details, std::optional<bool> retryable)
+    : Error(escape_controls(code + ": " + message)),
+      status_(status),
+      code_(std::move(code)),
+      message_(message),
+      details_(std::move(details)),
+      retryable_(retryable) {}
+
 nlohmann::json AdminApiError::envelope() const {
   nlohmann::json error = {{"code", code_}, {"message", message_}};
   if (status_ > 0) error["status"] = status_;
   if (!details_.is_null()) error["details"] = details_;
+  if (retryable_) error["retryable"] = *retryable_;
   return {{"error", std::move(error)}};
 }
 
@@ -50,8 +61,17 @@ std::string check_admin_url(const std::string& url) {
     return "'" + redact(url) + "' is not an http:// or https:// URL";
   }
   if (uri.getHost().empty()) return "'" + redact(url) + "' names no host";
-  if (!uri.getRawQuery().empty() || !uri.getFragment().empty()) {
-    return "'" + redact(url) + "' has a query or fragment; give the daemon's base URL";
+  // Looked for in the text: Poco drops a '?' or '#' with nothing after it, which would then be
+  // sent as part of every request's path.
+  if (url.find_first_of("?#") != std::string::npos) {
+    return "'" + redact(url) + "' has a query or fragment ('?' or '#'); give the daemon's base URL";
+  }
+  // The admin API reads no user info: a password there would only be shown (in --help, in
+  // errors) and sent in the clear.
+  if (!uri.getUserInfo().empty() || uri.getAuthority().find('@') != std::string::npos) {
+    return "'" + redact(url) +
+           "' holds user info (user:password@), which the admin API does not read: give the "
+           "token in the variable --token-env names";
   }
   return "";
 }
@@ -60,12 +80,19 @@ void add_endpoint_options(CLI::App& command, AdminEndpoint& endpoint) {
   // Not envname(): CLI11 would give BACKHAUL_URL to the --url of every subcommand, whose
   // options share `endpoint`, over the one given. AdminClient checks the URL.
   if (const char* url = std::getenv("BACKHAUL_URL")) endpoint.url = url;
+  // The default shown is redacted: BACKHAUL_URL may hold a password (refused when used), which
+  // --help would print.
   command.add_option("--url", endpoint.url, "admin API of backhauld (env BACKHAUL_URL)")
-      ->capture_default_str();
+      ->default_str(redact(endpoint.url));
   command
       .add_option("--token-env", endpoint.token_env,
                   "environment variable holding the admin bearer token")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& name) -> std::string {
+            return name.empty() ? "names no environment variable (empty)" : "";
+          },
+          "VAR", "variable name"));
   command
       .add_option("--timeout-ms", endpoint.timeout_ms, "time limit of each request to backhauld")
       ->capture_default_str()
@@ -145,22 +172,63 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
                             redact(e.what()) +
                             (method == "GET" ? "" : " (the request may have been applied)"));
   }
+  // Before parsing: nlohmann parses any depth, but copies and dumps recursively, and a body
+  // nested a million deep overflowed the stack at the first copy (the error's details).
+  if (const auto problem = depth_problem(response.body)) {
+    throw AdminApiError(0, "UNEXPECTED_ANSWER",
+                        "the answer (HTTP " + std::to_string(response.status) + ") from " +
+                            redact(request.url) + " " + *problem +
+                            " (the depth limit of answers): is --url a backhauld of this version?");
+  }
   nlohmann::json parsed = nlohmann::json::parse(response.body, nullptr, false);
   if (response.status >= 200 && response.status < 300 && !parsed.is_discarded()) return parsed;
   // The API's error envelope; anything else (a proxy's {"error":"Bad Gateway"}) is an answer
   // without one, and keeps its status, which says whether a wait may pass it.
   if (parsed.is_object() && parsed.contains("error") && parsed["error"].is_object()) {
     const nlohmann::json& error = parsed["error"];
-    auto text = [&](const char* key, const char* otherwise) {
+    auto text = [&](const char* key) -> std::optional<std::string> {
       auto it = error.find(key);
-      return it != error.end() && it->is_string() ? it->get<std::string>() : otherwise;
+      if (it == error.end() || !it->is_string()) return std::nullopt;
+      return it->get<std::string>();
     };
-    throw AdminApiError(response.status, text("code", "UNKNOWN"), text("message", "no message"),
-                        error.value("details", nlohmann::json()));
+    const std::optional<std::string> code = text("code");
+    std::string message = text("message").value_or("no message");
+    // Without the code or the message, the status is all that says what happened.
+    if (!code || !text("message")) message += " (HTTP " + std::to_string(response.status) + ")";
+    const auto retryable = error.find("retryable");
+    throw AdminApiError(response.status, code.value_or("UNKNOWN"), message,
+                        error.value("details", nlohmann::json()),
+                        retryable != error.end() && retryable->is_boolean()
+                            ? std::optional<bool>(retryable->get<bool>())
+                            : std::nullopt);
   }
   throw AdminApiError(
       response.status, "UNKNOWN",
       "unexpected answer " + std::to_string(response.status) + " from " + redact(request.url));
+}
+
+std::string shown(const nlohmann::json& text) { return escape_controls(text.get<std::string>()); }
+
+namespace {
+
+// `word` as one word of a POSIX shell: as it is when nothing in it is special, else quoted.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+                                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                          "0123456789._:/@%+=,-") == std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+std::string next_page_hint(const std::vector<std::pair<std::string, std::string>>& options,
+                           int64_t next_before) {
+  std::string hint = "more:";
+  for (const auto& [name, value] : options) hint += " " + name + " " + shell_word(value);
+  return escape_controls(hint + " --before " + std::to_string(next_before));
 }
 
 void append_query(std::string* target, const std::string& name, const std::string& value) {

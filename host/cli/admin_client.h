@@ -4,7 +4,10 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,20 +25,19 @@ class Transport;
 namespace backhaul::cli {
 
 // The daemon answered with an error envelope, or could not be reached (code "UNREACHABLE").
-// what() is "CODE: message".
+// what() is "CODE: message", its control characters escaped (escape_controls): the message is the
+// daemon's (or a plugin's, or anything's at --url), bound for a terminal. envelope() keeps it as
+// it came, JSON-escaped when dumped.
 class AdminApiError : public Error {
  public:
   AdminApiError(int status, std::string code, const std::string& message,
-                nlohmann::json details = nullptr)
-      : Error(code + ": " + message),
-        status_(status),
-        code_(std::move(code)),
-        message_(message),
-        details_(std::move(details)) {}
+                nlohmann::json details = nullptr, std::optional<bool> retryable = std::nullopt);
   int status() const noexcept { return status_; }  // 0: no HTTP answer
   const std::string& code() const noexcept { return code_; }
-  // As the API's envelope, {"error": {"code", "message", "status", "details"}}: what --json
-  // prints on stdout in place of an answer.
+  // The envelope's `retryable`; nullopt when the answer had none (no envelope: a proxy's 502).
+  std::optional<bool> retryable() const noexcept { return retryable_; }
+  // As the API's envelope, {"error": {"code", "message", "status", "details", "retryable"}}:
+  // what --json prints on stdout in place of an answer.
   nlohmann::json envelope() const;
 
  private:
@@ -43,6 +45,7 @@ class AdminApiError : public Error {
   std::string code_;
   std::string message_;
   nlohmann::json details_;
+  std::optional<bool> retryable_;
 };
 
 struct AdminEndpoint {
@@ -58,8 +61,8 @@ struct AdminEndpoint {
 // so that stdout holds one JSON document whatever happened.
 void reading_answers(const std::function<void()>& command, bool json_output);
 
-// Why `url` cannot be the admin API's base URL (not http(s), no host, a query), or "" when it
-// can. Credentials in it are not repeated.
+// Why `url` cannot be the admin API's base URL (not http(s), no host, a '?' or '#', user info),
+// or "" when it can. Credentials in it are not repeated.
 std::string check_admin_url(const std::string& url);
 
 // Adds --url, --token-env and --timeout-ms to a subcommand (shared by `run` and `dlq`).
@@ -87,6 +90,17 @@ class AdminClient {
   std::string token_;
   std::unique_ptr<http::Transport> transport_;
 };
+
+// A string of an answer as a terminal may show it: escape_controls of it (the daemon's text, a
+// plugin's error among it, may hold escape sequences). Throws as get<std::string>() when it is
+// not a string.
+std::string shown(const nlohmann::json& text);
+
+// The line that says how to read the page after this one of a list: "more: --kind 'a b' --limit
+// 20 --before 41", with the options given (`options`: name and value; quoted for a shell where
+// needed), since the next page is one of the same filtered list.
+std::string next_page_hint(const std::vector<std::pair<std::string, std::string>>& options,
+                           int64_t next_before);
 
 // Appends "name=value" (percent-encoded) to a query string being built ("" or "?a=b").
 void append_query(std::string* target, const std::string& name, const std::string& value);

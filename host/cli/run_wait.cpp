@@ -9,8 +9,10 @@ bool run_finished(const std::string& status) {
 }
 
 bool passing_trouble(const AdminApiError& error) {
-  if (error.code() == "UNREACHABLE") return true;
-  return error.status() == 429 || (error.status() >= 500 && error.status() < 600);
+  if (error.code() == "UNREACHABLE" || error.status() == 429) return true;
+  // A 5xx the daemon marked not retryable (a store refusing the request itself) would answer
+  // every poll alike; one without the mark (a proxy's 502, no envelope) may pass.
+  return error.status() >= 500 && error.status() < 600 && error.retryable().value_or(true);
 }
 
 WaitEnd poll_until_finished(const WaitHooks& hooks, const WaitSettings& settings,

@@ -28,8 +28,9 @@ struct WaitSettings {
 };
 
 // An error a poll may pass through: no answer (a daemon restarting), 429, or a 5xx (a daemon
-// draining, or its store away). Anything else (a wrong token, a run not found, an answer that is
-// not the API's) ends the wait.
+// draining, or its store away) unless its envelope says `"retryable": false`. Anything else (a
+// wrong token, a run not found, an answer that is not the API's, a store error the same request
+// would meet again) ends the wait.
 bool passing_trouble(const AdminApiError& error);
 
 struct WaitEnd {

@@ -171,5 +171,20 @@ TEST(RunWaitTest, OnlyNoAnswer429And5xxArePassing) {
   EXPECT_FALSE(passing_trouble(AdminApiError(0, "UNEXPECTED_ANSWER", "x")));
 }
 
+// Review: a 5xx whose envelope says `"retryable": false` (a store refusing the request itself)
+// was passed through like the others, until --lost-contact-ms. Only the envelope's false ends the
+// wait: true, or no envelope (a proxy's 502), passes; a 429 passes whatever it says.
+TEST(RunWaitTest, A5xxMarkedNotRetryableIsNotPassing) {
+  EXPECT_FALSE(passing_trouble(AdminApiError(500, "STORAGE_ERROR", "x", nullptr, false)));
+  EXPECT_FALSE(passing_trouble(AdminApiError(503, "UNAVAILABLE", "x", nullptr, false)));
+  EXPECT_TRUE(passing_trouble(AdminApiError(503, "STORAGE_ERROR", "x", nullptr, true)));
+  EXPECT_TRUE(passing_trouble(AdminApiError(502, "UNKNOWN", "x")));
+  EXPECT_TRUE(passing_trouble(AdminApiError(429, "RATE_LIMITED", "x", nullptr, false)));
+  Script script({run_in("running"), AdminApiError(500, "STORAGE_ERROR", "x", nullptr, false),
+                 run_in("succeeded")});
+  EXPECT_THROW(script.wait({milliseconds(10), milliseconds(60'000)}), AdminApiError);
+  EXPECT_EQ(script.polls, 2);
+}
+
 }  // namespace
 }  // namespace backhaul::cli

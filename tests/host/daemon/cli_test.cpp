@@ -147,20 +147,18 @@ TEST_F(CliTest, ATokenWithALineBreakTheUrlsPasswordATimeoutAndAZeroBeforeAreHand
   backhaul::testing::TcpServer silent([&answered](Poco::Net::StreamSocket&) {
     while (!answered) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   });
-  const CommandResult no_answer = run_command(
-      BACKHAUL_CLI_PATH,
-      {"run", "cancel", "7", "--url",
-       "http://admin:hunter2@127.0.0.1:" + std::to_string(silent.port()), "--timeout-ms", "200"},
-      {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
+  const CommandResult no_answer =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"run", "cancel", "7", "--url",
+                   "http://127.0.0.1:" + std::to_string(silent.port()), "--timeout-ms", "200"},
+                  {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
   EXPECT_EQ(no_answer.exit_code, 1);
-  EXPECT_NE(
-      no_answer.err.find("UNREACHABLE: no answer from backhauld at http://[REDACTED]@127.0.0.1:"),
-      std::string::npos)
+  EXPECT_NE(no_answer.err.find("UNREACHABLE: no answer from backhauld at http://127.0.0.1:"),
+            std::string::npos)
       << no_answer.err;
   EXPECT_NE(no_answer.err.find("200 ms"), std::string::npos) << no_answer.err;
   EXPECT_NE(no_answer.err.find("(the request may have been applied)"), std::string::npos)
       << no_answer.err;
-  EXPECT_EQ(no_answer.err.find("hunter2"), std::string::npos) << no_answer.err;
   answered = true;
 
   for (const char* what : {"run", "dlq"}) {
@@ -574,16 +572,14 @@ TEST_F(CliTest, WithJsonAnErrorIsAnEnvelopeOnStdout) {
 
   ScriptedDaemon gone({{0, ""}});
   const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
-  const CommandResult unreached =
-      run_command(BACKHAUL_CLI_PATH,
-                  {"run", "cancel", "7", "--json", "--url",
-                   "http://u:pw@127.0.0.1:" + std::to_string(gone.port())},
-                  env, dir_);
+  const CommandResult unreached = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "cancel", "7", "--json", "--url", "http://127.0.0.1:" + std::to_string(gone.port())},
+      env, dir_);
   EXPECT_EQ(unreached.exit_code, 1);
   const json no_answer = json::parse(unreached.out, nullptr, false);
   EXPECT_EQ(no_answer["error"]["code"], "UNREACHABLE") << unreached.out;
   EXPECT_FALSE(no_answer["error"].contains("status")) << "no HTTP answer";
-  EXPECT_EQ(unreached.out.find("pw@"), std::string::npos) << unreached.out;
 
   ScriptedDaemon failing(
       {ScriptedDaemon::run("running"), ScriptedDaemon::error(503, "UNAVAILABLE")});
@@ -878,6 +874,31 @@ TEST_F(CliTest, FetchStopsOutOfAWaitAndASecondSignalOfAnyKindEndsIt) {
   EXPECT_TRUE(WIFSIGNALED(ended) && WTERMSIG(ended) == SIGTERM) << ended;
 }
 
+// Review: an answer nested deeper than any the API gives (a body of 100 000 '[') was parsed, then
+// copied (an error's details) or dumped (--json), recursively: the CLI died of a stack overflow
+// (SIGSEGV). It is an answer not the API's, refused before parsing, naming the limit.
+TEST_F(CliTest, ADeeplyNestedAnswerIsAnUnexpectedAnswerNotACrash) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  ScriptedDaemon page({{200, deep}});
+  ScriptedDaemon error(
+      {{500, R"({"error": {"code": "X", "message": "m", "details": {"a": )" + deep + "}}}"}});
+  for (const ScriptedDaemon* daemon : {&page, &error}) {
+    for (const char* what : {"run", "dlq"}) {
+      const CommandResult r = run_command(
+          BACKHAUL_CLI_PATH, {what, "list", "--json", "--url", daemon->url()}, env, dir_);
+      EXPECT_EQ(r.exit_code, 1) << what << ": " << r.err;
+      EXPECT_NE(r.err.find("UNEXPECTED_ANSWER: the answer (HTTP "), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find("levels deep, more than 256 (the depth limit of answers)"),
+                std::string::npos)
+          << r.err;
+      const json envelope = json::parse(r.out, nullptr, false);
+      ASSERT_TRUE(envelope.is_object()) << r.out;
+      EXPECT_EQ(envelope["error"]["code"], "UNEXPECTED_ANSWER");
+    }
+  }
+}
+
 // Review: output that could not be written (a full disk: /dev/full) was dropped without a word,
 // and the command exited 0, as if a script had got an empty list.
 TEST_F(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
@@ -899,6 +920,54 @@ TEST_F(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
     EXPECT_NE(full.stderr_text().find("error: writing the output: No space left on device"),
               std::string::npos)
         << full.stderr_text();
+  }
+}
+
+// Review: --wait passed through every 5xx, also one whose envelope says `"retryable": false` (a
+// store refusing the request itself), which then answered every poll alike until
+// --lost-contact-ms (5 minutes). It ends the wait at once.
+TEST_F(CliTest, RunWaitEndsAtA5xxMarkedNotRetryable) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon daemon(
+      {ScriptedDaemon::run("running"),
+       {500,
+        json{{"error", {{"code", "STORAGE_ERROR"}, {"message", "refused"}, {"retryable", false}}}}
+            .dump()},
+       ScriptedDaemon::run("succeeded")});
+  const CommandResult r = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--url", daemon.url()}, env, dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("error: STORAGE_ERROR: refused"), std::string::npos) << r.err;
+  EXPECT_EQ(daemon.requests().size(), 2u);
+}
+
+// Review: BACKHAUL_URL's password was printed by --help (as --url's default), and a URL ending in
+// a bare '?' or '#' was taken (Poco drops them), the '?' then sent in every request's path. Both
+// are refused, naming the problem, the password not repeated.
+TEST_F(CliTest, AUrlWithUserInfoOrABareQueryOrFragmentIsRefused) {
+  const std::string secret_url = "BACKHAUL_URL=http://admin:hunter2@127.0.0.1:1";
+  const CommandResult help =
+      run_command(BACKHAUL_CLI_PATH, {"run", "list", "--help"}, {secret_url}, dir_);
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--url"), std::string::npos) << help.out;
+  EXPECT_EQ(help.out.find("hunter2"), std::string::npos) << help.out;
+  const CommandResult used =
+      run_command(BACKHAUL_CLI_PATH, {"run", "list"},
+                  {secret_url, std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
+  EXPECT_EQ(used.exit_code, 1);
+  EXPECT_NE(used.err.find("--url (or BACKHAUL_URL): 'http://[REDACTED]@127.0.0.1:1' holds user "
+                          "info (user:password@), which the admin API does not read"),
+            std::string::npos)
+      << used.err;
+  EXPECT_EQ(used.err.find("hunter2"), std::string::npos) << used.err;
+  for (const std::string url : {"http://127.0.0.1:1/?", "http://127.0.0.1:1#", "http://h/a?#"}) {
+    const CommandResult bare = run_command(BACKHAUL_CLI_PATH, {"run", "list", "--url", url},
+                                           {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken}, dir_);
+    EXPECT_EQ(bare.exit_code, 1) << url;
+    EXPECT_NE(bare.err.find("'" + url + "' has a query or fragment ('?' or '#')"),
+              std::string::npos)
+        << bare.err;
   }
 }
 
