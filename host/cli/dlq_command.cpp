@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/common/utf8.h"
 #include "host/cli/admin_client.h"
 #include "host/cli/cli.h"
 
@@ -32,22 +33,32 @@ struct DlqOptions {
   bool json_output = false;
 };
 
-void print_letters(const json& page) {
+// The options a list was asked with, for the hint to its next page.
+std::vector<std::pair<std::string, std::string>> list_options(const DlqOptions& o) {
+  std::vector<std::pair<std::string, std::string>> options;
+  if (o.status) options.emplace_back("--status", *o.status);
+  if (o.kind) options.emplace_back("--kind", *o.kind);
+  if (o.key) options.emplace_back("--key", *o.key);
+  options.emplace_back("--limit", std::to_string(o.limit));
+  return options;
+}
+
+void print_letters(const DlqOptions& o, const json& page) {
   std::printf("%-8s %-8s %-16s %-20s %-9s %-7s %s\n", "ID", "JOB", "KIND", "KEY", "STATUS",
               "RETRIES", "ERROR");
   for (const json& l : page.at("items")) {
-    std::string error = l.value("error", "");
-    if (error.size() > 60) error = error.substr(0, 57) + "...";
-    std::printf(
-        "%-8lld %-8lld %-16s %-20s %-9s %-7d %s\n",
-        static_cast<long long>(l.at("id").get<int64_t>()),
-        static_cast<long long>(l.at("jobId").get<int64_t>()),
-        l.at("kind").get<std::string>().c_str(), l.at("concurrencyKey").get<std::string>().c_str(),
-        l.at("status").get<std::string>().c_str(), l.at("retries").get<int>(), error.c_str());
+    // Escaped, then cut on a character's boundary (a cut inside one showed a broken byte).
+    std::string error = escape_controls(l.value("error", ""));
+    if (error.size() > 60) error = cut_utf8(error, 57) + "...";
+    std::printf("%-8lld %-8lld %-16s %-20s %-9s %-7lld %s\n",
+                static_cast<long long>(l.at("id").get<int64_t>()),
+                static_cast<long long>(l.at("jobId").get<int64_t>()), shown(l.at("kind")).c_str(),
+                shown(l.at("concurrencyKey")).c_str(), shown(l.at("status")).c_str(),
+                static_cast<long long>(l.at("retries").get<int64_t>()), error.c_str());
   }
   if (page.value("nextBefore", json()).is_number()) {
-    std::printf("more: --before %lld\n",
-                static_cast<long long>(page.at("nextBefore").get<int64_t>()));
+    std::printf("%s\n",
+                next_page_hint(list_options(o), page.at("nextBefore").get<int64_t>()).c_str());
   }
 }
 
@@ -70,7 +81,7 @@ void list(const DlqOptions& o) {
   if (o.json_output) {
     std::cout << page.dump(2) << "\n";
   } else {
-    print_letters(page);
+    print_letters(o, page);
   }
 }
 
@@ -82,18 +93,20 @@ void stats(const DlqOptions& o) {
   }
   std::printf("%-24s %-10s %s\n", "KIND", "STATUS", "COUNT");
   for (const json& row : body.at("items")) {
-    std::printf("%-24s %-10s %lld\n", row.at("kind").get<std::string>().c_str(),
-                row.at("status").get<std::string>().c_str(),
+    std::printf("%-24s %-10s %lld\n", shown(row.at("kind")).c_str(),
+                shown(row.at("status")).c_str(),
                 static_cast<long long>(row.at("count").get<int64_t>()));
   }
   std::printf("total %lld\n", static_cast<long long>(body.at("total").get<int64_t>()));
 }
 
 void retry(const DlqOptions& o) {
-  // Checked before the token, so a usage error is not reported as a missing token. (An ID with
-  // --all, --limit or a filter is refused by the parser.)
+  // Checked before the token, so a usage error is not reported as a missing token, and with the
+  // parser's exit status, as its other usage errors. (An ID with --all, --limit or a filter is
+  // refused by the parser.)
   if (o.id == 0 && !o.all) {
-    throw ConfigError("dlq retry: give a dead letter ID, or --all (with filters and --limit)");
+    throw CLI::ValidationError("dlq retry",
+                               "give a dead letter ID, or --all (with filters and --limit)");
   }
   AdminClient client(o.endpoint);
   if (o.id > 0) {
@@ -108,7 +121,16 @@ void retry(const DlqOptions& o) {
   if (o.kind) body["kind"] = *o.kind;
   if (o.key) body["key"] = *o.key;
   const json result = client.post("/v1/dead-letters/retry", body);
-  print(o, result, "retried " + std::to_string(result.at("retried").get<int>()) + " dead letters");
+  const int64_t retried = result.at("retried").get<int64_t>();
+  print(o, result, "retried " + std::to_string(retried) + " dead letters");
+  // The API retries at most `limit`: as many means more may match, which one run left unsaid.
+  // (With --json on stderr, keeping stdout one JSON document.)
+  if (retried >= o.limit) {
+    std::fprintf(o.json_output ? stderr : stdout,
+                 "the limit of %d was reached: more dead letters may match; run again, or give a "
+                 "larger --limit\n",
+                 o.limit);
+  }
 }
 
 void ignore(const DlqOptions& o) {
@@ -165,9 +187,13 @@ void add_dlq_command(CLI::App& app) {
   common(retry_cmd);
   std::vector<CLI::Option*> bulk = filters(retry_cmd);
   CLI::Option* one = letter_id(retry_cmd);
-  bulk.push_back(retry_cmd->add_flag("--all", options->all,
-                                     "retry every pending letter matching the filters"));
-  bulk.push_back(retry_cmd->add_option("--limit", options->limit, "with --all: at most this many")
+  bulk.push_back(retry_cmd->add_flag(
+      "--all", options->all,
+      "retry the pending letters matching the filters, at most --limit of them (said when "
+      "reached: run again for more)"));
+  bulk.push_back(retry_cmd
+                     ->add_option("--limit", options->limit,
+                                  "with --all: at most this many per run of the command")
                      ->capture_default_str());
   // "retry 12 --limit 5" would retry letter 12 and drop the limit unsaid.
   for (CLI::Option* option : bulk) one->excludes(option);

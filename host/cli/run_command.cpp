@@ -1,5 +1,6 @@
 // `backhaul run start|status|list|cancel`: backfill runs through backhauld's admin API, with a
 // live progress display for --wait (units done/total, pages, events, rate-limit waits, ETA).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -11,9 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/clock.h"
+#include "core/common/utf8.h"
 #include "host/cli/admin_client.h"
 #include "host/cli/cli.h"
 #include "host/cli/run_wait.h"
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 namespace backhaul::cli {
@@ -54,24 +57,31 @@ std::string duration_text(int64_t ms) {
 }
 
 // "run 12 running: units 3/9 (0 failed), pages 45, events 4500, rate-limit waits 0, ETA 0m12s"
+// Counts are read as int64_t: value()'s type is its default's, and an int read 5000000000 as
+// 705032704.
 std::string progress_line(const json& run, int64_t now_ms) {
-  const int64_t total = run.value("unitsTotal", 0);
-  const int64_t done = run.value("unitsDone", 0);
+  const int64_t total = run.value("unitsTotal", int64_t{0});
+  const int64_t done = run.value("unitsDone", int64_t{0});
   const int64_t started = run.value("startedMs", int64_t{0});
   std::string eta = "--";
   if (run_finished(run.value("status", ""))) {
     const int64_t end = run.value("finishedMs", now_ms);
     eta = "done in " + duration_text(std::max<int64_t>(0, end - run.value("createdMs", end)));
   } else if (done > 0 && total > done && started > 0) {
-    eta = duration_text((now_ms - started) * (total - done) / done);
+    // In double: the product of two int64 counts may not fit one. Not below 0: a client clock
+    // behind the daemon's puts now_ms before startedMs.
+    const double left = static_cast<double>(now_ms - started) * static_cast<double>(total - done) /
+                        static_cast<double>(done);
+    eta = duration_text(left > 0 ? static_cast<int64_t>(std::min(left, 1e15)) : 0);
   }
   char buffer[256];
   std::snprintf(buffer, sizeof buffer,
-                "run %lld %s: units %lld/%lld (%d failed), pages %lld, events %lld, "
+                "run %lld %s: units %lld/%lld (%lld failed), pages %lld, events %lld, "
                 "rate-limit waits %lld, ETA %s",
                 static_cast<long long>(run.value("id", int64_t{0})),
-                run.value("status", "?").c_str(), static_cast<long long>(done),
-                static_cast<long long>(total), run.value("unitsFailed", 0),
+                escape_controls(run.value("status", "?")).c_str(), static_cast<long long>(done),
+                static_cast<long long>(total),
+                static_cast<long long>(run.value("unitsFailed", int64_t{0})),
                 static_cast<long long>(run.value("pages", int64_t{0})),
                 static_cast<long long>(run.value("eventsDispatched", int64_t{0})),
                 static_cast<long long>(run.value("rateLimitWaits", int64_t{0})), eta.c_str());
@@ -93,17 +103,64 @@ void print_units(const json& run) {
               "PAGES", "EVENTS", "ERROR");
   for (const json& u : run.at("units")) {
     const std::string resource = u.value("resourceName", json()).is_string()
-                                     ? u.at("resourceName").get<std::string>()
-                                     : u.at("resourceId").get<std::string>();
-    std::printf(
-        "  %-8lld %-28s %-14s %-10s %6lld %8lld %s\n",
-        static_cast<long long>(u.at("jobId").get<int64_t>()), resource.c_str(),
-        u.at("entityType").get<std::string>().c_str(), u.at("status").get<std::string>().c_str(),
-        static_cast<long long>(u.at("pages").get<int64_t>()),
-        static_cast<long long>(u.at("eventsDispatched").get<int64_t>()),
-        u.value("error", json()).is_string() ? u.at("error").get<std::string>().c_str() : "");
+                                     ? shown(u.at("resourceName"))
+                                     : shown(u.at("resourceId"));
+    const std::string error = u.value("error", json()).is_string() ? shown(u.at("error")) : "";
+    std::printf("  %-8lld %-28s %-14s %-10s %6lld %8lld %s\n",
+                static_cast<long long>(u.at("jobId").get<int64_t>()), resource.c_str(),
+                shown(u.at("entityType")).c_str(), shown(u.at("status")).c_str(),
+                static_cast<long long>(u.at("pages").get<int64_t>()),
+                static_cast<long long>(u.at("eventsDispatched").get<int64_t>()), error.c_str());
   }
 }
+
+// The columns of the terminal `fd` is, 80 when it does not say.
+size_t terminal_width(int fd) {
+  winsize size{};
+  if (::ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 80;
+}
+
+// What --wait shows of its progress: on a terminal, one line redrawn in place, cut short of the
+// terminal's width (a line that wraps is not redrawn in place, and each poll left another);
+// else a line per change. Its destructor ends a line it drew, so that whatever ends the wait (an
+// error thrown while it polled included) is said on a line of its own.
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}
+  ~ProgressLine() { end(); }
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+  bool tty() const { return tty_; }
+
+  void show(const std::string& line) {
+    if (line == last_) return;
+    last_ = line;
+    if (tty_) {
+      // One column short: a line filling the last column wraps on some terminals.
+      const std::string cut = cut_utf8(line, terminal_width(fileno(out_)) - 1);
+      std::fprintf(out_, "\r\033[K%s", cut.c_str());
+      drawn_ = true;
+    } else {
+      std::fprintf(out_, "%s\n", line.c_str());
+    }
+    std::fflush(out_);
+  }
+
+  void end() {
+    if (!drawn_) return;
+    std::fputc('\n', out_);
+    std::fflush(out_);
+    drawn_ = false;
+  }
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+  bool drawn_ = false;  // a line without its line break is on the terminal
+  std::string last_;
+};
 
 // Polls the run until it finishes, redrawing one progress line (a new line per change when the
 // stream is not a terminal). With --json the progress goes to stderr and stdout gets the run's
@@ -112,19 +169,7 @@ void print_units(const json& run) {
 // the run succeeded, kExitLostContact when contact was lost.
 void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_contact,
               const json& extra = json::object()) {
-  std::FILE* progress = o.json_output ? stderr : stdout;
-  const bool tty = isatty(fileno(progress)) != 0;
-  std::string last;
-  auto show = [&](const std::string& line) {
-    if (line == last) return;
-    if (tty) {
-      std::fprintf(progress, "\r\033[K%s", line.c_str());
-    } else {
-      std::fprintf(progress, "%s\n", line.c_str());
-    }
-    std::fflush(progress);
-    last = line;
-  };
+  ProgressLine progress(o.json_output ? stderr : stdout);
   const std::string target = "/v1/runs/" + std::to_string(id);
   WaitHooks hooks;
   hooks.poll = [&] { return checked_run(client.get(target)); };
@@ -132,20 +177,20 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_cont
   std::string trouble;  // the error of the failing polls, while they fail
   hooks.on_run = [&](const json& run) {
     trouble.clear();
-    show(progress_line(run, SystemClock::instance().now_ms()));
+    progress.show(progress_line(run, SystemClock::instance().now_ms()));
   };
   hooks.on_trouble = [&](const AdminApiError& e, int64_t left_ms) {
     // A terminal counts down; a log gets a line per new error, not per poll.
-    if (!tty && trouble == e.what()) return;
+    if (!progress.tty() && trouble == e.what()) return;
     trouble = e.what();
-    show("run " + std::to_string(id) + ": polling again for up to " + duration_text(left_ms) +
-         " after " + e.what());
+    progress.show("run " + std::to_string(id) + ": polling again for up to " +
+                  duration_text(left_ms) + " after " + e.what());
   };
   const WaitEnd end = poll_until_finished(
       hooks,
       {std::chrono::milliseconds(o.interval_ms), std::chrono::milliseconds(o.lost_contact_ms)},
       SystemClock::instance(), in_contact);
-  if (tty) std::fprintf(progress, "\n");
+  progress.end();
   if (end.lost_contact) {
     const std::string message = "lost contact with backhauld for " + duration_text(end.trouble_ms) +
                                 " (" + end.error +
@@ -168,7 +213,7 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_cont
     if (!o.json_output) print_units(run);  // the JSON has the units
     if (run.value("error", json()).is_string()) {
       std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id),
-                   run.at("error").get<std::string>().c_str());
+                   shown(run.at("error")).c_str());
     }
     throw CLI::RuntimeError(1);
   }
@@ -189,7 +234,7 @@ void start(const RunOptions& o) {
     const std::string what =
         created ? std::string("started") : "already active for " + o.installation;
     std::fprintf(o.json_output ? stderr : stdout, "run %lld %s (%s)\n", static_cast<long long>(id),
-                 what.c_str(), started.at("status").get<std::string>().c_str());
+                 what.c_str(), shown(started.at("status")).c_str());
   }
   if (o.wait) wait_for(client, o, id, /*in_contact=*/true, {{"created", created}});
 }
@@ -220,19 +265,21 @@ void list(const RunOptions& o) {
   std::printf("%-8s %-20s %-8s %-10s %-7s %8s %10s\n", "ID", "INSTALLATION", "PROVIDER", "STATUS",
               "UNITS", "PAGES", "EVENTS");
   for (const json& r : page.at("items")) {
-    const std::string units = std::to_string(r.at("unitsDone").get<int>()) + "/" +
-                              std::to_string(r.at("unitsTotal").get<int>());
+    const std::string units = std::to_string(r.at("unitsDone").get<int64_t>()) + "/" +
+                              std::to_string(r.at("unitsTotal").get<int64_t>());
     std::printf("%-8lld %-20s %-8s %-10s %-7s %8lld %10lld\n",
                 static_cast<long long>(r.at("id").get<int64_t>()),
-                r.at("request").at("installationId").get<std::string>().c_str(),
-                r.at("request").at("provider").get<std::string>().c_str(),
-                r.at("status").get<std::string>().c_str(), units.c_str(),
-                static_cast<long long>(r.at("pages").get<int64_t>()),
+                shown(r.at("request").at("installationId")).c_str(),
+                shown(r.at("request").at("provider")).c_str(), shown(r.at("status")).c_str(),
+                units.c_str(), static_cast<long long>(r.at("pages").get<int64_t>()),
                 static_cast<long long>(r.at("eventsDispatched").get<int64_t>()));
   }
   if (page.value("nextBefore", json()).is_number()) {
-    std::printf("more: --before %lld\n",
-                static_cast<long long>(page.at("nextBefore").get<int64_t>()));
+    std::vector<std::pair<std::string, std::string>> options;
+    if (o.status) options.emplace_back("--status", *o.status);
+    if (o.list_installation) options.emplace_back("--installation", *o.list_installation);
+    options.emplace_back("--limit", std::to_string(o.limit));
+    std::printf("%s\n", next_page_hint(options, page.at("nextBefore").get<int64_t>()).c_str());
   }
 }
 
@@ -243,8 +290,7 @@ void cancel(const RunOptions& o) {
     return;
   }
   std::printf("run %lld: %s (status %s)\n", static_cast<long long>(o.id),
-              result.at("outcome").get<std::string>().c_str(),
-              result.at("status").get<std::string>().c_str());
+              shown(result.at("outcome")).c_str(), shown(result.at("status")).c_str());
 }
 
 }  // namespace

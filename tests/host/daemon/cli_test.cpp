@@ -14,11 +14,15 @@
 #include <Poco/Data/Session.h>
 #include <gtest/gtest.h>
 
+#include "core/common/json_check.h"
 #include "core/jobs/job_store.h"
 #include "tests/host/daemon/child_process.h"
 #include "tests/host/daemon/daemon_fixture.h"
 #include "tests/support/scripted_http_server.h"
 #include "tests/support/tcp_server.h"
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace backhaul::daemon::testing {
 namespace {
@@ -874,6 +878,49 @@ TEST_F(CliTest, FetchStopsOutOfAWaitAndASecondSignalOfAnyKindEndsIt) {
   EXPECT_TRUE(WIFSIGNALED(ended) && WTERMSIG(ended) == SIGTERM) << ended;
 }
 
+// What a terminal shows of `backhaul` as a process: a pseudo-terminal of `columns` columns for
+// its stdout and stderr. Returns what was written to it (the terminal's line discipline writes
+// "\n" as "\r\n") and the exit status (-1: not a normal exit).
+struct TerminalResult {
+  int exit_code = -1;
+  std::string text;
+};
+TerminalResult run_on_terminal(const std::vector<std::string>& args,
+                               const std::vector<std::string>& env, unsigned short columns) {
+  // Built before fork: the child of a threaded process may only exec.
+  std::vector<std::string> argv_text = {BACKHAUL_CLI_PATH};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text = env;
+  for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  winsize size{};
+  size.ws_row = 24;
+  size.ws_col = columns;
+  int terminal = -1;
+  const pid_t pid = ::forkpty(&terminal, nullptr, nullptr, &size);
+  if (pid == 0) {
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  TerminalResult result;
+  if (pid < 0) return result;
+  char chunk[4096];
+  // Read until the child's side closes (EIO on Linux); the child exits by itself.
+  for (ssize_t n; (n = ::read(terminal, chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR);) {
+    if (n > 0) result.text.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(terminal);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
 // Review: an answer nested deeper than any the API gives (a body of 100 000 '[') was parsed, then
 // copied (an error's details) or dumped (--json), recursively: the CLI died of a stack overflow
 // (SIGSEGV). It is an answer not the API's, refused before parsing, naming the limit.
@@ -897,6 +944,110 @@ TEST_F(CliTest, ADeeplyNestedAnswerIsAnUnexpectedAnswerNotACrash) {
       EXPECT_EQ(envelope["error"]["code"], "UNEXPECTED_ANSWER");
     }
   }
+}
+
+// Review: the daemon's text (a run's status, a unit's or a letter's error, which may quote a
+// plugin or a provider, an error envelope's message) reached the terminal as it came: escape
+// sequences included, which can retitle the window, clear the screen or forge lines. It is
+// escaped (escape_controls) in text output, kept as it came in --json. Also: an envelope without a
+// code or message said "UNKNOWN: no message" without the HTTP status; a letter's error was cut
+// inside a UTF-8 character; the next-page hint dropped the filters of the list.
+TEST_F(CliTest, TheDaemonsTextIsEscapedOnTheTerminal) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const std::string evil = "\x1b]0;owned\x07\x1b[2J\nforged line";
+  const json item = {{"id", 3},
+                     {"jobId", 4},
+                     {"kind", "kind" + evil},
+                     {"concurrencyKey", "key" + evil},
+                     {"status", "failed" + evil},
+                     {"retries", 1},
+                     {"error", std::string(56, 'x') + "\xc3\xa9" + std::string(10, 'y')},
+                     {"count", 1},
+                     {"request", {{"installationId", "inst" + evil}, {"provider", "gh" + evil}}},
+                     {"unitsDone", 1},
+                     {"unitsTotal", 2},
+                     {"pages", 1},
+                     {"eventsDispatched", 1}};
+  json answer = item;
+  answer["id"] = 7;
+  answer["status"] = "failed";  // a status --wait knows as an end
+  answer["error"] = "boom" + evil;
+  answer["items"] = json::array({item});
+  answer["total"] = 1;
+  answer["nextBefore"] = 3;
+  answer["outcome"] = "cancelled" + evil;
+  answer["units"] = json::array({{{"jobId", 4},
+                                  {"resourceId", "r" + evil},
+                                  {"entityType", "e" + evil},
+                                  {"status", "failed" + evil},
+                                  {"pages", 1},
+                                  {"eventsDispatched", 1},
+                                  {"error", "unit" + evil}}});
+  ScriptedDaemon daemon({{200, answer.dump()}});
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"run", "status", "7"},
+        std::vector<std::string>{"run", "status", "7", "--wait"},
+        std::vector<std::string>{"run", "list"}, std::vector<std::string>{"run", "cancel", "7"},
+        std::vector<std::string>{"dlq", "list"}, std::vector<std::string>{"dlq", "stats"}}) {
+    std::vector<std::string> argv = args;
+    argv.insert(argv.end(), {"--url", daemon.url()});
+    const CommandResult r = run_command(BACKHAUL_CLI_PATH, argv, env, dir_);
+    const std::string what = args[0] + " " + args[1] + (args.size() > 3 ? " --wait" : "");
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << what << ": " << r.out;
+    EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << what << ": " << r.err;
+    EXPECT_EQ(r.out.find("\nforged"), std::string::npos) << what << ": " << r.out;
+    EXPECT_EQ(r.err.find("\nforged"), std::string::npos) << what << ": " << r.err;
+    EXPECT_NE((r.out + r.err).find("\\x1b[2J\\nforged line"), std::string::npos)
+        << what << ": " << r.out << r.err;
+  }
+  const CommandResult letters = run_command(
+      BACKHAUL_CLI_PATH, {"dlq", "list", "--kind", "a b", "--limit", "1", "--url", daemon.url()},
+      env, dir_);
+  EXPECT_TRUE(is_utf8(letters.out)) << letters.out;
+  EXPECT_NE(letters.out.find(std::string(56, 'x') + "..."), std::string::npos) << letters.out;
+  EXPECT_NE(letters.out.find("more: --kind 'a b' --limit 1 --before 3\n"), std::string::npos)
+      << letters.out;
+  const CommandResult runs = run_command(
+      BACKHAUL_CLI_PATH,
+      {"run", "list", "--status", "failed", "--limit", "1", "--url", daemon.url()}, env, dir_);
+  EXPECT_NE(runs.out.find("more: --status failed --limit 1 --before 3\n"), std::string::npos)
+      << runs.out;
+  // In --json, the text as it came (JSON-escaped).
+  const CommandResult as_json = run_command(
+      BACKHAUL_CLI_PATH, {"run", "status", "7", "--json", "--url", daemon.url()}, env, dir_);
+  EXPECT_EQ(json::parse(as_json.out)["error"], "boom" + evil);
+
+  ScriptedDaemon refusing(
+      {{404, json{{"error", {{"code", "NOT_FOUND"}, {"message", "gone" + evil}}}}.dump()}});
+  const CommandResult refused =
+      run_command(BACKHAUL_CLI_PATH, {"run", "cancel", "7", "--url", refusing.url()}, env, dir_);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("error: NOT_FOUND: gone\\x1b]0;owned\\x07\\x1b[2J\\nforged line\n"),
+            std::string::npos)
+      << refused.err;
+  ScriptedDaemon wordless({{500, R"({"error": {"code": 5, "message": null}})"}});
+  const CommandResult unknown =
+      run_command(BACKHAUL_CLI_PATH, {"run", "cancel", "7", "--url", wordless.url()}, env, dir_);
+  EXPECT_NE(unknown.err.find("error: UNKNOWN: no message (HTTP 500)"), std::string::npos)
+      << unknown.err;
+}
+
+// Review: `dlq retry --all` retries at most --limit (50) letters, and said nothing when it
+// reached it: more pending letters stayed behind unsaid. It says so, and still exits 0.
+TEST_F(CliTest, RetryAllSaysWhenItReachedTheLimit) {
+  start();
+  for (const char* key : {"inst-1", "inst-2", "inst-3"})
+    make_dead_letter("kind.a", key, "FATAL: x");
+  const CommandResult limited = cli({"dlq", "retry", "--all", "--limit", "2"});
+  ASSERT_EQ(limited.exit_code, 0) << limited.err;
+  EXPECT_NE(limited.out.find("retried 2 dead letters\nthe limit of 2 was reached: more dead "
+                             "letters may match; run again, or give a larger --limit\n"),
+            std::string::npos)
+      << limited.out;
+  const CommandResult rest = cli({"dlq", "retry", "--all", "--limit", "2", "--json"});
+  ASSERT_EQ(rest.exit_code, 0) << rest.err;
+  EXPECT_EQ(json::parse(rest.out)["retried"], 1);
+  EXPECT_EQ(rest.err.find("limit"), std::string::npos) << rest.err;
 }
 
 // Review: output that could not be written (a full disk: /dev/full) was dropped without a word,
@@ -923,6 +1074,29 @@ TEST_F(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
   }
 }
 
+// Review: on a terminal, --wait's progress line (redrawn in place) was not ended when the wait
+// ended with an error after it was drawn: "…, ETA --error: UNAUTHORIZED: …" on one line. And a
+// line wider than the terminal wrapped, so that each redraw left another line behind.
+TEST_F(CliTest, RunWaitOnATerminalEndsItsLineAndFitsTheWidth) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon refusing(
+      {ScriptedDaemon::run("running"), ScriptedDaemon::error(401, "UNAUTHORIZED")});
+  const TerminalResult r = run_on_terminal(
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--url", refusing.url()}, env, 40);
+  EXPECT_EQ(r.exit_code, 1) << r.text;
+  EXPECT_NE(r.text.find("\r\nerror: UNAUTHORIZED: from the script"), std::string::npos) << r.text;
+  // Every redraw fits in 39 columns (one short of the last, where some terminals wrap).
+  size_t drawn = 0;
+  for (size_t at = r.text.find("\r\x1b[K"); at != std::string::npos;
+       at = r.text.find("\r\x1b[K", at + 1)) {
+    const size_t from = at + 4;
+    const size_t to = r.text.find_first_of("\r\n", from);
+    EXPECT_LE(r.text.substr(from, to - from).size(), 39u) << r.text.substr(from, to - from);
+    ++drawn;
+  }
+  EXPECT_GE(drawn, 1u) << r.text;
+}
+
 // Review: --wait passed through every 5xx, also one whose envelope says `"retryable": false` (a
 // store refusing the request itself), which then answered every poll alike until
 // --lost-contact-ms (5 minutes). It ends the wait at once.
@@ -940,6 +1114,68 @@ TEST_F(CliTest, RunWaitEndsAtA5xxMarkedNotRetryable) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("error: STORAGE_ERROR: refused"), std::string::npos) << r.err;
   EXPECT_EQ(daemon.requests().size(), 2u);
+}
+
+// Review: `dlq retry` with neither an id nor --all (or with --limit alone) exited 1, as an error
+// of the daemon does; it is a usage error, with the parser's status as the others (105).
+TEST_F(CliTest, RetryWithoutAnIdOrAllIsAUsageError) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"dlq", "retry"},
+        std::vector<std::string>{"dlq", "retry", "--limit", "5"}}) {
+    const CommandResult r = run_command(BACKHAUL_CLI_PATH, args, {"BACKHAUL_ADMIN_TOKEN="}, dir_);
+    EXPECT_EQ(r.exit_code, 105) << r.err;
+    EXPECT_NE(r.err.find("dlq retry: give a dead letter ID, or --all (with filters and --limit)"),
+              std::string::npos)
+        << r.err;
+  }
+  // So is an empty --token-env, which named an empty variable as not set.
+  const CommandResult empty =
+      run_command(BACKHAUL_CLI_PATH,
+                  {"dlq", "stats", "--token-env", "", "--url", "http://127.0.0.1:1"}, {}, dir_);
+  EXPECT_GE(empty.exit_code, 100) << empty.err;
+  EXPECT_NE(empty.err.find("--token-env"), std::string::npos) << empty.err;
+}
+
+// Review: counts read as int (value()'s type is its default's, `0`): 5000000000 units showed as
+// 705032704; and a client clock behind the daemon's showed a negative ETA.
+TEST_F(CliTest, LargeCountsAreShownAsTheyAreAndTheEtaIsNotNegative) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  const json run = {
+      {"id", 7},
+      {"status", "running"},
+      {"unitsTotal", 5'000'000'000LL},
+      {"unitsDone", 4'000'000'000LL},
+      {"unitsFailed", 3'000'000'000LL},
+      {"startedMs", 4'102'444'800'000LL},  // 2100: the daemon's clock ahead of this one
+      {"retries", 3'000'000'000LL},
+      {"items", json::array({{{"id", 7},
+                              {"jobId", 8},
+                              {"kind", "k"},
+                              {"concurrencyKey", "c"},
+                              {"status", "running"},
+                              {"retries", 3'000'000'000LL},
+                              {"request", {{"installationId", "i"}, {"provider", "p"}}},
+                              {"unitsDone", 4'000'000'000LL},
+                              {"unitsTotal", 5'000'000'000LL},
+                              {"pages", 1},
+                              {"eventsDispatched", 1}}})},
+      {"retried", 5'000'000'000LL}};
+  ScriptedDaemon daemon({{200, run.dump()}});
+  const auto command = [&](std::vector<std::string> args) {
+    args.insert(args.end(), {"--url", daemon.url()});
+    return run_command(BACKHAUL_CLI_PATH, args, env, dir_);
+  };
+  const CommandResult status = command({"run", "status", "7"});
+  EXPECT_NE(status.out.find("units 4000000000/5000000000 (3000000000 failed)"), std::string::npos)
+      << status.out;
+  EXPECT_NE(status.out.find("ETA 0m00s"), std::string::npos) << status.out;
+  const CommandResult list = command({"run", "list"});
+  EXPECT_NE(list.out.find("4000000000/5000000000"), std::string::npos) << list.out;
+  const CommandResult letters = command({"dlq", "list"});
+  EXPECT_NE(letters.out.find(" 3000000000 "), std::string::npos) << letters.out;
+  const CommandResult retried = command({"dlq", "retry", "--all"});
+  EXPECT_NE(retried.out.find("retried 5000000000 dead letters"), std::string::npos)
+      << retried.out << retried.err;
 }
 
 // Review: BACKHAUL_URL's password was printed by --help (as --url's default), and a URL ending in
