@@ -49,6 +49,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -399,8 +400,14 @@ class Workers {
     const sigset_t term = sigterm_set();
     sigset_t before;
     ::pthread_sigmask(SIG_BLOCK, &term, &before);  // the child starts with SIGTERM blocked
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
+      // Should this program be killed (no destructor of its runs), its workers get SIGTERM and
+      // end, rather than claim from the run's store for ever. (Checked once set: a parent that
+      // died before it has no one left to tell.)
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) std::_Exit(127);
       ::dup2(fds[1], STDOUT_FILENO);
       ::execv("/proc/self/exe", argv.data());
       std::_Exit(127);

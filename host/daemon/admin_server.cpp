@@ -5,11 +5,13 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include <Poco/Exception.h>
 #include <Poco/Net/HTTPRequestHandler.h>
@@ -50,12 +52,32 @@ std::string loggable(std::string_view text) {
 // connection reset. [thread-safe]
 class Connections {
  public:
+  Connections() = default;
+  Connections(const Connections&) = delete;
+  Connections& operator=(const Connections&) = delete;
+  ~Connections() {
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+    }
+    due_changed_.notify_one();
+    if (shedder_.joinable()) shedder_.join();
+  }
+
   // A connection served on `fd` (open until remove()); shut for reading at once after a stop.
+  // Should it still be silent when its grace ends, with a connection waiting for a thread, it is
+  // shed then (shed_when_due): no later connection need arrive to make room.
   void add(int fd) {
-    std::lock_guard lock(mutex_);
-    handling_[fd] = false;
-    silent_[fd] = std::chrono::steady_clock::now();
-    if (stopping_) ::shutdown(fd, SHUT_RD);
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(mutex_);
+      handling_[fd] = false;
+      silent_[fd] = now;
+      if (stopping_) ::shutdown(fd, SHUT_RD);
+      due_.push_back(now + kSilentGrace);
+      if (!shedder_.joinable()) shedder_ = std::thread([this] { shed_when_due(); });
+    }
+    due_changed_.notify_one();
   }
   // The connections served now: one server thread each.
   size_t served() const {
@@ -73,11 +95,7 @@ class Connections {
   // held the threads until admin.timeout_ms ended them.
   void shed_idle() {
     std::lock_guard lock(mutex_);
-    for (int fd : keep_alive_) shed_unless_arriving(fd);
-    const auto started_before = std::chrono::steady_clock::now() - kSilentGrace;
-    for (const auto& [fd, since] : silent_) {
-      if (since <= started_before) shed_unless_arriving(fd);
-    }
+    shed_idle_locked();
   }
   // The request on `fd` was read whole: from here until its next request arrives, shedding the
   // connection cuts nothing short (its answer still goes out; the reading side is what is shut).
@@ -89,10 +107,15 @@ class Connections {
   // Whether an accepted connection waits for a server thread: an answer then closes its own
   // connection rather than keep it (and its thread) for the client's next request.
   bool others_waiting() const {
-    const Poco::Net::TCPServer* server = server_.load();
-    return server != nullptr && server->queuedConnections() > 0;
+    std::lock_guard lock(server_mutex_);
+    return server_ != nullptr && server_->queuedConnections() > 0;
   }
-  void serving_for(const Poco::Net::TCPServer* server) { server_ = server; }
+  // The server whose queue others_waiting() reads; nullptr before it goes (once this returns, no
+  // thread reads the old one).
+  void serving_for(const Poco::Net::TCPServer* server) {
+    std::lock_guard lock(server_mutex_);
+    server_ = server;
+  }
   void remove(int fd) {
     std::lock_guard lock(mutex_);
     handling_.erase(fd);
@@ -148,6 +171,37 @@ class Connections {
  private:
   static constexpr std::chrono::seconds kSilentGrace{1};
 
+  void shed_idle_locked() {
+    for (int fd : keep_alive_) shed_unless_arriving(fd);
+    const auto started_before = std::chrono::steady_clock::now() - kSilentGrace;
+    for (const auto& [fd, since] : silent_) {
+      if (since <= started_before) shed_unless_arriving(fd);
+    }
+  }
+
+  // The shedder thread: as each connection's grace ends, sheds the idle connections if one waits
+  // for a thread. (Shedding only as a connection arrives left one that came within the grace of
+  // silent ones waiting until admin.timeout_ms.)
+  void shed_when_due() {
+    std::unique_lock lock(mutex_);
+    while (!closing_) {
+      if (due_.empty()) {
+        due_changed_.wait(lock);
+        continue;
+      }
+      const auto at = due_.front();
+      if (std::chrono::steady_clock::now() < at) {
+        due_changed_.wait_until(lock, at);
+        continue;
+      }
+      while (!due_.empty() && due_.front() <= at) due_.pop_front();
+      lock.unlock();  // Poco's lock is not taken under ours
+      const bool waiting = others_waiting();
+      lock.lock();
+      if (waiting) shed_idle_locked();
+    }
+  }
+
   // Shuts `fd` for reading, unless its next request has begun to arrive: shut, the rest of its
   // headers would not be read. (Bytes Poco has already taken from the socket are not seen here: a
   // request whose first part it read, and whose rest is late, may still be cut.)
@@ -167,7 +221,12 @@ class Connections {
   std::map<int, bool> handling_;  // by descriptor: whether it is handling a request
   std::set<int> keep_alive_;      // those whose last request was read whole (sheddable)
   std::map<int, std::chrono::steady_clock::time_point> silent_;  // no request begun yet: since
-  std::atomic<const Poco::Net::TCPServer*> server_{nullptr};
+  std::deque<std::chrono::steady_clock::time_point> due_;        // graces to end, in order
+  std::condition_variable due_changed_;
+  std::thread shedder_;
+  bool closing_ = false;
+  mutable std::mutex server_mutex_;  // taken alone, never with mutex_
+  const Poco::Net::TCPServer* server_ = nullptr;
   bool stopping_ = false;
   bool hurried_ = false;
 };

@@ -316,8 +316,10 @@ Response answer(const Context& context, const Request& request, Route path,
       break;
   }
   if (auto target = target_of(context, path, admission.installation)) {
-    target->per_page = std::min<int64_t>(query_int(request, "per_page", kDefaultPerPage),
-                                         context.options.max_per_page);
+    if (target->list != "repository") {  // a list: pulls, issues, releases
+      target->per_page = std::min<int64_t>(query_int(request, "per_page", kDefaultPerPage),
+                                           context.options.max_per_page);
+    }
     if (const int status = context.state.visit(Provider::kGithub, *target)) {
       return github_error(status, std::string(reason(status)), kDocs);
     }

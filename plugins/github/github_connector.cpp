@@ -336,7 +336,7 @@ int64_t since_floor_seconds_ms(int64_t since_unix_ms) {
 // One page. Pages are numbered, so an item updated during a walk can move to a page already
 // fetched and be missed; its update also produced a real webhook, which is why that is
 // acceptable. Items can equally be seen twice; their delivery ids make that harmless.
-sdk::Page fetch(const Config& config, const GithubClient& client, HeavyPages& heavy,
+sdk::Page fetch(const Config& config, const GithubClient& client, HeavyLists& heavy,
                 const sdk::FetchRequest& request) {
   const EntityKind kind = parse_entity_kind(request.entity_type);
   const RepositoryName name = require_repository(request.unit);
@@ -355,7 +355,10 @@ sdk::Page fetch(const Config& config, const GithubClient& client, HeavyPages& he
   // error (the host retries the page, and counts the failure); when it was the list's first page,
   // the next call asks for half as many items, down to kMinPerPage, and the walk goes on at that
   // size, as GitHub's next links carry it. (A later page keeps its size: see half_first_page.)
-  const int halvings = heavy.halvings(asked);
+  // The size that worked is where the list's walks begin for a day (HeavyLists).
+  const std::string list_path(url_path(asked));
+  const int64_t now_ms = sdk::Host::now_ms();
+  const int halvings = heavy.halvings(list_path, now_ms);
   std::string url = asked;
   for (int i = 0; i < halvings; ++i) {
     std::optional<std::string> smaller = half_first_page(url, kMinPerPage);
@@ -372,7 +375,7 @@ sdk::Page fetch(const Config& config, const GithubClient& client, HeavyPages& he
   if (response.status() == 502 || response.status() == 504) {
     sdk::Error error = error_for_response(response, "GET " + url, sdk::Host::now_ms(), token);
     if (const std::optional<std::string> smaller = half_first_page(url, kMinPerPage)) {
-      heavy.failed(asked, halvings + 1);
+      heavy.failed(list_path, halvings + 1, now_ms);
       throw sdk::Error(error.status(),
                        std::string(error.what()) + " (too heavy to answer in time? the next try " +
                            "asks for " + *smaller + ")",
@@ -380,7 +383,6 @@ sdk::Page fetch(const Config& config, const GithubClient& client, HeavyPages& he
     }
     throw error;
   }
-  if (halvings > 0) heavy.answered(asked);
   sdk::Page page;
   page.rate_limit = rate_limit_of(
       response, sdk::Host::now_ms());  // of every answer, a 410 too: it cost a request
@@ -480,21 +482,19 @@ void check_repository_readable(const sdk::HttpResponse& response, const Reposito
 
 }  // namespace
 
-int HeavyPages::halvings(const std::string& url) const {
+int HeavyLists::halvings(const std::string& list_path, int64_t now_ms) {
   std::lock_guard lock(mutex_);
-  const auto it = halvings_.find(url);
-  return it == halvings_.end() ? 0 : it->second;
+  const auto it = lists_.find(list_path);
+  if (it == lists_.end()) return 0;
+  if (now_ms < it->second.until_ms) return it->second.halvings;
+  lists_.erase(it);
+  return 0;
 }
 
-void HeavyPages::failed(const std::string& url, int halvings) {
+void HeavyLists::failed(const std::string& list_path, int halvings, int64_t now_ms) {
   std::lock_guard lock(mutex_);
-  if (halvings_.size() >= kMaxPages && !halvings_.count(url)) halvings_.clear();
-  halvings_[url] = halvings;
-}
-
-void HeavyPages::answered(const std::string& url) {
-  std::lock_guard lock(mutex_);
-  halvings_.erase(url);
+  if (lists_.size() >= kMaxLists && !lists_.count(list_path)) lists_.clear();
+  lists_[list_path] = {halvings, now_ms + kRememberMs};
 }
 
 void GithubConnector::validate_config(std::string_view config_json) { parse_config(config_json); }

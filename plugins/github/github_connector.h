@@ -15,23 +15,28 @@
 
 namespace backhaul::github {
 
-// Pages GitHub could not answer in time (a 502 or 504), by the URL asked for (a cursor, or a
-// unit's first page): how many times to halve their per_page when they are asked for again.
-// Forgotten once answered; all forgotten past kMaxPages, which costs those pages one more try at
-// full size. [thread-safe]
-class HeavyPages {
+// Lists whose first page GitHub could not answer in time (a 502 or 504), by the list's path: how
+// many times to halve per_page when a walk of the list begins, for a day from the last such
+// failure (the next backfill's walk starts at the size that worked, rather than paying the
+// timeouts again). All forgotten past kMaxLists, which costs those lists a try at full size again.
+// Per instance: a worker process of its own (isolation) learns on its own. [thread-safe]
+class HeavyLists {
  public:
-  int halvings(const std::string& url) const;
-  void failed(const std::string& url, int halvings);
-  void answered(const std::string& url);
+  int halvings(const std::string& list_path, int64_t now_ms);
+  void failed(const std::string& list_path, int halvings, int64_t now_ms);
 
  private:
-  static constexpr size_t kMaxPages = 1024;
-  mutable std::mutex mutex_;
-  std::unordered_map<std::string, int> halvings_;
+  static constexpr size_t kMaxLists = 1024;
+  static constexpr int64_t kRememberMs = 24LL * 3600 * 1000;
+  struct Entry {
+    int halvings = 0;
+    int64_t until_ms = 0;
+  };
+  std::mutex mutex_;
+  std::unordered_map<std::string, Entry> lists_;
 };
 
-// One instance per config. Holds immutable state and the locked HeavyPages, so validate_scopes()
+// One instance per config. Holds immutable state and the locked HeavyLists, so validate_scopes()
 // and fetch_page() may run concurrently on the same instance. [thread-safe]
 //
 // Work units: resource name "owner/repo" (required), resource id the numeric repository id (it
@@ -62,7 +67,7 @@ class GithubConnector final : public sdk::Connector {
  private:
   const Config config_;
   const GithubClient client_{config_};  // refers to config_, declared before it
-  HeavyPages heavy_;
+  HeavyLists heavy_;
 };
 
 }  // namespace backhaul::github

@@ -538,6 +538,9 @@ std::optional<size_t> failing_deployment_index(std::string_view body) {
                                                     ordered_json& parsed) {
     if (depth == 1 && event == ordered_json::parse_event_t::key) {
       in_deployments = parsed == "deployments";
+    } else if (depth == 1 && event != ordered_json::parse_event_t::object_start &&
+               event != ordered_json::parse_event_t::array_start) {
+      in_deployments = false;  // the list is over: what fails after it is elsewhere in the page
     } else if (depth == 2 && in_deployments) {
       switch (event) {
         case ordered_json::parse_event_t::object_start:

@@ -368,6 +368,7 @@ TEST_F(GithubApiTest, AResourceFaultOverAPageSizeFailsOnlyLargerPages) {
   EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls").status, 502);  // GitHub's default: 30
   EXPECT_EQ(get("/github/repos/org-1/repo-1/pulls?per_page=25").status, 200);
   EXPECT_EQ(get("/github/repos/org-1/repo-2/pulls?per_page=100").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 200) << "the repository is no list";
   EXPECT_EQ(
       control
           .post("/_sandbox/faults", R"({"resource_faults":[{"resource":"x","per_page_over":-1}]})")

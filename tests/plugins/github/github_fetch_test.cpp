@@ -308,11 +308,14 @@ TEST_F(GithubFetchTest, AFirstPageTooHeavyToAnswerInTimeIsAskedForAtHalfTheSize)
   ASSERT_EQ(page.size(), 1u);
   EXPECT_EQ(payload_of(page, 0)["number"], 7);
   EXPECT_EQ(page.next_cursor(), std::optional<std::string_view>(pulls_url(25) + "&page=2"));
-  // Answered: the page is forgotten, and asked for whole again.
+  // The list's next walk begins at the size that worked, for a day; then at its own size again.
+  connector.fetch_page(params("pull_request"));
+  clock_.advance_ms(24LL * 3600 * 1000);
   EXPECT_EQ(failure_of([&] { connector.fetch_page(params("pull_request")); }).status(),
             BACKHAUL_RETRYABLE);
-  EXPECT_EQ(requested_urls(), (std::vector<std::string>{pulls_url(100), pulls_url(50),
-                                                        pulls_url(25), pulls_url(100)}));
+  EXPECT_EQ(requested_urls(),
+            (std::vector<std::string>{pulls_url(100), pulls_url(50), pulls_url(25), pulls_url(25),
+                                      pulls_url(100)}));
 }
 
 // A cursor to the first page (page=1) halves too, an odd per_page rounds down, and halving ends at

@@ -391,6 +391,16 @@ TEST_F(VercelStatusTest, ALoneSurrogateInADeploymentIsFatalNamingItButABodyCutSh
   EXPECT_TRUE(contains(failure, "deployment #1 of the page")) << failure.what();
   EXPECT_TRUE(contains(failure, "surrogate")) << failure.what();
 
+  // One after the list (in a key of the page) is the page's, not a deployment past the last.
+  reply(list_url("prj_3"), 200,
+        R"({"deployments":[{"uid":"dpl_ok","created":2}],"\ud83d":1,)"
+        R"("pagination":{"count":1,"next":null,"prev":2}})",
+        rate_limit_headers(42));
+  const plugins::ConnectorFailure after_the_list =
+      failure_of([&] { connector().fetch_page(params("prj_3")); });
+  EXPECT_EQ(after_the_list.status(), BACKHAUL_FATAL) << after_the_list.what();
+  EXPECT_TRUE(contains(after_the_list, "the page has a lone surrogate")) << after_the_list.what();
+
   const std::string cut = body.substr(0, body.find(R"(\ud83d"}})") + 6);  // ends in "\ud83d"
   reply(list_url("prj_2"), 200, cut, rate_limit_headers(42));
   const plugins::ConnectorFailure short_body =
