@@ -3373,6 +3373,7 @@ SchemaVersions MysqlStore::apply_migrations() {
     std::string name = "backhaul_migrate:" + pool_.config().db;
     return name.substr(0, 64);  // the server's limit for lock names
   }();
+  std::optional<int> before;  // the version the first try found
   for (int attempt = 1;; ++attempt) {
     try {
       std::unique_ptr<mysql::Connection> c = migration_session(pool_.config());
@@ -3404,8 +3405,11 @@ SchemaVersions MysqlStore::apply_migrations() {
       std::map<int, std::string> applied;
       for (const Row& row : recorded.rows) applied.emplace(to_int(row[0]), to_str(row[1]));
       check_history("mysql", applied, mysql_migrations());
+      // As found by the first try: a try that failed may have applied and recorded migrations
+      // (DDL commits on its own), and the next would take their version for the one found.
+      if (!before) before = applied.empty() ? 0 : applied.rbegin()->first;
       SchemaVersions versions;
-      versions.before = applied.empty() ? 0 : applied.rbegin()->first;
+      versions.before = *before;
       for (const Migration& m : mysql_migrations()) {
         if (applied.count(m.version)) continue;
         for (const std::string& statement : split_sql_statements(m.sql)) {

@@ -16,7 +16,11 @@ namespace backhaul::cli {
 
 AdminApiError::AdminApiError(int status, std::string code, const std::string& message,
                              nlohmann::json details, std::optional<bool> retryable)
-    : Error(escape_controls(code + ": " + message)),
+    // An answer without the API's code: its HTTP status is what says what happened (the envelope
+    // carries it as `status`, and the message as it came).
+    : Error(escape_controls(
+          code + ": " + message +
+          (code == "UNKNOWN" && status > 0 ? " (HTTP " + std::to_string(status) + ")" : ""))),
       status_(status),
       code_(std::move(code)),
       message_(message),
@@ -175,7 +179,7 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
   // Before parsing: nlohmann parses any depth, but copies and dumps recursively, and a body
   // nested a million deep overflowed the stack at the first copy (the error's details).
   if (const auto problem = depth_problem(response.body)) {
-    throw AdminApiError(0, "UNEXPECTED_ANSWER",
+    throw AdminApiError(response.status, "UNEXPECTED_ANSWER",
                         "the answer (HTTP " + std::to_string(response.status) + ") from " +
                             redact(request.url) + " " + *problem +
                             " (the depth limit of answers): is --url a backhauld of this version?");
@@ -192,9 +196,7 @@ nlohmann::json AdminClient::request(const std::string& method, const std::string
       return it->get<std::string>();
     };
     const std::optional<std::string> code = text("code");
-    std::string message = text("message").value_or("no message");
-    // Without the code or the message, the status is all that says what happened.
-    if (!code || !text("message")) message += " (HTTP " + std::to_string(response.status) + ")";
+    const std::string message = text("message").value_or("no message");
     const auto retryable = error.find("retryable");
     throw AdminApiError(response.status, code.value_or("UNKNOWN"), message,
                         error.value("details", nlohmann::json()),

@@ -107,7 +107,8 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   std::string log_level = "warn";
   bool json_logs = false;
-  app.add_option("--log-level", log_level, "log level: trace, debug, info, warn, error, off")
+  app.add_option("--log-level", log_level,
+                 "log level: trace, debug, info, warn, error, critical, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_flag("--json-logs", json_logs, "write logs as JSON lines");
@@ -124,12 +125,19 @@ int run(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {
     const int status = app.exit(e);  // --help and --version print, and exit 0
-    return status == 0 && !output_written() ? 1 : status;
+    // A command's own failure (a --json envelope printed, a wait that lost contact) keeps its
+    // status, and still says when its output could not be written; usage errors (100 and up)
+    // printed nothing there.
+    if (status == 0) return output_written() ? 0 : 1;
+    if (status < 100) output_written();
+    return status;
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
+    output_written();
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
+    output_written();
     return 1;
   }
   return output_written() ? 0 : 1;

@@ -942,6 +942,8 @@ TEST_F(CliTest, ADeeplyNestedAnswerIsAnUnexpectedAnswerNotACrash) {
       const json envelope = json::parse(r.out, nullptr, false);
       ASSERT_TRUE(envelope.is_object()) << r.out;
       EXPECT_EQ(envelope["error"]["code"], "UNEXPECTED_ANSWER");
+      // The daemon answered: its status is there (no status says it did not).
+      EXPECT_EQ(envelope["error"]["status"], daemon == &page ? 200 : 500) << r.out;
     }
   }
 }
@@ -1030,6 +1032,15 @@ TEST_F(CliTest, TheDaemonsTextIsEscapedOnTheTerminal) {
       run_command(BACKHAUL_CLI_PATH, {"run", "cancel", "7", "--url", wordless.url()}, env, dir_);
   EXPECT_NE(unknown.err.find("error: UNKNOWN: no message (HTTP 500)"), std::string::npos)
       << unknown.err;
+  // In --json the message is as it came; the status has its own field.
+  ScriptedDaemon codeless({{500, R"({"error": {"message": "plain"}})"}});
+  const CommandResult codeless_json = run_command(
+      BACKHAUL_CLI_PATH, {"run", "cancel", "7", "--json", "--url", codeless.url()}, env, dir_);
+  const json envelope = json::parse(codeless_json.out, nullptr, false);
+  EXPECT_EQ(envelope["error"]["message"], "plain") << codeless_json.out;
+  EXPECT_EQ(envelope["error"]["status"], 500) << codeless_json.out;
+  EXPECT_NE(codeless_json.err.find("UNKNOWN: plain (HTTP 500)"), std::string::npos)
+      << codeless_json.err;
 }
 
 // Review: `dlq retry --all` retries at most --limit (50) letters, and said nothing when it
@@ -1061,7 +1072,9 @@ TEST_F(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
       {"dlq", "stats", "--url", url},
       {"db", "migrate", "--sqlite", (dir_ / "full.db").string()},
       {"plugin", "info", FAKE_PLUGIN_PATH},
-      {"run", "list", "--help"}};
+      {"run", "list", "--help"},
+      // A command that failed (run 999 is not found), whose --json envelope was not written.
+      {"run", "status", "999", "--json", "--url", url}};
   for (const std::vector<std::string>& args : commands) {
     ChildProcess full(BACKHAUL_CLI_PATH, args, {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken},
                       dir_ / "full.stderr", "/dev/full");
