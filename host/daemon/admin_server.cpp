@@ -110,9 +110,13 @@ class Connections {
     std::lock_guard lock(server_mutex_);
     return server_ != nullptr && server_->queuedConnections() > 0;
   }
-  // The server whose queue others_waiting() reads; nullptr before it goes (once this returns, no
-  // thread reads the old one).
-  void serving_for(const Poco::Net::TCPServer* server) {
+  // The server whose queue others_waiting() reads, and its threads; nullptr before it goes (once
+  // this returns, no thread reads the old one).
+  void serving_for(const Poco::Net::TCPServer* server, size_t threads = 0) {
+    {
+      std::lock_guard lock(mutex_);
+      threads_ = threads;
+    }
     std::lock_guard lock(server_mutex_);
     server_ = server;
   }
@@ -198,7 +202,9 @@ class Connections {
       lock.unlock();  // Poco's lock is not taken under ours
       const bool waiting = others_waiting();
       lock.lock();
-      if (waiting) shed_idle_locked();
+      // Only with every thread taken: a connection is queued for a moment too as it is handed to
+      // a free thread, and shedding then cut keep-alive clients off between their requests.
+      if (waiting && threads_ > 0 && handling_.size() >= threads_) shed_idle_locked();
     }
   }
 
@@ -225,6 +231,7 @@ class Connections {
   std::condition_variable due_changed_;
   std::thread shedder_;
   bool closing_ = false;
+  size_t threads_ = 0;               // the server's threads (0: not serving)
   mutable std::mutex server_mutex_;  // taken alone, never with mutex_
   const Poco::Net::TCPServer* server_ = nullptr;
   bool stopping_ = false;
@@ -517,7 +524,7 @@ void AdminServer::start(Poco::Net::ServerSocket socket) {
       *impl_->pool, socket, Poco::Net::TCPServerParams::Ptr(params.get(), /*shared=*/true));
   impl_->server->setConnectionFilter(
       new CloseOnExec(impl_->connections, static_cast<size_t>(threads)));
-  impl_->connections.serving_for(impl_->server.get());
+  impl_->connections.serving_for(impl_->server.get(), static_cast<size_t>(threads));
   impl_->server->start();
 }
 
