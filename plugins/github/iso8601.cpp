@@ -10,7 +10,7 @@ namespace {
 constexpr int64_t kMsPerSecond = 1000;
 constexpr int64_t kSecondsPerDay = 86'400;
 
-using sdk::detail::days_from_civil;
+using sdk::days_from_civil;
 
 struct Civil {
   int64_t year;

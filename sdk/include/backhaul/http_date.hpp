@@ -10,10 +10,9 @@
 
 namespace backhaul::sdk {
 
-namespace detail {
-
-// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil), so no
-// dependency on the C library's time zone state (timegm is not standard, mktime is local time).
+// Days since 1970-01-01 of a proleptic Gregorian date (month 1-12, day 1-31; Howard Hinnant's
+// days_from_civil), with no dependency on the C library's time zone state (timegm is not
+// standard, mktime is local time). For connectors that read other timestamp forms too.
 constexpr int64_t days_from_civil(int64_t y, int64_t m, int64_t d) noexcept {
   y -= m <= 2 ? 1 : 0;
   const int64_t era = (y >= 0 ? y : y - 399) / 400;
@@ -22,6 +21,8 @@ constexpr int64_t days_from_civil(int64_t y, int64_t m, int64_t d) noexcept {
   const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
   return era * 146'097 + doe - 719'468;
 }
+
+namespace detail {
 
 // The value of `width` digits at text[pos], or -1.
 constexpr int64_t fixed_digits(std::string_view text, std::size_t pos, std::size_t width) noexcept {
@@ -69,7 +70,7 @@ inline std::optional<int64_t> parse_imf_fixdate(std::string_view text) noexcept 
   const int64_t month_days = month == 2 && leap ? 29 : kDaysInMonth[month - 1];
   // 60: a leap second, as RFC 9110 allows.
   if (day < 1 || day > month_days || hour > 23 || minute > 59 || second > 60) return std::nullopt;
-  const int64_t days = detail::days_from_civil(year, month, day);
+  const int64_t days = days_from_civil(year, month, day);
   if (((days % 7) + 7) % 7 != weekday) return std::nullopt;
   return (days * 86'400 + hour * 3600 + minute * 60 + second) * 1000;
 }
