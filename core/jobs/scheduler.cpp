@@ -389,25 +389,35 @@ bool Scheduler::beat(JobContext& context, int64_t now) {
 
 void Scheduler::hand_back_cancelled(std::unique_lock<std::mutex>& lock) {
   std::vector<std::shared_ptr<JobContext>> cancelled;
+  int lost = 0;
   for (auto it = ready_.begin(); it != ready_.end();) {
-    if ((*it)->cancelled_ && !(*it)->lease_lost_) {
+    if ((*it)->lease_lost_) {
+      // Another's now (a heartbeat learnt it): nothing to hand back, and its place is free for a
+      // job of ours rather than held until a worker would have dropped it.
+      log_->warn("job {} lost its lease while it waited for a worker", (*it)->job_.id);
       unlease_locked(*it);
+      it = ready_.erase(it);
+      ++lost;
+    } else if ((*it)->cancelled_) {
       cancelled.push_back(std::move(*it));
       it = ready_.erase(it);
     } else {
       ++it;
     }
   }
-  if (cancelled.empty()) return;
+  if (cancelled.empty() && lost == 0) return;
   lock.unlock();
+  interrupted_ += lost;
   // Handed over before their places are given up (busy_), as a worker hands over its job's
   // ending: a drain that finds nothing in hand finds their endings with the finisher.
   for (const auto& c : cancelled) {
     ++interrupted_;
-    end(released(*c));
+    Ending ending = released(*c);
+    ending.context = c;
+    end(std::move(ending));
   }
   lock.lock();
-  busy_ -= static_cast<int>(cancelled.size());
+  busy_ -= static_cast<int>(cancelled.size()) + lost;
   wake_.notify_all();
 }
 
@@ -520,7 +530,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
   {
     const Job& job = context->job_;
     std::lock_guard lock(mutex_);
-    unlease_locked(context);
+    if (!ending) unlease_locked(context);  // else heartbeated until the ending is recorded
     if (started) {  // a job not started (its lease lost, cancelled, draining) is no handler run
       KindLatency& l = latency_[job.kind];
       ++l.runs;
@@ -531,6 +541,7 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
   }
   if (ending) {
     ending->lease_until_ms = later_by(context->last_beat_ms_, options_.lease_ms);
+    ending->context = std::move(context);
     end(std::move(*ending));
   }
 }
@@ -696,7 +707,8 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
       f.failure = {"the store refused the attempt's outcome: " + r.error, false,
                    options_.retry.delay_ms(e.attempts, options_.unit_random)};
       refused.push_back(i);
-      failures.push_back({std::move(f), e.kind, e.attempts, e.max_attempts, e.lease_until_ms});
+      failures.push_back(
+          {std::move(f), e.kind, e.attempts, e.max_attempts, e.lease_until_ms, e.context});
     }
     from = endings.size();
     if (failures.empty()) break;
@@ -712,20 +724,22 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
       results.push_back(std::move(failed[k]));
     }
   }
-  // A job failed or released back to the queue may run again at once (a retry without backoff):
-  // claim now rather than at the next idle poll.
-  bool requeued = false;
-  for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
-    requeued = requeued || (results[i].status == JobStatus::kQueued &&
-                            endings[i].finish.kind != Finish::Kind::kDefer);
-  }
-  if (requeued) {
-    {
-      std::lock_guard lock(mutex_);
-      poked_ = true;
+  // Recorded, or given up on (their leases then run out): no more heartbeats. A job that ended
+  // frees its place under its key's cap, and one failed or released back to the queue may run
+  // again at once (a retry without backoff): claim now rather than at the next idle poll. Before,
+  // a worker's wakeup came before the commit, its claim found the cap still taken, and the next
+  // job of a capped key waited for the poll.
+  bool ended = false;
+  {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < endings.size(); ++i) {
+      if (endings[i].context) unlease_locked(endings[i].context);
+      endings[i].context.reset();
+      ended = ended || (i < results.size() && results[i].status.has_value());
     }
-    wake_.notify_all();
+    if (ended) poked_ = true;
   }
+  if (ended) wake_.notify_all();
   for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
     const Ending& e = endings[i];
     const FinishResult& r = results[i];

@@ -1,7 +1,8 @@
 // Runs jobs from a JobStore: a claim loop feeding a worker pool, a heartbeat loop whose lanes renew
 // the leases of the jobs in hand, and a sweeper that recovers expired leases (SPEC D3-D6, F6).
 // Handlers are registered by job kind. Job time comes from the injected Clock; only the loops' own
-// pacing uses real waiting.
+// pacing and a drain's grace period (how long a stopping process waits, in real time) use real
+// waiting.
 #pragma once
 
 #include <atomic>
@@ -277,6 +278,10 @@ class Scheduler {
     int attempts = 0;
     int max_attempts = 0;
     int64_t lease_until_ms = 0;  // when the lease runs out unless renewed (last beat + lease)
+    // The job's context, heartbeated (in leased_) until the ending is recorded or given up on:
+    // an ending waits for the finisher, whose store call may wait for locked rows for longer than
+    // a lease. Null for endings of jobs no longer in leased_ (release_unstarted).
+    std::shared_ptr<JobContext> context = nullptr;
   };
   // A context for each claimed job, registered for heartbeats from now on (the lease runs from the
   // claim, whether or not a worker is free).
@@ -339,8 +344,9 @@ class Scheduler {
   std::deque<std::shared_ptr<JobContext>> ready_;  // claimed, waiting for a worker
   std::vector<Ending> endings_;                    // handed over by workers, not yet written
   std::condition_variable endings_ready_;
-  bool finisher_running_ = false;                    // endings go to the finisher thread
-  std::vector<std::shared_ptr<JobContext>> leased_;  // in ready_ or execute(): heartbeated
+  bool finisher_running_ = false;  // endings go to the finisher thread
+  // In ready_, in execute(), or ended with the ending not yet recorded: heartbeated.
+  std::vector<std::shared_ptr<JobContext>> leased_;
   std::map<std::string, KindLatency> latency_;
   mutable std::mutex failures_mutex_;
   std::map<std::string, StoreFailure> store_failures_;  // [failures_mutex_]

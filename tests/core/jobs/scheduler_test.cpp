@@ -486,6 +486,135 @@ TEST_F(SchedulerTest, OneEndingTheStoreKeepsRefusingHoldsBackNoOther) {
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
+// A store whose finish() blocks, while a batch holds job `blocked`, until `release` (as a MySQL
+// COMMIT trip waits for a row another transaction holds, for up to its lock wait timeout, twice),
+// and that notes the time of each job's last heartbeat.
+class BlocksAFinish : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    const bool holds = std::any_of(items.begin(), items.end(),
+                                   [&](const Finish& f) { return f.id == blocked.load(); });
+    if (holds) {
+      waiting = true;
+      for (int i = 0; i < 12000 && !release; ++i)  // at most a minute
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return inner().finish(items, now_ms);
+  }
+  HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                            const std::optional<std::string>& checkpoint, bool progress) override {
+    HeartbeatResult r = inner().heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
+    std::lock_guard lock(mutex_);
+    last_beat_[id] = now_ms;
+    return r;
+  }
+  int64_t last_beat(JobId id) {
+    std::lock_guard lock(mutex_);
+    auto it = last_beat_.find(id);
+    return it == last_beat_.end() ? -1 : it->second;
+  }
+  std::atomic<JobId> blocked{-1};
+  std::atomic<bool> waiting{false}, release{false};
+
+ private:
+  std::mutex mutex_;
+  std::map<JobId, int64_t> last_beat_;
+};
+
+// Review: a job whose handler had returned was dropped from the heartbeats at once, though its
+// ending then waited for the finisher, which makes one store call at a time: behind a call that
+// waits for a locked row (on MySQL up to 50 s, tried twice), the leases of the jobs that ended
+// meanwhile ran out, another host's sweep took them back (counting an attempt), and they ran
+// again. A job is heartbeated until its ending is recorded.
+TEST_F(SchedulerTest, AJobIsHeartbeatedUntilItsEndingIsRecorded) {
+  BlocksAFinish store(*store_);
+  SetOnExit let_go{store.release};
+  const JobId first = enqueue("work");
+  store.blocked = first;
+  std::atomic<int> runs{0};
+  Scheduler scheduler(store, clock_, beating(2, 1'000));  // lease 1 s, a beat every 0.2 s
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++runs;
+    return Outcome::complete();
+  });
+  scheduler.start();
+  wait_for([&] { return store.waiting.load(); });
+  ASSERT_TRUE(store.waiting) << "the first job's ending never reached the store";
+  const JobId second = enqueue("work");  // its ending waits behind the first's
+  wait_for([&] { return runs.load() == 2; });
+  ASSERT_EQ(runs.load(), 2);
+  for (int step = 0; step < 8; ++step) {  // 2.4 s: past both leases, unless renewed
+    clock_.advance_ms(300);
+    const int64_t now = clock_.now_ms();
+    wait_for([&] { return store.last_beat(second) >= now && store.last_beat(first) >= now; });
+    ASSERT_GE(store.last_beat(second), now) << "the ended job's lease was not renewed";
+    ASSERT_GE(store.last_beat(first), now) << "the blocked ending's lease was not renewed";
+  }
+  EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 0);
+  store.release = true;
+  wait_for([&] {
+    return store_->get(first)->status == JobStatus::kSucceeded &&
+           store_->get(second)->status == JobStatus::kSucceeded;
+  });
+  EXPECT_EQ(store_->get(first)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(store_->get(second)->status, JobStatus::kSucceeded);
+  EXPECT_EQ(store_->get(second)->attempts, 1);
+  EXPECT_EQ(runs.load(), 2) << "a job ran twice";
+  scheduler.drain(std::chrono::milliseconds(1'000));
+}
+
+// A store whose finish() waits (up to 5 s) until a claim has come after the handler's return:
+// the claim a worker's end prompts then always runs before the ending commits, and finds the
+// key's cap still taken.
+class ClaimsBeforeTheEnding : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::vector<Claimed> claim(const ClaimRequest& request) override {
+    std::vector<Claimed> got = inner().claim(request);
+    ++claims;
+    return got;
+  }
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    const int after = claims_at_return.load();
+    for (int i = 0; i < 1000 && claims.load() <= after; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return inner().finish(items, now_ms);
+  }
+  std::atomic<int> claims{0}, claims_at_return{0};
+};
+
+// Review: the end of a job woke the claim loop before its ending committed, and the commit woke
+// nothing (only a job back in the queue did): the next job of a key at its cap waited for the idle
+// poll (200 ms by default; here an hour) after every job of that key.
+TEST_F(SchedulerTest, TheCommitOfAnEndingWakesTheClaimLoopForTheNextJobOfACappedKey) {
+  ClaimsBeforeTheEnding store(*store_);
+  store_->set_caps("work", {1, 0});
+  SystemClock clock;
+  SchedulerOptions o = options();
+  o.idle_poll_ms = 3'600'000;
+  Scheduler scheduler(store, clock, o);
+  std::atomic<int> runs{0};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++runs;
+    store.claims_at_return = store.claims.load();
+    return Outcome::complete();
+  });
+  std::vector<JobId> ids;
+  for (int i = 0; i < 3; ++i) {
+    JobSpec spec;
+    spec.kind = "work";
+    spec.payload = "{}";
+    spec.concurrency_key = "tenant";
+    ids.push_back(store_->enqueue(spec, clock.now_ms()).id);
+  }
+  scheduler.start();
+  wait_for([&] { return runs.load() == 3; });
+  EXPECT_EQ(runs.load(), 3) << "the next job of the capped key waited for the idle poll";
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  for (JobId id : ids) EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+}
+
 // An ending retried through an outage while its lease lasted still gets 5 tries once the
 // scheduler stops (found by a review: it got one, since the tries before the stop were counted).
 TEST_F(SchedulerTest, ADrainDuringAnOutageStillTriesTheEndingFiveTimes) {
