@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace backhaul::host {
@@ -136,13 +137,28 @@ int SignalWatch::stop() {
 }
 
 void write_port_file(const std::string& path, uint16_t port) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << port << '\n';
-    if (!out) throw std::runtime_error("cannot write " + temporary);
+  // A temporary of its own (two writers of one path never share one), closed and checked before
+  // the rename: a write that fails only as it is flushed (a full disk) must not put an empty file
+  // in place.
+  std::string temporary = path + ".XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + temporary);
+  const std::string text = std::to_string(port) + "\n";
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int saved = errno;
+  if (::close(fd) != 0 || !written) {
+    const int error = written ? errno : saved;
+    ::unlink(temporary.c_str());
+    throw std::system_error(error, std::generic_category(), "cannot write " + temporary);
   }
-  std::filesystem::rename(temporary, path);
+  // mkstemp makes the file 0600; a port file is for anyone who may reach the port.
+  ::chmod(temporary.c_str(), 0644);
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    ::unlink(temporary.c_str());
+    throw std::system_error(error, "cannot rename " + temporary + " to " + path);
+  }
 }
 
 }  // namespace backhaul::host

@@ -53,8 +53,8 @@ class SignalWatch {
   std::thread thread_;
 };
 
-// Writes "PORT\n" to `path` via a temporary file and a rename, so readers never see a partial
-// file. Throws std::runtime_error or std::filesystem::filesystem_error.
+// Writes "PORT\n" to `path` via a temporary file of its own and a rename, so readers never see a
+// partial file. Throws std::system_error naming the file.
 void write_port_file(const std::string& path, uint16_t port);
 
 }  // namespace backhaul::host

@@ -19,9 +19,10 @@ Response control_error(int status, std::string_view code, const std::string& mes
 }
 
 json counts_json(const DeliveryCounts& counts) {
-  return {{"received", counts.received},     {"unique", counts.unique},
-          {"duplicates", counts.duplicates}, {"expected", counts.expected},
-          {"missing", counts.missing},       {"unexpected", counts.unexpected}};
+  return {{"received", counts.received},      {"unique", counts.unique},
+          {"duplicates", counts.duplicates},  {"expected", counts.expected},
+          {"missing", counts.missing},        {"unexpected", counts.unexpected},
+          {"misdirected", counts.misdirected}};
 }
 
 DeliveryCounts& operator+=(DeliveryCounts& to, const DeliveryCounts& from) {
@@ -31,6 +32,7 @@ DeliveryCounts& operator+=(DeliveryCounts& to, const DeliveryCounts& from) {
   to.expected += from.expected;
   to.missing += from.missing;
   to.unexpected += from.unexpected;
+  to.misdirected += from.misdirected;
   return to;
 }
 
@@ -110,7 +112,8 @@ Report build_report(const Context& context, std::optional<int> installation) {
   for (Provider provider : {Provider::kGithub, Provider::kVercel}) {
     const size_t p = provider_index(provider);
     const DeliveryTally& tally = summary.by_provider[p];
-    DeliveryCounts counts{tally.received, tally.unique, tally.duplicates, 0, 0, tally.unexpected};
+    DeliveryCounts counts{tally.received,   tally.unique,     tally.duplicates, 0, 0,
+                          tally.unexpected, tally.misdirected};
     for (int i = 1; i <= context.data.installations(); ++i) {
       if (!installation || *installation == i) {
         counts.expected += context.data.expected_count(i, provider);
@@ -124,6 +127,7 @@ Report build_report(const Context& context, std::optional<int> installation) {
   }
   report.invalid_webhooks = summary.invalid;
   report.unexpected_sample = summary.unexpected_sample;
+  report.misdirected_sample = summary.misdirected_sample;
 
   const RequestCounts requests = context.state.request_counts();
   for (int i = 1; i <= context.data.installations(); ++i) {
@@ -161,6 +165,7 @@ nlohmann::json to_json(const Report& report) {
   gateway["invalid"] = report.invalid_webhooks;
   gateway["by_provider"] = by_provider;
   gateway["unexpected_sample"] = report.unexpected_sample;
+  gateway["misdirected_sample"] = report.misdirected_sample;
   json requests = report.provider_requests;
   requests["unauthorized"] = report.unauthorized_requests;
   requests["by_installation"] = report.provider_requests_by_installation;

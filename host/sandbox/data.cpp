@@ -154,6 +154,9 @@ std::optional<RepoRef> DataModel::find_repo(std::string_view owner, std::string_
   if (!consume(&name, "repo-") || !consume_number(&name, &repo) || !name.empty()) {
     return std::nullopt;
   }
+  // In range before the id is formed: org-576460752303423489 would wrap into org-1's ids.
+  if (installation < 1 || installation > config_.installations) return std::nullopt;
+  if (repo < 1 || repo >= kRepoIdFactor) return std::nullopt;
   return find_repo(installation * kRepoIdFactor + repo);
 }
 

@@ -15,9 +15,20 @@ int DeliveryStore::attribute(std::optional<DataModel::DeliveryOwner> owner,
   return data_.parse_installation_id(hook.connection_id).value_or(0);
 }
 
+bool DeliveryStore::misdirected(const DataModel::DeliveryOwner& owner, Provider provider,
+                                const Webhook& hook) const {
+  if (provider != owner.provider) return true;
+  if (hook.org_id != DataModel::org_login(owner.installation)) return true;
+  if (auto connection = data_.find_connection(hook.connection_id)) {
+    return connection->installation != owner.installation || connection->provider != provider;
+  }
+  return data_.parse_installation_id(hook.connection_id) != owner.installation;
+}
+
 DeliveryStore::Outcome DeliveryStore::record(Provider provider, const Webhook& hook) {
   const auto owner = data_.classify_delivery(hook.delivery_id);  // pure; outside the lock
   const int installation = attribute(owner, hook);
+  const bool astray = owner && misdirected(*owner, provider, hook);
   const size_t p = provider_index(provider);
   std::lock_guard lock(mutex_);
   DeliveryTally& tally = tallies_[static_cast<size_t>(installation)][p];
@@ -31,7 +42,15 @@ DeliveryStore::Outcome DeliveryStore::record(Provider provider, const Webhook& h
   if (owner) {
     // Matched against the provider the id names, so missing = expected - matched stays exact
     // even if an id is posted under the wrong provider path.
-    ++tallies_[static_cast<size_t>(installation)][provider_index(owner->provider)].matched;
+    DeliveryTally& own =
+        tallies_[static_cast<size_t>(installation)][provider_index(owner->provider)];
+    ++own.matched;
+    if (astray) {
+      ++own.misdirected;
+      if (misdirected_sample_.size() < kSampleSize) {
+        misdirected_sample_.emplace_back(installation, hook.delivery_id);
+      }
+    }
   } else {
     ++tally.unexpected;
     if (unexpected_sample_.size() < kSampleSize) {
@@ -59,6 +78,7 @@ DeliveryStore::Summary DeliveryStore::summarize(std::optional<int> installation)
       to.duplicates += from.duplicates;
       to.matched += from.matched;
       to.unexpected += from.unexpected;
+      to.misdirected += from.misdirected;
     }
   }
   for (const auto& [key, counts] : event_types_) {
@@ -70,6 +90,9 @@ DeliveryStore::Summary DeliveryStore::summarize(std::optional<int> installation)
   for (const auto& [owner, id] : unexpected_sample_) {
     if (!installation || owner == *installation) summary.unexpected_sample.push_back(id);
   }
+  for (const auto& [owner, id] : misdirected_sample_) {
+    if (!installation || owner == *installation) summary.misdirected_sample.push_back(id);
+  }
   summary.invalid = installation ? 0 : invalid_;
   return summary;
 }
@@ -77,11 +100,14 @@ DeliveryStore::Summary DeliveryStore::summarize(std::optional<int> installation)
 std::vector<std::string> DeliveryStore::missing(std::optional<int> installation,
                                                 size_t limit) const {
   std::vector<std::string> result;
-  std::lock_guard lock(mutex_);
   for (int i = 1; i <= data_.installations() && result.size() < limit; ++i) {
     if (installation && *installation != i) continue;
     data_.for_each_expected(i, [&](const std::string& id, Provider) {
-      if (result.size() < limit && !received_.contains(id)) result.push_back(id);
+      if (result.size() >= limit) return;
+      // Locked id by id, not for the walk: a walk of a large data set under the lock held every
+      // webhook POST meanwhile, long enough for their senders to time out and send again.
+      std::lock_guard lock(mutex_);
+      if (!received_.contains(id)) result.push_back(id);
     });
   }
   return result;
@@ -111,6 +137,7 @@ void DeliveryStore::reset() {
   std::fill(tallies_.begin(), tallies_.end(), std::array<DeliveryTally, 2>{});
   event_types_.clear();
   unexpected_sample_.clear();
+  misdirected_sample_.clear();
   invalid_ = 0;
 }
 

@@ -31,6 +31,9 @@ struct DeliveryTally {
   int64_t duplicates = 0;  // posts of an id already received
   int64_t matched = 0;     // distinct ids the data set implies
   int64_t unexpected = 0;  // distinct ids it does not
+  // distinct ids it implies that came under the other provider's path, or with a connection or
+  // org that is not their installation's
+  int64_t misdirected = 0;
 };
 
 class DeliveryStore {
@@ -46,12 +49,14 @@ class DeliveryStore {
     std::array<DeliveryTally, 2> by_provider{};  // indexed by provider_index()
     std::array<std::map<std::string, int64_t>, 2> event_types;
     int64_t invalid = 0;
-    std::vector<std::string> unexpected_sample;  // the first few unexpected ids
+    std::vector<std::string> unexpected_sample;   // the first few unexpected ids
+    std::vector<std::string> misdirected_sample;  // the first few misdirected ids
   };
   // Totals over all installations (and unattributable ids), or over one installation.
   Summary summarize(std::optional<int> installation) const;
 
-  // Up to `limit` expected ids not received yet, for one installation or all, in data order.
+  // Up to `limit` expected ids not received yet, for one installation or all, in data order. Not
+  // a snapshot: ids received during the call may or may not be among them.
   std::vector<std::string> missing(std::optional<int> installation, size_t limit) const;
 
   // The first accepted body per provider, kept verbatim: a representative event for load tools
@@ -66,6 +71,9 @@ class DeliveryStore {
 
   // The installation an id belongs to: from its own text, else from the connection; 0 if neither.
   int attribute(std::optional<DataModel::DeliveryOwner> owner, const Webhook& hook) const;
+  // Whether an id of `owner` came other than as its installation's own delivery would.
+  bool misdirected(const DataModel::DeliveryOwner& owner, Provider provider,
+                   const Webhook& hook) const;
 
   const DataModel& data_;
   mutable std::mutex mutex_;
@@ -74,6 +82,7 @@ class DeliveryStore {
   std::vector<std::array<DeliveryTally, 2>> tallies_;
   std::map<std::pair<int, std::string>, std::array<int64_t, 2>> event_types_;
   std::vector<std::pair<int, std::string>> unexpected_sample_;
+  std::vector<std::pair<int, std::string>> misdirected_sample_;
   int64_t invalid_ = 0;
   std::array<std::optional<std::string>, 2> samples_;
   std::array<std::atomic<bool>, 2> sampled_{};  // samples_[p] is set (checked without the lock)

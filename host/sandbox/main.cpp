@@ -94,8 +94,8 @@ void add_fault_flags(CLI::App& app, Faults& f) {
 
 // `backhaul-sandbox report --url URL`: prints what a running sandbox's gateway received next to
 // what it should have received. With --require-complete, exits 1 unless every expected delivery
-// arrived and nothing unexpected did; with --require-exactly-once, unless also none arrived twice
-// (what the demo checks).
+// arrived as its installation's own and nothing unexpected did; with --require-exactly-once, unless
+// also none arrived twice (what the demo checks).
 int run_report(const std::string& url, bool require_complete, bool require_exactly_once) {
   Poco::URI uri(url);
   Poco::Net::HTTPClientSession session(uri.getHost(), uri.getPort());
@@ -117,9 +117,9 @@ int run_report(const std::string& url, bool require_complete, bool require_exact
   std::printf("gateway received %lld deliveries: %lld unique, %lld duplicates\n",
               g.at("received").get<long long>(), g.at("unique").get<long long>(),
               g.at("duplicates").get<long long>());
-  std::printf("gateway expected %lld: %lld missing, %lld unexpected\n",
+  std::printf("gateway expected %lld: %lld missing, %lld unexpected, %lld misdirected\n",
               g.at("expected").get<long long>(), g.at("missing").get<long long>(),
-              g.at("unexpected").get<long long>());
+              g.at("unexpected").get<long long>(), g.at("misdirected").get<long long>());
   std::printf("%s\n", report.dump(2).c_str());
   if (!require_complete && !require_exactly_once) return 0;
   const bool complete = report.at("complete").get<bool>();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -10,8 +11,22 @@
 namespace backhaul::sandbox {
 namespace {
 
+// The longest span a knob in seconds may ask for: ten years, so that its milliseconds, added to
+// any clock's now, never overflow.
+constexpr int64_t kMaxSpanS = 10LL * 366 * 24 * 3600;
+
 void require(bool ok, std::string_view name, std::string_view rule) {
   if (!ok) throw std::invalid_argument(std::string(name) + " " + std::string(rule));
+}
+
+// Whether the JSON integer `value` is a value of T.
+template <typename T>
+bool fits(const nlohmann::json& value) {
+  if (value.is_number_unsigned()) {
+    return value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  }
+  const int64_t v = value.get<int64_t>();
+  return v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max();
 }
 
 template <typename T>
@@ -23,6 +38,8 @@ void patch_field(const nlohmann::json& patch, std::string_view key, T* field) {
     if (!it->is_number_integer()) {
       throw std::invalid_argument(std::string(key) + " must be an integer");
     }
+    // Read whole, so that a value past the field's range is refused, not wrapped into it.
+    if (!fits<T>(*it)) throw std::invalid_argument(std::string(key) + " is out of range");
   }
   *field = it->get<T>();
 }
@@ -46,6 +63,9 @@ ResourceFault resource_fault_from(const nlohmann::json& rule, size_t index) {
       (key == "resource" ? r.resource : r.list) = value.get<std::string>();
     } else if (key == "skip" || key == "count" || key == "status" || key == "per_page_over") {
       if (!value.is_number_integer()) throw std::invalid_argument(field + " must be an integer");
+      if (!fits<int64_t>(value) || (key == "status" && !fits<int>(value))) {
+        throw std::invalid_argument(field + " is out of range");
+      }
       if (key == "per_page_over") r.per_page_over = value.get<int64_t>();
       if (key == "skip") r.skip = value.get<int64_t>();
       if (key == "count") r.count = value.get<int64_t>();
@@ -68,11 +88,13 @@ void validate(const Faults& f) {
           "must be in [1, 3600000]");
   require(f.burst_429_every >= 0, "burst_429_every", "must be >= 0");
   require(f.burst_len >= 1, "burst_len", "must be >= 1");
-  require(f.retry_after_s >= 0, "retry_after_s", "must be >= 0");
+  require(f.retry_after_s >= 0 && f.retry_after_s <= kMaxSpanS, "retry_after_s",
+          "must be in [0, " + std::to_string(kMaxSpanS) + "]");
   require(f.token_ttl_requests >= 0, "token_ttl_requests", "must be >= 0");
   require(f.slow_ms >= 0 && f.slow_ms <= 60'000, "slow_ms", "must be in [0, 60000]");
   require(f.rate_limit >= 1, "rate_limit", "must be >= 1");
-  require(f.rate_window_s >= 1, "rate_window_s", "must be >= 1");
+  require(f.rate_window_s >= 1 && f.rate_window_s <= kMaxSpanS, "rate_window_s",
+          "must be in [1, " + std::to_string(kMaxSpanS) + "]");
   for (size_t i = 0; i < f.resource_faults.size(); ++i) {
     const ResourceFault& r = f.resource_faults[i];
     const std::string name = "resource_faults[" + std::to_string(i) + "]";
@@ -145,7 +167,8 @@ void validate(const SandboxOptions& o) {
   require(o.items >= 0 && o.items <= 1'000'000, "items", "must be in [0, 1000000]");
   require(o.max_per_page >= 1 && o.max_per_page <= 1000, "max_per_page", "must be in [1, 1000]");
   require(o.threads >= 1 && o.threads <= 1024, "threads", "must be in [1, 1024]");
-  require(o.token_lifetime_s >= 1, "token_lifetime_s", "must be >= 1");
+  require(o.token_lifetime_s >= 1 && o.token_lifetime_s <= kMaxSpanS, "token_lifetime_s",
+          "must be in [1, " + std::to_string(kMaxSpanS) + "]");
   validate(o.faults);
 }
 

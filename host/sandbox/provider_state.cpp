@@ -94,8 +94,10 @@ Admission ProviderState::admit(Provider provider, std::string_view token) {
 
   ++record.uses;
   if (faults_.token_ttl_requests > 0 && record.uses > faults_.token_ttl_requests) {
-    // Count each token's death once, not every later request that still uses it.
-    if (record.uses == faults_.token_ttl_requests + 1) ++fault_counts_.token_expired;
+    // Count each token's death once, not every later request that still uses it (a TTL lowered
+    // below a token's uses retires it too).
+    if (!record.retired) ++fault_counts_.token_expired;
+    record.retired = true;
     ++request_counts_.unauthorized;
     result.verdict = Verdict::kBadToken;
     return result;
@@ -138,7 +140,7 @@ int ProviderState::visit(Provider provider, const Target& target) {
       if (!rule.list.empty() && rule.list != target.list) continue;
       if (rule.per_page_over > 0 && target.per_page <= rule.per_page_over) continue;
       const int64_t seen = rule_matches_[i]++;
-      if (seen < rule.skip || (rule.count > 0 && seen >= rule.skip + rule.count)) continue;
+      if (seen < rule.skip || (rule.count > 0 && seen - rule.skip >= rule.count)) continue;
       ++fault_counts_.resource;
       status = rule.status;
       break;
@@ -216,6 +218,11 @@ void ProviderState::reset() {
   webhook_sequence_ = 0;
   busy_until_ms_ = 0;
   std::fill(rule_matches_.begin(), rule_matches_.end(), 0);
+  // Tokens start afresh too: one retired by token_ttl_requests before the reset answers again.
+  for (auto& [token, record] : tokens_) {
+    record.uses = 0;
+    record.retired = false;
+  }
   resource_requests_.clear();
   fault_rng_ = SplitMix64(hash64({seed_, kFaultStream}));
 }

@@ -135,6 +135,7 @@ class ProviderState {
     Provider provider = Provider::kGithub;
     int64_t expires_at_ms = 0;
     int64_t uses = 0;
+    bool retired = false;  // its death by token_ttl_requests is counted
   };
   struct Window {
     int64_t start_ms = -1;

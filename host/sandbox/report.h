@@ -19,6 +19,9 @@ struct DeliveryCounts {
   int64_t expected = 0;    // delivery ids the data set implies
   int64_t missing = 0;     // expected ids never received
   int64_t unexpected = 0;  // distinct ids received that the data set does not imply
+  // distinct expected ids received under the other provider's path, or with a connectionId or
+  // orgId that is not their installation's
+  int64_t misdirected = 0;
 };
 
 struct Report {
@@ -28,6 +31,7 @@ struct Report {
   std::map<std::string, std::map<std::string, int64_t>> event_types_by_provider;
   int64_t invalid_webhooks = 0;                      // posts answered 400
   std::vector<std::string> unexpected_sample;        // the first unexpected ids, for debugging
+  std::vector<std::string> misdirected_sample;       // the first misdirected ids
   std::map<std::string, int64_t> provider_requests;  // "github", "vercel"
   int64_t unauthorized_requests = 0;
   // installation id -> provider -> requests made with that installation's tokens
@@ -36,8 +40,11 @@ struct Report {
   // "resource"
   std::map<std::string, int64_t> faults_injected;
 
-  // True when every expected delivery arrived and nothing else did.
-  bool complete() const { return gateway.missing == 0 && gateway.unexpected == 0; }
+  // True when every expected delivery arrived, each as its installation's own, and nothing else
+  // did.
+  bool complete() const {
+    return gateway.missing == 0 && gateway.unexpected == 0 && gateway.misdirected == 0;
+  }
   // complete(), and no delivery arrived twice: what a run without faults must achieve, where
   // nothing is sent again (delivery is at least once only where an answer was lost).
   bool exactly_once() const { return complete() && gateway.duplicates == 0; }

@@ -1,5 +1,6 @@
 // The fake gateway and the control endpoints over real HTTP: connections, tokens, webhook
 // validation and dedupe, the report, faults and reset.
+#include <algorithm>
 #include <memory>
 #include <regex>
 #include <string>
@@ -36,6 +37,13 @@ class GatewayTest : public ::testing::Test {
   std::unique_ptr<Sandbox> sandbox_;
   std::unique_ptr<TestClient> client_;
 };
+
+// Posts `id` of inst-1 as its own installation's delivery: under its provider, with its connection.
+HttpResult post(TestClient& client, const std::string& id) {
+  const bool vercel = id.find("-deploy-") != std::string::npos;
+  return client.post("/gateway/webhooks/" + std::string(vercel ? "vercel" : "github"),
+                     webhook_body(vercel ? "vc-inst-1" : "gh-inst-1", id).dump());
+}
 
 SandboxOptions small(int installations = 1) {
   SandboxOptions options;
@@ -189,9 +197,7 @@ TEST_F(GatewayTest, ConcurrentDeliveriesAreCountedExactly) {
     threads.emplace_back([&, t] {
       TestClient client(sandbox_->port());
       // Every thread posts every other id; each id is posted by kThreads / 2 threads.
-      for (size_t k = static_cast<size_t>(t % 2); k < ids.size(); k += 2) {
-        client.post("/gateway/webhooks/github", webhook_body("gh-inst-1", ids[k]).dump());
-      }
+      for (size_t k = static_cast<size_t>(t % 2); k < ids.size(); k += 2) post(client, ids[k]);
     });
   }
   for (auto& thread : threads) thread.join();
@@ -208,11 +214,10 @@ TEST_F(GatewayTest, ConcurrentDeliveriesAreCountedExactly) {
 TEST_F(GatewayTest, ADuplicateLeavesTheReportCompleteButNotExactlyOnce) {
   start(small());
   const auto ids = sandbox_->expected_delivery_ids();
-  for (const auto& id : ids)
-    client_->post("/gateway/webhooks/github", webhook_body("gh-inst-1", id).dump());
+  for (const auto& id : ids) post(*client_, id);
   EXPECT_TRUE(sandbox_->report().exactly_once());
   EXPECT_EQ(client_->get("/_sandbox/report").json()["exactly_once"], true);
-  client_->post("/gateway/webhooks/github", webhook_body("gh-inst-1", ids[0]).dump());
+  post(*client_, ids[0]);
   const Report report = sandbox_->report();
   EXPECT_TRUE(report.complete());
   EXPECT_EQ(report.gateway.duplicates, 1);
@@ -220,6 +225,78 @@ TEST_F(GatewayTest, ADuplicateLeavesTheReportCompleteButNotExactlyOnce) {
   const nlohmann::json wire = client_->get("/_sandbox/report").json();
   EXPECT_EQ(wire["complete"], true);
   EXPECT_EQ(wire["exactly_once"], false);
+}
+
+// A delivery that reached the gateway other than as its installation's own (under the other
+// provider's path, or with another connection or org) is a daemon's bug that exactly-once counting
+// alone cannot see: the report counts it as misdirected and is not complete.
+TEST_F(GatewayTest, ADeliveryUnderAnotherProviderConnectionOrOrgIsMisdirected) {
+  start(small(2));
+  const auto ids = sandbox_->expected_delivery_ids();
+  auto is_vercel = [](const std::string& id) { return id.find("-deploy-") != std::string::npos; };
+  const std::string deployment = "backfill-inst-1-prj_1_1-deploy-";
+  auto own = [&](const std::string& id) {
+    const std::string inst = id.substr(9, id.find('-', 14) - 9);  // "inst-N"
+    return webhook_body((is_vercel(id) ? "vc-" : "gh-") + inst, id);
+  };
+  auto first = [&](const std::string& prefix) {
+    return *std::find_if(ids.begin(), ids.end(),
+                         [&](const std::string& id) { return id.rfind(prefix, 0) == 0; });
+  };
+  const std::string deployment_id = first(deployment);
+  const std::string pr_id = first("backfill-inst-1-100001-pr-");
+  const std::string issue_id = first("backfill-inst-2-200001-issue-");
+  std::vector<std::string> astray;  // in the order posted
+  for (const auto& id : ids) {
+    json body = own(id);
+    std::string provider = is_vercel(id) ? "vercel" : "github";
+    if (id == deployment_id) {
+      provider = "github";  // a deployment under GitHub's path, with GitHub's connection
+      body["connectionId"] = "gh-inst-1";
+    } else if (id == pr_id) {
+      body["connectionId"] = "gh-inst-2";  // inst-2's connection and org
+      body["orgId"] = "org-2";
+    } else if (id == issue_id) {
+      body["orgId"] = "org-1";  // its own connection, another org
+    }
+    if (id == deployment_id || id == pr_id || id == issue_id) astray.push_back(id);
+    ASSERT_EQ(deliver(provider, body).status, 202) << id;
+  }
+  ASSERT_EQ(astray.size(), 3u);
+  const Report report = sandbox_->report();
+  EXPECT_EQ(report.gateway.missing, 0);
+  EXPECT_EQ(report.gateway.unexpected, 0);
+  EXPECT_EQ(report.gateway.duplicates, 0);
+  EXPECT_EQ(report.gateway.misdirected, 3);
+  EXPECT_FALSE(report.complete());
+  EXPECT_FALSE(report.exactly_once());
+  const json wire = client_->get("/_sandbox/report").json();
+  EXPECT_EQ(wire["gateway"]["misdirected"], 3);
+  EXPECT_EQ(wire["gateway"]["by_provider"]["vercel"]["misdirected"], 1);
+  EXPECT_EQ(wire["gateway"]["by_provider"]["github"]["misdirected"], 2);
+  EXPECT_EQ(wire["gateway"]["misdirected_sample"], json(astray));
+  EXPECT_EQ(wire["complete"], false);
+  const json inst2 = client_->get("/_sandbox/report?installation=inst-2").json();
+  EXPECT_EQ(inst2["gateway"]["misdirected"], 1);
+  EXPECT_EQ(inst2["gateway"]["misdirected_sample"], json::array({astray[2]}));
+}
+
+// Each installation's ids under their own connection, the bare installation id included, are
+// never misdirected.
+TEST_F(GatewayTest, EveryDeliveryAsItsInstallationsOwnIsComplete) {
+  start(small(2));
+  for (const auto& id : sandbox_->expected_delivery_ids()) {
+    const bool vercel = id.find("-deploy-") != std::string::npos;
+    const std::string inst = id.substr(9, id.find('-', 14) - 9);
+    // inst-2's deliveries name their connection by the bare installation id.
+    const std::string connection = inst == "inst-2" ? inst : (vercel ? "vc-" : "gh-") + inst;
+    json body = webhook_body(connection, id);
+    body["orgId"] = "org-" + inst.substr(5);
+    ASSERT_EQ(deliver(vercel ? "vercel" : "github", body).status, 202) << id;
+  }
+  const Report report = sandbox_->report();
+  EXPECT_EQ(report.gateway.misdirected, 0);
+  EXPECT_TRUE(report.exactly_once());
 }
 
 TEST_F(GatewayTest, ApiKeyIsCheckedWhenConfigured) {
@@ -279,6 +356,19 @@ TEST_F(GatewayTest, FaultsCanBeChangedAndStateResetAtRuntime) {
   EXPECT_EQ(sandbox_->faults().burst_len, 3);
   EXPECT_EQ(client_->post("/_sandbox/faults", R"({"fail_rate": 2})").status, 400);
   EXPECT_EQ(client_->post("/_sandbox/faults", R"({"nonsense": 1})").status, 400);
+  // Values whose milliseconds would overflow a clock, or that do not fit their field, are
+  // refused, not wrapped into range.
+  for (const char* patch :
+       {R"({"rate_window_s": 9223372036854775807})", R"({"retry_after_s": 9223372036854775807})",
+        R"({"burst_len": 18446744073709551615})",
+        R"({"resource_faults": [{"resource": "org-1/repo-1", "status": 4294967796}]})",
+        R"({"resource_faults": [{"resource": "org-1/repo-1", "skip": 18446744073709551615}]})"}) {
+    const HttpResult refused = client_->post("/_sandbox/faults", patch);
+    EXPECT_EQ(refused.status, 400) << patch;
+    EXPECT_EQ(refused.json()["error"]["code"], "invalid_request") << patch;
+  }
+  EXPECT_EQ(client_->post("/_sandbox/faults", R"({"rate_window_s": 316224000})").status, 200)
+      << "ten years";
   EXPECT_EQ(client_->get("/_sandbox/faults").json()["fail_rate"], 0.25);
 
   deliver("github", webhook_body("gh-inst-1", "backfill-inst-1-100001-pr-1"));

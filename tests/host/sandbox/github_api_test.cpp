@@ -169,7 +169,9 @@ TEST_F(GithubApiTest, RepositoryIsReadableOnlyByItsInstallation) {
 
   for (const std::string path :
        {"/github/repos/org-2/repo-1", "/github/repos/org-1/repo-9",
-        "/github/repositories/200001/pulls", "/github/repos/org-1/repo-1/"}) {
+        "/github/repositories/200001/pulls", "/github/repos/org-1/repo-1/",
+        // (1 + 2^59) * 10^5 + 1 wraps to org-1/repo-1's id 100001
+        "/github/repos/org-576460752303423489/repo-1/pulls", "/github/repos/org-1/repo-100000"}) {
     HttpResult missing = get(path);
     EXPECT_EQ(missing.status, 404) << path;
     EXPECT_EQ(missing.json()["message"], "Not Found") << path;
@@ -294,6 +296,26 @@ TEST_F(GithubApiTest, TokenDiesAfterTtlRequestsAndANewTokenWorks) {
   EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 401);
   token_ = client_->token("gh-inst-1");
   EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 200);
+  EXPECT_EQ(sandbox_->report().faults_injected.at("token_expired"), 1);
+}
+
+// A TTL lowered below a token's uses retires it, counted once; a reset gives tokens their uses
+// back, as it gives back everything else it counts.
+TEST_F(GithubApiTest, ATokenRetiredByALoweredTtlIsCountedAndAResetRevivesIt) {
+  SandboxOptions options = with_items(10);
+  options.faults.token_ttl_requests = 5;
+  start(options);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(get("/github/repos/org-1/repo-1").status, 200);
+  Faults lowered = sandbox_->faults();
+  lowered.token_ttl_requests = 2;
+  sandbox_->set_faults(lowered);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 401);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 401);
+  EXPECT_EQ(sandbox_->report().faults_injected.at("token_expired"), 1);
+  ASSERT_EQ(client_->post("/_sandbox/reset", "").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 200);
+  EXPECT_EQ(get("/github/repos/org-1/repo-1").status, 401);
   EXPECT_EQ(sandbox_->report().faults_injected.at("token_expired"), 1);
 }
 

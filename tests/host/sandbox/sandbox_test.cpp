@@ -2,19 +2,28 @@
 // way the connectors must, through injected faults, and ends with a complete report.
 #include "host/sandbox/sandbox.h"
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include <Poco/Net/SocketAddress.h>
 #include <Poco/Net/StreamSocket.h>
 #include <Poco/Timespan.h>
 #include <gtest/gtest.h>
 
+#include "host/common/process.h"
 #include "tests/host/sandbox/test_client.h"
+#include <unistd.h>
 
 namespace backhaul::sandbox {
 namespace {
@@ -63,6 +72,42 @@ TEST(SandboxTest, ARequestThatCannotBeReadIsAnsweredOnceAndItsConnectionClosed) 
   EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
   EXPECT_EQ(answer.find("HTTP/1.1 ", 1), std::string::npos) << "one answer: " << answer;
   EXPECT_NE(answer.find("Content-Length is given 2 times"), std::string::npos) << answer;
+}
+
+// The port file of `--port-file`: two writers of one path (a restart racing the old process's
+// last write, say) each write a temporary of their own; neither fails and the file holds a port.
+TEST(PortFileTest, TwoWritersOfOnePathNeitherFailNorLeaveTemporaries) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("backhaul-port-file-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "port").string();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> writers;
+  for (uint16_t port : {uint16_t{4101}, uint16_t{4102}}) {
+    writers.emplace_back([&, port] {
+      for (int i = 0; i < 300; ++i) {
+        try {
+          host::write_port_file(path, port);
+        } catch (const std::exception&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& writer : writers) writer.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(text == "4101\n" || text == "4102\n") << text;
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1) << "temporaries left";
+  try {
+    host::write_port_file((dir / "no-such-dir" / "port").string(), 4101);
+    ADD_FAILURE() << "a port file in a missing directory was written";
+  } catch (const std::system_error& error) {
+    EXPECT_NE(std::string(error.what()).find("no-such-dir"), std::string::npos) << error.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SandboxTest, RejectsInvalidOptions) {

@@ -95,7 +95,11 @@ Link parse_link(const std::string& header) {
 
 nlohmann::json webhook_body(const std::string& connection_id, const std::string& delivery_id,
                             const std::string& event_type) {
-  return {{"connectionId", connection_id},     {"orgId", "org-1"},
+  // The org of the connection's installation: "gh-inst-2" -> "org-2".
+  const size_t inst = connection_id.rfind("inst-");
+  const std::string org =
+      "org-" + (inst == std::string::npos ? "1" : connection_id.substr(inst + 5));
+  return {{"connectionId", connection_id},     {"orgId", org},
           {"deliveryId", delivery_id},         {"eventType", event_type},
           {"payload", {{"action", "opened"}}}, {"receivedAt", "2027-01-15T08:00:00Z"}};
 }
