@@ -10,6 +10,7 @@
 //
 // Each --sealed names a file of the plugin whose bytes are on a descriptor instead: the first on
 // descriptor 4, the next on 5, and so on (the daemon's sealed copies, isolation.h).
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -74,8 +75,12 @@ int main(int argc, char** argv) {
                  ": restart the daemon after an upgrade");
   }
   char* end = nullptr;
+  errno = 0;
   const long long http_timeout_ms = std::strtoll(args["--http-timeout-ms"].c_str(), &end, 10);
-  if (*end != '\0' || http_timeout_ms <= 0) return usage("--http-timeout-ms must be a number > 0");
+  // At most a day, so that a deadline of now plus the timeout never overflows.
+  if (*end != '\0' || errno == ERANGE || http_timeout_ms <= 0 || http_timeout_ms > 86'400'000) {
+    return usage("--http-timeout-ms must be a number in [1, 86400000]");
+  }
   // Nothing of the daemon's but the socket and the sealed copies: descriptors it opened without
   // close-on-exec (a library's sockets, say) are not the plugin's to hold open.
   if (::close_range(static_cast<unsigned>(next_sealed), ~0U, 0) != 0) {
@@ -117,6 +122,9 @@ int main(int argc, char** argv) {
           return usage("the variable " + args["--proxy-credentials-env"] + " is not set");
         }
         backhaul::http::set_proxy_credentials(transport_options.proxy, credentials);
+        // Read once, for the transport: the plugin's code (and what it runs) has no business
+        // reading the proxy's password, as it has none reading the daemon's other secrets.
+        ::unsetenv(args["--proxy-credentials-env"].c_str());
       }
     } catch (const std::invalid_argument& e) {
       return usage(e.what());

@@ -136,6 +136,20 @@ TEST_F(IsolatedConnector, AWorkerDoesNotInheritTheVariablesTheDaemonHides) {
   ::unsetenv("BACKHAUL_TEST_PLAIN");
 }
 
+// The proxy's user:password is the worker's to read, for its transport, and not the plugin's: the
+// worker takes the variable out of its environment once read.
+TEST_F(IsolatedConnector, APluginCannotReadTheProxysCredentials) {
+  ::setenv("BACKHAUL_TEST_PROXY_AUTH", "user:s3cret", 1);
+  IsolationOptions o = options(1);
+  o.proxy_url = "http://127.0.0.1:9";
+  o.proxy_credentials_env = "BACKHAUL_TEST_PROXY_AUTH";
+  const Connector isolated = plugin_.create_isolated(
+      R"({"pages": 1, "per_page": 1, "env": "BACKHAUL_TEST_PROXY_AUTH"})", o);
+  EXPECT_EQ(nlohmann::json::parse(isolated.fetch_page(params()).event(0).payload_json)["env"],
+            nullptr);
+  ::unsetenv("BACKHAUL_TEST_PROXY_AUTH");
+}
+
 TEST_F(IsolatedConnector, ServesTheSamePagesAsTheConnectorInThisProcess) {
   const std::string config = R"({"pages": 3, "per_page": 2, "rate_limit_remaining": 7})";
   const Connector here = plugin_.create(config);
