@@ -2,8 +2,10 @@
 // live progress display for --wait (units done/total, pages, events, rate-limit waits, ETA).
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -162,18 +164,65 @@ class ProgressLine {
   std::string last_;
 };
 
+// The signal (SIGINT, SIGTERM) that asked --wait to end, or 0. [written by the handler]
+volatile std::sig_atomic_t g_wait_signal = 0;
+
+extern "C" void on_wait_signal(int number) { g_wait_signal = number; }
+
+// While it lives, Ctrl-C (SIGINT) and SIGTERM end --wait's polling rather than the process at
+// once: the progress line is ended and the command says that the run goes on without it. A signal
+// the command was started with ignored (nohup, a background job) stays ignored.
+class WaitSignals {
+ public:
+  WaitSignals() {
+    g_wait_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_wait_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = 0;  // no SA_RESTART: a poll's wait may end early
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      ::sigaction(kSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &action, nullptr);
+    }
+  }
+  ~WaitSignals() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  WaitSignals(const WaitSignals&) = delete;
+  WaitSignals& operator=(const WaitSignals&) = delete;
+
+  static int caught() { return g_wait_signal; }
+
+  // Sleeps `ms`, or less when a signal comes.
+  static void pause(std::chrono::milliseconds ms) {
+    const auto until = std::chrono::steady_clock::now() + ms;
+    for (auto now = std::chrono::steady_clock::now(); caught() == 0 && now < until;
+         now = std::chrono::steady_clock::now()) {
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          until - now, std::chrono::milliseconds(50)));
+    }
+  }
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM};
+  struct sigaction old_[std::size(kSignals)]{};
+};
+
 // Polls the run until it finishes, redrawing one progress line (a new line per change when the
 // stream is not a terminal). With --json the progress goes to stderr and stdout gets the run's
 // JSON alone, for a pipe to parse, with `extra` merged in. Polls that find backhauld restarting or
 // unable to answer are passed through for --lost-contact-ms. Throws CLI::RuntimeError: 1 unless
-// the run succeeded, kExitLostContact when contact was lost.
+// the run succeeded, kExitLostContact when contact was lost, 128 + the signal when Ctrl-C (or
+// SIGTERM) ended the wait.
 void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_contact,
               const json& extra = json::object()) {
   ProgressLine progress(o.json_output ? stderr : stdout);
+  const WaitSignals signals;
   const std::string target = "/v1/runs/" + std::to_string(id);
   WaitHooks hooks;
   hooks.poll = [&] { return checked_run(client.get(target)); };
-  hooks.pause = [](std::chrono::milliseconds ms) { std::this_thread::sleep_for(ms); };
+  hooks.pause = &WaitSignals::pause;
+  hooks.interrupted = &WaitSignals::caught;
   std::string trouble;  // the error of the failing polls, while they fail
   hooks.on_run = [&](const json& run) {
     trouble.clear();
@@ -191,11 +240,22 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_cont
       {std::chrono::milliseconds(o.interval_ms), std::chrono::milliseconds(o.lost_contact_ms)},
       SystemClock::instance(), in_contact);
   progress.end();
+  const std::string take_up = "the run goes on without this command: `backhaul run status " +
+                              std::to_string(id) + " --wait` takes it up again";
+  if (end.interrupted != 0) {
+    const std::string message = std::string("interrupted (") +
+                                (end.interrupted == SIGINT ? "Ctrl-C" : "SIGTERM") + "); " +
+                                take_up;
+    if (o.json_output) {
+      std::cout << AdminApiError(0, "INTERRUPTED", message, {{"runId", id}}).envelope().dump(2)
+                << "\n";
+    }
+    std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id), message.c_str());
+    throw CLI::RuntimeError(128 + end.interrupted);
+  }
   if (end.lost_contact) {
     const std::string message = "lost contact with backhauld for " + duration_text(end.trouble_ms) +
-                                " (" + end.error +
-                                "); the run goes on without this command: `backhaul run status " +
-                                std::to_string(id) + " --wait` takes it up again";
+                                " (" + end.error + "); " + take_up;
     if (o.json_output) {
       std::cout << AdminApiError(0, "LOST_CONTACT", message, {{"runId", id}}).envelope().dump(2)
                 << "\n";

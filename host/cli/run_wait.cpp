@@ -20,6 +20,12 @@ WaitEnd poll_until_finished(const WaitHooks& hooks, const WaitSettings& settings
   WaitEnd end;
   int64_t trouble_since = -1;
   while (true) {
+    if (hooks.interrupted) {
+      if (const int signal = hooks.interrupted(); signal != 0) {
+        end.interrupted = signal;
+        return end;
+      }
+    }
     // A streak of failures counts from when its first poll began: a poll that runs into its
     // request timeout has been without contact all that time.
     const int64_t asked = clock.now_ms();

@@ -34,7 +34,8 @@ struct WaitSettings {
 bool passing_trouble(const AdminApiError& error);
 
 struct WaitEnd {
-  bool lost_contact = false;  // else the run finished
+  bool lost_contact = false;  // else the run finished, or the wait was interrupted
+  int interrupted = 0;        // the signal that interrupted the wait (SIGINT: Ctrl-C), or 0
   nlohmann::json run;         // the last answer (null if none)
   std::string error;          // with lost_contact: the last poll's error
   int64_t trouble_ms = 0;     // with lost_contact: how long polls failed in a row
@@ -46,12 +47,14 @@ struct WaitHooks {
   std::function<void(const nlohmann::json& run)> on_run;  // every answer
   // A poll that failed with passing trouble; `left_ms` is how long polls may still fail.
   std::function<void(const AdminApiError& error, int64_t left_ms)> on_trouble;
+  // The signal that asked the wait to end (Ctrl-C), or 0; asked before every poll. May be empty.
+  std::function<int()> interrupted;
 };
 
-// Polls until the run's status is succeeded, failed or cancelled, or until polls have failed with
-// passing trouble for settings.lost_contact. Before a first answer (`in_contact` false: nothing
-// has shown that --url is a daemon), every error ends the wait at once. Errors that end it are
-// rethrown.
+// Polls until the run's status is succeeded, failed or cancelled, until polls have failed with
+// passing trouble for settings.lost_contact, or until hooks.interrupted() says a signal came.
+// Before a first answer (`in_contact` false: nothing has shown that --url is a daemon), every error
+// ends the wait at once. Errors that end it are rethrown.
 WaitEnd poll_until_finished(const WaitHooks& hooks, const WaitSettings& settings,
                             const Clock& clock, bool in_contact);
 

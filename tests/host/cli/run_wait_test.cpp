@@ -2,6 +2,7 @@
 // how long, and what ends it. The pause moves the clock instead of sleeping.
 #include "host/cli/run_wait.h"
 
+#include <csignal>
 #include <deque>
 #include <variant>
 
@@ -34,6 +35,9 @@ class Script {
 
   WaitEnd wait(const WaitSettings& settings, bool in_contact = true) {
     WaitHooks hooks;
+    if (interrupt_at_poll > 0) {
+      hooks.interrupted = [this] { return polls >= interrupt_at_poll ? SIGINT : 0; };
+    }
     hooks.poll = [this] {
       ++polls;
       clock.advance_ms(poll_ms_);
@@ -55,6 +59,7 @@ class Script {
   }
 
   FakeClock clock;
+  int interrupt_at_poll = 0;  // > 0: a signal comes during that poll
   int polls = 0;
   std::vector<int64_t> pauses;
   std::vector<std::string> runs;
@@ -79,6 +84,26 @@ TEST(RunWaitTest, NoAnswerA503AndA429ArePassedThroughUntilTheRunFinishes) {
   // The limit counts from the first failure of the streak.
   EXPECT_EQ(script.lefts, (std::vector<int64_t>{10'000, 9'000, 8'000}));
   EXPECT_EQ(script.pauses, (std::vector<int64_t>{1000, 1000, 1000, 1000, 1000}));
+}
+
+// A signal (Ctrl-C) ends the wait before the next poll, with the last answer, whether polls were
+// answered or failing.
+TEST(RunWaitTest, ASignalEndsTheWaitBeforeTheNextPoll) {
+  Script answered({run_in("running")});
+  answered.interrupt_at_poll = 3;
+  WaitEnd end = answered.wait({milliseconds(1000), milliseconds(10'000)});
+  EXPECT_EQ(end.interrupted, SIGINT);
+  EXPECT_FALSE(end.lost_contact);
+  EXPECT_EQ(end.run.at("status"), "running");
+  EXPECT_EQ(answered.polls, 3);
+
+  Script failing({run_in("running"), no_answer()});
+  failing.interrupt_at_poll = 2;
+  end = failing.wait({milliseconds(1000), milliseconds(10'000)});
+  EXPECT_EQ(end.interrupted, SIGINT);
+  EXPECT_FALSE(end.lost_contact);
+  EXPECT_EQ(failing.polls, 2);
+  EXPECT_EQ(failing.troubles, std::vector<std::string>{"UNREACHABLE"});
 }
 
 TEST(RunWaitTest, PollsFailingForTheWholeLimitEndInLostContactWithTheLastError) {

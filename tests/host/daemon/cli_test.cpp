@@ -885,8 +885,11 @@ struct TerminalResult {
   int exit_code = -1;
   std::string text;
 };
+// Runs the CLI on a pseudo-terminal `columns` wide. With `interrupt_after`, types Ctrl-C once the
+// terminal has shown that text (the terminal sends the CLI SIGINT, as a user's would).
 TerminalResult run_on_terminal(const std::vector<std::string>& args,
-                               const std::vector<std::string>& env, unsigned short columns) {
+                               const std::vector<std::string>& env, unsigned short columns,
+                               const std::string& interrupt_after = "") {
   // Built before fork: the child of a threaded process may only exec.
   std::vector<std::string> argv_text = {BACKHAUL_CLI_PATH};
   argv_text.insert(argv_text.end(), args.begin(), args.end());
@@ -911,8 +914,12 @@ TerminalResult run_on_terminal(const std::vector<std::string>& args,
   if (pid < 0) return result;
   char chunk[4096];
   // Read until the child's side closes (EIO on Linux); the child exits by itself.
+  bool interrupted = interrupt_after.empty();
   for (ssize_t n; (n = ::read(terminal, chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR);) {
     if (n > 0) result.text.append(chunk, static_cast<size_t>(n));
+    if (!interrupted && result.text.find(interrupt_after) != std::string::npos) {
+      interrupted = ::write(terminal, "\x03", 1) == 1;
+    }
   }
   ::close(terminal);
   int status = 0;
@@ -1108,6 +1115,29 @@ TEST_F(CliTest, RunWaitOnATerminalEndsItsLineAndFitsTheWidth) {
     ++drawn;
   }
   EXPECT_GE(drawn, 1u) << r.text;
+}
+
+// Ctrl-C during --wait killed the command mid-line: the shell's prompt came after the progress,
+// and nothing said the run goes on. It ends the line, says how to take the wait up again, and
+// exits 128 + SIGINT, as a command ended by Ctrl-C does.
+TEST_F(CliTest, CtrlCDuringRunWaitEndsTheLineAndSaysTheRunGoesOn) {
+  const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
+  ScriptedDaemon running({ScriptedDaemon::run("running")});
+  const TerminalResult r = run_on_terminal(
+      {"run", "status", "7", "--wait", "--interval-ms", "50", "--url", running.url()}, env, 200,
+      "run 7 running");
+  EXPECT_EQ(r.exit_code, 130) << r.text;
+  EXPECT_NE(r.text.find("\r\nrun 7: interrupted (Ctrl-C); the run goes on without this command: "
+                        "`backhaul run status 7 --wait` takes it up again"),
+            std::string::npos)
+      << r.text;
+  // The same with --json: an envelope on stdout, for a script that reads it.
+  const TerminalResult j = run_on_terminal(
+      {"run", "status", "7", "--wait", "--json", "--interval-ms", "50", "--url", running.url()},
+      env, 200, "run 7 running");
+  EXPECT_EQ(j.exit_code, 130) << j.text;
+  EXPECT_NE(j.text.find("\"code\": \"INTERRUPTED\""), std::string::npos) << j.text;
+  EXPECT_NE(j.text.find("\"runId\": 7"), std::string::npos) << j.text;
 }
 
 // Review: --wait passed through every 5xx, also one whose envelope says `"retryable": false` (a
