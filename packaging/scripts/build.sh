@@ -8,7 +8,9 @@ shift || true
 
 bash "$root/packaging/scripts/deps.sh"
 cd "$root"
-if [ ! -f "build/$preset/build.ninja" ]; then
+# Configured again when the presets changed since: ninja's own re-run of cmake does not watch
+# CMakePresets.json, and would keep the old cache variables.
+if [ ! -f "build/$preset/build.ninja" ] || [ CMakePresets.json -nt "build/$preset/build.ninja" ]; then
   cmake --preset "$preset" >/dev/null
 fi
 jobs=$(nproc 2>/dev/null || echo 2)

@@ -16,17 +16,18 @@ plugins="$root/build/$preset/plugins"
 work=$(mktemp -d -t backhaul-demo.XXXXXX)
 sandbox_pid=""
 daemon_pid=""
-# True while PID (a child of this script) runs: a zombie, ended but not yet waited for, does not.
+# True while PID, a child of this script, runs: a zombie, ended but not yet waited for, does not,
+# nor does a process that took the PID over once bash reaped ours (its parent is not this script).
 running() {
-  local stat
+  local stat fields
   stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
+  read -r -a fields <<<"${stat##*) }"  # state, parent, ...
+  [ "${fields[0]}" != Z ] && [ "${fields[1]}" = $$ ]
 }
 # stop PID: SIGTERM, up to 90 s for it to end (then SIGKILL); returns its exit status.
 stop() {
   [ -n "$1" ] || return 0
-  kill -TERM "$1" 2>/dev/null || true
+  if running "$1"; then kill -TERM "$1" 2>/dev/null || true; fi
   local deadline=$((SECONDS + 90))
   while running "$1" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   if running "$1"; then

@@ -12,19 +12,28 @@ packages=(
   mariadb-server mariadb-client clang-format wrk dpkg-dev systemd systemd-container
 )
 
-# What this script writes to keep services from starting (below). One found at start-up is left
-# from a run of this script that was killed before it could remove it: it goes now, since
-# otherwise every later run would take it for the machine's own policy and keep it for good.
+# One run of this script at a time (the demo and the tests started together, say): a second
+# waits, then finds what the first installed. Without it, each took the other's policy-rc.d below
+# for one left by a killed run and removed it while the other's apt was installing.
 policy=/usr/sbin/policy-rc.d
 marker="# written by backhaul's packaging/scripts/deps.sh"
-if [ -f "$policy" ] && grep -qxF "$marker" "$policy" && [ "$(id -u)" -eq 0 ]; then
-  rm -f "$policy"
+if [ "$(id -u)" -eq 0 ]; then
+  mkdir -p /run/lock
+  exec 9>/run/lock/backhaul-deps.lock
+  flock 9
+  # What this script writes to keep services from starting (below). One found here, under the
+  # lock, is left from a run that was killed before it could remove it: it goes now, since
+  # otherwise every later run would take it for the machine's own policy and keep it for good.
+  if [ -f "$policy" ] && grep -qxF "$marker" "$policy"; then
+    rm -f "$policy"
+  fi
 fi
 
+# A package installed for two architectures (multiarch) prints its status once per architecture.
 missing=()
 for p in "${packages[@]}"; do
-  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
-  [ "$status" = "installed" ] || missing+=("$p")
+  status=$(dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null || true)
+  grep -qx installed <<<"$status" || missing+=("$p")
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -43,7 +52,10 @@ fi
 apt_get() {
   local out deadline=$((SECONDS + 600))
   while :; do
-    if out=$(LC_ALL=C apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1); then
+    # No terminal to ask on (a question would wait for ever, unseen, with the output held here):
+    # a changed configuration file keeps the machine's version.
+    if out=$(LC_ALL=C apt-get -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef \
+      -o Dpkg::Options::=--force-confold "$@" 2>&1 </dev/null); then
       return 0
     fi
     if ! grep -q "Could not get lock" <<<"$out" || [ $SECONDS -ge $deadline ]; then

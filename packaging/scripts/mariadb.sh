@@ -11,7 +11,9 @@
 #           If a server started from DIR is still running, it is reused. If the server cannot
 #           start, prints the tail of its error log and exits non-zero.
 #   stop    Stops the server started from DIR, by its PID only (mariadb-admin shutdown through its
-#           socket, then waits for that PID; TERM and finally KILL that PID if it will not exit).
+#           socket, then waits for that PID; TERM at once if the shutdown is refused, as by a
+#           server still starting, and KILL that PID if it will not exit). Starts and stops of
+#           one DIR take turns (a lock in DIR).
 #   status  Exits 0 when the server started from DIR is running.
 #   env     Prints `export BACKHAUL_TEST_MYSQL=...` and `export BACKHAUL_TEST_MYSQL_ROOT=...`.
 #
@@ -76,9 +78,12 @@ show_log() {
   done
 }
 
-wait_exit() {  # wait_exit PID SECONDS -> 0 when PID is gone
-  local pid=$1 deadline=$((SECONDS + $2))
+wait_exit() {  # wait_exit PID SECONDS -> 0 when PID is gone (or a zombie: a child of ours ended)
+  local pid=$1 deadline=$((SECONDS + $2)) stat
   while kill -0 "$pid" 2>/dev/null; do
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 0
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ] || return 0
     [ $SECONDS -lt $deadline ] || return 1
     sleep 0.05
   done
@@ -94,11 +99,19 @@ do_stop() {
     echo "mariadb.sh: no server running for $dir"
     return 0
   fi
-  timeout 30 mariadb-admin --no-defaults --socket="$(socket_path)" -uroot shutdown \
-    >/dev/null 2>&1 || true
-  # mariadb-admin returns before mariadbd has exited: always wait on the PID.
-  if ! wait_exit "$pid" 60; then
-    echo "mariadb.sh: server $pid did not stop after shutdown; sending TERM" >&2
+  # mariadb-admin returns before mariadbd has exited: always wait on the PID. A server that has
+  # no socket yet (still starting) refuses the shutdown: it gets TERM (a clean shutdown for
+  # mariadbd) at once rather than after the minute a shutdown may take.
+  local term=1
+  if timeout 30 mariadb-admin --no-defaults --socket="$(socket_path)" -uroot shutdown \
+    >/dev/null 2>&1; then
+    if wait_exit "$pid" 60; then
+      term=0
+    else
+      echo "mariadb.sh: server $pid did not stop after shutdown; sending TERM" >&2
+    fi
+  fi
+  if [ $term = 1 ]; then
     kill -TERM "$pid" 2>/dev/null || true
     if ! wait_exit "$pid" 30; then
       echo "mariadb.sh: server $pid ignored TERM; sending KILL" >&2
@@ -133,14 +146,18 @@ try_start() {
   rm -f "$sock" "$errlog"
   local user_opt=()
   [ "$(id -u)" -eq 0 ] && user_opt=(--user=root)
-  # setsid + redirected stdio: the server must not keep the caller's (ctest's) pipes open.
-  setsid mariadbd --no-defaults --datadir="$datadir" --socket="$sock" --port="$port" \
+  # setsid + redirected stdio: the server must not keep the caller's (ctest's) pipes open, nor
+  # the lock (fd 8). The server's own process writes its PID file before it becomes mariadbd: a
+  # start killed just after the fork still leaves the PID of the server it started, in a session
+  # of its own, for stop to find.
+  setsid bash -c 'echo $$ >"$0" && exec "$@"' "$pidfile" \
+    mariadbd --no-defaults --datadir="$datadir" --socket="$sock" --port="$port" \
     --bind-address=127.0.0.1 "${user_opt[@]}" --pid-file="$dir/mariadbd-own.pid" \
     --log-error="$errlog" --skip-name-resolve --skip-log-bin \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
     --innodb-buffer-pool-size=128M --innodb-log-file-size=96M \
     --innodb-flush-log-at-trx-commit=1 --max-connections=512 --max-allowed-packet=64M \
-    </dev/null >"$dir/mysqld.out" 2>&1 &
+    </dev/null >"$dir/mysqld.out" 2>&1 8>&- &
   pid=$!
   echo "$pid" >"$pidfile"
   deadline=$((SECONDS + 60))
@@ -236,9 +253,16 @@ do_start() {
   echo "mariadb.sh: server $(cat "$pidfile") ready on 127.0.0.1:$port (connection in $conn_file)"
 }
 
+# One start or stop of DIR at a time: a stop while a start runs (a cut-short test run's trap) waits
+# for the start to write the PID file, and then stops what it started.
+lock() {
+  exec 8>"$dir/lock"
+  flock 8
+}
+
 case "$action" in
-  start) do_start ;;
-  stop) do_stop ;;
+  start) lock; do_start ;;
+  stop) lock; do_stop ;;
   status)
     if pid=$(running_pid); then
       echo "mariadb.sh: server $pid running on 127.0.0.1:$(cat "$port_file")"
