@@ -114,6 +114,7 @@ Scheduler::Scheduler(JobStore& store, const Clock& clock, SchedulerOptions optio
   }
   options_.workers = std::max(options_.workers, 1);
   options_.claim_batch = std::max<size_t>(options_.claim_batch, 1);
+  options_.claimers = std::clamp(options_.claimers, 1, options_.workers + options_.prefetch);
   options_.heartbeat_lanes = std::max(options_.heartbeat_lanes, 1);
 }
 
@@ -168,7 +169,7 @@ void Scheduler::start() {
   hurried_ = false;
   finisher_running_ = true;
   for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
-  threads_.emplace_back([this] { claim_loop(); });
+  for (int i = 0; i < options_.claimers; ++i) threads_.emplace_back([this] { claim_loop(); });
   threads_.emplace_back([this] { finisher_loop(); });
   threads_.emplace_back([this] { heartbeat_loop(); });
   lane_beats_.assign(static_cast<size_t>(options_.heartbeat_lanes), LaneBeat{});
@@ -197,20 +198,22 @@ void Scheduler::claim_loop() {
   int64_t backoff_ms = options_.idle_poll_ms;
   std::unique_lock lock(mutex_);
   while (claiming_ && !stopped_) {
-    int free = options_.workers + options_.prefetch - busy_;
+    // Places neither held nor being claimed for by another claim loop.
+    const int places = options_.workers + options_.prefetch;
+    const int free = unrecorded_ > 2 * places ? 0 : places - busy_ - reserved_;
     if (free <= 0) {
       wake_.wait(lock);
       continue;
     }
+    const size_t want = std::min<size_t>(static_cast<size_t>(free), options_.claim_batch);
+    reserved_ += static_cast<int>(want);
     poked_ = false;  // a job made runnable from now on makes the claim below run again at once
     lock.unlock();
     std::vector<Claimed> claimed;
     bool store_failed = false;
     const int64_t claimed_at = clock_.now_ms();
     try {
-      ClaimRequest request{options_.owner,
-                           std::min<size_t>(static_cast<size_t>(free), options_.claim_batch),
-                           claimed_at, options_.lease_ms, claim_kinds};
+      ClaimRequest request{options_.owner, want, claimed_at, options_.lease_ms, claim_kinds};
       claimed = store_.claim(request);
       backoff_ms = options_.idle_poll_ms;
       note_store("claim", nullptr);
@@ -223,6 +226,7 @@ void Scheduler::claim_loop() {
     std::vector<std::shared_ptr<JobContext>> leased = lease(std::move(claimed), claimed_at);
     claimed_ += static_cast<int64_t>(n);  // the ones handed back below too: they count released
     lock.lock();
+    reserved_ -= static_cast<int>(want);
     if (!claiming_) {
       // Drain started while we were claiming: hand these back untouched.
       lock.unlock();
@@ -289,18 +293,20 @@ void Scheduler::heartbeat_loop() {
     // one that failed longest ago first, so neither one nor several failing rows keep the others,
     // or each other, from being renewed. Keys are read once: a handler may change its job's
     // meanwhile.
+    // Jobs whose endings wait to be recorded go after those still running.
     std::vector<std::pair<int64_t, std::shared_ptr<JobContext>>> order;
     for (const auto& c : leased_) {
       const int64_t failed_ms = c->beat_failed_ms_;
       order.emplace_back(failed_ms ? failed_ms : std::numeric_limits<int64_t>::min(), c);
     }
-    std::stable_sort(order.begin(), order.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return std::pair(a.second->ended_, a.first) < std::pair(b.second->ended_, b.first);
+    });
     bool failing = false;  // a job in hand whose last beat failed
     bool beating = false;  // a job in hand with a beat queued or under way
     std::optional<int64_t> next_due;
     for (auto& [failed_ms, context] : order) {
-      if (context->lease_lost_) continue;  // nothing left to renew
+      if (context->lease_lost_ || context->finishing_) continue;  // nothing to renew, or not now
       failing = failing || failed_ms != std::numeric_limits<int64_t>::min();
       if (context->beat_queued_) {  // one beat at a time per job: the next round sees how it went
         beating = true;
@@ -406,6 +412,8 @@ void Scheduler::hand_back_cancelled(std::unique_lock<std::mutex>& lock) {
     }
   }
   if (cancelled.empty() && lost == 0) return;
+  for (const auto& c : cancelled) c->ended_ = true;
+  unrecorded_ += static_cast<int>(cancelled.size());
   lock.unlock();
   interrupted_ += lost;
   // Handed over before their places are given up (busy_), as a worker hands over its job's
@@ -530,7 +538,12 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
   {
     const Job& job = context->job_;
     std::lock_guard lock(mutex_);
-    if (!ending) unlease_locked(context);  // else heartbeated until the ending is recorded
+    if (ending) {  // heartbeated until the ending is recorded
+      context->ended_ = true;
+      ++unrecorded_;
+    } else {
+      unlease_locked(context);
+    }
     if (started) {  // a job not started (its lease lost, cancelled, draining) is no handler run
       KindLatency& l = latency_[job.kind];
       ++l.runs;
@@ -618,6 +631,7 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
     std::vector<Finish> items;
     for (size_t i : pending) items.push_back(endings[i].finish);
     std::string failure;
+    mark_finishing(endings, pending, true);
     try {
       std::vector<FinishResult> got = store_.finish(items, clock_.now_ms());
       std::vector<size_t> again;
@@ -630,9 +644,11 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
       }
       // The store records endings: one it keeps refusing (its row locked) is no outage.
       if (again.size() < pending.size()) note_store("finish", nullptr);
+      mark_finishing(endings, pending, false);
       if (again.empty()) return results;
       pending = std::move(again);
     } catch (const std::exception& e) {
+      mark_finishing(endings, pending, false);
       failure = e.what();
       for (size_t i : pending) results[i] = {std::nullopt, false, failure, true};
     }
@@ -678,6 +694,14 @@ std::vector<FinishResult> Scheduler::record(std::vector<Ending>& endings, bool u
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
+  }
+}
+
+void Scheduler::mark_finishing(const std::vector<Ending>& endings, const std::vector<size_t>& which,
+                               bool finishing) {
+  std::lock_guard lock(mutex_);
+  for (size_t i : which) {
+    if (endings[i].context) endings[i].context->finishing_ = finishing;
   }
 }
 
@@ -733,7 +757,11 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
   {
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < endings.size(); ++i) {
-      if (endings[i].context) unlease_locked(endings[i].context);
+      if (endings[i].context) {
+        unlease_locked(endings[i].context);
+        --unrecorded_;
+        ended = true;  // a place under the backlog's bound, at least
+      }
       endings[i].context.reset();
       ended = ended || (i < results.size() && results[i].status.has_value());
     }

@@ -138,6 +138,11 @@ class JobContext {
   std::atomic<int64_t> last_beat_ms_{0};
   std::atomic<int64_t> beat_failed_ms_{0};  // when its last beat failed; 0: it did not
   bool beat_queued_ = false;  // a heartbeat lane has it to beat, or beats it [Scheduler::mutex_]
+  // Its handler returned and its ending waits to be recorded: beaten after the running jobs
+  // [Scheduler::mutex_]; and while that ending is in a finish call under way, not beaten at all
+  // (on MySQL the call holds the job's row: the beat would wait for it, holding up a lane).
+  bool ended_ = false;
+  bool finishing_ = false;
 };
 
 using Handler = std::function<Outcome(JobContext&)>;
@@ -146,6 +151,11 @@ struct SchedulerOptions {
   std::string owner = "backhaul";  // lease owner; make it unique per host/process
   int workers = 8;
   size_t claim_batch = 16;  // at most this many per claim call
+  // Claim loops, each with one claim call under way at most (at most workers + prefetch). More
+  // than one lets a store that merges concurrent transactions into one commit (SQLite's group
+  // commit; InnoDB's log flush) make one durable commit of several small claims: with a claim
+  // batch of 1, one loop makes one commit per job.
+  int claimers = 1;
   // Jobs claimed ahead of a free worker (heartbeated while they wait, like running ones). 0 suits
   // long jobs; short ones gain from a claim batch that outruns the workers.
   int prefetch = 0;
@@ -287,6 +297,9 @@ class Scheduler {
   // claim, whether or not a worker is free).
   std::vector<std::shared_ptr<JobContext>> lease(std::vector<Claimed> claimed, int64_t now_ms);
   void execute(std::shared_ptr<JobContext> context);
+  // Marks the jobs of endings[which] as in a finish call under way (or no longer).
+  void mark_finishing(const std::vector<Ending>& endings, const std::vector<size_t>& which,
+                      bool finishing);
   // After a heartbeat round, under `lock` (released meanwhile): jobs waiting for a worker whose
   // cancellation the round learnt of go back now (the store cancels them, no attempt counted),
   // not when a worker is free. That may be hours away, behind long jobs, while the job stays
@@ -343,6 +356,11 @@ class Scheduler {
   std::condition_variable work_ready_;             // workers
   std::deque<std::shared_ptr<JobContext>> ready_;  // claimed, waiting for a worker
   std::vector<Ending> endings_;                    // handed over by workers, not yet written
+  int reserved_ = 0;  // places the claim calls under way may fill (claimers)
+  // Endings handed over and not yet recorded (their jobs still heartbeated): a finisher stuck on
+  // the store stops the claims once they are twice the places, rather than piling up endings,
+  // each beaten every interval, for as long as it is stuck.
+  int unrecorded_ = 0;
   std::condition_variable endings_ready_;
   bool finisher_running_ = false;  // endings go to the finisher thread
   // In ready_, in execute(), or ended with the ending not yet recorded: heartbeated.
