@@ -69,6 +69,7 @@ struct QueueOptions {
   int concurrency = 8;
   int claim_batch = 0;  // 0 = concurrency (--claim-batch itself must be positive)
   int prefetch = 0;
+  int claimers = 1;
   int rep = 1;
   int keys = 1;
   int per_key_cap = 0;
@@ -292,6 +293,7 @@ jobs::SchedulerOptions throughput_options(const QueueOptions& o) {
   so.workers = o.concurrency;
   so.claim_batch = static_cast<size_t>(o.claim_batch > 0 ? o.claim_batch : o.concurrency);
   so.prefetch = o.prefetch;
+  so.claimers = o.claimers;
   // The claim loop sleeps this long after a claim that found nothing when no in-process wakeup
   // came (a job's end or retry wakes it; a cap freed by an ending's commit, or rows another
   // worker process holds, do not). The daemon's 200 ms would make such gaps, not the queue,
@@ -384,7 +386,8 @@ class Workers {
                                      "--calls-fd",     std::to_string(calls.fd()),
                                      "--store",        o.store,
                                      "--concurrency",  std::to_string(o.concurrency),
-                                     "--prefetch",     std::to_string(o.prefetch)};
+                                     "--prefetch",     std::to_string(o.prefetch),
+                                     "--claimers",     std::to_string(o.claimers)};
     if (o.claim_batch > 0) {
       args.insert(args.end(), {"--claim-batch", std::to_string(o.claim_batch)});
     }
@@ -506,10 +509,16 @@ void refuse_inapplicable(const QueueOptions& o) {
     }
   };
   if (o.workload == "latency") {
-    refuse(
-        {"--processes", "--keys", "--per-key-cap", "--global-cap", "--claim-batch", "--prefetch"},
-        "does not apply to --workload latency (one job at a time, default claim settings, "
-        "one process)");
+    refuse({"--processes", "--keys", "--per-key-cap", "--global-cap", "--claim-batch", "--prefetch",
+            "--claimers"},
+           "does not apply to --workload latency (one job at a time, default claim settings, "
+           "one process)");
+  }
+  if (o.claimers > o.concurrency + o.prefetch) {
+    throw std::runtime_error("--claimers " + std::to_string(o.claimers) +
+                             " is more than --concurrency + --prefetch (" +
+                             std::to_string(o.concurrency + o.prefetch) +
+                             "): a claim loop with no place to fill would never claim");
   }
   if (o.store == "sqlite") refuse({"--mysql"}, "is for --store mysql");
   if (o.store == "mysql") refuse({"--sqlite-path"}, "is for --store sqlite");
@@ -676,6 +685,7 @@ void run(const QueueOptions& o) {
        {{"workers", o.concurrency},
         {"claim_batch", so.claim_batch},
         {"prefetch", so.prefetch},
+        {"claimers", so.claimers},
         {"max_in_flight", o.concurrency + so.prefetch},
         {"idle_poll_ms", so.idle_poll_ms},
         {"keys", o.keys},
@@ -715,6 +725,10 @@ void add_queue_bench(CLI::App& app) {
   cmd->add_option("--prefetch", o->prefetch, "jobs claimed ahead of free workers")
       ->capture_default_str()
       ->check(non_negative);
+  cmd->add_option("--claimers", o->claimers,
+                  "claim loops, each with one claim under way (at most concurrency + prefetch)")
+      ->capture_default_str()
+      ->check(positive);
   cmd->add_option("--sqlite-path", o->sqlite_path, "SQLite file (default: a temp file)");
   cmd->add_option("--mysql", o->mysql, "Poco-style MySQL connection string");
   cmd->add_option("--rep", o->rep, "repetition number recorded in the line")->check(positive);

@@ -86,9 +86,13 @@ settle_mysql() {
     sleep 0.5
   done
 }
-# The job shapes (docs/benchmarks.md): the peers' primary rows take one job per claim, 8 in flight;
-# their TUNED rows keep at most 8 in flight; 256/256 keeps up to 264 leased, more than any peer row.
-strict=(--claim-batch 1 --prefetch 0)  # one job per claim, like the peers' primary rows
+# The job shapes (docs/benchmarks.md): the peers' primary rows take one job per claim, 8 in flight,
+# each worker fetching its own; their TUNED rows keep at most 8 in flight; 256/256 keeps up to 264
+# leased, more than any peer row. Ours claim through a loop per worker (--claimers 8), as the peers'
+# workers fetch; the W1 rows of one claim loop, the daemon's default, are measured too.
+strict=(--claim-batch 1 --prefetch 0 --claimers 8)  # one job per claim, like the peers' primary
+strict1=(--claim-batch 1 --prefetch 0)
+each=(--claimers 8)  # defaults otherwise: claims of up to 8, like the peers' TUNED rows
 tuned=(--claim-batch 256 --prefetch 256)
 # One configuration by name. The caps pair at 256/256 uses a cap that never binds (1000 per key
 # for 2000 jobs a key); the binding pair (1 per key over 10 keys, default settings) is reported
@@ -97,19 +101,23 @@ config() {
   local name=$1 rep=$2
   case $name in
     sqlite-w1-strict) run --store sqlite "${strict[@]}" --rep "$rep" ;;
-    sqlite-w1-default) run --store sqlite --rep "$rep" ;;
+    sqlite-w1-strict1) run --store sqlite "${strict1[@]}" --rep "$rep" ;;
+    sqlite-w1-default) run --store sqlite "${each[@]}" --rep "$rep" ;;
+    sqlite-w1-default1) run --store sqlite --rep "$rep" ;;
     sqlite-w1-256) run --store sqlite "${tuned[@]}" --rep "$rep" ;;
     sqlite-w2-strict) run --store sqlite "${strict[@]}" --workload retries --rep "$rep" ;;
-    sqlite-w2-default) run --store sqlite --workload retries --rep "$rep" ;;
+    sqlite-w2-default) run --store sqlite "${each[@]}" --workload retries --rep "$rep" ;;
     sqlite-w2-256) run --store sqlite "${tuned[@]}" --workload retries --rep "$rep" ;;
     mysql-*)
       case $name in
         mysql-w1-strict) run "${mysql[@]}" "${strict[@]}" --rep "$rep" ;;
-        mysql-w1-default) run "${mysql[@]}" --rep "$rep" ;;
+        mysql-w1-strict1) run "${mysql[@]}" "${strict1[@]}" --rep "$rep" ;;
+        mysql-w1-default) run "${mysql[@]}" "${each[@]}" --rep "$rep" ;;
+        mysql-w1-default1) run "${mysql[@]}" --rep "$rep" ;;
         mysql-w1-256) run "${mysql[@]}" "${tuned[@]}" --rep "$rep" ;;
         mysql-w1-256-p3) run "${mysql[@]}" "${tuned[@]}" --processes 3 --rep "$rep" ;;
         mysql-w2-strict) run "${mysql[@]}" "${strict[@]}" --workload retries --rep "$rep" ;;
-        mysql-w2-default) run "${mysql[@]}" --workload retries --rep "$rep" ;;
+        mysql-w2-default) run "${mysql[@]}" "${each[@]}" --workload retries --rep "$rep" ;;
         mysql-w2-256) run "${mysql[@]}" "${tuned[@]}" --workload retries --rep "$rep" ;;
       esac
       settle_mysql
@@ -122,9 +130,10 @@ config() {
     *) echo "bench-sitting: no configuration $name" >&2; exit 1 ;;
   esac
 }
-configs=(sqlite-w1-strict sqlite-w1-default sqlite-w1-256 sqlite-w2-strict sqlite-w2-default
-  sqlite-w2-256 mysql-w1-strict mysql-w1-default mysql-w1-256 mysql-w1-256-p3 mysql-w2-strict
-  mysql-w2-default mysql-w2-256 keys-256 keys-256-cap1000 keys-default keys-default-cap1 latency)
+configs=(sqlite-w1-strict sqlite-w1-strict1 sqlite-w1-default sqlite-w1-default1 sqlite-w1-256
+  sqlite-w2-strict sqlite-w2-default sqlite-w2-256 mysql-w1-strict mysql-w1-strict1 mysql-w1-default
+  mysql-w1-default1 mysql-w1-256 mysql-w1-256-p3 mysql-w2-strict mysql-w2-default mysql-w2-256
+  keys-256 keys-256-cap1000 keys-default keys-default-cap1 latency)
 stamp "ours-start"
 # Each rep runs every configuration once, the list rotated by the rep's index, so that no
 # configuration always runs first (after the peers) or always after the same neighbour.

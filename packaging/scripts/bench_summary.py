@@ -19,11 +19,17 @@ WORKLOAD_N = {"W1": 20000, "W2": 5000}
 BIG_N = 1000000
 
 # Our job shapes (docs/benchmarks.md). The peers' primary rows take one job per claim with 8 in
-# flight, their TUNED rows keep at most 8 in flight with batched claims.
-STRICT, DEFAULT, P256 = "strict", "default", "prefetch 256"
+# flight, each worker fetching its own; their TUNED rows keep at most 8 in flight with batched
+# claims. Ours claim through one claim loop (the daemon's default) or one per worker (--claimers).
+STRICT1, STRICT, DEFAULT1, DEFAULT, P256 = "strict, 1 loop", "strict", "default, 1 loop", \
+    "default", "prefetch 256"
 SHAPE_LABEL = {
-    STRICT: "`--claim-batch 1 --prefetch 0`: 1 job per claim, ≤ 8 in flight (as the peers' primary rows)",
-    DEFAULT: "defaults: up to 8 jobs per claim, ≤ 8 in flight (as the peers' TUNED rows)",
+    STRICT1: "`--claim-batch 1 --prefetch 0`: 1 job per claim, 1 claim loop, ≤ 8 in flight",
+    STRICT: "`--claim-batch 1 --prefetch 0 --claimers 8`: 1 job per claim, a claim loop per "
+            "worker, ≤ 8 in flight (as the peers' primary rows)",
+    DEFAULT1: "defaults: up to 8 jobs per claim, 1 claim loop, ≤ 8 in flight",
+    DEFAULT: "`--claimers 8`: up to 8 jobs per claim, a claim loop per worker, ≤ 8 in flight "
+             "(as the peers' TUNED rows)",
     P256: "`--claim-batch 256 --prefetch 256`: up to 264 leased, more in flight than any peer row",
 }
 P256_NOTE = "prefetch 256: more in flight than any peer row"
@@ -61,11 +67,13 @@ def keep(rows, big=False):
 def shape(r):
     s = r.get("settings") or {}
     batch, prefetch = s.get("claim_batch"), s.get("prefetch", 0)
-    if prefetch == 0 and batch == 1:
-        return STRICT
-    if prefetch == 0 and batch == s.get("workers", 8):
-        return DEFAULT
-    if prefetch == 256 and batch == 256:
+    workers, claimers = s.get("workers", 8), s.get("claimers", 1)  # older lines: one loop
+    loops = {1: 1, workers: "each"}.get(claimers)
+    if prefetch == 0 and batch == 1 and loops:
+        return STRICT1 if loops == 1 else STRICT
+    if prefetch == 0 and batch == workers and loops:
+        return DEFAULT1 if loops == 1 else DEFAULT
+    if prefetch == 256 and batch == 256 and claimers == 1:
         return P256
     return None
 
@@ -209,8 +217,8 @@ def main():
           "keep up to 264 jobs leased (claim batch 256 + prefetch 256 + 8 workers), where the "
           "peers' rows keep at most 8. The rows below give the same workloads in the peers' shapes.")
 
-    bind_free = ours_runs(ours, "sqlite", "W1", shape_=DEFAULT, keys=10)
-    bind_capped = ours_runs(ours, "sqlite", "W1", shape_=DEFAULT, keys=10, cap=1)
+    bind_free = ours_runs(ours, "sqlite", "W1", shape_=DEFAULT1, keys=10)
+    bind_capped = ours_runs(ours, "sqlite", "W1", shape_=DEFAULT1, keys=10, cap=1)
     if bind_free and bind_capped:
         costs = cap_cost(bind_free, bind_capped)
         print(f"\nBinding cap (no goal; defaults, 10 keys, cap 1 per key against none): e2e "
@@ -227,7 +235,7 @@ def main():
                      f"{spread(field(w1, 'process_jobs_per_s'))} | "
                      f"{spread(field(by.get('W2', []), 'seconds'), 3)} | {cpu_figure(w1)} |")
     for store in ("sqlite", "mysql"):
-        for shape_ in (STRICT, DEFAULT, P256):
+        for shape_ in (STRICT1, STRICT, DEFAULT1, DEFAULT, P256):
             w1 = ours_runs(ours, store, "W1", shape_=shape_)
             w2 = ours_runs(ours, store, "W2", shape_=shape_)
             if w1 or w2:
