@@ -170,8 +170,9 @@ volatile std::sig_atomic_t g_wait_signal = 0;
 extern "C" void on_wait_signal(int number) { g_wait_signal = number; }
 
 // While it lives, Ctrl-C (SIGINT) and SIGTERM end --wait's polling rather than the process at
-// once: the progress line is ended and the command says that the run goes on without it. A signal
-// the command was started with ignored (nohup, a background job) stays ignored.
+// once: the progress line is ended, the command says that the run goes on without it, and then
+// ends by the signal (so that a shell loop running it stops too). A signal the command was
+// started with ignored (nohup, a background job) stays ignored.
 class WaitSignals {
  public:
   WaitSignals() {
@@ -179,7 +180,9 @@ class WaitSignals {
     struct sigaction action {};
     action.sa_handler = on_wait_signal;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = 0;  // no SA_RESTART: a poll's wait may end early
+    // A second Ctrl-C ends the command at once (a poll of a daemon that does not answer lasts
+    // until the request's timeout): the handler is reset by the first.
+    action.sa_flags = SA_RESETHAND;
     for (size_t i = 0; i < std::size(kSignals); ++i) {
       ::sigaction(kSignals[i], nullptr, &old_[i]);
       if (old_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &action, nullptr);
@@ -212,7 +215,7 @@ class WaitSignals {
 // stream is not a terminal). With --json the progress goes to stderr and stdout gets the run's
 // JSON alone, for a pipe to parse, with `extra` merged in. Polls that find backhauld restarting or
 // unable to answer are passed through for --lost-contact-ms. Throws CLI::RuntimeError: 1 unless
-// the run succeeded, kExitLostContact when contact was lost, 128 + the signal when Ctrl-C (or
+// the run succeeded, kExitLostContact when contact was lost; ends by the signal when Ctrl-C (or
 // SIGTERM) ended the wait.
 void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_contact,
               const json& extra = json::object()) {
@@ -251,7 +254,10 @@ void wait_for(AdminClient& client, const RunOptions& o, int64_t id, bool in_cont
                 << "\n";
     }
     std::fprintf(stderr, "run %lld: %s\n", static_cast<long long>(id), message.c_str());
-    throw CLI::RuntimeError(128 + end.interrupted);
+    std::fflush(nullptr);
+    std::signal(end.interrupted, SIG_DFL);
+    ::raise(end.interrupted);
+    throw CLI::RuntimeError(128 + end.interrupted);  // not reached
   }
   if (end.lost_contact) {
     const std::string message = "lost contact with backhauld for " + duration_text(end.trouble_ms) +

@@ -20,6 +20,7 @@
 #include "tests/host/daemon/daemon_fixture.h"
 #include "tests/support/scripted_http_server.h"
 #include "tests/support/tcp_server.h"
+#include <poll.h>
 #include <pty.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -915,16 +916,26 @@ TerminalResult run_on_terminal(const std::vector<std::string>& args,
   char chunk[4096];
   // Read until the child's side closes (EIO on Linux); the child exits by itself.
   bool interrupted = interrupt_after.empty();
-  for (ssize_t n; (n = ::read(terminal, chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR);) {
-    if (n > 0) result.text.append(chunk, static_cast<size_t>(n));
+  // At most 60 s: a CLI that never ends (a Ctrl-C lost) is killed, and the test fails.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd readable{terminal, POLLIN, 0};
+    if (::poll(&readable, 1, 100) == 0) continue;
+    const ssize_t n = ::read(terminal, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the child's side closed (EIO on Linux)
+    result.text.append(chunk, static_cast<size_t>(n));
     if (!interrupted && result.text.find(interrupt_after) != std::string::npos) {
       interrupted = ::write(terminal, "\x03", 1) == 1;
     }
   }
+  ::kill(pid, SIGKILL);  // gone by now, unless it hung
   ::close(terminal);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  // As a shell shows it: 128 + the signal for one that ended by a signal.
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
   return result;
 }
 
@@ -1119,7 +1130,7 @@ TEST_F(CliTest, RunWaitOnATerminalEndsItsLineAndFitsTheWidth) {
 
 // Ctrl-C during --wait killed the command mid-line: the shell's prompt came after the progress,
 // and nothing said the run goes on. It ends the line, says how to take the wait up again, and
-// exits 128 + SIGINT, as a command ended by Ctrl-C does.
+// then ends by SIGINT, as a command ended by Ctrl-C does (130 in a shell).
 TEST_F(CliTest, CtrlCDuringRunWaitEndsTheLineAndSaysTheRunGoesOn) {
   const std::vector<std::string> env = {std::string("BACKHAUL_ADMIN_TOKEN=") + kToken};
   ScriptedDaemon running({ScriptedDaemon::run("running")});
