@@ -17,8 +17,8 @@ int DeliveryStore::attribute(std::optional<DataModel::DeliveryOwner> owner,
 
 bool DeliveryStore::misdirected(const DataModel::DeliveryOwner& owner, Provider provider,
                                 const Webhook& hook) const {
+  // The org is not checked: a run may name its own (`orgId`), which the daemon then sends.
   if (provider != owner.provider) return true;
-  if (hook.org_id != DataModel::org_login(owner.installation)) return true;
   if (auto connection = data_.find_connection(hook.connection_id)) {
     return connection->installation != owner.installation || connection->provider != provider;
   }

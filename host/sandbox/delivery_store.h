@@ -31,8 +31,8 @@ struct DeliveryTally {
   int64_t duplicates = 0;  // posts of an id already received
   int64_t matched = 0;     // distinct ids the data set implies
   int64_t unexpected = 0;  // distinct ids it does not
-  // distinct ids it implies that came under the other provider's path, or with a connection or
-  // org that is not their installation's
+  // distinct ids it implies that came under the other provider's path, or with a connection that
+  // is not their installation's
   int64_t misdirected = 0;
 };
 
@@ -71,7 +71,7 @@ class DeliveryStore {
 
   // The installation an id belongs to: from its own text, else from the connection; 0 if neither.
   int attribute(std::optional<DataModel::DeliveryOwner> owner, const Webhook& hook) const;
-  // Whether an id of `owner` came other than as its installation's own delivery would.
+  // Whether an id of `owner` came under another provider's path or connection.
   bool misdirected(const DataModel::DeliveryOwner& owner, Provider provider,
                    const Webhook& hook) const;
 

@@ -102,6 +102,7 @@ Admission ProviderState::admit(Provider provider, std::string_view token) {
     result.verdict = Verdict::kBadToken;
     return result;
   }
+  record.retired = false;  // a TTL raised or turned off gives it back: a next death counts
   if (window.used >= faults_.rate_limit) {
     ++fault_counts_.rate_limited;
     result.verdict = Verdict::kRateLimited;

@@ -19,8 +19,8 @@ struct DeliveryCounts {
   int64_t expected = 0;    // delivery ids the data set implies
   int64_t missing = 0;     // expected ids never received
   int64_t unexpected = 0;  // distinct ids received that the data set does not imply
-  // distinct expected ids received under the other provider's path, or with a connectionId or
-  // orgId that is not their installation's
+  // distinct expected ids received under the other provider's path, or with a connectionId that
+  // is not their installation's
   int64_t misdirected = 0;
 };
 
