@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -117,13 +118,16 @@ int main(int argc, char** argv) {
       for (std::string host; std::getline(list, host, ',');) hosts.push_back(host);
       transport_options.proxy.no_proxy = backhaul::http::parse_no_proxy(hosts);
       if (args.count("--proxy-credentials-env")) {
-        const char* credentials = std::getenv(args["--proxy-credentials-env"].c_str());
+        char* credentials = std::getenv(args["--proxy-credentials-env"].c_str());
         if (credentials == nullptr) {
           return usage("the variable " + args["--proxy-credentials-env"] + " is not set");
         }
         backhaul::http::set_proxy_credentials(transport_options.proxy, credentials);
-        // Read once, for the transport: the plugin's code (and what it runs) has no business
-        // reading the proxy's password, as it has none reading the daemon's other secrets.
+        // Read once, for the transport (which keeps a copy): the plugin's code (and what it runs)
+        // has no business reading the proxy's password, as it has none reading the daemon's other
+        // secrets. Wiped where it was, too: unsetenv() alone leaves it in the block that
+        // /proc/self/environ shows.
+        ::explicit_bzero(credentials, std::strlen(credentials));
         ::unsetenv(args["--proxy-credentials-env"].c_str());
       }
     } catch (const std::invalid_argument& e) {

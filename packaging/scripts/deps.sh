@@ -13,7 +13,8 @@ packages=(
 )
 
 # One run of this script at a time (the demo and the tests started together, say): a second
-# waits, then finds what the first installed. Without it, each took the other's policy-rc.d below
+# waits, then finds what the first installed. (apt does not inherit the lock's descriptor: a
+# service a package left running would hold it for ever.) Without it, each took the other's policy-rc.d below
 # for one left by a killed run and removed it while the other's apt was installing.
 policy=/usr/sbin/policy-rc.d
 marker="# written by backhaul's packaging/scripts/deps.sh"
@@ -55,7 +56,7 @@ apt_get() {
     # No terminal to ask on (a question would wait for ever, unseen, with the output held here):
     # a changed configuration file keeps the machine's version.
     if out=$(LC_ALL=C apt-get -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef \
-      -o Dpkg::Options::=--force-confold "$@" 2>&1 </dev/null); then
+      -o Dpkg::Options::=--force-confold "$@" 2>&1 </dev/null 9>&-); then
       return 0
     fi
     if ! grep -q "Could not get lock" <<<"$out" || [ $SECONDS -ge $deadline ]; then
