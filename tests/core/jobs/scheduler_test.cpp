@@ -1280,6 +1280,22 @@ class DrainOfPrefetchedJobs : public SchedulerTest {
   std::atomic<bool> started_{false};
 };
 
+// The same with a claim loop per place, each taking one job per claim: what they claimed goes
+// back at the drain, and so do the claims under way when it began.
+TEST_F(DrainOfPrefetchedJobs, ClaimedBySeveralLoopsAreReleasedWithoutAnAttempt) {
+  SlowClaims store(*store_);
+  SchedulerOptions o = one_worker_three_ahead();
+  o.claim_batch = 1;
+  o.claimers = 4;
+  Scheduler scheduler(store, clock_, o);
+  std::vector<JobId> ids = start_with_three_prefetched(scheduler);
+  scheduler.drain(std::chrono::milliseconds(0));
+  EXPECT_EQ(scheduler.stats().released, 4);
+  EXPECT_EQ(scheduler.stats().in_flight, 0);
+  EXPECT_LE(store.most_out.load(), 4);
+  expect_queued(ids, 0);
+}
+
 TEST_F(DrainOfPrefetchedJobs, AreReleasedWithoutAnAttempt) {
   Scheduler scheduler(*store_, clock_, one_worker_three_ahead());
   std::vector<JobId> ids = start_with_three_prefetched(scheduler);
