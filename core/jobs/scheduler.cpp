@@ -748,26 +748,30 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
       results.push_back(std::move(failed[k]));
     }
   }
-  // Recorded, or given up on (their leases then run out): no more heartbeats. A job that ended
-  // frees its place under its key's cap, and one failed or released back to the queue may run
-  // again at once (a retry without backoff): claim now rather than at the next idle poll. Before,
-  // a worker's wakeup came before the commit, its claim found the cap still taken, and the next
-  // job of a capped key waited for the poll.
-  bool ended = false;
+  // Recorded, or given up on (their leases then run out): no more heartbeats. A job failed or
+  // released back to the queue may run again at once (a retry without backoff): claim now rather
+  // than at the next idle poll; so may the claims held back while endings piled up. A job that
+  // merely ended does not wake the claim loop: its place under its key's cap is taken by the next
+  // idle poll of whichever host polls first. Woken by its own commits, a daemon took back every
+  // place it freed before any other host polled, and the other hosts of a shared store starved
+  // (MultiDaemonTest: one of two survivors ran no job).
+  bool wake = false;
   {
     std::lock_guard lock(mutex_);
+    const bool held_back = unrecorded_ > 2 * (options_.workers + options_.prefetch);
     for (size_t i = 0; i < endings.size(); ++i) {
       if (endings[i].context) {
         unlease_locked(endings[i].context);
         --unrecorded_;
-        ended = true;  // a place under the backlog's bound, at least
       }
       endings[i].context.reset();
-      ended = ended || (i < results.size() && results[i].status.has_value());
+      wake = wake || (i < results.size() && results[i].status == JobStatus::kQueued &&
+                      endings[i].finish.kind != Finish::Kind::kDefer);
     }
-    if (ended) poked_ = true;
+    wake = wake || held_back;
+    if (wake) poked_ = true;
   }
-  if (ended) wake_.notify_all();
+  if (wake) wake_.notify_all();
   for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
     const Ending& e = endings[i];
     const FinishResult& r = results[i];

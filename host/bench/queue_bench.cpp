@@ -295,8 +295,9 @@ jobs::SchedulerOptions throughput_options(const QueueOptions& o) {
   so.prefetch = o.prefetch;
   so.claimers = o.claimers;
   // The claim loop sleeps this long after a claim that found nothing when no in-process wakeup
-  // came (an ending's commit or an enqueue through this store object wakes it; rows another
-  // worker process holds do not). The daemon's 200 ms would make such gaps, not the queue,
+  // came (a job's end, a retry or an enqueue through this store object wakes it; a cap freed by
+  // an ending's commit, or rows another worker process holds, do not). The daemon's 200 ms would
+  // make such gaps, not the queue,
   // the figure of a 20 000-job run. Recorded in the line's settings (docs/benchmarks.md).
   so.idle_poll_ms = 5;
   so.retry = {0, 2.0, 0};  // immediate retry, like the peers' smallest backoff

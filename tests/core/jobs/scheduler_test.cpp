@@ -568,57 +568,6 @@ TEST_F(SchedulerTest, AJobIsHeartbeatedUntilItsEndingIsRecorded) {
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
-// A store whose finish() waits (up to 5 s) until a claim has come after the handler's return:
-// the claim a worker's end prompts then always runs before the ending commits, and finds the
-// key's cap still taken.
-class ClaimsBeforeTheEnding : public ForwardingStore {
- public:
-  using ForwardingStore::ForwardingStore;
-  std::vector<Claimed> claim(const ClaimRequest& request) override {
-    std::vector<Claimed> got = inner().claim(request);
-    ++claims;
-    return got;
-  }
-  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
-    const int after = claims_at_return.load();
-    for (int i = 0; i < 1000 && claims.load() <= after; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return inner().finish(items, now_ms);
-  }
-  std::atomic<int> claims{0}, claims_at_return{0};
-};
-
-// Review: the end of a job woke the claim loop before its ending committed, and the commit woke
-// nothing (only a job back in the queue did): the next job of a key at its cap waited for the idle
-// poll (200 ms by default; here an hour) after every job of that key.
-TEST_F(SchedulerTest, TheCommitOfAnEndingWakesTheClaimLoopForTheNextJobOfACappedKey) {
-  ClaimsBeforeTheEnding store(*store_);
-  store_->set_caps("work", {1, 0});
-  SystemClock clock;
-  SchedulerOptions o = options();
-  o.idle_poll_ms = 3'600'000;
-  Scheduler scheduler(store, clock, o);
-  std::atomic<int> runs{0};
-  scheduler.register_handler("work", [&](JobContext&) {
-    ++runs;
-    store.claims_at_return = store.claims.load();
-    return Outcome::complete();
-  });
-  std::vector<JobId> ids;
-  for (int i = 0; i < 3; ++i) {
-    JobSpec spec;
-    spec.kind = "work";
-    spec.payload = "{}";
-    spec.concurrency_key = "tenant";
-    ids.push_back(store_->enqueue(spec, clock.now_ms()).id);
-  }
-  scheduler.start();
-  wait_for([&] { return runs.load() == 3; });
-  EXPECT_EQ(runs.load(), 3) << "the next job of the capped key waited for the idle poll";
-  scheduler.drain(std::chrono::milliseconds(1'000));
-  for (JobId id : ids) EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
-}
-
 // A store whose claims take a while (so that several claim loops' calls overlap) and that counts
 // the jobs handed out and not yet returned by their handlers.
 class SlowClaims : public ForwardingStore {
