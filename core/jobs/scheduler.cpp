@@ -509,6 +509,20 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
       ran_out = true;
       throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease ran out before the start");
     }
+    // Its beats held up while it waited (lanes waiting for rows other transactions hold), a job
+    // may have little of its lease left: renewed first, or it could run out before the next beat
+    // and another host's sweep run the job a second time. A renewal that fails (the store
+    // unreachable) is noted, and the job starts on what is left, as its heartbeats go on trying.
+    if (started_ms >= later_by(context->last_beat_ms_, options_.lease_ms / 2)) {
+      try {
+        context->renew(started_ms, std::nullopt);
+      } catch (const LeaseLost&) {
+        throw JobInterrupted(JobInterrupted::Reason::kLeaseLost, "lease lost before the start");
+      } catch (const StorageError& e) {
+        log_->warn("job {}: renewing its lease before the start failed: {}", context->job_.id,
+                   e.what());
+      }
+    }
     if (context->cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "cancelled");
     if (!handler) throw JobFailure("no handler for job kind '" + context->job_.kind + "'", true);
     if (stopping_) throw JobInterrupted(JobInterrupted::Reason::kDraining, "host is draining");

@@ -1288,6 +1288,8 @@ class PrefetchedJobs : public SchedulerTest {
       {
         std::lock_guard lock(mutex_);
         ++calls_[c.job().id];
+        lease_left_at_start_.try_emplace(
+            c.job().id, store_->get(c.job().id)->lease_expires_ms - clock_.now_ms());
       }
       while (c.job().id == ids_[0] && !release_) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -1421,6 +1423,7 @@ class PrefetchedJobs : public SchedulerTest {
   std::atomic<bool> release_{false};
   std::mutex mutex_;
   std::map<JobId, int> calls_;
+  std::map<JobId, int64_t> lease_left_at_start_;  // by the store, at the first start [mutex_]
 };
 
 // The held job keeps the worker for three lease periods: the three waiting behind it are
@@ -1771,6 +1774,40 @@ TEST_F(PrefetchedJobs, ABeatHeldUpInItsQueueRenewsTheLeaseFromWhenItIsMadeAndSta
     return h.busy == 0 && h.queued == 0 && h.oldest_ms == 0 && h.oldest_job == 0;
   }));
   finish_all(scheduler);
+}
+
+// A job whose beats were held up while it waited for a worker (one lane here, held by the test;
+// on MySQL, lanes waiting for rows other transactions hold) has little of its lease left when a
+// worker takes it. It is renewed before its handler starts: started as it was, the lease could run
+// out before the next beat and another host's sweep take the job back and run it a second time
+// (found by review).
+TEST_F(PrefetchedJobs, AJobWhoseLeaseIsMostlyGoneIsRenewedBeforeItStarts) {
+  FirstBeatWaits store(*store_);
+  SchedulerOptions o = one_worker_three_ahead();  // lease 1 s, beats every 200 ms
+  o.heartbeat_lanes = 1;
+  Scheduler scheduler(store, clock_, o);
+  LetGo let_go{store.gate};
+  const std::vector<JobId> ids = start_holding_the_first(scheduler);
+  store.arm();
+  clock_.advance_ms(o.heartbeat_interval_ms);  // a round queues the four beats; the first waits
+  ASSERT_TRUE(wait_for([&] { return store.held_job() != 0; }));
+  clock_.advance_ms(3 * o.heartbeat_interval_ms);  // 800 ms since the claim: 200 ms left
+  release_ = true;  // the worker takes the waiting jobs one by one; their beats still wait
+  ASSERT_TRUE(wait_for([&] {
+    std::lock_guard lock(mutex_);
+    return lease_left_at_start_.size() == ids.size();
+  }));
+  {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 1; i < ids.size(); ++i) {
+      EXPECT_EQ(lease_left_at_start_[ids[i]], o.lease_ms)
+          << "job " << ids[i] << " started with " << lease_left_at_start_[ids[i]]
+          << " ms of its lease left";
+    }
+  }
+  store.gate.let_go();
+  finish_all(scheduler);
+  for (JobId id : ids) EXPECT_EQ(calls(id), 1) << "job " << id;
 }
 
 // A host restarting under a stable owner name takes back at once what its previous process left

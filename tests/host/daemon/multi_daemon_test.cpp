@@ -93,11 +93,13 @@ class MultiDaemonTest : public ProcessTest {
 
 TEST_F(MultiDaemonTest, ThreeDaemonsShareTheWorkHoldTheCapsAndRecoverAKilledOnesJobs) {
   // 3 installations x 3 repositories x 3 entity types = 27 units of 20 pages each (400 items in
-  // pages of 20), 5 ms per provider request.
+  // pages of 20), 10 ms per provider request. The global cap is reached only while all three
+  // installations have units to run; at 5 ms a unit, one run of 6 under a parallel build's load
+  // never reached it. Units twice as long overlap for longer.
   const uint16_t sandbox_port =
       start_sandbox({"--installations", std::to_string(kInstallations), "--repos",
                      std::to_string(kRepos), "--projects", "0", "--items", std::to_string(kItems),
-                     "--max-per-page", "20", "--slow-ms", "5"});
+                     "--max-per-page", "20", "--slow-ms", "10"});
   ASSERT_NE(sandbox_port, 0) << sandbox_->stderr_text();
 
   // All three start at once on an empty database: they race to migrate it.
