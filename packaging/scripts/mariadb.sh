@@ -101,9 +101,10 @@ do_stop() {
   fi
   # mariadb-admin returns before mariadbd has exited: always wait on the PID. A server that has
   # no socket yet (still starting) refuses the shutdown: it gets TERM (a clean shutdown for
-  # mariadbd) at once rather than after the minute a shutdown may take.
+  # mariadbd) at once rather than after the minute a shutdown may take. mariadb-admin outlives a
+  # TERM while it waits for a server that does not answer (stopped, wedged): KILL 5 s later.
   local term=1
-  if timeout 30 mariadb-admin --no-defaults --socket="$(socket_path)" -uroot shutdown \
+  if timeout -k 5 30 mariadb-admin --no-defaults --socket="$(socket_path)" -uroot shutdown \
     >/dev/null 2>&1; then
     if wait_exit "$pid" 60; then
       term=0
@@ -186,14 +187,19 @@ try_start() {
 do_start() {
   local pid
   if pid=$(running_pid); then
-    # A start cut short after the server came up has not written the connection files: such a
-    # server is not reused but started afresh.
-    if [ -s "$conn_file" ] && [ -s "$root_conn_file" ]; then
+    # A start cut short after the server came up has not written the connection files, and a
+    # server may be alive but not answering (stopped, wedged): neither is reused, but started
+    # afresh.
+    if ! [ -s "$conn_file" ] || ! [ -s "$root_conn_file" ]; then
+      echo "mariadb.sh: server $pid has no connection files (an earlier start was cut short);" \
+        "starting afresh" >&2
+    elif ! timeout -k 5 15 mariadb-admin --no-defaults --socket="$(socket_path)" -uroot \
+      --connect-timeout=5 ping >/dev/null 2>&1; then
+      echo "mariadb.sh: server $pid does not answer a ping; starting afresh" >&2
+    else
       echo "mariadb.sh: reusing server $pid (connection in $conn_file)"
       return 0
     fi
-    echo "mariadb.sh: server $pid has no connection files (an earlier start was cut short);" \
-      "starting afresh" >&2
     do_stop >&2
   fi
   for tool in mariadb-install-db mariadbd mariadb-admin mariadb; do
