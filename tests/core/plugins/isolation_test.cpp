@@ -137,16 +137,20 @@ TEST_F(IsolatedConnector, AWorkerDoesNotInheritTheVariablesTheDaemonHides) {
 }
 
 // The proxy's user:password is the worker's to read, for its transport, and not the plugin's: the
-// worker takes the variable out of its environment once read.
+// worker takes the variable out of its environment once read, and wipes it from the process's
+// initial environment block too (/proc/self/environ), which unsetenv() leaves as it was.
 TEST_F(IsolatedConnector, APluginCannotReadTheProxysCredentials) {
   ::setenv("BACKHAUL_TEST_PROXY_AUTH", "user:s3cret", 1);
   IsolationOptions o = options(1);
   o.proxy_url = "http://127.0.0.1:9";
   o.proxy_credentials_env = "BACKHAUL_TEST_PROXY_AUTH";
   const Connector isolated = plugin_.create_isolated(
-      R"({"pages": 1, "per_page": 1, "env": "BACKHAUL_TEST_PROXY_AUTH"})", o);
-  EXPECT_EQ(nlohmann::json::parse(isolated.fetch_page(params()).event(0).payload_json)["env"],
-            nullptr);
+      R"({"pages": 1, "per_page": 1, "env": "BACKHAUL_TEST_PROXY_AUTH", "environ_grep": "s3cret"})",
+      o);
+  const nlohmann::json payload =
+      nlohmann::json::parse(isolated.fetch_page(params()).event(0).payload_json);
+  EXPECT_EQ(payload["env"], nullptr);
+  EXPECT_EQ(payload["environ_has"], false) << "the password is in /proc/self/environ";
   ::unsetenv("BACKHAUL_TEST_PROXY_AUTH");
 }
 

@@ -22,6 +22,8 @@
 //   scopes: "abort" — validate_scopes calls abort().
 //   abort_in_validate: "yes" — validate_config (create() too) calls abort().
 //   env: a variable's name — each event's payload has "env": its value (null when unset).
+//   environ_grep: a text — each event's payload has "environ_has": whether the process's initial
+//   environment block (/proc/self/environ, which unsetenv() does not change) contains it.
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
 //   grow_later_mb: the first fetch_page returns its page and leaves a thread that then allocates
 //   and writes that many MB (the process grows between calls); destroy() joins it.
@@ -227,6 +229,7 @@ class FakeConnector final : public backhaul::sdk::Connector {
     abort_in_scopes_ = config_value(config, "scopes") == "abort";
     http_url_ = config_value(config, "http_url");
     env_name_ = config_value(config, "env");
+    environ_grep_ = config_value(config, "environ_grep");
     cut_payloads_ = config_value(config, "cut_payloads") == "yes";
   }
 
@@ -365,14 +368,29 @@ class FakeConnector final : public backhaul::sdk::Connector {
   std::string fork_sleeper_;
   std::string http_url_;
   std::string env_name_;
+  std::string environ_grep_;
   bool cut_payloads_ = false;
 
   // ",\"env\":\"<value>\"" of the variable the config names ("env"), null when unset; "" when
   // none is named.
   std::string env_note() const {
-    if (env_name_.empty()) return "";
-    const char* value = std::getenv(env_name_.c_str());
-    return value ? ",\"env\":\"" + std::string(value) + "\"" : ",\"env\":null";
+    std::string note;
+    if (!env_name_.empty()) {
+      const char* value = std::getenv(env_name_.c_str());
+      note += value ? ",\"env\":\"" + std::string(value) + "\"" : ",\"env\":null";
+    }
+    if (!environ_grep_.empty()) {
+      std::string block;
+      if (FILE* f = std::fopen("/proc/self/environ", "rb")) {
+        char buffer[4096];
+        size_t n;
+        while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) block.append(buffer, n);
+        std::fclose(f);
+      }
+      const bool has = block.find(environ_grep_) != std::string::npos;
+      note += std::string(",\"environ_has\":") + (has ? "true" : "false");
+    }
+    return note;
   }
 };
 
