@@ -158,6 +158,7 @@ void Scheduler::start() {
     {
       std::lock_guard lock(mutex_);
       poked_ = true;
+      ++wakes_;
     }
     wake_.notify_all();
   });
@@ -179,8 +180,18 @@ void Scheduler::start() {
   threads_.emplace_back([this] { sweep_loop(); });
 }
 
+// Until `ms` have passed, a wakeup that frees a place or makes a job runnable (wakes_), a drain,
+// or the moment an ending's commit drew (commit_wake_at_), whichever comes first.
 void Scheduler::pause(std::unique_lock<std::mutex>& lock, int64_t ms) {
-  wake_.wait_for(lock, std::chrono::milliseconds(ms));
+  using std::chrono::steady_clock;
+  const uint64_t seen = wakes_;
+  const steady_clock::time_point poll_end = steady_clock::now() + std::chrono::milliseconds(ms);
+  while (wakes_ == seen && claiming_ && !stopped_) {
+    const steady_clock::time_point until =
+        commit_wake_at_ ? std::min(poll_end, *commit_wake_at_) : poll_end;
+    if (steady_clock::now() >= until) break;
+    wake_.wait_until(lock, until);
+  }
 }
 
 // The heartbeat and sweep loops' timers. Not on wake_: it fires at every job's end, and a sweep
@@ -208,6 +219,7 @@ void Scheduler::claim_loop() {
     const size_t want = std::min<size_t>(static_cast<size_t>(free), options_.claim_batch);
     reserved_ += static_cast<int>(want);
     poked_ = false;  // a job made runnable from now on makes the claim below run again at once
+    commit_wake_at_.reset();  // the claim sees the endings committed so far
     lock.unlock();
     std::vector<Claimed> claimed;
     bool store_failed = false;
@@ -260,6 +272,7 @@ void Scheduler::worker_loop() {
     execute(std::move(context));
     lock.lock();
     --busy_;
+    ++wakes_;
     wake_.notify_all();
   }
 }
@@ -426,6 +439,7 @@ void Scheduler::hand_back_cancelled(std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   busy_ -= static_cast<int>(cancelled.size()) + lost;
+  ++wakes_;
   wake_.notify_all();
 }
 
@@ -764,12 +778,16 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
   }
   // Recorded, or given up on (their leases then run out): no more heartbeats. A job failed or
   // released back to the queue may run again at once (a retry without backoff): claim now rather
-  // than at the next idle poll; so may the claims held back while endings piled up. A job that
-  // merely ended does not wake the claim loop: its place under its key's cap is taken by the next
-  // idle poll of whichever host polls first. Woken by its own commits, a daemon took back every
-  // place it freed before any other host polled, and the other hosts of a shared store starved
-  // (MultiDaemonTest: one of two survivors ran no job).
+  // than at the next idle poll; so may the claims held back while endings piled up.
+  // A job that left `running` frees its place under its key's cap, which the claim its worker's
+  // end prompted found still taken (that claim ran before this commit). The claim loop claims
+  // again at a moment drawn within the idle poll, not at once: woken by its own commits, a daemon
+  // took back every place it freed before any other host polled, and the other hosts of a shared
+  // store starved (MultiDaemonTest: one of two survivors ran no job). Drawn, the moment gives every
+  // host polling the store an equal chance, and a host alone waits half a poll on average rather
+  // than a whole one.
   bool wake = false;
+  bool freed = false;
   {
     std::lock_guard lock(mutex_);
     const bool held_back = unrecorded_ > 2 * (options_.workers + options_.prefetch);
@@ -779,13 +797,24 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
         --unrecorded_;
       }
       endings[i].context.reset();
-      wake = wake || (i < results.size() && results[i].status == JobStatus::kQueued &&
+      const bool recorded = i < results.size() && results[i].status.has_value();
+      freed = freed || recorded;
+      wake = wake || (recorded && results[i].status == JobStatus::kQueued &&
                       endings[i].finish.kind != Finish::Kind::kDefer);
     }
     wake = wake || held_back;
-    if (wake) poked_ = true;
+    if (wake) {
+      poked_ = true;
+      ++wakes_;
+    } else if (freed) {
+      const auto at = std::chrono::steady_clock::now() +
+                      std::chrono::milliseconds(
+                          static_cast<int64_t>(std::clamp(options_.unit_random(), 0.0, 1.0) *
+                                               static_cast<double>(options_.idle_poll_ms)));
+      if (!commit_wake_at_ || at < *commit_wake_at_) commit_wake_at_ = at;
+    }
   }
-  if (wake) wake_.notify_all();
+  if (wake || freed) wake_.notify_all();
   for (size_t i = 0; i < endings.size() && i < results.size(); ++i) {
     const Ending& e = endings[i];
     const FinishResult& r = results[i];

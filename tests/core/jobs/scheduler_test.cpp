@@ -568,6 +568,102 @@ TEST_F(SchedulerTest, AJobIsHeartbeatedUntilItsEndingIsRecorded) {
   scheduler.drain(std::chrono::milliseconds(1'000));
 }
 
+// A store whose finish() waits (up to 5 s) until a claim has come after the handler's return:
+// the claim a worker's end prompts then always runs before the ending commits, and finds the
+// key's cap still taken.
+class ClaimsBeforeTheEnding : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::vector<Claimed> claim(const ClaimRequest& request) override {
+    std::vector<Claimed> got = inner().claim(request);
+    ++claims;
+    return got;
+  }
+  std::vector<FinishResult> finish(const std::vector<Finish>& items, int64_t now_ms) override {
+    const int after = claims_at_return.load();
+    for (int i = 0; i < 1000 && claims.load() <= after; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return inner().finish(items, now_ms);
+  }
+  std::atomic<int> claims{0}, claims_at_return{0};
+};
+
+// Review: the end of a job woke the claim loop before its ending committed, and the commit woke
+// nothing (only a job back in the queue did): the next job of a key at its cap waited for the idle
+// poll (200 ms by default; here an hour) after every job of that key. The commit now wakes the
+// claim loop at a moment drawn within the idle poll: here the draw is 0, at once.
+TEST_F(SchedulerTest, TheCommitOfAnEndingWakesTheClaimLoopForTheNextJobOfACappedKey) {
+  ClaimsBeforeTheEnding store(*store_);
+  store_->set_caps("work", {1, 0});
+  SystemClock clock;
+  SchedulerOptions o = options();
+  o.idle_poll_ms = 3'600'000;
+  o.unit_random = [] { return 0.0; };
+  Scheduler scheduler(store, clock, o);
+  std::atomic<int> runs{0};
+  scheduler.register_handler("work", [&](JobContext&) {
+    ++runs;
+    store.claims_at_return = store.claims.load();
+    return Outcome::complete();
+  });
+  std::vector<JobId> ids;
+  for (int i = 0; i < 3; ++i) {
+    JobSpec spec;
+    spec.kind = "work";
+    spec.payload = "{}";
+    spec.concurrency_key = "tenant";
+    ids.push_back(store_->enqueue(spec, clock.now_ms()).id);
+  }
+  scheduler.start();
+  wait_for([&] { return runs.load() == 3; });
+  EXPECT_EQ(runs.load(), 3) << "the next job of the capped key waited for the idle poll";
+  scheduler.drain(std::chrono::milliseconds(1'000));
+  for (JobId id : ids) EXPECT_EQ(store_->get(id)->status, JobStatus::kSucceeded);
+}
+
+// Two hosts share a store and a key capped at one running job. The host whose job ends claims the
+// place it freed at a moment drawn within its idle poll, not at once, so the other host, polling,
+// has an equal chance at it: each runs a fair part of the key's jobs. Woken at once by its own
+// commits (the moment drawn as 0), one host took back the places it freed, and in 8 runs of 20
+// the other ran 4 jobs of 60 or fewer.
+TEST_F(SchedulerTest, HostsSharingAStoreShareTheCapPlacesThatEndingsFree) {
+  store_->set_caps("work", {1, 0});
+  SystemClock clock;
+  constexpr int kJobs = 60;
+  for (int i = 0; i < kJobs; ++i) {
+    JobSpec spec;
+    spec.kind = "work";
+    spec.payload = "{}";
+    spec.concurrency_key = "tenant";
+    store_->enqueue(spec, clock.now_ms());
+  }
+  std::atomic<int> done{0};
+  std::vector<std::unique_ptr<Scheduler>> hosts;
+  std::vector<std::unique_ptr<std::atomic<int>>> runs;
+  for (const char* owner : {"host-a", "host-b"}) {
+    SchedulerOptions o = options();
+    o.owner = owner;
+    o.idle_poll_ms = 20;
+    o.unit_random = default_unit_random;
+    hosts.push_back(std::make_unique<Scheduler>(*store_, clock, o));
+    runs.push_back(std::make_unique<std::atomic<int>>(0));
+    std::atomic<int>& mine = *runs.back();
+    hosts.back()->register_handler("work", [&](JobContext&) {
+      ++mine;
+      ++done;
+      return Outcome::complete();
+    });
+  }
+  for (auto& host : hosts) host->start();
+  wait_for([&] { return done.load() == kJobs; });
+  for (auto& host : hosts) host->drain(std::chrono::milliseconds(1'000));
+  ASSERT_EQ(done.load(), kJobs);
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    EXPECT_GE(runs[i]->load(), kJobs / 6)
+        << "host " << i << " ran " << runs[i]->load() << " of " << kJobs;
+  }
+}
+
 // A store whose claims take a while (so that several claim loops' calls overlap) and that counts
 // the jobs handed out and not yet returned by their handlers.
 class SlowClaims : public ForwardingStore {
