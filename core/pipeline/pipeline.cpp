@@ -148,14 +148,26 @@ struct UnitCounts {
   int64_t produced = 0;
   int64_t dispatched = 0;
   int64_t rate_limit_waits = 0;
+  // The gateway's 429s in a row since the unit's last page went through: what its backoff
+  // doubles with (written only while there are some).
+  int64_t gateway_busy = 0;
 };
 
 json counts_json(const UnitCounts& c) {
-  return {{"cursor", c.cursor ? json(*c.cursor) : json(nullptr)},
-          {"pages", c.pages},
-          {"eventsProduced", c.produced},
-          {"eventsDispatched", c.dispatched},
-          {"rateLimitWaits", c.rate_limit_waits}};
+  json j = {{"cursor", c.cursor ? json(*c.cursor) : json(nullptr)},
+            {"pages", c.pages},
+            {"eventsProduced", c.produced},
+            {"eventsDispatched", c.dispatched},
+            {"rateLimitWaits", c.rate_limit_waits}};
+  if (c.gateway_busy > 0) j["gatewayBusy"] = c.gateway_busy;
+  return j;
+}
+
+// A unit's wait after the gateway's 429 without a Retry-After, the `n`th in a row: 1 s, doubling,
+// at most 5 minutes.
+int64_t gateway_busy_wait_ms(int64_t n) {
+  constexpr int64_t kMaxMs = 5 * 60'000;
+  return n >= 10 ? kMaxMs : std::min<int64_t>(int64_t{1000} << std::max<int64_t>(n - 1, 0), kMaxMs);
 }
 
 // Reads counts from a checkpoint or result; a document that is not an object (corrupt) reads
@@ -182,6 +194,7 @@ UnitCounts counts_from(const std::optional<std::string>& text, bool* ok = nullpt
   c.produced = int_or(j, "eventsProduced");
   c.dispatched = int_or(j, "eventsDispatched");
   c.rate_limit_waits = int_or(j, "rateLimitWaits");
+  c.gateway_busy = std::clamp<int64_t>(int_or(j, "gatewayBusy"), 0, 1'000'000);
   return c;
 }
 
@@ -1078,6 +1091,21 @@ struct Pipeline::Impl {
     // afresh, so a page that always fails (its failures open the provider's circuit, or use up
     // the throttle) would be deferred and tried again for ever instead of dying.
     std::optional<std::string> page_error;
+    // The gateway asked the unit to slow down (a 429, from its token lookup or a delivery): it
+    // waits as long as the gateway said, or, without a Retry-After, a backoff that doubles with
+    // each 429 in a row since its last page went through. At a second each (found by review), a
+    // gateway shedding load for an hour had every unit fetch its page from the provider again,
+    // and spend a throttle token, every second. Like a provider's rate limit, no attempt.
+    auto gateway_busy = [&](const GatewayBusy& e) {
+      counts.gateway_busy += 1;
+      ++gateway_rate_limit_waits;
+      const int64_t wait = e.retry_after_ms > 0 ? std::max<int64_t>(e.retry_after_ms, 1000)
+                                                : gateway_busy_wait_ms(counts.gateway_busy);
+      const std::string saved = counts_json(counts).dump();
+      return defer_after([&] { ctx.checkpoint_without_progress(saved); },
+                         Outcome::defer(jobs::later_by(ctx.now_ms(), wait),
+                                        "rate limited by the gateway: " + e.message));
+    };
     while (true) {
       PipelineOptions o = snapshot();
       int64_t now = ctx.now_ms();
@@ -1090,7 +1118,11 @@ struct Pipeline::Impl {
         return std::move(*wait);
       }
       if (!have_token) {
-        params.unit.access_token = token_for(ctx, installation, o);
+        try {
+          params.unit.access_token = token_for(ctx, installation, o);
+        } catch (const GatewayBusy& e) {
+          return gateway_busy(e);
+        }
         have_token = true;
       }
       Fetched fetched = fetch(*connector, params, installation, o, ctx, refreshed, retried);
@@ -1123,7 +1155,12 @@ struct Pipeline::Impl {
           return std::move(*wait);
       }
       const int64_t dispatching = ctx.now_ms();
-      dispatch_page(ctx, p, provider, installation, org_id, o, dispatching);
+      try {
+        dispatch_page(ctx, p, provider, installation, org_id, o, dispatching);
+      } catch (const GatewayBusy& e) {
+        return gateway_busy(e);
+      }
+      counts.gateway_busy = 0;
       if (p.size() > 0)
         circuit_event(kGatewayCircuit, jobs::CircuitEvent::kSuccess, o.gateway_circuit, dispatching,
                       ctx.now_ms());

@@ -1945,6 +1945,53 @@ TEST_F(PipelineTest, AGateway429OnTheTokenLookupDefersTheUnitByASecond) {
   EXPECT_EQ(run_result(run.run_id)["success"], true);
 }
 
+// A gateway that keeps answering 429 without a Retry-After is waited for longer each time: 1 s,
+// then doubling, until a page goes through, after which the count starts again. Before (found by
+// review), the unit came back every second for as long as the gateway shed load, and each time
+// fetched its page from the provider again.
+TEST_F(PipelineTest, AGatewayThatKeepsAnswering429WithoutARetryAfterIsWaitedForLongerEachTime) {
+  RunStart run = fanned_out();
+  std::atomic<bool> busy{true};
+  std::atomic<int> passes{0};  // webhook POSTs let through while busy
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (r.url.find("/webhooks/") == std::string::npos || !busy) return std::nullopt;
+    if (passes.fetch_sub(1) > 0) return std::nullopt;
+    return status_response(429, R"({"error":"slow down"})");
+  });
+  for (const int64_t wait : {1'000, 2'000, 4'000, 8'000, 16'000}) {
+    const int64_t asked = test_clock().now_ms();
+    ASSERT_EQ(scheduler_->run_once(1), 1u);
+    const jobs::Job unit = units_of(run.run_id).at(0);
+    EXPECT_EQ(unit.status, JobStatus::kQueued);
+    EXPECT_EQ(unit.run_after_ms, asked + wait);
+    EXPECT_EQ(unit.attempts, 0) << "a wait is no attempt";
+    test_clock().advance_ms(wait);
+  }
+  EXPECT_EQ(pipeline_->metrics().gateway_rate_limit_waits, 5);
+
+  // The first page (100 issues) goes through; the second meets a 429 again: a second's wait.
+  passes = 100;
+  const int64_t asked = test_clock().now_ms();
+  ASSERT_EQ(scheduler_->run_once(1), 1u);
+  const jobs::Job unit = units_of(run.run_id).at(0);
+  EXPECT_EQ(unit.run_after_ms, asked + 1'000) << "the count starts again after a page";
+  const json checkpoint = json::parse(unit.checkpoint.value_or("{}"));
+  EXPECT_EQ(checkpoint.value("pages", 0), 1) << checkpoint.dump();
+  EXPECT_EQ(checkpoint.value("gatewayBusy", 0), 1) << checkpoint.dump();
+
+  busy = false;
+  drive();
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true);
+  const sandbox::DeliveryCounts gh = sandbox_->report("inst-1").gateway_by_provider["github"];
+  EXPECT_EQ(gh.unique, 150) << "every issue, once";
+  EXPECT_EQ(gh.unexpected, 0);
+  for (const jobs::Attempt& a : store_->attempts(units_of(run.run_id).at(0).id))
+    EXPECT_NE(a.outcome, "failed") << a.error.value_or("-");
+  const json unit_result = json::parse(units_of(run.run_id).at(0).result.value_or("{}"));
+  EXPECT_FALSE(unit_result.contains("gatewayBusy")) << unit_result.dump();
+}
+
 // D8: a throttled unit waits at most a minute before it asks the bucket again. Deferred until
 // its next token, a throttle so slow that the token was hours (or, past the clock's range, for
 // ever) away parked the unit that long, and raising the throttle (PUT /v1/rate-limits) did not
