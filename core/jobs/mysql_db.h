@@ -38,6 +38,8 @@ namespace backhaul::jobs::mysql {
 // "host=127.0.0.1;port=3306;db=backhaul;user=u;password=p;character-set=utf8mb4" (Poco's keys).
 // Also accepted: socket=PATH (Unix socket), connect-timeout=S, read-timeout=S,
 // lock-wait-timeout=S (how long a statement waits for a row lock; 0 = the server's),
+// idle-transaction-timeout=S (MariaDB: how long the server keeps a session that went quiet inside
+// a transaction; 0 = the server's),
 // migrate-wait=S (how long opening the store waits for another host's migration). Poco-only keys
 // (auto-reconnect, secure-auth, reset, fail-readonly) are accepted and ignored: this layer
 // reconnects by itself. Any other key is a ConfigError (Poco would silently ignore a typo).
@@ -58,6 +60,13 @@ struct Config {
   // The sessions' innodb_lock_wait_timeout, in seconds; 0 = the server's (50 s by default).
   // Either way at most read_timeout_s - 1 (see Connection).
   unsigned lock_wait_timeout_s = 0;
+  // MariaDB ends a session that stays this long inside a transaction without a statement, and
+  // frees its locks (MySQL has no such setting, and ignores it). A host that lost power or its
+  // network mid-transaction leaves its session open on the server, holding its row locks, until
+  // TCP keepalive or wait_timeout notice (2 to 8 hours): the kind's cap row among them, every
+  // host's claims of that kind would wait on it. The store's transactions never wait on their
+  // client between statements for long. 0 = the server's (none by default).
+  unsigned idle_transaction_timeout_s = 60;
   // How long migrate() waits for the migration lock while another session holds it (another
   // host migrating: an ALTER of a large jobs table may take minutes). 0 = not at all.
   unsigned migrate_wait_s = 600;

@@ -170,6 +170,8 @@ Config parse_config(const std::string& connection_string) {
       config.read_timeout_s = parse_unsigned(key, value, value_shown);
     } else if (key == "lock-wait-timeout") {
       config.lock_wait_timeout_s = parse_unsigned(key, value, value_shown);
+    } else if (key == "idle-transaction-timeout") {
+      config.idle_transaction_timeout_s = parse_unsigned(key, value, value_shown);
     } else if (key == "migrate-wait") {
       config.migrate_wait_s = parse_unsigned(key, value, value_shown);
     } else if (key == "character-set") {
@@ -388,6 +390,10 @@ Connection::Connection(const Config& config) {
     }
     if (config.lock_wait_timeout_s > 0 || config.read_timeout_s > 0) {
       setup += ", SESSION innodb_lock_wait_timeout = " + lock_wait;
+    }
+    if (config.idle_transaction_timeout_s > 0) {  // MariaDB 10.3 and later run the comment
+      setup += " /*M!100300 , SESSION idle_transaction_timeout = " +
+               std::to_string(config.idle_transaction_timeout_s) + " */";
     }
     setup += "; SELECT @@max_allowed_packet";
     max_packet_ = static_cast<uint64_t>(to_i64(run(setup).back().rows.at(0).at(0)));

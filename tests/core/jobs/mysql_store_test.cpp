@@ -149,6 +149,9 @@ TEST(MysqlConfig, ParsesPocoKeysAndRejectsTypos) {
   EXPECT_TRUE(c.compress);
   EXPECT_EQ(c.lock_wait_timeout_s, 0u);
   EXPECT_EQ(mysql::parse_config("host=h;db=q;lock-wait-timeout=7").lock_wait_timeout_s, 7u);
+  EXPECT_EQ(c.idle_transaction_timeout_s, 60u);
+  EXPECT_EQ(
+      mysql::parse_config("host=h;db=q;idle-transaction-timeout=7").idle_transaction_timeout_s, 7u);
   // Poco silently ignores unknown keys (env-recipe.md section 4); a typo here is an error.
   EXPECT_THROW(mysql::parse_config("host=h;prot=1;db=q"), ConfigError);
   EXPECT_THROW(mysql::parse_config("host=h;db=q;character-set=latin1"), ConfigError);
@@ -258,6 +261,41 @@ TEST(MysqlStore, SessionsRunReadCommittedWithStrictMode) {
   EXPECT_EQ(scalar(*c, "SELECT @@SESSION.innodb_lock_wait_timeout"), server_default);
   mysql::Connection quick(mysql::parse_config(db.connection() + ";lock-wait-timeout=3"));
   EXPECT_EQ(scalar(quick, "SELECT @@SESSION.innodb_lock_wait_timeout"), 3);
+}
+
+// A session that goes quiet inside a transaction (its host lost power, or its network) is ended
+// by MariaDB after idle-transaction-timeout (60 s by default), and its row locks are freed.
+// Without it the server kept such a session, and its locks, until TCP keepalive or wait_timeout
+// noticed (hours): a claim's lock on its kind's cap row would have held up every host's claims.
+TEST(MysqlStore, ASessionQuietInsideATransactionIsEndedAndItsLocksFreed) {
+  TestDatabase db;
+  auto c = db.app_session();
+  EXPECT_EQ(scalar(*c, "SELECT @@SESSION.idle_transaction_timeout"), 60);
+  c->run(
+      "CREATE TABLE quiet_lock (id INT PRIMARY KEY) ENGINE=InnoDB; "
+      "INSERT INTO quiet_lock VALUES (1)");
+  mysql::Connection quiet(mysql::parse_config(db.connection() + ";idle-transaction-timeout=1"));
+  EXPECT_EQ(scalar(quiet, "SELECT @@SESSION.idle_transaction_timeout"), 1);
+  quiet.run("BEGIN; SELECT id FROM quiet_lock WHERE id = 1 FOR UPDATE");
+  mysql::Connection other(mysql::parse_config(db.connection()));
+  EXPECT_THROW(other.run("SELECT id FROM quiet_lock WHERE id = 1 FOR UPDATE NOWAIT"), mysql::Error)
+      << "the quiet session holds the row";
+  bool freed = false;
+  for (int i = 0; i < 150 && !freed; ++i) {  // up to 15 s for a 1-s timeout
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    try {
+      other.run("SELECT id FROM quiet_lock WHERE id = 1 FOR UPDATE NOWAIT");
+      freed = true;
+    } catch (const mysql::Error&) {
+    }
+  }
+  EXPECT_TRUE(freed) << "the quiet session's lock was never freed";
+  try {
+    quiet.run("COMMIT");
+    ADD_FAILURE() << "the quiet session's transaction was committed after it was ended";
+  } catch (const mysql::Error& e) {
+    EXPECT_TRUE(e.connection_lost()) << e.what();
+  }
 }
 
 TEST(MysqlStore, ThreeHostsMigrateAtOnce) {
