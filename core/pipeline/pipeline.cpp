@@ -1167,7 +1167,7 @@ struct Pipeline::Impl {
       ++pages;
       dispatched += static_cast<int64_t>(p.size());
       counts.pages += 1;
-      counts.produced += static_cast<int64_t>(p.raw_count());  // seed 000: the page's rawCount
+      counts.produced += produced_by_page(p.raw_count(), p.size());  // seed 000: its rawCount
       counts.dispatched += static_cast<int64_t>(p.size());
 
       std::optional<std::string_view> next = p.next_cursor();
@@ -1482,6 +1482,10 @@ struct Pipeline::Impl {
                           .count();
   }
 };
+
+int64_t produced_by_page(uint64_t raw_count, size_t events) {
+  return static_cast<int64_t>(std::max<uint64_t>(std::min(raw_count, kMaxRawCount), events));
+}
 
 int64_t in_place_wait_ms(const PipelineOptions& o, int retry, int64_t asked_ms) {
   // transient_retry_ms * 2^retry without overflow: past kMaxInPlaceWaitMs it is capped anyway.

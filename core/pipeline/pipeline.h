@@ -189,6 +189,13 @@ struct PipelineMetrics {
 inline constexpr int64_t kMaxInPlaceWaitMs = 30'000;
 int64_t in_place_wait_ms(const PipelineOptions& o, int retry, int64_t asked_ms);
 
+// What a page adds to a unit's eventsProduced: the plugin's raw_count (items the provider
+// returned, which the ABI says is at least the page's events), at least `events` and at most a
+// billion, so that a third-party plugin's UINT64_MAX neither makes the count negative nor
+// overflows the sums.
+inline constexpr uint64_t kMaxRawCount = 1'000'000'000;
+int64_t produced_by_page(uint64_t raw_count, size_t events);
+
 class Pipeline {
  public:
   // Every reference must outlive the Pipeline.

@@ -922,6 +922,16 @@ TEST_F(PipelineDrainTest, ADrainStopsThePagesDeliveriesWaitingToBeRetried) {
       << "deliveries retried after the drain asked the unit to stop, of " << seen.size();
 }
 
+// A page's rawCount as the plugin gives it, held between the page's events and a billion (review:
+// a third-party plugin's UINT64_MAX made eventsProduced -1, and large ones overflowed the sums).
+TEST(ProducedByPage, IsTheRawCountHeldBetweenTheEventsAndABillion) {
+  EXPECT_EQ(produced_by_page(101, 100), 101);
+  EXPECT_EQ(produced_by_page(0, 0), 0);
+  EXPECT_EQ(produced_by_page(3, 5), 5) << "fewer than the page's events";
+  EXPECT_EQ(produced_by_page(UINT64_MAX, 5), 1'000'000'000);
+  EXPECT_EQ(produced_by_page(uint64_t{1} << 63, 0), 1'000'000'000);
+}
+
 // The wait before a retry in place: the backoff, or the answer's Retry-After (up to 2 s) when
 // longer, never more than 30 s (transient_retry_ms may be 60 s, and 2^9 of it was 8.5 hours).
 TEST(InPlaceWaitTest, IsTheBackoffOrTheRetryAfterUpToItsCaps) {
