@@ -697,9 +697,23 @@ struct Pipeline::Impl {
       }
     }
 
+    // A unit per resource and type, once: the gateway listing a resource twice (or a connector's
+    // default types a type twice) made two units of one dedupe key, the second the first's job
+    // again, and the run counted that job's work twice. A resource without an id could only fail.
     std::vector<UnitRef> units;
-    for (const auto& resource : connection.resources)
-      for (const std::string& t : types) units.push_back({0, resource.id, resource.name, t});
+    std::set<std::pair<std::string_view, std::string_view>> seen;
+    for (const auto& resource : connection.resources) {
+      if (resource.id.empty()) {
+        throw JobFailure("connection " + request.installation_id +
+                             ": the gateway lists a resource with an empty providerResourceId" +
+                             (resource.name ? " (\"" + *resource.name + "\")" : std::string()),
+                         true);
+      }
+      for (const std::string& t : types) {
+        if (seen.emplace(resource.id, t).second)
+          units.push_back({0, resource.id, resource.name, t});
+      }
+    }
     if (units.empty()) return Outcome::complete(aggregate(request, org_id, since, {}, {}).dump());
     // The run waits with every unit in its checkpoint, which the store holds to kMaxTextBytes
     // (o.run_checkpoint_bytes). Past that (some 150 000 units) the wait failed after the units were

@@ -1955,6 +1955,53 @@ TEST_F(PipelineTest, AGateway429OnTheTokenLookupDefersTheUnitByASecond) {
   EXPECT_EQ(run_result(run.run_id)["success"], true);
 }
 
+// The gateway's connection of gh-inst-1 (as the sandbox serves it), with `resources`.
+std::optional<http::Response> connection_with(const http::Request& r, const json& resources) {
+  if (!r.url.ends_with("/connections/gh-inst-1")) return std::nullopt;
+  return status_response(200, json{{"id", "gh-inst-1"},
+                                   {"installationId", "inst-1"},
+                                   {"provider", "github"},
+                                   {"orgId", "org-1"},
+                                   {"status", "active"},
+                                   {"resources", resources}}
+                                  .dump());
+}
+
+// The gateway listing a resource twice makes one unit of it (review: two units of one dedupe key,
+// the second the first's job again, and the run counted that job's pages and events twice).
+TEST_F(PipelineTest, AResourceTheGatewayListsTwiceIsOneUnit) {
+  start(data(1, 0, 150));
+  const json repo = {{"providerResourceId", "100001"}, {"resourceName", "org-1/repo-1"}};
+  gateway_transport_.reset([&](const http::Request& r, size_t) {
+    return connection_with(r, json::array({repo, repo}));
+  });
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  drive();
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 1) << result.dump(2);
+  EXPECT_EQ(result["eventsDispatched"], 150) << result.dump(2);
+  EXPECT_EQ(units_of(run.run_id).size(), 1u);
+}
+
+// A resource without an id fails the run at once, naming it, rather than a unit that could only
+// fail.
+TEST_F(PipelineTest, AResourceWithoutAnIdFailsTheRunNamingIt) {
+  start(data(1, 0, 150));
+  gateway_transport_.reset([&](const http::Request& r, size_t) {
+    return connection_with(
+        r, json::array({{{"providerResourceId", ""}, {"resourceName", "org-1/repo-1"}}}));
+  });
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  drive();
+  const std::optional<jobs::Job> job = store_->get(run.run_id);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->status, JobStatus::kDead);
+  EXPECT_THAT(job->last_error.value_or(""),
+              HasSubstr("empty providerResourceId (\"org-1/repo-1\")"));
+  EXPECT_TRUE(units_of(run.run_id).empty());
+}
+
 // A gateway that keeps answering 429 without a Retry-After is waited for longer each time: 1 s,
 // then doubling, until a page goes through, after which the count starts again. Before (found by
 // review), the unit came back every second for as long as the gateway shed load, and each time
