@@ -200,6 +200,14 @@ std::vector<FinishResult> JobStore::finish(const std::vector<Finish>& items, int
   return results;
 }
 
+std::map<std::string, int64_t> JobStore::queued_by_kind() {
+  std::map<std::string, int64_t> out;
+  for (const auto& [key, n] : counts()) {
+    if (key.second == JobStatus::kQueued && n > 0) out[key.first] += n;
+  }
+  return out;
+}
+
 int JobStore::subscribe(std::function<void()> listener) {
   std::lock_guard lock(listeners_mutex_);
   listeners_.emplace(++next_listener_, std::move(listener));

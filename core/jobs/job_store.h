@@ -342,6 +342,10 @@ class JobStore {
   std::vector<Attempt> attempts(JobId id) { return newest_attempts(id, SIZE_MAX); }
   // Number of jobs by (kind, status).
   virtual std::map<std::pair<std::string, JobStatus>, int64_t> counts() = 0;
+  // Queued jobs by kind (kinds with none left out): what readiness reports, on every probe. Read
+  // from the queued jobs alone, not by counting the finished ones too, which retention may leave
+  // by the million. By default, from counts().
+  virtual std::map<std::string, int64_t> queued_by_kind();
   // Replaces (or clears) the checkpoint of a job that is not running (operators repairing a
   // cursor). Throws InvalidTransition when it is running, JobNotFound when absent.
   virtual void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,

@@ -2575,6 +2575,15 @@ class MysqlStore final : public JobStore {
     return out;
   }
 
+  std::map<std::string, int64_t> queued_by_kind() override {
+    Result r = read("queued_by_kind", [](mysql::Connection& c) {  // a range of jobs_claim_key
+      return c.one("SELECT kind, COUNT(*) FROM jobs WHERE status = 'queued' GROUP BY kind");
+    });
+    std::map<std::string, int64_t> out;
+    for (const Row& row : r.rows) out[to_str(row[0])] = to_i64(row[1]);
+    return out;
+  }
+
   std::map<std::pair<std::string, JobStatus>, int64_t> counts() override {
     Result r = read("counts", [](mysql::Connection& c) {
       return c.one("SELECT kind, status, COUNT(*) FROM jobs GROUP BY kind, status");

@@ -1656,6 +1656,7 @@ class SqliteStore final : public SqliteJobStore {
   JobPage list(const JobQuery& query) override;
   std::vector<Attempt> newest_attempts(JobId id, size_t limit) override;
   std::map<std::pair<std::string, JobStatus>, int64_t> counts() override;
+  std::map<std::string, int64_t> queued_by_kind() override;
   void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
                       int64_t now_ms) override {
     if (checkpoint) check_text("set_checkpoint: checkpoint", *checkpoint);
@@ -1753,11 +1754,14 @@ std::string status_filter(JobStatus status) {
 }
 
 // Each part is a covering scan of one partial index, not of the table (queued jobs are in two).
-const std::string kCounts =
+// Each part reads one partial index (jobs_claim_kind, jobs_claim_key).
+const std::string kQueuedCounts =
     "SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 0 GROUP BY kind "
     "UNION ALL SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 1 "
-    "GROUP BY kind "
-    "UNION ALL SELECT kind, 'running', COUNT(*) FROM jobs WHERE status = 'running' GROUP BY kind "
+    "GROUP BY kind";
+const std::string kCounts =
+    kQueuedCounts +
+    " UNION ALL SELECT kind, 'running', COUNT(*) FROM jobs WHERE status = 'running' GROUP BY kind "
     "UNION ALL SELECT kind, 'waiting', COUNT(*) FROM jobs WHERE status = 'waiting' GROUP BY kind "
     "UNION ALL SELECT kind, status, COUNT(*) FROM jobs "
     "WHERE status IN ('succeeded', 'dead', 'cancelled') GROUP BY kind, status";
@@ -1816,6 +1820,15 @@ std::vector<Attempt> SqliteStore::newest_attempts(JobId id, size_t limit) {
       out.push_back({id, q.i32(1), q.text(2), q.i64(3), q.i64(4), q.text(5), q.opt_text(6)});
     }
     std::reverse(out.begin(), out.end());
+    return out;
+  });
+}
+
+std::map<std::string, int64_t> SqliteStore::queued_by_kind() {
+  return read([](Connection& c) {
+    std::map<std::string, int64_t> out;
+    Query q = c.query(kQueuedCounts);
+    while (q.step()) out[q.text(0)] += q.i64(2);
     return out;
   });
 }

@@ -66,12 +66,9 @@ Response ready(Call& call) {
   }
   bool readable = true;
   try {
-    for (const auto& [key, count] : call.deps.store.counts()) {
-      if (key.second != jobs::JobStatus::kQueued) continue;
+    for (const auto& [kind, count] : call.deps.store.queued_by_kind()) {
       queued += count;
-      if (call.deps.handled_kinds && count > 0 && !handled.count(key.first)) {
-        unhandled[key.first] = count;
-      }
+      if (call.deps.handled_kinds && count > 0 && !handled.count(kind)) unhandled[kind] = count;
     }
     components["store"] = {{"status", "healthy"}, {"backend", call.deps.store.backend()}};
   } catch (const std::exception& e) {

@@ -66,6 +66,7 @@ class ForwardingStore : public JobStore {
     return inner_.newest_attempts(id, limit);
   }
   std::map<std::pair<std::string, JobStatus>, int64_t> counts() override { return inner_.counts(); }
+  std::map<std::string, int64_t> queued_by_kind() override { return inner_.queued_by_kind(); }
   void set_checkpoint(JobId id, const std::optional<std::string>& checkpoint,
                       int64_t now_ms) override {
     inner_.set_checkpoint(id, checkpoint, now_ms);

@@ -2891,6 +2891,13 @@ TEST_P(JobStoreConformance, CountsJobsByKindAndStatus) {
       {{"run", JobStatus::kRunning}, 1},
   };
   EXPECT_EQ(nonzero(store().counts()), expected);
+  // The queued ones alone (readiness), of a kind with a per-key cap too, whose queued jobs the
+  // SQLite store indexes apart.
+  store().set_caps("capped", {2, 0});
+  add(spec("capped"));
+  add(spec("capped"));
+  EXPECT_EQ(store().queued_by_kind(),
+            (std::map<std::string, int64_t>{{"entity", 2}, {"capped", 2}}));
 }
 
 // ===========================================================================================
