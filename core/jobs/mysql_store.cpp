@@ -220,12 +220,14 @@ int64_t to_i64(const Cell& cell) {
 
 int to_int(const Cell& cell) { return static_cast<int>(to_i64(cell)); }
 
+// from_chars and to_chars (Sql::real) read and write the C locale's form whatever the process's
+// locale (a plugin may call setlocale()): strtod and printf would read "3999.5" as 3999 and
+// write 3999,5 under de_DE. The whole cell must be the number.
 double to_double(const Cell& cell) {
   if (!cell) return 0;
-  char* end = nullptr;
-  errno = 0;
-  double out = std::strtod(cell->c_str(), &end);
-  if (end == cell->c_str() || errno == ERANGE) {
+  double out = 0;
+  auto [end, ec] = std::from_chars(cell->data(), cell->data() + cell->size(), out);
+  if (ec != std::errc() || end != cell->data() + cell->size()) {
     throw StorageError("mysql: expected a number, got '" + *cell + "'");
   }
   return out;
@@ -287,8 +289,9 @@ Sql& Sql::opt(const std::optional<std::string>& value) {
 
 Sql& Sql::real(double value) {
   char buffer[40];
-  std::snprintf(buffer, sizeof buffer, "%.17g", value);
-  text_ += buffer;
+  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);  // round-trips
+  if (ec != std::errc()) throw StorageError("mysql: a number that cannot be written");
+  text_.append(buffer, end);
   return *this;
 }
 

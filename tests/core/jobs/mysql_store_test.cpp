@@ -239,6 +239,22 @@ TEST(MysqlConfig, AnErrorAboutTheItemAfterAPasswordDoesNotQuoteIt) {
   }
 }
 
+// Numbers cross the wire in the C locale's form, read whole (review: strtod read "3999.5x" as
+// 3999.5, and under a locale with a decimal comma, such as de_DE, "3999.5" as 3999).
+TEST(MysqlConfig, RealNumbersAreReadWholeAndWrittenToRoundTrip) {
+  EXPECT_EQ(mysql::to_double(std::string("3999.5")), 3999.5);
+  EXPECT_EQ(mysql::to_double(std::string("1e-13")), 1e-13);
+  EXPECT_EQ(mysql::to_double(std::nullopt), 0);
+  for (const char* bad : {"3999.5x", "", "abc", "3999,5", " 1"}) {
+    EXPECT_THROW(mysql::to_double(std::string(bad)), StorageError) << bad;
+  }
+  for (double value : {3999.5, 0.1, 1.0 / 3, 1e-13, 4000.0}) {
+    mysql::Sql sql;
+    sql.real(value);
+    EXPECT_EQ(mysql::to_double(sql.text()), value) << sql.text();
+  }
+}
+
 TEST(MysqlConfig, QuotingIsCompleteForUtf8mb4) {
   EXPECT_EQ(mysql::quote(std::string_view("a'b\\c\"d\n\r\x1a", 10)), "'a\\'b\\\\c\\\"d\\n\\r\\Z'");
   EXPECT_EQ(mysql::quote(std::string("x\0y", 3)), "'x\\0y'");
