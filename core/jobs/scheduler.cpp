@@ -180,8 +180,8 @@ void Scheduler::start() {
   threads_.emplace_back([this] { sweep_loop(); });
 }
 
-// Until `ms` have passed, a wakeup that frees a place or makes a job runnable (wakes_), a drain,
-// or the moment an ending's commit drew (commit_wake_at_), whichever comes first.
+// Until `ms` have passed, a wakeup that makes a job runnable (wakes_: an enqueue, a requeue), a
+// drain, or the moment an ending's commit drew (commit_wake_at_), whichever comes first.
 void Scheduler::pause(std::unique_lock<std::mutex>& lock, int64_t ms) {
   using std::chrono::steady_clock;
   const uint64_t seen = wakes_;
@@ -272,7 +272,10 @@ void Scheduler::worker_loop() {
     execute(std::move(context));
     lock.lock();
     --busy_;
-    ++wakes_;
+    // A place freed: a claim loop waiting for one goes on. An idle pause does not end (wakes_):
+    // the claim before it found nothing to take, and a job's end changes that only once its
+    // ending commits, which draws its own moment (apply()). Ended here, the claim could run just
+    // after the commit and take back at once the cap place this host freed.
     wake_.notify_all();
   }
 }
@@ -439,8 +442,7 @@ void Scheduler::hand_back_cancelled(std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   busy_ -= static_cast<int>(cancelled.size()) + lost;
-  ++wakes_;
-  wake_.notify_all();
+  wake_.notify_all();  // places freed (not an end of an idle pause: see worker_loop)
 }
 
 Scheduler::Ending Scheduler::released(const JobContext& c) const {
@@ -535,6 +537,14 @@ void Scheduler::execute(std::shared_ptr<JobContext> context) {
       } catch (const StorageError& e) {
         log_->warn("job {}: renewing its lease before the start failed: {}", context->job_.id,
                    e.what());
+        // The failed call may have taken long (a lock wait, connect timeouts): its lease, by the
+        // clock now, may have run out meanwhile. (Reviewer's finding.)
+        if (clock_.now_ms() >= later_by(context->last_beat_ms_, options_.lease_ms)) {
+          context->lease_lost_ = true;
+          ran_out = true;
+          throw JobInterrupted(JobInterrupted::Reason::kLeaseLost,
+                               "lease ran out before the start");
+        }
       }
     }
     if (context->cancelled_) throw JobInterrupted(JobInterrupted::Reason::kCancelled, "cancelled");
@@ -779,13 +789,12 @@ void Scheduler::apply(std::vector<Ending>& endings, bool until_leases_end) {
   // Recorded, or given up on (their leases then run out): no more heartbeats. A job failed or
   // released back to the queue may run again at once (a retry without backoff): claim now rather
   // than at the next idle poll; so may the claims held back while endings piled up.
-  // A job that left `running` frees its place under its key's cap, which the claim its worker's
-  // end prompted found still taken (that claim ran before this commit). The claim loop claims
-  // again at a moment drawn within the idle poll, not at once: woken by its own commits, a daemon
-  // took back every place it freed before any other host polled, and the other hosts of a shared
-  // store starved (MultiDaemonTest: one of two survivors ran no job). Drawn, the moment gives every
-  // host polling the store an equal chance, and a host alone waits half a poll on average rather
-  // than a whole one.
+  // A job that left `running` frees its place under its key's cap. An idle claim loop (a worker's
+  // end does not end its pause: see worker_loop) claims again at a moment drawn within the idle
+  // poll, not at once: woken by its own commits, a daemon took back every place it freed before
+  // any other host polled, and the other hosts of a shared store starved (MultiDaemonTest: one of
+  // two survivors ran no job). Drawn, the moment gives every host polling the store an equal
+  // chance, and a host alone waits half a poll on average rather than a whole one.
   bool wake = false;
   bool freed = false;
   {

@@ -372,9 +372,10 @@ class Scheduler {
   int busy_ = 0;  // claimed and not yet finished (queued in ready_ or running)
   bool claiming_ = false;
   bool poked_ = false;  // a job became runnable since the claim loop last claimed
-  // Wakeups that end a claim loop's idle pause at once (a place freed, a job made runnable). An
-  // ending's commit does not: it sets commit_wake_at_, a moment within the idle poll drawn at
-  // random, so that the hosts sharing a store have equal chances at the cap place it freed.
+  // Wakeups that end a claim loop's idle pause at once (a job made runnable: an enqueue, a
+  // requeue). A job's end does not, nor does its ending's commit: that sets commit_wake_at_, a
+  // moment within the idle poll drawn at random, so that the hosts sharing a store have equal
+  // chances at the cap place it freed.
   uint64_t wakes_ = 0;
   std::optional<std::chrono::steady_clock::time_point> commit_wake_at_;
   int subscription_ = 0;               // JobStore::subscribe id while started

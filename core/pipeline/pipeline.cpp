@@ -699,16 +699,10 @@ struct Pipeline::Impl {
 
     // A unit per resource and type, once: the gateway listing a resource twice (or a connector's
     // default types a type twice) made two units of one dedupe key, the second the first's job
-    // again, and the run counted that job's work twice. A resource without an id could only fail.
+    // again, and the run counted that job's work twice.
     std::vector<UnitRef> units;
     std::set<std::pair<std::string_view, std::string_view>> seen;
     for (const auto& resource : connection.resources) {
-      if (resource.id.empty()) {
-        throw JobFailure("connection " + request.installation_id +
-                             ": the gateway lists a resource with an empty providerResourceId" +
-                             (resource.name ? " (\"" + *resource.name + "\")" : std::string()),
-                         true);
-      }
       for (const std::string& t : types) {
         if (seen.emplace(resource.id, t).second)
           units.push_back({0, resource.id, resource.name, t});

@@ -114,6 +114,7 @@ do_stop() {
   fi
   if [ $term = 1 ]; then
     kill -TERM "$pid" 2>/dev/null || true
+    kill -CONT "$pid" 2>/dev/null || true  # a stopped server acts on TERM only once continued
     if ! wait_exit "$pid" 30; then
       echo "mariadb.sh: server $pid ignored TERM; sending KILL" >&2
       kill -KILL "$pid" 2>/dev/null || true

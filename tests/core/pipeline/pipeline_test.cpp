@@ -1984,24 +1984,6 @@ TEST_F(PipelineTest, AResourceTheGatewayListsTwiceIsOneUnit) {
   EXPECT_EQ(units_of(run.run_id).size(), 1u);
 }
 
-// A resource without an id fails the run at once, naming it, rather than a unit that could only
-// fail.
-TEST_F(PipelineTest, AResourceWithoutAnIdFailsTheRunNamingIt) {
-  start(data(1, 0, 150));
-  gateway_transport_.reset([&](const http::Request& r, size_t) {
-    return connection_with(
-        r, json::array({{{"providerResourceId", ""}, {"resourceName", "org-1/repo-1"}}}));
-  });
-  RunStart run = start_run("gh-inst-1", "github", {"issue"});
-  drive();
-  const std::optional<jobs::Job> job = store_->get(run.run_id);
-  ASSERT_TRUE(job);
-  EXPECT_EQ(job->status, JobStatus::kDead);
-  EXPECT_THAT(job->last_error.value_or(""),
-              HasSubstr("empty providerResourceId (\"org-1/repo-1\")"));
-  EXPECT_TRUE(units_of(run.run_id).empty());
-}
-
 // A gateway that keeps answering 429 without a Retry-After is waited for longer each time: 1 s,
 // then doubling, until a page goes through, after which the count starts again. Before (found by
 // review), the unit came back every second for as long as the gateway shed load, and each time

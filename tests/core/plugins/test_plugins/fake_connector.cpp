@@ -23,7 +23,8 @@
 //   abort_in_validate: "yes" — validate_config (create() too) calls abort().
 //   env: a variable's name — each event's payload has "env": its value (null when unset).
 //   environ_grep: a text — each event's payload has "environ_has": whether the process's initial
-//   environment block (/proc/self/environ, which unsetenv() does not change) contains it.
+//   environment block (/proc/self/environ, which unsetenv() does not change) contains it (null
+//   when the block cannot be read).
 //   grow_mb: every fetch_page allocates and writes that many MB, then never returns.
 //   grow_later_mb: the first fetch_page returns its page and leaves a thread that then allocates
 //   and writes that many MB (the process grows between calls); destroy() joins it.
@@ -380,15 +381,17 @@ class FakeConnector final : public backhaul::sdk::Connector {
       note += value ? ",\"env\":\"" + std::string(value) + "\"" : ",\"env\":null";
     }
     if (!environ_grep_.empty()) {
+      // null when the block cannot be read: no answer, rather than "not there"
       std::string block;
-      if (FILE* f = std::fopen("/proc/self/environ", "rb")) {
+      FILE* f = std::fopen("/proc/self/environ", "rb");
+      if (f) {
         char buffer[4096];
         size_t n;
         while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) block.append(buffer, n);
         std::fclose(f);
       }
       const bool has = block.find(environ_grep_) != std::string::npos;
-      note += std::string(",\"environ_has\":") + (has ? "true" : "false");
+      note += std::string(",\"environ_has\":") + (!f ? "null" : has ? "true" : "false");
     }
     return note;
   }
