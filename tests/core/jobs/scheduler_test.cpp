@@ -1481,6 +1481,33 @@ class PrefetchedJobs : public SchedulerTest {
     ~LetGo() { gate.let_go(); }
   };
 
+  // Holds every heartbeat of the job `waits_for` until its gate is let go; with `then_fail`, each
+  // then fails as on a row another transaction held (a lock wait timeout).
+  struct OneJobsBeatsWait : ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
+                              const std::optional<std::string>& checkpoint,
+                              bool progress) override {
+      if (id == waits_for.load()) {
+        std::unique_lock lock(gate.mutex);
+        ++calls;
+        gate.pass(lock);
+        if (then_fail) {
+          throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true, true);
+        }
+      }
+      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
+    }
+    int entered() {  // beats of waits_for begun
+      std::lock_guard lock(gate.mutex);
+      return calls;
+    }
+    std::atomic<JobId> waits_for{0};
+    std::atomic<bool> then_fail{false};
+    Gate gate;
+    int calls = 0;  // [gate.mutex]
+  };
+
   // Holds the first heartbeat after arm() until its gate is let go; records the first beats of
   // the other jobs from then on.
   struct FirstBeatWaits : ForwardingStore {
@@ -1782,32 +1809,14 @@ TEST_F(PrefetchedJobs, TwoJobsWhoseHeartbeatsKeepFailingDoNotStarveTheOthers) {
 // take them back, count an attempt and run them twice), and the waiting job gets no second beat
 // while its first is under way (found by review: beats went one after another).
 TEST_F(PrefetchedJobs, ABeatThatWaitsHoldsUpNoOtherJobsBeats) {
-  struct OneBeatWaits : ForwardingStore {
-    using ForwardingStore::ForwardingStore;
-    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint,
-                              bool progress) override {
-      if (id == waits_for) {
-        std::unique_lock lock(gate.mutex);
-        ++calls;
-        gate.pass(lock);
-      }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
-    }
-    JobId waits_for = 0;
-    Gate gate;
-    int calls = 0;  // [gate.mutex]
-  } store(*store_);
+  OneJobsBeatsWait store(*store_);
   const SchedulerOptions o = one_worker_three_ahead();  // lease 1 s, beats every 200 ms
   Scheduler scheduler(store, clock_, o);
   LetGo let_go{store.gate};
   const std::vector<JobId> ids = start_holding_the_first(scheduler);
   store.waits_for = ids[1];
   clock_.advance_ms(o.heartbeat_interval_ms);
-  ASSERT_TRUE(wait_for([&] {
-    std::lock_guard lock(store.gate.mutex);
-    return store.calls == 1;
-  }));
+  ASSERT_TRUE(wait_for([&] { return store.entered() == 1; }));
   for (int step = 0; step < 10; ++step) {  // two leases while the beat waits
     for (JobId id : {ids[0], ids[2], ids[3]}) {
       ASSERT_TRUE(wait_for([&] {
@@ -1818,10 +1827,7 @@ TEST_F(PrefetchedJobs, ABeatThatWaitsHoldsUpNoOtherJobsBeats) {
     }
     clock_.advance_ms(o.heartbeat_interval_ms);
   }
-  {
-    std::lock_guard lock(store.gate.mutex);
-    EXPECT_EQ(store.calls, 1) << "a second beat of job " << ids[1] << " while its first waited";
-  }
+  EXPECT_EQ(store.entered(), 1) << "a second beat of job " << ids[1] << " while its first waited";
   EXPECT_EQ(store_->sweep(clock_.now_ms()).requeued, 1) << "only the job whose beat waited";
   store.gate.let_go();
   finish_all(scheduler);
@@ -1913,32 +1919,13 @@ TEST_F(PrefetchedJobs, AJobWhoseLeaseIsMostlyGoneIsRenewedBeforeItStarts) {
 // handed back without an attempt, as one whose lease ran out while it waited (review: it was
 // started on a lease already over, which another host's sweep could hand to a second worker).
 TEST_F(PrefetchedJobs, AJobWhoseLeaseRanOutDuringAFailedRenewalBeforeItsStartIsNotStarted) {
-  struct SlowFailingBeats : ForwardingStore {
-    using ForwardingStore::ForwardingStore;
-    HeartbeatResult heartbeat(JobId id, const std::string& token, int64_t now_ms, int64_t lease_ms,
-                              const std::optional<std::string>& checkpoint,
-                              bool progress) override {
-      if (id == slow.load()) {
-        std::unique_lock lock(gate.mutex);
-        ++calls;
-        gate.pass(lock);
-        throw StorageError("mysql: heartbeat: Lock wait timeout exceeded", true, true);
-      }
-      return ForwardingStore::heartbeat(id, token, now_ms, lease_ms, checkpoint, progress);
-    }
-    int entered() {
-      std::lock_guard lock(gate.mutex);
-      return calls;
-    }
-    std::atomic<JobId> slow{0};
-    Gate gate;
-    int calls = 0;  // [gate.mutex]
-  } store(*store_);
+  OneJobsBeatsWait store(*store_);
+  store.then_fail = true;
   const SchedulerOptions o = one_worker_three_ahead();  // lease 1 s, beats every 200 ms
   Scheduler scheduler(store, clock_, o);
   LetGo let_go{store.gate};
   const std::vector<JobId> ids = start_holding_the_first(scheduler);
-  store.slow = ids[1];
+  store.waits_for = ids[1];
   clock_.advance_ms(4 * o.heartbeat_interval_ms);  // 800 ms of the lease: its beat waits
   ASSERT_TRUE(wait_for([&] { return store.entered() == 1; })) << "a lane's beat of job " << ids[1];
   release_ = true;  // the worker takes job 2 and renews its lease first: that waits too
@@ -1946,7 +1933,7 @@ TEST_F(PrefetchedJobs, AJobWhoseLeaseRanOutDuringAFailedRenewalBeforeItsStartIsN
   clock_.advance_ms(2 * o.heartbeat_interval_ms);  // the lease is over
   store.gate.let_go();                             // both calls fail
   ASSERT_TRUE(wait_for([&] { return !store_->attempts(ids[1]).empty(); }));
-  store.slow = 0;
+  store.waits_for = 0;
   finish_all(scheduler);
   EXPECT_EQ(store_->attempts(ids[1]).front().outcome, "released")
       << "job " << ids[1] << " was started on a lease that had run out";
