@@ -1753,8 +1753,8 @@ std::string status_filter(JobStatus status) {
   return " AND status = " + literal + " AND status IN ('succeeded', 'dead', 'cancelled')";
 }
 
-// Each part is a covering scan of one partial index, not of the table (queued jobs are in two).
-// Each part reads one partial index (jobs_claim_kind, jobs_claim_key).
+// Each part is a covering scan of one partial index, not of the table (queued jobs are in two:
+// jobs_claim_kind and jobs_claim_key, which kQueuedCounts alone reads, for readiness).
 const std::string kQueuedCounts =
     "SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 0 GROUP BY kind "
     "UNION ALL SELECT kind, 'queued', COUNT(*) FROM jobs WHERE status = 'queued' AND fair = 1 "
