@@ -138,6 +138,9 @@ class Query {
     return sqlite3_changes64(db_);
   }
 
+  // The virtual machine steps run since the last call (or since the statement was prepared).
+  int64_t vm_steps() { return sqlite3_stmt_status(stmt_, SQLITE_STMTSTATUS_VM_STEP, 1); }
+
   bool is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
   int64_t i64(int col) const { return sqlite3_column_int64(stmt_, col); }
   int i32(int col) const { return sqlite3_column_int(stmt_, col); }

@@ -27,6 +27,9 @@ struct SqliteStoreStats {
   int64_t transactions = 0;  // write transactions run by the group-commit writer
   int64_t operations = 0;    // write operations merged into them
   int64_t max_batch = 0;     // most operations in one transaction
+  // The SQLite virtual machine steps of claims' reads of the claim indexes: about proportional to
+  // the index entries they visit.
+  int64_t claim_read_steps = 0;
 };
 
 class SqliteJobStore : public JobStore {
