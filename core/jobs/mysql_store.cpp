@@ -767,10 +767,11 @@ constexpr const char* kOwnerName =
 
 // A job's result. A completion writes it into the succeeded attempt's row (schema 0004), so that
 // the job row is rewritten in place (a result changes the row's length); jobs.result keeps the
-// results of jobs that completed before.
+// results of jobs that completed before. Only a succeeded job has a succeeded attempt: the others'
+// attempt rows, of which a dead or often deferred job may have many, are not read for it.
 constexpr const char* kJobResult =
-    "COALESCE(result, (SELECT a.result FROM job_attempts a WHERE a.job_id = jobs.id AND "
-    "a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 1))";
+    "IF(result IS NULL AND status = 'succeeded', (SELECT a.result FROM job_attempts a WHERE "
+    "a.job_id = jobs.id AND a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 1), result)";
 
 // The columns read_job reads, from `jobs` unaliased. A queued job, which is what a claim reads,
 // has no owner and has never succeeded: its columns leave out those lookups.

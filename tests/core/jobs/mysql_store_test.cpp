@@ -3313,6 +3313,46 @@ TEST(MysqlBackupLock, AnEnqueueWhoseCommitWasKilledBeforeItAppliedIsMadeAgain) {
 
 // --- server-wide settings -------------------------------------------------------------------
 
+// A job's result is in its succeeded attempt's row (schema 0004), which only a succeeded job has.
+// Reading any job looked for it among all of the job's attempt rows, of which a dead or often
+// deferred job may have hundreds: every read of such a job, a page of a listing included, read
+// them all. Counted with the server's user statistics (SET GLOBAL userstat, hence server-wide).
+TEST(MysqlServerWide, ReadingAJobThatDidNotSucceedReadsNoneOfItsAttempts) {
+  TestDatabase db;
+  ServerWide userstat(db, "SET GLOBAL userstat = 1", "SET GLOBAL userstat = 0");
+  auto store = db.open();
+  const JobId deferred = store->enqueue(spec("k"), 1000).id;
+  for (int i = 0; i < 30; ++i) {
+    std::vector<Claimed> got = store->claim(claim_of("w", 1, 1000 + i));
+    ASSERT_EQ(got.size(), 1u);
+    store->defer(got[0].job.id, got[0].lease_token, 1000 + i, "throttled", 1000 + i);
+  }
+  const JobId done = store->enqueue(spec("k2"), 2000).id;
+  ClaimRequest r = claim_of("w", 1, 2000);
+  r.kinds = {"k2"};
+  std::vector<Claimed> got = store->claim(r);
+  ASSERT_EQ(got.size(), 1u);
+  store->complete(done, got[0].lease_token, R"({"n":7})", 2000);
+
+  auto root = db.root_session();
+  const auto attempt_rows_read = [&] {
+    return scalar(*root,
+                  "SELECT COALESCE(SUM(ROWS_READ), 0) FROM information_schema.TABLE_STATISTICS "
+                  "WHERE TABLE_SCHEMA = '" +
+                      db.name() + "' AND TABLE_NAME = 'job_attempts'");
+  };
+  int64_t before = attempt_rows_read();
+  std::optional<Job> job = store->get(deferred);
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->status, JobStatus::kQueued);
+  EXPECT_FALSE(job->result.has_value());
+  EXPECT_EQ(attempt_rows_read() - before, 0) << "the deferred job's 30 attempts were read";
+  before = attempt_rows_read();
+  EXPECT_EQ(store->list(JobQuery{}).jobs.size(), 2u);
+  EXPECT_LE(attempt_rows_read() - before, 2) << "more than the succeeded job's attempt was read";
+  EXPECT_EQ(store->get(done)->result, R"({"n":7})");
+}
+
 // The ids of a multi-row INSERT step by the session's auto_increment_increment, which the store
 // read once when it opened. An operator's SET GLOBAL (or a Galera cluster that resized) reaches
 // the sessions opened later: a batch enqueued on one returned ids of other jobs, or of none.
