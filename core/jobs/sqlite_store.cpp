@@ -515,32 +515,37 @@ const std::string kFirstQueuedKey =
 const std::string kNextQueuedKey =
     "SELECT concurrency_key FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = ?1 "
     "AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1";
-// A claim reads a claim index one priority at a time (see read_due). ?1 kind, ?2 priority, ?3 now,
-// (?4, ?5) the (run_after_ms, id) to read after, ?6 how many; ?7 the key, in jobs_claim_key.
-std::string due_sql(const char* index, const char* key) {
-  return std::string("SELECT id, priority, run_after_ms FROM jobs INDEXED BY ") + index +
-         " WHERE status = 'queued' AND fair = " + (key[0] ? "1" : "0") + " AND kind = ?1" + key +
-         " AND priority = ?2 AND run_after_ms <= ?3 AND (run_after_ms, id) > (?4, ?5) "
-         "ORDER BY run_after_ms, id LIMIT ?6";
+// A claim reads a claim index one priority at a time (see read_due). Parameters: ?1 kind, ?2 a
+// priority, ?3 now, (?4, ?5) the (run_after_ms, id) to read after, ?6 how many, ?7 the key (in
+// jobs_claim_key). Each reads a range of the index, in claim order, that ends at the first job
+// not yet due.
+struct DueSql {
+  std::string at;     // the due jobs of priority ?2 after (?4, ?5)
+  std::string first;  // those of the least priority from ?2 on; then that priority, or NULL if
+                      // none, in a last row whose id is NULL
+  std::string from;   // those of every priority from ?2 on, in one range (it steps over the jobs
+                      // not yet due of each but the last priority it reads)
+};
+DueSql due_sql(const char* index, const char* key) {
+  const std::string queued = std::string(" FROM jobs INDEXED BY ") + index +
+                             " WHERE status = 'queued' AND fair = " + (key[0] ? "1" : "0") +
+                             " AND kind = ?1" + key;
+  const std::string select = "SELECT id, priority, run_after_ms" + queued;
+  const std::string least =
+      "(SELECT priority" + queued + " AND priority >= ?2 ORDER BY priority LIMIT 1)";
+  return {
+      select +
+          " AND priority = ?2 AND run_after_ms <= ?3 AND (run_after_ms, id) > (?4, ?5) "
+          "ORDER BY run_after_ms, id LIMIT ?6",
+      "SELECT * FROM (" + select + " AND priority = " + least +
+          " AND run_after_ms <= ?3 ORDER BY run_after_ms, id LIMIT ?6) UNION ALL SELECT NULL, " +
+          least + ", NULL",
+      select +
+          " AND priority >= ?2 AND run_after_ms <= ?3 "
+          "ORDER BY priority, run_after_ms, id LIMIT ?6"};
 }
-std::string next_priority_sql(const char* index, const char* key) {
-  return std::string("SELECT priority FROM jobs INDEXED BY ") + index +
-         " WHERE status = 'queued' AND fair = " + (key[0] ? "1" : "0") + " AND kind = ?1" + key +
-         " AND priority > ?2 ORDER BY priority LIMIT 1";
-}
-// The due jobs of all priorities after ?2, in one range that steps over those not yet due.
-std::string due_after_sql(const char* index, const char* key) {
-  return std::string("SELECT id, priority, run_after_ms FROM jobs INDEXED BY ") + index +
-         " WHERE status = 'queued' AND fair = " + (key[0] ? "1" : "0") + " AND kind = ?1" + key +
-         " AND priority > ?2 AND run_after_ms <= ?3 ORDER BY priority, run_after_ms, id LIMIT ?6";
-}
-const std::string kDueOfKind = due_sql("jobs_claim_kind", "");
-const std::string kDueOfKey = due_sql("jobs_claim_key", " AND concurrency_key = ?7");
-const std::string kDueAfterOfKind = due_after_sql("jobs_claim_kind", "");
-const std::string kDueAfterOfKey = due_after_sql("jobs_claim_key", " AND concurrency_key = ?7");
-const std::string kNextPriorityOfKind = next_priority_sql("jobs_claim_kind", "");
-const std::string kNextPriorityOfKey =
-    next_priority_sql("jobs_claim_key", " AND concurrency_key = ?3");
+const DueSql kDueOfKind = due_sql("jobs_claim_kind", "");
+const DueSql kDueOfKey = due_sql("jobs_claim_key", " AND concurrency_key = ?7");
 const std::string kKeyRunning =
     "SELECT running FROM running_counts WHERE kind = ?1 AND total = 0 AND concurrency_key = ?2";
 const std::string kKindRunning =
@@ -595,45 +600,47 @@ int64_t read_count(Connection& c, const std::string& sql, const std::string& kin
 // priority the due jobs are a range of the claim index that ends at the first job not yet due,
 // so the jobs waiting for a later time (throttled, backing off) are never stepped over. Read as
 // one range across priorities, they were, by every claim: 200 000 of them cost each claim about
-// 22 ms of the writer's time. Past kPrioritiesApart priorities the rest are read as one range
-// again, as that is cheaper than two seeks for each of many priorities with few jobs each.
-// `steps`: the reads' virtual machine steps are added to it.
+// 22 ms of the writer's time. A read that fills the page is one statement, as before; one that
+// does not takes one more, which finds that there is no further priority. Past kPrioritiesApart
+// priorities the rest are read as one range, cheaper than a statement for each of many
+// priorities with few jobs each. `steps`: the reads' virtual machine steps are added to it.
 constexpr int kPrioritiesApart = 16;
 
 std::vector<Candidate> read_due(Connection& c, const std::string& kind, const std::string* key,
                                 const Candidate* after, int64_t limit, int64_t now,
                                 int64_t base_load, int64_t& steps) {
+  const DueSql& sql = key ? kDueOfKey : kDueOfKind;
   std::vector<Candidate> out;
-  // Where to read: after's priority first, from after it; then each next priority, whole.
-  bool read_next = after == nullptr;
-  int64_t priority = after ? after->priority : INT64_MIN;
-  int64_t run_after = after ? after->run_after : INT64_MIN;
-  int64_t id = after ? after->id : INT64_MIN;
-  const auto read = [&](Query q) {
+  // Reads a statement's due jobs into `out`; returns the priority of a last row whose id is NULL.
+  const auto read = [&](const std::string& statement, int64_t priority, int64_t run_after,
+                        int64_t id) {
+    Query q = c.query(statement);
     q.args(kind, priority, now, run_after, id, limit - static_cast<int64_t>(out.size()));
     if (key) q.bind(7, *key);
+    std::optional<int64_t> read_priority;
     while (q.step()) {
+      if (q.is_null(0)) {
+        if (!q.is_null(1)) read_priority = q.i64(1);
+        continue;
+      }
       out.push_back({q.i64(0), q.i32(1), q.i64(2), base_load + static_cast<int64_t>(out.size())});
     }
     steps += q.vm_steps();
+    return read_priority;
   };
+  int64_t from = INT64_MIN;  // the least priority still to read
+  if (after) {
+    read(sql.at, after->priority, after->run_after, after->id);
+    from = int64_t{after->priority} + 1;
+  }
   for (int apart = 0; static_cast<int64_t>(out.size()) < limit; ++apart) {
-    if (read_next && apart == kPrioritiesApart) {
-      read(c.query(key ? kDueAfterOfKey : kDueAfterOfKind));
+    if (apart == kPrioritiesApart) {
+      read(sql.from, from, INT64_MIN, INT64_MIN);
       break;
     }
-    if (read_next) {
-      Query q = c.query(key ? kNextPriorityOfKey : kNextPriorityOfKind);
-      q.args(kind, priority);
-      if (key) q.bind(3, *key);
-      const bool found = q.step();
-      if (found) priority = q.i64(0);
-      steps += q.vm_steps();
-      if (!found) break;
-    }
-    read(c.query(key ? kDueOfKey : kDueOfKind));
-    read_next = true;
-    run_after = id = INT64_MIN;
+    const std::optional<int64_t> read_priority = read(sql.first, from, INT64_MIN, INT64_MIN);
+    if (!read_priority) break;  // no priority from `from` on
+    from = *read_priority + 1;
   }
   return out;
 }

@@ -4,8 +4,10 @@
 // plans. The shared contract is tested by job_store_conformance_test against both backends.
 #include "core/jobs/sqlite_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <latch>
@@ -905,6 +907,45 @@ TEST_F(SqliteStoreTest, ClaimsTakeTheDueJobsOfManyPrioritiesInOrder) {
   }
 }
 
+// A key's jobs are read a page at a time, each page after the last job of the one before: across
+// priorities (the extremes included), past the ones read one by one, and around the jobs not due.
+TEST_F(SqliteStoreTest, ClaimsPageThroughAKeysPrioritiesInOrder) {
+  auto store = open();
+  store->set_caps("capped", Caps{1000, 0});
+  std::vector<int> priorities = {INT_MIN, INT_MAX};
+  for (int p = -9; p < 9; ++p) priorities.push_back(p * 1000);
+  std::vector<JobSpec> specs;
+  for (int priority : priorities) {
+    for (int64_t run_after : {kT0 + 3'600'000, kT0, kT0 - 1}) {
+      JobSpec s = spec("capped", "a");
+      s.priority = priority;
+      s.run_after_ms = run_after;
+      specs.push_back(s);
+    }
+  }
+  specs.push_back(spec("capped", "b"));
+  store->enqueue_batch(specs, kT0);
+
+  // Pages of want / keys + 2: a claim of 10 reads key a's jobs in pages of 7.
+  std::vector<std::pair<int, int64_t>> order;  // key a's, in the order claimed
+  std::set<JobId> ids;
+  for (size_t limit : {10u, 7u, 100u}) {
+    for (const Claimed& c : store->claim(claim_request("w", limit, kT0 + 1))) {
+      EXPECT_TRUE(ids.insert(c.job.id).second) << "job " << c.job.id << " claimed twice";
+      EXPECT_LE(c.job.run_after_ms, kT0) << "job " << c.job.id << " is not due";
+      if (c.job.concurrency_key == "a") order.emplace_back(c.job.priority, c.job.run_after_ms);
+    }
+  }
+  EXPECT_EQ(ids.size(), 2 * priorities.size() + 1);
+  std::vector<std::pair<int, int64_t>> expected;
+  std::sort(priorities.begin(), priorities.end());
+  for (int priority : priorities) {
+    expected.emplace_back(priority, kT0 - 1);
+    expected.emplace_back(priority, kT0);
+  }
+  EXPECT_EQ(order, expected);
+}
+
 TEST_F(SqliteStoreTest, TheSchemaLetsClaimsSeekInsteadOfScanning) {
   auto store = open();
   store->enqueue(spec(), kT0);
@@ -940,12 +981,29 @@ TEST_F(SqliteStoreTest, TheSchemaLetsClaimsSeekInsteadOfScanning) {
             std::string::npos)
       << by_kind;
   EXPECT_EQ(by_kind.find("TEMP B-TREE"), std::string::npos) << by_kind;
-  std::string next_priority = plan(
-      "SELECT priority FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = 'entity' "
-      "AND concurrency_key = 'k' AND priority > 0 ORDER BY priority LIMIT 1");
-  EXPECT_NE(next_priority.find("jobs_claim_key (kind=? AND concurrency_key=? AND priority>?)"),
+  // The due jobs of the least priority from 0 on, and that priority in a last row.
+  const std::string least =
+      "(SELECT priority FROM jobs WHERE status = 'queued' AND fair = 1 AND kind = 'entity' "
+      "AND concurrency_key = 'k' AND priority >= 0 ORDER BY priority LIMIT 1)";
+  std::string first = plan(
+      "SELECT * FROM (SELECT id, priority, run_after_ms FROM jobs WHERE status = 'queued' AND "
+      "fair = 1 AND kind = 'entity' AND concurrency_key = 'k' AND priority = " +
+      least + " AND run_after_ms <= 5 ORDER BY run_after_ms, id LIMIT 5) UNION ALL SELECT NULL, " +
+      least + ", NULL");
+  EXPECT_NE(first.find("jobs_claim_key (kind=? AND concurrency_key=? AND priority=? AND "
+                       "run_after_ms<?)"),
             std::string::npos)
-      << next_priority;
+      << first;
+  EXPECT_NE(first.find("jobs_claim_key (kind=? AND concurrency_key=? AND priority>?)"),
+            std::string::npos)
+      << first;
+  EXPECT_EQ(first.find("TEMP B-TREE"), std::string::npos) << first;
+  // The rest, past the priorities read one by one: one range, in claim order without a sort.
+  std::string from = plan(
+      "SELECT id FROM jobs WHERE status = 'queued' AND fair = 0 AND kind = 'entity' "
+      "AND priority >= 3 AND run_after_ms <= 5 ORDER BY priority, run_after_ms, id LIMIT 5");
+  EXPECT_NE(from.find("jobs_claim_kind (kind=? AND priority>?)"), std::string::npos) << from;
+  EXPECT_EQ(from.find("TEMP B-TREE"), std::string::npos) << from;
   // A queued job is in one of the two claim indexes: the next kind with queued jobs is a seek in
   // each, and counting queued jobs scans the two indexes, not the table.
   std::string next_kind = plan(
