@@ -859,17 +859,24 @@ struct Pipeline::Impl {
     return std::nullopt;
   }
 
-  std::vector<jobs::Job> children(JobId run_id) {
-    std::vector<jobs::Job> all;
+  // Calls `each` with the run's units, newest first, a page of them in memory at a time: a run
+  // of 150 000 units is hundreds of MB of jobs (payloads, checkpoints, results) at once.
+  template <class Each>
+  void for_each_child(JobId run_id, Each&& each) {
     jobs::JobQuery q;
     q.parent_id = run_id;
     q.limit = 500;
     while (true) {
       jobs::JobPage page = store.list(q);
-      for (auto& j : page.jobs) all.push_back(std::move(j));
+      for (jobs::Job& j : page.jobs) each(j);
       if (!page.next_before) break;
       q.before_id = page.next_before;
     }
+  }
+
+  std::vector<jobs::Job> children(JobId run_id) {
+    std::vector<jobs::Job> all;
+    for_each_child(run_id, [&](jobs::Job& j) { all.push_back(std::move(j)); });
     return all;
   }
 
@@ -1646,21 +1653,24 @@ std::optional<RunView> Pipeline::get_run(JobId run_id, bool with_units) {
 // replayed from the dead letters is running again, then succeeded.
 RunView Pipeline::live_view(const jobs::Job& run, bool with_units) {
   RunView v = view_of(run);
-  std::vector<jobs::Job> kids = impl_->children(run.id);
-  if (!kids.empty()) v.units_total = std::max(v.units_total, static_cast<int>(kids.size()));
-  for (auto it = kids.rbegin(); it != kids.rend(); ++it) {  // oldest (enqueue order) first
-    UnitProgress u = unit_of(*it);
-    if (jobs::is_terminal(it->status)) ++v.units_done;
-    if (jobs::is_terminal(it->status) && it->status != JobStatus::kSucceeded) ++v.units_failed;
+  int kids = 0;
+  const auto first_unit = static_cast<std::ptrdiff_t>(v.units.size());
+  impl_->for_each_child(run.id, [&](const jobs::Job& child) {
+    ++kids;
+    UnitProgress u = unit_of(child);
+    if (jobs::is_terminal(child.status)) ++v.units_done;
+    if (jobs::is_terminal(child.status) && child.status != JobStatus::kSucceeded) ++v.units_failed;
     v.pages += u.pages;
     v.events_produced += u.events_produced;
     v.events_dispatched += u.events_dispatched;
     v.rate_limit_waits += u.rate_limit_waits;
     if (with_units) v.units.push_back(std::move(u));
-  }
+  });
+  std::reverse(v.units.begin() + first_unit, v.units.end());  // oldest (enqueue order) first
+  if (kids > 0) v.units_total = std::max(v.units_total, kids);
   // A run that finished with failed units whose dead letters were retried since: while a replay
   // runs it is running again, and once every unit has succeeded it has succeeded.
-  if (v.status == "failed" && run.status == JobStatus::kSucceeded && !kids.empty()) {
+  if (v.status == "failed" && run.status == JobStatus::kSucceeded && kids > 0) {
     const bool replaying = v.units_done < v.units_total;
     if (replaying) v.status = "running";
     if (!replaying && v.units_failed == 0) v.status = "succeeded";
@@ -1711,8 +1721,9 @@ std::optional<jobs::CancelOutcome> Pipeline::cancel_run(JobId run_id) {
   jobs::CancelOutcome outcome = impl_->store.cancel(run_id, now);
   // Units of a run that is still fanning out (running) are cancelled here; a waiting run's
   // units were cancelled with it.
-  for (const jobs::Job& child : impl_->children(run_id))
+  impl_->for_each_child(run_id, [&](const jobs::Job& child) {
     if (!jobs::is_terminal(child.status)) impl_->store.cancel(child.id, now);
+  });
   impl_->log->info("run {}: cancel requested", run_id);
   return outcome;
 }

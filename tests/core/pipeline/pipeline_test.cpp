@@ -390,7 +390,10 @@ TEST_F(PipelineTest, GithubRunFansOutNineUnitsAndDeliversEveryEventOnce) {
   EXPECT_EQ(view->units_done, 9);
   EXPECT_EQ(view->units_failed, 0);
   EXPECT_EQ(view->events_dispatched, gh.unique);
-  EXPECT_EQ(view->units.size(), 9u);
+  ASSERT_EQ(view->units.size(), 9u);
+  for (size_t i = 1; i < view->units.size(); ++i) {  // in the order they were enqueued
+    EXPECT_LT(view->units[i - 1].job_id, view->units[i].job_id) << "unit " << i;
+  }
   EXPECT_GT(pipeline_->metrics().pages, 0);
 }
 
