@@ -517,12 +517,12 @@ const std::string kNextQueuedKey =
     "AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1";
 // A claim reads a claim index one priority at a time (see read_due). Parameters: ?1 kind, ?2 a
 // priority, ?3 now, (?4, ?5) the (run_after_ms, id) to read after, ?6 how many, ?7 the key (in
-// jobs_claim_key). Each reads a range of the index, in claim order, that ends at the first job
-// not yet due.
+// jobs_claim_key). `at` and `first` read a range of the index, in claim order, that ends at the
+// first job not yet due.
 struct DueSql {
   std::string at;     // the due jobs of priority ?2 after (?4, ?5)
-  std::string first;  // those of the least priority from ?2 on; then that priority, or NULL if
-                      // none, in a last row whose id is NULL
+  std::string first;  // those of the least priority from ?2 on; then, in a last row whose id is
+                      // NULL, the least priority above that one (NULL if there is none)
   std::string from;   // those of every priority from ?2 on, in one range (it steps over the jobs
                       // not yet due of each but the last priority it reads)
 };
@@ -533,13 +533,15 @@ DueSql due_sql(const char* index, const char* key) {
   const std::string select = "SELECT id, priority, run_after_ms" + queued;
   const std::string least =
       "(SELECT priority" + queued + " AND priority >= ?2 ORDER BY priority LIMIT 1)";
+  const std::string next =
+      "(SELECT priority" + queued + " AND priority > " + least + " ORDER BY priority LIMIT 1)";
   return {
       select +
           " AND priority = ?2 AND run_after_ms <= ?3 AND (run_after_ms, id) > (?4, ?5) "
           "ORDER BY run_after_ms, id LIMIT ?6",
       "SELECT * FROM (" + select + " AND priority = " + least +
           " AND run_after_ms <= ?3 ORDER BY run_after_ms, id LIMIT ?6) UNION ALL SELECT NULL, " +
-          least + ", NULL",
+          next + ", NULL",
       select +
           " AND priority >= ?2 AND run_after_ms <= ?3 "
           "ORDER BY priority, run_after_ms, id LIMIT ?6"};
@@ -598,12 +600,13 @@ int64_t read_count(Connection& c, const std::string& sql, const std::string& kin
 // Up to `limit` due jobs of a kind (of one key, when `key` is given) in claim order, after
 // `after` when given; the n-th one's load is base_load + n. Read one priority at a time: within a
 // priority the due jobs are a range of the claim index that ends at the first job not yet due,
-// so the jobs waiting for a later time (throttled, backing off) are never stepped over. Read as
-// one range across priorities, they were, by every claim: 200 000 of them cost each claim about
-// 22 ms of the writer's time. A read that fills the page is one statement, as before; one that
-// does not takes one more, which finds that there is no further priority. Past kPrioritiesApart
-// priorities the rest are read as one range, cheaper than a statement for each of many
-// priorities with few jobs each. `steps`: the reads' virtual machine steps are added to it.
+// so the jobs waiting for a later time (throttled, backing off) are not stepped over. Read as one
+// range across priorities, they were, by every claim: 200 000 of them cost each claim about 22 ms
+// of the writer's time. Each statement reads one priority and learns the next one, so a key or
+// kind with one priority costs one statement, as before (two when `after` is given). Past
+// kPrioritiesApart priorities the rest are read as one range, as before, which steps over the
+// jobs not yet due of those priorities: cheaper than a statement for each of many priorities
+// with few jobs each. `steps`: the reads' virtual machine steps are added to it.
 constexpr int kPrioritiesApart = 16;
 
 std::vector<Candidate> read_due(Connection& c, const std::string& kind, const std::string* key,
@@ -612,6 +615,8 @@ std::vector<Candidate> read_due(Connection& c, const std::string& kind, const st
   const DueSql& sql = key ? kDueOfKey : kDueOfKind;
   std::vector<Candidate> out;
   // Reads a statement's due jobs into `out`; returns the priority of a last row whose id is NULL.
+  // The due jobs come in the inner SELECT's order: SQLite runs a compound's LIMITed SELECT as a
+  // co-routine, row by row, and the sentinel row is the compound's second part.
   const auto read = [&](const std::string& statement, int64_t priority, int64_t run_after,
                         int64_t id) {
     Query q = c.query(statement);
@@ -638,9 +643,9 @@ std::vector<Candidate> read_due(Connection& c, const std::string& kind, const st
       read(sql.from, from, INT64_MIN, INT64_MIN);
       break;
     }
-    const std::optional<int64_t> read_priority = read(sql.first, from, INT64_MIN, INT64_MIN);
-    if (!read_priority) break;  // no priority from `from` on
-    from = *read_priority + 1;
+    const std::optional<int64_t> next = read(sql.first, from, INT64_MIN, INT64_MIN);
+    if (!next) break;  // no priority after the one read
+    from = *next;
   }
   return out;
 }
@@ -1957,6 +1962,18 @@ std::map<std::pair<std::string, DeadLetterStatus>, int64_t> SqliteStore::dead_le
 }
 
 }  // namespace
+
+namespace detail {
+std::vector<std::string> claim_read_statements() {
+  std::vector<std::string> out;
+  for (const DueSql* sql : {&kDueOfKind, &kDueOfKey}) {
+    for (const std::string* statement : {&sql->at, &sql->first, &sql->from}) {
+      out.push_back(*statement);
+    }
+  }
+  return out;
+}
+}  // namespace detail
 
 std::unique_ptr<SqliteJobStore> open_sqlite_store(const std::string& path,
                                                   const SqliteStoreOptions& options) {

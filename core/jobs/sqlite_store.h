@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/jobs/job_store.h"
 
@@ -28,7 +29,7 @@ struct SqliteStoreStats {
   int64_t operations = 0;    // write operations merged into them
   int64_t max_batch = 0;     // most operations in one transaction
   // The SQLite virtual machine steps of claims' reads of the claim indexes: about proportional to
-  // the index entries they visit.
+  // the index entries they visit (a claim that its group-commit batch re-ran counts twice).
   int64_t claim_read_steps = 0;
 };
 
@@ -41,5 +42,11 @@ class SqliteJobStore : public JobStore {
 
 std::unique_ptr<SqliteJobStore> open_sqlite_store(const std::string& path,
                                                   const SqliteStoreOptions& options);
+
+namespace detail {
+// The statements with which claims read the claim indexes, for tests of their plans: `at`,
+// `first` and `from` (see sqlite_store.cpp) on jobs_claim_kind, then on jobs_claim_key.
+std::vector<std::string> claim_read_statements();
+}  // namespace detail
 
 }  // namespace backhaul::jobs
