@@ -236,8 +236,11 @@ std::vector<std::string> entity_types_for(const RunRequest& r, const plugins::Co
 // The run's status as the API shows it.
 std::string run_status(const jobs::Job& job) {
   switch (job.status) {
-    case JobStatus::kQueued:
-      return job.checkpoint ? "running" : "queued";
+    case JobStatus::kQueued: {  // a checkpoint: it began, unless it only counts the gateway's 429s
+      if (!job.checkpoint) return "queued";
+      json cp = json::parse(*job.checkpoint, nullptr, false);
+      return cp.is_object() && cp.size() == 1 && cp.contains("gatewayBusy") ? "queued" : "running";
+    }
     case JobStatus::kRunning:
     case JobStatus::kWaiting:
       return "running";
@@ -612,9 +615,14 @@ struct Pipeline::Impl {
     const jobs::Job& job = ctx.job();
     json payload = parse_object(job.payload, "run payload");
     RunRequest request = request_from(payload);
-    if (!job.checkpoint) return fan_out(ctx, request);
+    if (!job.checkpoint) return fan_out(ctx, request, 0);
     bool ok = true;
     json cp = json::parse(*job.checkpoint, nullptr, false);
+    // A fan-out the gateway asked to slow down: the 429s it has met so far (see fan_out).
+    if (cp.is_object() && cp.size() == 1 && cp.contains("gatewayBusy") &&
+        cp["gatewayBusy"].is_number_unsigned()) {
+      return fan_out(ctx, request, cp["gatewayBusy"].get<int64_t>());
+    }
     if (cp.is_discarded() || !cp.is_object() || !cp.contains("units")) ok = false;
     if (ok) {
       // "units" that is not a list of units with job ids is no list to gather from.
@@ -627,12 +635,32 @@ struct Pipeline::Impl {
     if (!ok) {
       // The units exist (they are this job's children); rebuild the list from them.
       log->error("run {}: checkpoint is corrupt; rebuilding it from the run's units", job.id);
-      return fan_out(ctx, request);
+      return fan_out(ctx, request, 0);
     }
     return gather(ctx, request, cp);
   }
 
-  Outcome fan_out(JobContext& ctx, const RunRequest& request) {
+  // The fan-out, which the gateway may ask to slow down (a 429 on the connection's or a token's
+  // lookup): the run waits as long as it says, or, without a Retry-After, 1 s doubling with each
+  // 429 the fan-out has met (`gateway_busy` of them so far, kept in the run's checkpoint), up to
+  // 5 minutes. At 1 s each (found by review), a gateway shedding load had every waiting run ask
+  // it again every second. Like a unit's, the wait is no attempt.
+  Outcome fan_out(JobContext& ctx, const RunRequest& request, int64_t gateway_busy) {
+    try {
+      return fan_out_once(ctx, request);
+    } catch (const GatewayBusy& e) {
+      ++gateway_rate_limit_waits;
+      const int64_t n = std::min<int64_t>(gateway_busy, 1'000) + 1;
+      const int64_t wait = e.retry_after_ms > 0 ? std::max<int64_t>(e.retry_after_ms, 1000)
+                                                : gateway_busy_wait_ms(n);
+      const std::string saved = json{{"gatewayBusy", n}}.dump();
+      return defer_after([&] { ctx.checkpoint_without_progress(saved); },
+                         Outcome::defer(jobs::later_by(ctx.now_ms(), wait),
+                                        "rate limited by the gateway: " + e.message));
+    }
+  }
+
+  Outcome fan_out_once(JobContext& ctx, const RunRequest& request) {
     const jobs::Job& job = ctx.job();
     PipelineOptions o = snapshot();
     // A previous attempt enqueued the units (all of them: enqueue_batch is one transaction) and

@@ -1987,6 +1987,37 @@ TEST_F(PipelineTest, AResourceTheGatewayListsTwiceIsOneUnit) {
   EXPECT_EQ(units_of(run.run_id).size(), 1u);
 }
 
+// The run's own lookups likewise: a fan-out the gateway answers 429 without a Retry-After waits
+// 1 s, then doubling, with no attempt, and stays "queued" meanwhile. Before (found by review), it
+// waited a second each time, so every waiting run asked the shedding gateway again every second.
+TEST_F(PipelineTest, AFanOutTheGatewayKeepsAnswering429IsWaitedForLongerEachTime) {
+  start(data(1, 0, 150));
+  std::atomic<bool> busy{true};
+  gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
+    if (busy && r.url.ends_with("/connections/gh-inst-1"))
+      return status_response(429, R"({"error":"slow down"})");
+    return std::nullopt;
+  });
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  for (const int64_t wait : {1'000, 2'000, 4'000, 8'000}) {
+    const int64_t asked = test_clock().now_ms();
+    ASSERT_EQ(scheduler_->run_once(1), 1u);
+    const std::optional<jobs::Job> job = store_->get(run.run_id);
+    ASSERT_TRUE(job);
+    EXPECT_EQ(job->status, JobStatus::kQueued);
+    EXPECT_EQ(job->run_after_ms, asked + wait);
+    EXPECT_EQ(job->attempts, 0) << "a wait is no attempt";
+    EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "queued");
+    test_clock().advance_ms(wait);
+  }
+  EXPECT_EQ(pipeline_->metrics().gateway_rate_limit_waits, 4);
+  busy = false;
+  drive();
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], true) << result.dump(2);
+  EXPECT_EQ(result["eventsDispatched"], 150) << result.dump(2);
+}
+
 // A gateway that keeps answering 429 without a Retry-After is waited for longer each time: 1 s,
 // then doubling, until a page goes through, after which the count starts again. Before (found by
 // review), the unit came back every second for as long as the gateway shed load, and each time
