@@ -141,15 +141,34 @@ Connection GatewayClient::connection(std::string_view connection_id) const {
   c.provider = string_field(j, "provider", what);
   c.org_id = string_field(j, "orgId", what);
   c.status = string_field(j, "status", what);
+  // An item that names no resource is left out and said why, rather than skipped unsaid (a
+  // non-object), failing the whole lookup (an object without providerResourceId) or becoming a
+  // unit that can only fail (an empty id): the other resources are still backfilled.
+  const auto got = [](const json& v) {
+    const std::string text = v.dump();
+    return " (got " + (text.size() > 100 ? text.substr(0, 100) + "..." : text) + ")";
+  };
   auto resources = j.find("resources");
-  if (resources != j.end() && resources->is_array()) {
-    for (const json& item : *resources) {
-      if (!item.is_object()) continue;
-      Resource res;
-      res.id = string_field(item, "providerResourceId", what);
-      auto name = item.find("resourceName");
-      if (name != item.end() && name->is_string()) res.name = name->get<std::string>();
-      c.resources.push_back(std::move(res));
+  if (resources != j.end() && !resources->is_null() && !resources->is_array()) {
+    c.unusable_resources.push_back("resources: not an array" + got(*resources));
+  } else if (resources != j.end() && resources->is_array()) {
+    for (size_t i = 0; i < resources->size(); ++i) {
+      const json& item = (*resources)[i];
+      const std::string at = "resources[" + std::to_string(i) + "]: ";
+      auto id = item.is_object() ? item.find("providerResourceId") : item.end();
+      if (!item.is_object()) {
+        c.unusable_resources.push_back(at + "not an object" + got(item));
+      } else if (id == item.end() || !id->is_string() ||
+                 id->get_ref<const std::string&>().empty()) {
+        c.unusable_resources.push_back(at + "providerResourceId is not a non-empty string" +
+                                       got(item));
+      } else {
+        Resource res;
+        res.id = id->get<std::string>();
+        auto name = item.find("resourceName");
+        if (name != item.end() && name->is_string()) res.name = name->get<std::string>();
+        c.resources.push_back(std::move(res));
+      }
     }
   }
   return c;

@@ -26,6 +26,9 @@ struct Connection {
   std::string org_id;
   std::string status;  // "active", ...
   std::vector<Resource> resources;
+  // Why each item of `resources` that names no resource was left out, e.g. "resources[2]: not an
+  // object (got 42)"; also "resources: not an array (got ...)". The others are still listed.
+  std::vector<std::string> unusable_resources;
 };
 
 struct Delivery {

@@ -165,6 +165,25 @@ json counts_json(const UnitCounts& c) {
 
 // A unit's wait after the gateway's 429 without a Retry-After, the `n`th in a row: 1 s, doubling,
 // at most 5 minutes.
+// The connection's resources that name none, for the run's checkpoint and result: the first
+// kUnusableShown reasons, and a line counting the rest, so that no gateway answer makes them long.
+constexpr size_t kUnusableShown = 10;
+json unusable_report(const std::vector<std::string>& reasons) {
+  json out = json::array();
+  for (size_t i = 0; i < reasons.size() && i < kUnusableShown; ++i) out.push_back(reasons[i]);
+  if (reasons.size() > kUnusableShown)
+    out.push_back("and " + std::to_string(reasons.size() - kUnusableShown) + " more");
+  return out;
+}
+
+// The 429s a run's fan-out has met, when its checkpoint is only their count (see fan_out).
+std::optional<int64_t> fan_out_busy(const json& cp) {
+  if (!cp.is_object() || cp.size() != 1) return std::nullopt;
+  auto it = cp.find("gatewayBusy");
+  if (it == cp.end() || !it->is_number_unsigned()) return std::nullopt;
+  return static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), 1'000));
+}
+
 int64_t gateway_busy_wait_ms(int64_t n) {
   constexpr int64_t kMaxMs = 5 * 60'000;
   return n >= 10 ? kMaxMs : std::min<int64_t>(int64_t{1000} << std::max<int64_t>(n - 1, 0), kMaxMs);
@@ -239,7 +258,7 @@ std::string run_status(const jobs::Job& job) {
     case JobStatus::kQueued: {  // a checkpoint: it began, unless it only counts the gateway's 429s
       if (!job.checkpoint) return "queued";
       json cp = json::parse(*job.checkpoint, nullptr, false);
-      return cp.is_object() && cp.size() == 1 && cp.contains("gatewayBusy") ? "queued" : "running";
+      return fan_out_busy(cp) ? "queued" : "running";
     }
     case JobStatus::kRunning:
     case JobStatus::kWaiting:
@@ -282,11 +301,23 @@ void check_checkpoint_json(const json& cp, bool entity) {
                            "(the first page) (got " +
                                it->dump() + ")");
     }
-    for (const char* key : {"pages", "eventsProduced", "eventsDispatched", "rateLimitWaits"})
+    for (const char* key :
+         {"pages", "eventsProduced", "eventsDispatched", "rateLimitWaits", "gatewayBusy"})
       integer(key, 0, kMaxCount);
     return;
   }
+  integer("gatewayBusy", 0, kMaxCount);
   integer("since", INT64_MIN);
+  if (auto unusable = cp.find("unusableResources"); unusable != cp.end()) {
+    const bool texts =
+        unusable->is_array() && std::all_of(unusable->begin(), unusable->end(),
+                                            [](const json& t) { return t.is_string(); });
+    if (!texts) {
+      throw InvalidRequest("checkpoint.unusableResources",
+                           "checkpoint.unusableResources: must be an array of strings (got " +
+                               unusable->dump() + ")");
+    }
+  }
   integer("deadline", INT64_MIN);
   integer("retries", 0, kMaxCount);
   integer("stopBy", INT64_MIN);
@@ -619,10 +650,7 @@ struct Pipeline::Impl {
     bool ok = true;
     json cp = json::parse(*job.checkpoint, nullptr, false);
     // A fan-out the gateway asked to slow down: the 429s it has met so far (see fan_out).
-    if (cp.is_object() && cp.size() == 1 && cp.contains("gatewayBusy") &&
-        cp["gatewayBusy"].is_number_unsigned()) {
-      return fan_out(ctx, request, cp["gatewayBusy"].get<int64_t>());
-    }
+    if (const std::optional<int64_t> busy = fan_out_busy(cp)) return fan_out(ctx, request, *busy);
     if (cp.is_discarded() || !cp.is_object() || !cp.contains("units")) ok = false;
     if (ok) {
       // "units" that is not a list of units with job ids is no list to gather from.
@@ -642,12 +670,13 @@ struct Pipeline::Impl {
 
   // The fan-out, which the gateway may ask to slow down (a 429 on the connection's or a token's
   // lookup): the run waits as long as it says, or, without a Retry-After, 1 s doubling with each
-  // 429 the fan-out has met (`gateway_busy` of them so far, kept in the run's checkpoint), up to
-  // 5 minutes. At 1 s each (found by review), a gateway shedding load had every waiting run ask
-  // it again every second. Like a unit's, the wait is no attempt.
+  // 429 in a row (`gateway_busy` of them so far, kept in the run's checkpoint; a connection
+  // lookup that goes through starts the count again), up to 5 minutes. At 1 s each (found by
+  // review), a gateway shedding load had every waiting run ask it again every second. Like a
+  // unit's, the wait is no attempt.
   Outcome fan_out(JobContext& ctx, const RunRequest& request, int64_t gateway_busy) {
     try {
-      return fan_out_once(ctx, request);
+      return fan_out_once(ctx, request, gateway_busy);
     } catch (const GatewayBusy& e) {
       ++gateway_rate_limit_waits;
       const int64_t n = std::min<int64_t>(gateway_busy, 1'000) + 1;
@@ -660,7 +689,7 @@ struct Pipeline::Impl {
     }
   }
 
-  Outcome fan_out_once(JobContext& ctx, const RunRequest& request) {
+  Outcome fan_out_once(JobContext& ctx, const RunRequest& request, int64_t& gateway_busy) {
     const jobs::Job& job = ctx.job();
     PipelineOptions o = snapshot();
     // A previous attempt enqueued the units (all of them: enqueue_batch is one transaction) and
@@ -692,6 +721,7 @@ struct Pipeline::Impl {
         }
       });
     }
+    gateway_busy = 0;  // the gateway answered: a 429 after this is the first in a row
     if (connection.status != "active")
       throw JobFailure("connection is not active: " + request.installation_id +
                            " (status: " + connection.status + ")",
@@ -701,6 +731,11 @@ struct Pipeline::Impl {
                            connection.provider + "', not '" + request.provider + "'",
                        true);
     const std::string org_id = request.org_id.value_or(connection.org_id);
+    const json unusable = unusable_report(connection.unusable_resources);
+    if (!unusable.empty()) {
+      log->warn("run {}: the connection {} lists {} resources that name none, left out: {}", job.id,
+                request.installation_id, connection.unusable_resources.size(), unusable.dump());
+    }
     const std::vector<std::string> types = entity_types_for(request, *connector);
     for (const std::string& t : types) {
       const auto& supported = connector->info().entity_types;
@@ -736,7 +771,8 @@ struct Pipeline::Impl {
           units.push_back({0, resource.id, resource.name, t});
       }
     }
-    if (units.empty()) return Outcome::complete(aggregate(request, org_id, since, {}, {}).dump());
+    if (units.empty())
+      return Outcome::complete(aggregate(request, org_id, since, {}, {}, {}, unusable).dump());
     // The run waits with every unit in its checkpoint, which the store holds to kMaxTextBytes
     // (o.run_checkpoint_bytes). Past that (some 150 000 units) the wait failed after the units were
     // enqueued: each retry of the run adopted them and failed so again, and the units ran on under
@@ -751,7 +787,8 @@ struct Pipeline::Impl {
                               {"stopBy", std::numeric_limits<int64_t>::min()},
                               {"retries", std::numeric_limits<int64_t>::min()},
                               {"units", json::array()},
-                              {"timedOut", json::array()}};
+                              {"timedOut", json::array()},
+                              {"unusableResources", unusable}};
     size_t checkpoint_bytes = widest_rest.dump().size();
     for (const UnitRef& u : units) {
       UnitRef widest = u;
@@ -798,16 +835,18 @@ struct Pipeline::Impl {
     for (size_t k = 0; k < ids.size(); ++k) units[k].job_id = ids[k].id;
     log->info("run {}: {} units for {} ({} resources x {} entity types)", job.id, units.size(),
               request.installation_id, connection.resources.size(), types.size());
-    return wait_for(units, since, org_id, now, o);
+    return wait_for(units, since, org_id, now, o, unusable);
   }
 
   static Outcome wait_for(const std::vector<UnitRef>& units, int64_t since,
-                          const std::string& org_id, int64_t now, const PipelineOptions& o) {
+                          const std::string& org_id, int64_t now, const PipelineOptions& o,
+                          const json& unusable = json::array()) {
     json cp = {{"stage", "waiting"},
                {"since", since},
                {"orgId", org_id},
                {"deadline", now + o.unit_timeout_ms},
                {"units", json::array()}};
+    if (!unusable.empty()) cp["unusableResources"] = unusable;
     for (const UnitRef& u : units) cp["units"].push_back(unit_json(u));
     return Outcome::wait_for_children(now + o.unit_timeout_ms, cp.dump());
   }
@@ -930,7 +969,13 @@ struct Pipeline::Impl {
     const int64_t now = ctx.now_ms();
     const int64_t deadline = int_or(cp, "deadline", now);
     std::map<JobId, jobs::Job> by_id;
-    for (jobs::Job& child : children(job.id)) by_id.emplace(child.id, std::move(child));
+    for_each_child(job.id, [&](jobs::Job& child) {
+      // Kept for aggregate() (and the stop below) only: a unit's payload, and the checkpoint or
+      // result it does not read, would be held for every unit at once.
+      child.payload.clear();
+      (child.status == JobStatus::kSucceeded ? child.checkpoint : child.result).reset();
+      by_id.emplace(child.id, std::move(child));
+    });
 
     std::vector<UnitRef> units;
     for (const json& u : cp["units"]) {
@@ -992,8 +1037,8 @@ struct Pipeline::Impl {
         }
       }
     }
-    json result =
-        aggregate(request, string_or(cp, "orgId"), int_or(cp, "since"), units, by_id, timed_out);
+    json result = aggregate(request, string_or(cp, "orgId"), int_or(cp, "since"), units, by_id,
+                            timed_out, cp.value("unusableResources", json::array()));
     log->info("run {}: done, success={}, {} of {} units completed, {} events dispatched", job.id,
               result["success"].get<bool>(), result["completed"].get<int>(),
               result["workUnits"].get<int>(), result["eventsDispatched"].get<int64_t>());
@@ -1008,7 +1053,7 @@ struct Pipeline::Impl {
   static constexpr size_t kMaxResultLinesBytes = jobs::kMaxTextBytes - (64u << 10);
   json aggregate(const RunRequest& request, const std::string& org_id, int64_t since,
                  const std::vector<UnitRef>& units, const std::map<JobId, jobs::Job>& by_id,
-                 const std::set<JobId>& timed_out = {}) {
+                 const std::set<JobId>& timed_out = {}, const json& unusable = json::array()) {
     int completed = 0, failed = 0;
     UnitCounts total;
     json results = json::array();
@@ -1064,7 +1109,9 @@ struct Pipeline::Impl {
       lines_bytes += bytes;
       results.push_back(std::move(r));
     }
-    json done = {{"success", failed == 0},
+    // Resources the gateway listed that name none (unusable_report): not backfilled, so the run
+    // did not do all it was asked.
+    json done = {{"success", failed == 0 && unusable.empty()},
                  {"installationId", request.installation_id},
                  {"provider", request.provider},
                  {"orgId", org_id},
@@ -1078,6 +1125,7 @@ struct Pipeline::Impl {
                  {"rateLimitWaits", total.rate_limit_waits},
                  {"results", std::move(results)}};
     if (omitted > 0) done["resultsOmitted"] = omitted;
+    if (!unusable.empty()) done["unusableResources"] = unusable;
     return done;
   }
 
@@ -1698,10 +1746,14 @@ RunView Pipeline::live_view(const jobs::Job& run, bool with_units) {
   if (kids > 0) v.units_total = std::max(v.units_total, kids);
   // A run that finished with failed units whose dead letters were retried since: while a replay
   // runs it is running again, and once every unit has succeeded it has succeeded.
+  // Resources the gateway listed that named none (unusableResources) were never backfilled: no
+  // replay of units makes such a run succeed.
   if (v.status == "failed" && run.status == JobStatus::kSucceeded && kids > 0) {
+    const json result = json::parse(run.result.value_or("{}"), nullptr, false);
+    const bool unusable = result.is_object() && !result.value("unusableResources", json()).empty();
     const bool replaying = v.units_done < v.units_total;
     if (replaying) v.status = "running";
-    if (!replaying && v.units_failed == 0) v.status = "succeeded";
+    if (!replaying && v.units_failed == 0 && !unusable) v.status = "succeeded";
   }
   return v;
 }

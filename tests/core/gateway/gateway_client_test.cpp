@@ -48,6 +48,43 @@ TEST(GatewayClientTest, EachExchangeCarriesTheClientsTimeout) {
   }
 }
 
+// An item of a connection's `resources` that names no resource is left out and said why, and the
+// others are listed: before, a non-object was skipped unsaid, an object without
+// providerResourceId failed the whole lookup, and an empty id became a unit that could only fail.
+TEST(GatewayClientTest, ResourcesThatNameNoResourceAreLeftOutSayingWhy) {
+  ScriptedTransport t;
+  t.then(200, {},
+         R"({"id":"c","installationId":"i","provider":"github","orgId":"o","status":"active",)"
+         R"("resources":[42,{"resourceName":"no-id"},{"providerResourceId":""},)"
+         R"({"providerResourceId":7},{"providerResourceId":"100001","resourceName":"o/r"}]})");
+  t.then(200, {},
+         R"({"id":"c","installationId":"i","provider":"github","orgId":"o","status":"active",)"
+         R"("resources":{"providerResourceId":"100001"}})");
+  const GatewayClient client(t, "http://127.0.0.1:1/gateway", std::string("key"),
+                             SystemClock::instance(), kTimeout);
+  Connection c = client.connection("c");
+  ASSERT_EQ(c.resources.size(), 1u);
+  EXPECT_EQ(c.resources[0].id, "100001");
+  EXPECT_EQ(c.resources[0].name, "o/r");
+  ASSERT_EQ(c.unusable_resources.size(), 4u);
+  EXPECT_EQ(c.unusable_resources[0], "resources[0]: not an object (got 42)");
+  EXPECT_EQ(
+      c.unusable_resources[1],
+      R"(resources[1]: providerResourceId is not a non-empty string (got {"resourceName":"no-id"}))");
+  EXPECT_EQ(
+      c.unusable_resources[2],
+      R"(resources[2]: providerResourceId is not a non-empty string (got {"providerResourceId":""}))");
+  EXPECT_EQ(
+      c.unusable_resources[3],
+      R"(resources[3]: providerResourceId is not a non-empty string (got {"providerResourceId":7}))");
+
+  c = client.connection("c");
+  EXPECT_TRUE(c.resources.empty());
+  ASSERT_EQ(c.unusable_resources.size(), 1u);
+  EXPECT_EQ(c.unusable_resources[0],
+            R"(resources: not an array (got {"providerResourceId":"100001"}))");
+}
+
 // The envelope of seed 000: its six fields, the payload verbatim, and receivedAt in epoch
 // milliseconds (Date.now()), where it was an ISO 8601 string a gateway built to the seed refuses.
 TEST(GatewayClientTest, ADeliveryIsTheSeedsEnvelopeWithReceivedAtInEpochMilliseconds) {

@@ -1999,6 +1999,7 @@ TEST_F(PipelineTest, AFanOutTheGatewayKeepsAnswering429IsWaitedForLongerEachTime
     return std::nullopt;
   });
   RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  int n = 0;
   for (const int64_t wait : {1'000, 2'000, 4'000, 8'000}) {
     const int64_t asked = test_clock().now_ms();
     ASSERT_EQ(scheduler_->run_once(1), 1u);
@@ -2006,6 +2007,7 @@ TEST_F(PipelineTest, AFanOutTheGatewayKeepsAnswering429IsWaitedForLongerEachTime
     ASSERT_TRUE(job);
     EXPECT_EQ(job->status, JobStatus::kQueued);
     EXPECT_EQ(job->run_after_ms, asked + wait);
+    EXPECT_EQ(json::parse(job->checkpoint.value_or("{}")), (json{{"gatewayBusy", ++n}}));
     EXPECT_EQ(job->attempts, 0) << "a wait is no attempt";
     EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "queued");
     test_clock().advance_ms(wait);
@@ -2016,6 +2018,34 @@ TEST_F(PipelineTest, AFanOutTheGatewayKeepsAnswering429IsWaitedForLongerEachTime
   const json result = run_result(run.run_id);
   EXPECT_EQ(result["success"], true) << result.dump(2);
   EXPECT_EQ(result["eventsDispatched"], 150) << result.dump(2);
+}
+
+// Resources the gateway lists that name none (not an object, no id, an empty one) are left out
+// and named in the run's result, which fails for them; the others are backfilled all the same.
+// Before, a non-object was skipped unsaid and an empty id became a unit that could only fail (and
+// the scope check, which takes the first resource, could use it).
+TEST_F(PipelineTest, ResourcesThatNameNoResourceAreReportedAndTheOthersBackfilled) {
+  start(data(1, 0, 150));
+  const json repo = {{"providerResourceId", "100001"}, {"resourceName", "org-1/repo-1"}};
+  gateway_transport_.reset([&](const http::Request& r, size_t) {
+    return connection_with(r, json::array({json{{"providerResourceId", ""}}, 42, repo}));
+  });
+  RunStart run = start_run("gh-inst-1", "github", {"issue"});
+  drive();
+  const json result = run_result(run.run_id);
+  EXPECT_EQ(result["success"], false) << result.dump(2);
+  EXPECT_EQ(result["workUnits"], 1) << result.dump(2);
+  EXPECT_EQ(result["completed"], 1) << result.dump(2);
+  EXPECT_EQ(result["failed"], 0) << result.dump(2);
+  EXPECT_EQ(result["eventsDispatched"], 150) << result.dump(2);
+  EXPECT_EQ(
+      result["unusableResources"],
+      json::array(
+          {R"(resources[0]: providerResourceId is not a non-empty string (got {"providerResourceId":""}))",
+           "resources[1]: not an object (got 42)"}))
+      << result.dump(2);
+  EXPECT_EQ(pipeline_->get_run(run.run_id)->status, "failed");
+  EXPECT_EQ(sandbox_->report("inst-1").gateway_by_provider["github"].unique, 150);
 }
 
 // A gateway that keeps answering 429 without a Retry-After is waited for longer each time: 1 s,
