@@ -146,7 +146,7 @@ Connection GatewayClient::connection(std::string_view connection_id) const {
   // unit that can only fail (an empty id): the other resources are still backfilled.
   const auto got = [](const json& v) {
     const std::string text = v.dump();
-    return " (got " + (text.size() > 100 ? text.substr(0, 100) + "..." : text) + ")";
+    return " (got " + (text.size() > 100 ? cut_utf8(text, 100) + "..." : text) + ")";
   };
   auto resources = j.find("resources");
   if (resources != j.end() && !resources->is_null() && !resources->is_array()) {

@@ -163,8 +163,6 @@ json counts_json(const UnitCounts& c) {
   return j;
 }
 
-// A unit's wait after the gateway's 429 without a Retry-After, the `n`th in a row: 1 s, doubling,
-// at most 5 minutes.
 // The connection's resources that name none, for the run's checkpoint and result: the first
 // kUnusableShown reasons, and a line counting the rest, so that no gateway answer makes them long.
 constexpr size_t kUnusableShown = 10;
@@ -184,6 +182,8 @@ std::optional<int64_t> fan_out_busy(const json& cp) {
   return static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), 1'000));
 }
 
+// A job's wait after the gateway's 429 without a Retry-After, the `n`th in a row: 1 s, doubling,
+// at most 5 minutes.
 int64_t gateway_busy_wait_ms(int64_t n) {
   constexpr int64_t kMaxMs = 5 * 60'000;
   return n >= 10 ? kMaxMs : std::min<int64_t>(int64_t{1000} << std::max<int64_t>(n - 1, 0), kMaxMs);
@@ -670,13 +670,14 @@ struct Pipeline::Impl {
 
   // The fan-out, which the gateway may ask to slow down (a 429 on the connection's or a token's
   // lookup): the run waits as long as it says, or, without a Retry-After, 1 s doubling with each
-  // 429 in a row (`gateway_busy` of them so far, kept in the run's checkpoint; a connection
-  // lookup that goes through starts the count again), up to 5 minutes. At 1 s each (found by
-  // review), a gateway shedding load had every waiting run ask it again every second. Like a
-  // unit's, the wait is no attempt.
+  // 429 the fan-out has met (`gateway_busy` of them so far, kept in the run's checkpoint until the
+  // fan-out's wait for its units replaces it), up to 5 minutes. At 1 s each (found by review), a
+  // gateway shedding load had every waiting run ask it again every second. Not restarted by a
+  // connection lookup that goes through: a gateway shedding load on its token endpoint alone
+  // would then be asked twice a second again. Like a unit's, the wait is no attempt.
   Outcome fan_out(JobContext& ctx, const RunRequest& request, int64_t gateway_busy) {
     try {
-      return fan_out_once(ctx, request, gateway_busy);
+      return fan_out_once(ctx, request);
     } catch (const GatewayBusy& e) {
       ++gateway_rate_limit_waits;
       const int64_t n = std::min<int64_t>(gateway_busy, 1'000) + 1;
@@ -689,7 +690,7 @@ struct Pipeline::Impl {
     }
   }
 
-  Outcome fan_out_once(JobContext& ctx, const RunRequest& request, int64_t& gateway_busy) {
+  Outcome fan_out_once(JobContext& ctx, const RunRequest& request) {
     const jobs::Job& job = ctx.job();
     PipelineOptions o = snapshot();
     // A previous attempt enqueued the units (all of them: enqueue_batch is one transaction) and
@@ -721,7 +722,6 @@ struct Pipeline::Impl {
         }
       });
     }
-    gateway_busy = 0;  // the gateway answered: a 429 after this is the first in a row
     if (connection.status != "active")
       throw JobFailure("connection is not active: " + request.installation_id +
                            " (status: " + connection.status + ")",

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "core/common/clock.h"
+#include "core/common/utf8.h"
 #include "core/http/poco_transport.h"
 #include "tests/support/scripted_transport.h"
 
@@ -57,6 +58,16 @@ TEST(GatewayClientTest, ResourcesThatNameNoResourceAreLeftOutSayingWhy) {
          R"({"id":"c","installationId":"i","provider":"github","orgId":"o","status":"active",)"
          R"("resources":[42,{"resourceName":"no-id"},{"providerResourceId":""},)"
          R"({"providerResourceId":7},{"providerResourceId":"100001","resourceName":"o/r"}]})");
+  t.then(
+      200, {},
+      R"({"id":"c","installationId":"i","provider":"github","orgId":"o","status":"active",)"
+      R"("resources":[{"providerResourceId":"","resourceName":")" +
+          [] {
+            std::string name;  // 2-byte characters from byte 41 of the item on: across byte 100
+            for (int i = 0; i < 80; ++i) name += "\u00e9";
+            return name;
+          }() +
+          R"("}]})");
   t.then(200, {},
          R"({"id":"c","installationId":"i","provider":"github","orgId":"o","status":"active",)"
          R"("resources":{"providerResourceId":"100001"}})");
@@ -77,6 +88,14 @@ TEST(GatewayClientTest, ResourcesThatNameNoResourceAreLeftOutSayingWhy) {
   EXPECT_EQ(
       c.unusable_resources[3],
       R"(resources[3]: providerResourceId is not a non-empty string (got {"providerResourceId":7}))");
+
+  // A long item is cut on a character boundary: the reason goes into JSON (the run's result).
+  ASSERT_EQ(c.unusable_resources.size(), 4u);
+  c = client.connection("c");
+  ASSERT_EQ(c.unusable_resources.size(), 1u);
+  const std::string& cut = c.unusable_resources[0];
+  EXPECT_EQ(valid_utf8(cut), cut);
+  EXPECT_NE(cut.find("...)"), std::string::npos) << cut;
 
   c = client.connection("c");
   EXPECT_TRUE(c.resources.empty());

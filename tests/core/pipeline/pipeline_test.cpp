@@ -1992,10 +1992,17 @@ TEST_F(PipelineTest, AResourceTheGatewayListsTwiceIsOneUnit) {
 // waited a second each time, so every waiting run asked the shedding gateway again every second.
 TEST_F(PipelineTest, AFanOutTheGatewayKeepsAnswering429IsWaitedForLongerEachTime) {
   start(data(1, 0, 150));
-  std::atomic<bool> busy{true};
+  // The connection's lookup answers 429 twice; then, the lookup going through, the token's does
+  // (for the scope check): the count goes on (a restart at the lookup had the token's 429s wait
+  // a second each again, found by review).
+  std::atomic<int> busy{0};
   gateway_transport_.reset([&](const http::Request& r, size_t) -> std::optional<http::Response> {
-    if (busy && r.url.ends_with("/connections/gh-inst-1"))
+    const bool lookup = r.url.ends_with("/connections/gh-inst-1");
+    const bool token = r.url.ends_with("/connections/gh-inst-1/token");
+    if ((lookup && busy < 2) || (token && busy >= 2 && busy < 4)) {
+      ++busy;
       return status_response(429, R"({"error":"slow down"})");
+    }
     return std::nullopt;
   });
   RunStart run = start_run("gh-inst-1", "github", {"issue"});
@@ -2013,7 +2020,7 @@ TEST_F(PipelineTest, AFanOutTheGatewayKeepsAnswering429IsWaitedForLongerEachTime
     test_clock().advance_ms(wait);
   }
   EXPECT_EQ(pipeline_->metrics().gateway_rate_limit_waits, 4);
-  busy = false;
+  EXPECT_EQ(busy, 4);
   drive();
   const json result = run_result(run.run_id);
   EXPECT_EQ(result["success"], true) << result.dump(2);
