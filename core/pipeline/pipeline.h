@@ -128,6 +128,8 @@ struct RunView {
   int64_t started_ms = 0;
   int64_t finished_ms = 0;
   int units_total = 0;
+  int unusable_resources =
+      0;               // reasons in the result's unusableResources (the run failed for them)
   int units_done = 0;  // terminal units
   int units_failed = 0;
   int64_t pages = 0;
