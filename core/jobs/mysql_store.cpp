@@ -1297,31 +1297,6 @@ struct ClaimOp {
   }
 };
 
-// The uncapped kinds' queued jobs in claim order, due at `now`: a plain read, not a locking one.
-// Each claim leaves delete-marked entries at the head of jobs_claim that purge removes only later,
-// and a locking scan at READ COMMITTED locks and releases every one of them on its way: on this
-// machine that made the claim's SELECT the costliest statement of a W1 run (0.92 s of server
-// time per 20 000 jobs, growing from 1 to 9 ms per claim as entries piled up), where the plain
-// read and the locking read by primary key below cost 0.08 and 0.09 s. `exclude`: kinds left out.
-// `after`: only the jobs after it in claim order (reading on past a window; see claim_jobs).
-std::string uncapped_candidates(int64_t now, const std::string& kinds_filter,
-                                const std::vector<std::string>& exclude, size_t limit,
-                                const Candidate* after = nullptr) {
-  Sql sql(
-      "SELECT id, kind, concurrency_key, priority, run_after_ms FROM jobs WHERE status = "
-      "'queued' AND run_after_ms <= ");
-  sql << now << kinds_filter;
-  if (!exclude.empty()) sql << " AND kind NOT IN (" << in_list(exclude) << ")";
-  if (after) {
-    // (priority, run_after_ms, id) > after's, spelled out so that it is a range of jobs_claim.
-    sql << " AND (priority > " << after->priority << " OR (priority = " << after->priority
-        << " AND (run_after_ms > " << after->run_after << " OR (run_after_ms = " << after->run_after
-        << " AND id > " << after->id << "))))";
-  }
-  sql << " ORDER BY priority, run_after_ms, id LIMIT " << limit;
-  return sql;
-}
-
 std::vector<Candidate> read_candidates(const std::vector<Row>& rows) {
   std::vector<Candidate> out;
   for (const Row& row : rows) {
@@ -1340,13 +1315,26 @@ std::vector<Candidate> read_candidates(const Result& result) {
   return read_candidates(result.rows);
 }
 
+// The first `limit` candidates in claim order of the results of uncapped_candidates()'s statements.
+std::vector<Candidate> uncapped_of(std::vector<Result>::const_iterator begin,
+                                   std::vector<Result>::const_iterator end, size_t limit) {
+  if (end - begin == 1) return read_candidates(*begin);
+  std::vector<Candidate> out;
+  for (auto it = begin; it != end; ++it) {
+    for (Candidate& c : read_candidates(*it)) out.push_back(std::move(c));
+  }
+  std::sort(out.begin(), out.end(), claim_order);
+  if (out.size() > limit) out.resize(limit);
+  return out;
+}
+
 // Locks those of the candidates that are still queued and due (SKIP LOCKED: a row another claim
 // or an operator holds is passed over) and reads their rows into them. Returns how many it locked.
 size_t lock_candidates(Tx& tx, const std::vector<Candidate*>& candidates, int64_t now) {
   if (candidates.empty()) return 0;
   std::vector<JobId> ids;
   for (const Candidate* c : candidates) ids.push_back(c->id);
-  // By primary key, whatever the statistics say: a plan over jobs_claim would lock-scan the
+  // By primary key, whatever the statistics say: a plan over jobs_claim_kind would lock-scan the
   // queued entries after all (the optimizer picks it for small tables).
   Result locked = tx.one(Sql("SELECT ")
                              .raw(kQueuedJobColumns)
@@ -1374,22 +1362,260 @@ constexpr int kClaimReads = 8;
 // The rows a claim locks past those it wants, at most, in each slice of a read past held rows.
 constexpr size_t kSliceSlack = 32;
 constexpr size_t kMaxClaimWindow = 4096;
-// The statements reading the heads of per-key capped kinds, and each round trip of them, hold at
-// most this much (one sub-SELECT of about 250 bytes per key with room): well under any
-// max_allowed_packet a server would run with (1 MiB at least in practice; 16 MiB by default).
+// A claim's statements that grow with the queue (the reads of the heads of per-key capped kinds,
+// one sub-SELECT of about 250 bytes per key with room and priority; the seeks, one per value; the
+// uncapped read, one part per kind and priority), and each round trip of them, hold at most this
+// much (a statement may hold one part that is longer): well under any max_allowed_packet a server
+// would run with (1 MiB at least in practice; 16 MiB by default).
 constexpr size_t kHeadBytes = 256u << 10;
+
+// A kind's priorities, ascending, as the server spells them: where its due jobs are.
+using KindPriorities = std::map<std::string, std::vector<std::string>>;
+
+// A kind with more priorities than this is read as one range, which steps over its jobs not yet
+// due: a statement per priority costs more than that with many sparse priorities.
+constexpr size_t kPriorityParts = 8;
+
+// Per priority, a kind's due jobs are the range of jobs_claim_kind (status, kind, priority,
+// run_after_ms, id) that ends at the first job not yet due: `prefix` is the statement up to the
+// condition on priority ("... WHERE status = 'queued' AND kind = 'k' AND "). One part per
+// priority, ascending; past kPriorityParts, one for them all. `limit`: rows per part. `after`:
+// only the jobs after it in claim order (reading on past a window; see claim_jobs).
+std::vector<std::string> due_parts(const std::string& prefix,
+                                   const std::vector<std::string>& priorities, int64_t now,
+                                   int64_t limit, const Candidate* after) {
+  std::vector<std::string> parts;
+  if (priorities.size() > kPriorityParts) {
+    Sql part(prefix);
+    part << "run_after_ms <= " << now;
+    if (after) {
+      // (priority, run_after_ms, id) > after's, spelled out so that it is a range of the index.
+      part << " AND (priority > " << after->priority << " OR (priority = " << after->priority
+           << " AND (run_after_ms > " << after->run_after
+           << " OR (run_after_ms = " << after->run_after << " AND id > " << after->id << "))))";
+    }
+    parts.push_back(part << " ORDER BY priority, run_after_ms, id LIMIT " << limit);
+    return parts;
+  }
+  for (const std::string& p : priorities) {
+    const int64_t priority = std::stoll(p);
+    if (after && priority < after->priority) continue;
+    Sql part(prefix);
+    part << "priority = " << p << " AND run_after_ms <= " << now;
+    if (after && priority == after->priority) {
+      part << " AND (run_after_ms > " << after->run_after
+           << " OR (run_after_ms = " << after->run_after << " AND id > " << after->id << "))";
+    }
+    parts.push_back(part << " ORDER BY run_after_ms, id LIMIT " << limit);
+  }
+  return parts;
+}
+
+// Parts as statements of at most kHeadBytes (a part may be longer), each the rows of its parts
+// in claim order, `limit` at most.
+std::vector<std::string> unions_of(const std::vector<std::string>& parts, int64_t limit) {
+  if (parts.size() == 1) return parts;
+  std::vector<std::string> out;
+  std::string sql;
+  const std::string order = " ORDER BY priority, run_after_ms, id LIMIT " + std::to_string(limit);
+  for (const std::string& part : parts) {
+    if (!sql.empty() && sql.size() + part.size() + order.size() > kHeadBytes) {
+      out.push_back(sql + order);
+      sql.clear();
+    }
+    if (!sql.empty()) sql += " UNION ALL ";
+    sql += "(" + part + ")";
+  }
+  if (!sql.empty()) out.push_back(sql + order);
+  return out;
+}
+
+// The uncapped kinds' queued jobs in claim order, due at `now`: a plain read, not a locking one.
+// Each claim leaves delete-marked entries at the head of the claim index that purge removes only
+// later, and a locking scan at READ COMMITTED locks and releases every one of them on its way: on
+// this machine that made the claim's SELECT the costliest statement of a W1 run (0.92 s of server
+// time per 20 000 jobs, growing from 1 to 9 ms per claim as entries piled up), where the plain
+// read and the locking read by primary key below cost 0.08 and 0.09 s. The statements' rows are
+// merged by uncapped_of(). None: no kind to read.
+std::vector<std::string> uncapped_candidates(int64_t now, const KindPriorities& kinds,
+                                             int64_t limit, const Candidate* after = nullptr) {
+  std::vector<std::string> parts;
+  for (const auto& [kind, priorities] : kinds) {
+    const std::string prefix =
+        "SELECT id, kind, concurrency_key, priority, run_after_ms FROM jobs WHERE status = "
+        "'queued' AND kind = " +
+        quote(kind) + " AND ";
+    for (std::string& part : due_parts(prefix, priorities, now, limit, after)) {
+      parts.push_back(std::move(part));
+    }
+  }
+  return parts.empty() ? std::vector<std::string>{} : unions_of(parts, limit);
+}
+
+// Runs `statements` in round trips of at most kHeadBytes (one statement may be longer).
+std::vector<Result> run_in_trips(Tx& tx, const std::vector<std::string>& statements) {
+  std::vector<Result> out;
+  for (size_t at = 0; at < statements.size();) {
+    std::vector<std::string> trip;
+    size_t bytes = 0;
+    while (at < statements.size() &&
+           (trip.empty() || bytes + statements[at].size() <= kHeadBytes)) {
+      bytes += statements[at].size();
+      trip.push_back(statements[at++]);
+    }
+    for (Result& result : tx.run(trip)) out.push_back(std::move(result));
+  }
+  return out;
+}
+
+// The distinct values of one column among queued jobs (the kinds; a kind's priorities; a capped
+// kind's keys), ascending, found by seeking from each to the next: MIN(column) ... AND column > v
+// is one index dive at any queue length, where SELECT DISTINCT reads every queued job (MariaDB
+// takes a loose index scan for it only with fresh statistics, and for MIN(x) WHERE x >
+// (correlated) in a recursive CTE no range at all). A seek starts from what the last claim found
+// (`hint`): it dives to the least value and from each hinted one, then from each value found
+// whose successor it does not know yet, until the chain from the least value ends at a value
+// with none. When the values keep changing, after kSeekRounds rounds it reads them with SELECT
+// DISTINCT instead. The values of one round are read in one round trip with every other seek's.
+// A value queued while the claim runs, at a kind, priority or key that the claim found none of,
+// may be left out of it, like a job enqueued after it.
+class Seek {
+ public:
+  static constexpr int kSeekRounds = 4;
+
+  // `from`: " FROM jobs WHERE status = 'queued' ..."; `text`: the column holds bytes, not numbers.
+  // `enough`: past this many values (0: no bound), the rest are not sought: values() then holds
+  // the first enough + 1. `superset`: values() may keep the least hinted value when it is gone (an
+  // empty range costs a priority's read nothing), and the least value is sought below it: a dive
+  // from the head of the kind's queued jobs would step over the entries that the last claims
+  // delete-marked and purge has not removed yet, as the read of the jobs does.
+  Seek(std::string from, std::string column, bool text, std::vector<std::string> hint,
+       size_t enough = 0, bool superset = false)
+      : from_(std::move(from)),
+        column_(std::move(column)),
+        text_(text),
+        enough_(enough),
+        pending_(std::move(hint)) {
+    if (enough_ > 0 && pending_.size() > enough_ + 1) pending_.resize(enough_ + 1);
+    if (superset && !pending_.empty()) floor_ = pending_.front();
+  }
+
+  bool done() const { return done_; }
+  const std::vector<std::string>& values() const { return values_; }
+
+  // This round's statements: UNION ALLs of dives, each at most kHeadBytes (or one DISTINCT).
+  std::vector<std::string> statements() const {
+    if (done_) return {};
+    if (rounds_ == kSeekRounds) {
+      std::string distinct = "SELECT DISTINCT " + column_ + from_ + " ORDER BY " + column_;
+      if (enough_ > 0) distinct += " LIMIT " + std::to_string(enough_ + 1);
+      return {distinct};
+    }
+    std::vector<std::string> out;
+    std::string sql;
+    const auto add = [&](size_t index, const std::string* bound, const char* compare) {
+      std::string dive = "SELECT " + std::to_string(index) + ", MIN(" + column_ + ")" + from_;
+      if (bound) dive += " AND " + column_ + compare + (text_ ? quote(*bound) : *bound);
+      if (!sql.empty() && sql.size() + dive.size() > kHeadBytes) {
+        out.push_back(std::move(sql));
+        sql.clear();
+      }
+      if (!sql.empty()) sql += " UNION ALL ";
+      sql += dive;
+    };
+    if (!first_known_) add(0, floor_ ? &*floor_ : nullptr, " < ");
+    for (size_t i = 0; i < pending_.size(); ++i) add(i + 1, &pending_[i], " > ");
+    if (!sql.empty()) out.push_back(std::move(sql));
+    return out;
+  }
+
+  // The results of statements(), in order.
+  void read(const std::vector<Result>& results) {
+    if (rounds_ == kSeekRounds) {
+      for (const Row& row : results.at(0).rows) values_.push_back(to_str(row[0]));
+      done_ = true;
+      return;
+    }
+    for (const Result& result : results) {
+      for (const Row& row : result.rows) {
+        const size_t index = static_cast<size_t>(to_i64(row[0]));
+        if (index == 0) {
+          first_ = row[1];
+          first_known_ = true;
+        } else {
+          next_[pending_.at(index - 1)] = row[1];
+        }
+      }
+    }
+    ++rounds_;
+    // Walk the chain; dive next from every value found whose successor is unknown.
+    pending_.clear();
+    values_.clear();
+    bool complete = true;
+    for (Cell v = first_ ? first_ : floor_; v; v = next_.at(*v)) {
+      // Each successor is greater than its value, so the chain ends; a server that compared
+      // otherwise (a collation other than the binary one) must not make the claim spin.
+      if (values_.size() > next_.size()) {
+        throw StorageError("mysql: the seek of " + column_ + " went back to a value it had read");
+      }
+      values_.push_back(*v);
+      if (enough_ > 0 && values_.size() > enough_) break;
+      if (!next_.count(*v)) {
+        complete = false;
+        break;
+      }
+    }
+    done_ = complete;
+    if (done_) return;
+    std::set<std::string> found;
+    if (first_) found.insert(*first_);
+    for (const auto& [value, next] : next_) {
+      if (next) found.insert(*next);
+    }
+    for (const std::string& value : found) {
+      if (!next_.count(value)) pending_.push_back(value);
+    }
+    values_.clear();
+  }
+
+ private:
+  std::string from_;
+  std::string column_;
+  bool text_;
+  size_t enough_;
+  std::vector<std::string> pending_;  // the values to dive from this round
+  Cell floor_;                        // superset: the least hinted value, taken to be there
+  bool first_known_ = false;
+  Cell first_;                        // the least value (below floor_, if set; NULL: none)
+  std::map<std::string, Cell> next_;  // a value's successor (NULL: none)
+  int rounds_ = 0;
+  bool done_ = false;
+  std::vector<std::string> values_;
+};
+
+// What claims learned of the queue, for the next claim to start from (under a mutex). Each claim
+// checks what it uses (Seek; the caps under their locks), so a stale hint costs round trips,
+// never a job left out or a cap overrun.
+struct ClaimHints {
+  std::set<std::string> capped;                                // kinds last seen with caps
+  std::vector<std::string> kinds;                              // kinds of queued jobs
+  std::map<std::string, std::vector<std::string>> priorities;  // of a kind's queued jobs
+  std::map<std::string, std::vector<std::string>> keys;        // of a per-key capped kind's
+};
 
 // The claim transaction. Uncapped kinds: their first `limit` due jobs in claim order, read
 // plainly, then locked by primary key. Capped kinds: under the kind's job_caps lock, exact
 // running counts, then per key its first (cap - running) due jobs (fair share: the least loaded
 // keys first, like the SQLite store). The lists are merged in claim order, the first `limit` are
 // locked and taken. When other claims hold some of the uncapped ones, the claim reads on past
-// them (kClaimReads).
+// them (kClaimReads). Every read of queued jobs is a range per kind (per key) and priority, which
+// ends at the first job not yet due; the kinds, priorities and keys come from seeks (Seek),
+// started from what the last claim found (`hints`).
 //
 // Several claim() calls may be merged (ClaimOp, group commit): the claim then takes up to the sum
 // of their limits, due at the latest of their clocks, and deals the jobs out in claim order, each
 // to a call whose clock has reached the job's run_after and whose limit is not reached.
-void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>& capped_hint,
+void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, ClaimHints& hints,
                 std::mutex& hint_mutex) {
   ClaimRequest r = ops.front()->request;  // kinds and lease_ms are the same in every op
   r.limit = 0;
@@ -1402,148 +1628,233 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
   }
   const int64_t now = r.now_ms;
   const int64_t limit = static_cast<int64_t>(std::min<size_t>(r.limit, INT64_MAX));
+  const bool any_kind = r.kinds.empty();
   std::string kinds_filter;
-  if (!r.kinds.empty()) kinds_filter = " AND kind IN (" + in_list(r.kinds) + ")";
-  std::vector<std::string> hint;
+  if (!any_kind) kinds_filter = " AND kind IN (" + in_list(r.kinds) + ")";
+  ClaimHints hint;  // what this claim needs of them
   {
     std::lock_guard<std::mutex> lock(hint_mutex);
-    hint.assign(capped_hint.begin(), capped_hint.end());
+    hint.capped = hints.capped;
+    hint.kinds = hints.kinds;
+    for (const std::string& kind : any_kind ? hints.kinds : r.kinds) {
+      if (auto it = hints.priorities.find(kind); it != hints.priorities.end()) {
+        hint.priorities.insert(*it);
+      }
+      if (auto it = hints.keys.find(kind); it != hints.keys.end()) hint.keys.insert(*it);
+    }
+    if (any_kind) hint.keys = hints.keys;  // capped kinds with no job queued included
   }
-  // One round trip: lock the capped kinds' rows, and read the uncapped kinds' candidates. The
-  // latter excludes the kinds believed capped (the hint); when a kind was capped since, its jobs
-  // are in that read, and it runs again without them below: a stale hint costs a round trip,
-  // never a cap overrun.
-  std::vector<Result> first =
-      tx.run({"SELECT id FROM claim_gate WHERE id = 1 LOCK IN SHARE MODE",
-              "SELECT kind, per_key_cap, global_cap FROM job_caps WHERE (per_key_cap > 0 OR "
-              "global_cap > 0)" +
-                  kinds_filter + " ORDER BY kind FOR UPDATE",
-              uncapped_candidates(now, kinds_filter, hint, r.limit)});
-  first.erase(first.begin());  // the gate (see set_caps)
+
+  std::optional<Seek> kind_seek;
+  if (any_kind) kind_seek.emplace(" FROM jobs WHERE status = 'queued'", "kind", true, hint.kinds);
+  std::map<std::string, Seek> priority_seeks;
+  std::map<std::string, Seek> key_seeks;
+  const auto queued_of = [](const std::string& kind) {
+    return " FROM jobs WHERE status = 'queued' AND kind = " + quote(kind);
+  };
+  const auto seek_priorities = [&](const std::string& kind) {
+    priority_seeks.try_emplace(kind, queued_of(kind), "priority", false, hint.priorities[kind],
+                               kPriorityParts, true);
+  };
+  const auto seek_keys = [&](const std::string& kind) {
+    key_seeks.try_emplace(kind, queued_of(kind), "concurrency_key", true, hint.keys[kind]);
+  };
+  // One round trip: `first`, then a round of every seek not done.
+  const auto run_seeks = [&](const std::vector<std::string>& first) {
+    std::vector<std::string> statements = first;
+    std::vector<std::pair<Seek*, size_t>> counts;
+    const auto add = [&](Seek& seek) {
+      std::vector<std::string> own = seek.statements();
+      if (own.empty()) return;
+      counts.emplace_back(&seek, own.size());
+      for (std::string& s : own) statements.push_back(std::move(s));
+    };
+    if (kind_seek) add(*kind_seek);
+    for (auto& [kind, seek] : priority_seeks) add(seek);
+    for (auto& [kind, seek] : key_seeks) add(seek);
+    std::vector<Result> results = run_in_trips(tx, statements);
+    size_t at = first.size();
+    for (const auto& [seek, n] : counts) {
+      seek->read(std::vector<Result>(results.begin() + static_cast<std::ptrdiff_t>(at),
+                                     results.begin() + static_cast<std::ptrdiff_t>(at + n)));
+      at += n;
+    }
+    results.resize(first.size());
+    return results;
+  };
+  // The uncapped kinds' priorities, as far as `kinds` and the seeks tell.
+  const auto uncapped_plan = [&](const std::vector<std::string>& kinds,
+                                 const std::set<std::string>& capped, bool settled) {
+    KindPriorities plan;
+    for (const std::string& kind : kinds) {
+      if (capped.count(kind)) continue;
+      const std::vector<std::string>& priorities =
+          settled ? priority_seeks.at(kind).values() : hint.priorities[kind];
+      if (!priorities.empty()) plan[kind] = priorities;
+    }
+    return plan;
+  };
+
+  // One round trip: lock the capped kinds' rows, seek, and read the uncapped kinds' candidates as
+  // the hints have them (the kinds believed uncapped, at the priorities last seen). When the seeks
+  // or the locked caps tell otherwise, the read runs again below: a stale hint costs a round trip.
+  const std::vector<std::string>& guessed_kinds = any_kind ? hint.kinds : r.kinds;
+  for (const std::string& kind : guessed_kinds) seek_priorities(kind);
+  for (const std::string& kind : hint.capped) {
+    if (hint.keys.count(kind) &&
+        (any_kind || std::find(r.kinds.begin(), r.kinds.end(), kind) != r.kinds.end())) {
+      seek_keys(kind);
+    }
+  }
+  const KindPriorities guessed = uncapped_plan(guessed_kinds, hint.capped, false);
+  std::vector<std::string> first_statements = {
+      "SELECT id FROM claim_gate WHERE id = 1 LOCK IN SHARE MODE",
+      "SELECT kind, per_key_cap, global_cap FROM job_caps WHERE (per_key_cap > 0 OR "
+      "global_cap > 0)" +
+          kinds_filter + " ORDER BY kind FOR UPDATE"};
+  const std::vector<std::string> guessed_read = uncapped_candidates(now, guessed, limit);
+  first_statements.insert(first_statements.end(), guessed_read.begin(), guessed_read.end());
+  std::vector<Result> first = run_seeks(first_statements);
   std::map<std::string, KindCaps> capped;
-  for (const Row& row : first[0].rows) {
+  for (const Row& row : first[1].rows) {
     KindCaps& c = capped[to_str(row[0])];
     c.per_key = to_int(row[1]);
     c.global = to_int(row[2]);
   }
+  std::set<std::string> capped_kinds;
+  for (const auto& [kind, c] : capped) capped_kinds.insert(kind);
+
+  // Seek on until the kinds, their priorities and the per-key capped kinds' keys are known.
+  std::vector<std::string> kinds = r.kinds;
+  for (;;) {
+    if (kind_seek && kind_seek->done()) kinds = kind_seek->values();
+    bool done = !kind_seek || kind_seek->done();
+    for (const std::string& kind : kinds) seek_priorities(kind);
+    for (const auto& [kind, c] : capped) {
+      if (c.per_key > 0) seek_keys(kind);
+    }
+    for (const auto& [kind, seek] : priority_seeks) done = done && seek.done();
+    for (const auto& [kind, seek] : key_seeks) done = done && seek.done();
+    if (done) break;
+    run_seeks({});
+  }
   {
     std::lock_guard<std::mutex> lock(hint_mutex);
-    if (r.kinds.empty()) {
-      capped_hint.clear();
+    if (any_kind) {
+      hints.capped = capped_kinds;
+      hints.kinds = kinds;
     } else {
-      for (const std::string& kind : r.kinds) capped_hint.erase(kind);
+      for (const std::string& kind : r.kinds) hints.capped.erase(kind);
+      hints.capped.insert(capped_kinds.begin(), capped_kinds.end());
     }
-    for (const auto& [kind, c] : capped) capped_hint.insert(kind);
-  }
-
-  // The hint is stale when a kind was capped since it was taken (its jobs took places in the
-  // read, which would cut the claim short) or uncapped since (the read left its jobs out): read
-  // again without exactly the capped kinds (all locked by us now).
-  std::vector<std::string> exclude;
-  for (const auto& [kind, c] : capped) exclude.push_back(kind);
-  bool stale = false;
-  for (const Row& row : first[1].rows) stale = stale || capped.count(to_str(row[1])) > 0;
-  for (const std::string& kind : hint) {
-    const bool asked =
-        r.kinds.empty() || std::find(r.kinds.begin(), r.kinds.end(), kind) != r.kinds.end();
-    stale = stale || (asked && capped.count(kind) == 0);
-  }
-  if (stale) first[1] = tx.one(uncapped_candidates(now, kinds_filter, exclude, r.limit));
-  std::vector<std::vector<Candidate>> lists;
-  lists.push_back(read_candidates(first[1]));
-  const bool uncapped_full = lists[0].size() == r.limit;  // more may be queued behind them
-
-  if (!capped.empty()) {
-    std::vector<std::string> capped_kinds;
-    for (const auto& [kind, c] : capped) capped_kinds.push_back(kind);
-    // Exact: every claim that could add running jobs of these kinds waits for our locks.
-    std::vector<std::string> reads = {
-        "SELECT kind, concurrency_key, COUNT(*) FROM jobs WHERE status = 'running' AND kind IN (" +
-        in_list(capped_kinds) + ") GROUP BY kind, concurrency_key"};
-    for (const auto& [kind, c] : capped) {
-      if (c.per_key > 0) {
-        reads.push_back(
-            "SELECT DISTINCT concurrency_key FROM jobs WHERE status = 'queued' AND "
-            "kind = " +
-            quote(kind));
+    // A kind's last priorities stay while none of its jobs is queued: a job enqueued at one of
+    // them then costs no extra round trip. A per-key capped kind keeps its entry in keys, so that
+    // the next claim seeks its keys in the first round trip.
+    for (const auto& [kind, seek] : priority_seeks) {
+      if (!seek.values().empty()) hints.priorities[kind] = seek.values();
+    }
+    for (const std::string& kind : any_kind ? kinds : r.kinds) hints.keys.erase(kind);
+    for (const auto& [kind, seek] : key_seeks) {
+      const auto c = capped.find(kind);
+      if (c != capped.end() && c->second.per_key > 0) {
+        hints.keys[kind] = seek.values();
+      } else {
+        hints.keys.erase(kind);  // sought from the hint, and no longer capped per key
       }
     }
-    std::vector<Result> counts = tx.run(reads);
+  }
+
+  const KindPriorities plan = uncapped_plan(kinds, capped_kinds, true);
+  std::vector<std::vector<Candidate>> lists;
+  std::vector<std::string> read_again;  // the uncapped read, when the guess was wrong
+  if (plan == guessed) {
+    lists.push_back(guessed_read.empty() ? std::vector<Candidate>{}
+                                         : uncapped_of(first.begin() + 2, first.end(), r.limit));
+  } else {
+    read_again = uncapped_candidates(now, plan, limit);
+    if (read_again.empty() || !capped.empty()) {
+      lists.emplace_back();  // read with the running counts below
+    } else {
+      const std::vector<Result> read = run_in_trips(tx, read_again);
+      lists.push_back(uncapped_of(read.begin(), read.end(), r.limit));
+    }
+  }
+
+  if (!capped.empty()) {
+    std::vector<std::string> reads = {
+        // Exact: every claim that could add running jobs of these kinds waits for our locks.
+        "SELECT kind, concurrency_key, COUNT(*) FROM jobs WHERE status = 'running' AND kind IN (" +
+        in_list(std::vector<std::string>(capped_kinds.begin(), capped_kinds.end())) +
+        ") GROUP BY kind, concurrency_key"};
+    reads.insert(reads.end(), read_again.begin(), read_again.end());
+    std::vector<Result> counts = run_in_trips(tx, reads);
+    if (!read_again.empty()) lists[0] = uncapped_of(counts.begin() + 1, counts.end(), r.limit);
     for (const Row& row : counts[0].rows) {
       KindCaps& c = capped[to_str(row[0])];
       int64_t n = to_i64(row[2]);
       c.keys[to_str(row[1])] = n;
       c.total += n;
     }
-    // Each kind's heads: per-key capped, one sub-SELECT per key with room, in statements of at
-    // most kHeadBytes, sent in round trips of at most that much. One statement of them all grew
-    // past the server's max_allowed_packet with tens of thousands of keys queued (1153, and no
-    // claim of any kind ran again).
+    // Each kind's heads: per-key capped, the first (cap - running) due jobs of each key with room,
+    // one sub-SELECT per key and priority, in statements and round trips of at most kHeadBytes.
+    // One statement of them all grew past the server's max_allowed_packet with tens of thousands
+    // of keys queued (1153, and no claim of any kind ran again).
     struct KindHeads {
       std::string kind;
       std::vector<std::string> statements;
       std::vector<Row> rows;
     };
     std::vector<KindHeads> heads;
-    size_t keys_result = 1;
     for (const auto& [kind, c] : capped) {
       int64_t want = limit;
       if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
-      std::vector<const Row*> keys;
-      if (c.per_key > 0) {
-        for (const Row& row : counts[keys_result].rows) keys.push_back(&row);
-        ++keys_result;
-      }
-      if (want <= 0) continue;
+      const auto seek = priority_seeks.find(kind);  // none: no job of the kind is queued
+      if (want <= 0 || seek == priority_seeks.end() || seek->second.values().empty()) continue;
+      const std::vector<std::string>& priorities = seek->second.values();
       KindHeads h{kind, {}, {}};
       if (c.per_key == 0) {
-        h.statements.push_back(
-            Sql("SELECT id, kind, concurrency_key, priority, run_after_ms, 0 FROM jobs WHERE "
-                "status = 'queued' AND kind = ")
-            << quote(kind) << " AND run_after_ms <= " << now
-            << " ORDER BY priority, run_after_ms, id LIMIT " << want);
+        h.statements = unions_of(
+            due_parts("SELECT id, kind, concurrency_key, priority, run_after_ms, 0 FROM jobs "
+                      "WHERE status = 'queued' AND kind = " +
+                          quote(kind) + " AND ",
+                      priorities, now, want, nullptr),
+            want);
       } else {
         std::string sql;
-        for (const Row* key_row : keys) {
-          std::string key = to_str((*key_row)[0]);
+        for (const std::string& key : key_seeks.at(kind).values()) {
           auto it = c.keys.find(key);
           int64_t running = it == c.keys.end() ? 0 : it->second;
           if (running >= c.per_key) continue;
-          std::string one =
-              Sql("(SELECT id, kind, concurrency_key, priority, run_after_ms, ")
+          const std::string prefix =
+              Sql("SELECT id, kind, concurrency_key, priority, run_after_ms, ")
               << running << " FROM jobs WHERE status = 'queued' AND kind = " << quote(kind)
-              << " AND concurrency_key = " << quote(key) << " AND run_after_ms <= " << now
-              << " ORDER BY priority, run_after_ms, id LIMIT "
-              << std::min<int64_t>(c.per_key - running, want) << ")";
-          if (!sql.empty() && sql.size() + one.size() > kHeadBytes) {
-            h.statements.push_back(std::move(sql));
-            sql.clear();
+              << " AND concurrency_key = " << quote(key) << " AND ";
+          for (const std::string& part :
+               due_parts(prefix, priorities, now, std::min<int64_t>(c.per_key - running, want),
+                         nullptr)) {
+            const std::string one = "(" + part + ")";
+            if (!sql.empty() && sql.size() + one.size() > kHeadBytes) {
+              h.statements.push_back(std::move(sql));
+              sql.clear();
+            }
+            if (!sql.empty()) sql += " UNION ALL ";
+            sql += one;
           }
-          if (!sql.empty()) sql += " UNION ALL ";
-          sql += one;
         }
         if (!sql.empty()) h.statements.push_back(std::move(sql));
         if (h.statements.empty()) continue;
       }
       heads.push_back(std::move(h));
     }
-    std::vector<std::pair<KindHeads*, const std::string*>> statements;
-    for (KindHeads& h : heads) {
-      for (const std::string& statement : h.statements) statements.emplace_back(&h, &statement);
+    std::vector<std::string> statements;
+    for (const KindHeads& h : heads) {
+      statements.insert(statements.end(), h.statements.begin(), h.statements.end());
     }
-    for (size_t at = 0; at < statements.size();) {
-      const size_t trip_start = at;
-      std::vector<std::string> trip;
-      size_t bytes = 0;
-      while (at < statements.size() &&
-             (trip.empty() || bytes + statements[at].second->size() <= kHeadBytes)) {
-        bytes += statements[at].second->size();
-        trip.push_back(*statements[at++].second);
-      }
-      std::vector<Result> results = tx.run(trip);
-      for (size_t k = 0; k < results.size(); ++k) {
-        std::vector<Row>& rows = statements[trip_start + k].first->rows;
-        for (Row& row : results[k].rows) rows.push_back(std::move(row));
+    std::vector<Result> results = run_in_trips(tx, statements);
+    size_t at = 0;
+    for (KindHeads& h : heads) {
+      for (size_t k = 0; k < h.statements.size(); ++k) {
+        for (Row& row : results[at++].rows) h.rows.push_back(std::move(row));
       }
     }
     for (const KindHeads& h : heads) {
@@ -1551,17 +1862,26 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
       int64_t want = limit;
       if (c.global > 0) want = std::min<int64_t>(want, c.global - c.total);
       std::vector<Candidate> list = read_candidates(h.rows);
+      for (size_t i = 0; i < list.size(); ++i) list[i].load = to_i64(h.rows[i][5]);  // running
       // Fair share applies to per-key caps (load: the key's running jobs, plus the candidates
-      // of the key before this one); a global-only cap keeps the claim order.
-      std::map<std::string, int64_t> rank;
-      for (size_t i = 0; c.per_key > 0 && i < list.size(); ++i) {
-        list[i].load = to_i64(h.rows[i][5]) + rank[list[i].key]++;
+      // of the key before this one); a global-only cap keeps the claim order. A key's parts
+      // (one per priority) may hold more than its room: those past it are left out.
+      std::sort(list.begin(), list.end(), claim_order);
+      if (c.per_key > 0) {
+        std::map<std::string, int64_t> rank;
+        std::vector<Candidate> within;
+        for (Candidate& candidate : list) {
+          candidate.load += rank[candidate.key]++;
+          if (candidate.load < c.per_key) within.push_back(std::move(candidate));
+        }
+        list = std::move(within);
+        std::sort(list.begin(), list.end(), fair_order);
       }
-      std::sort(list.begin(), list.end(), fair_order);
       if (static_cast<int64_t>(list.size()) > want) list.resize(static_cast<size_t>(want));
       lists.push_back(std::move(list));
     }
   }
+  const bool uncapped_full = lists[0].size() == r.limit;  // more may be queued behind them
 
   std::vector<Candidate*> chosen = merge_heads(lists, r.limit);
   size_t locked = lock_candidates(tx, chosen, now);
@@ -1611,8 +1931,9 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, std::set<std::string>&
     // enqueued ahead, others' claims committed), and an OFFSET would read some of the jobs of
     // an earlier window again, locked by us already, and hand them out twice.
     const Candidate& last = more.empty() ? lists[0].back() : more.back().back();
-    more.push_back(
-        read_candidates(tx.one(uncapped_candidates(now, kinds_filter, exclude, window, &last))));
+    const std::vector<Result> read =
+        run_in_trips(tx, uncapped_candidates(now, plan, static_cast<int64_t>(window), &last));
+    more.push_back(uncapped_of(read.begin(), read.end(), window));
     full = more.back().size() == window;
     std::vector<Candidate*> next;
     for (Candidate& c : more.back()) next.push_back(&c);
@@ -2039,7 +2360,7 @@ class MysqlStore final : public JobStore {
       // took them back, counting an attempt that never ran. When that cannot be told (the server
       // is gone), its jobs are released by a later claim.
       try {
-        transact("claim", [&](Tx& tx) { claim_jobs(tx, batch, capped_hint_, hint_mutex_); });
+        transact("claim", [&](Tx& tx) { claim_jobs(tx, batch, hints_, hint_mutex_); });
       } catch (const mysql::CommitUnknown&) {
         const std::optional<bool> committed = claim_committed(batch);
         if (committed == true) return;
@@ -3308,9 +3629,9 @@ class MysqlStore final : public JobStore {
   // measurements, with no clear gain in throughput.
   GroupCommit<ClaimOp> claims_{1, 64, 1u << 20};
   GroupCommit<CompleteOp> completions_{1, 256, 4u << 20};
-  // Kinds last seen with caps: the uncapped claim scan excludes them (see claim_jobs).
+  // What the last claims found of the queue (see claim_jobs).
   std::mutex hint_mutex_;
-  std::set<std::string> capped_hint_;
+  ClaimHints hints_;
   std::mutex owners_mutex_;
   std::map<std::string, int> owner_ids_;  // lease_owners, as far as this store has used them
   std::mutex unsettled_mutex_;
@@ -3435,9 +3756,11 @@ SchemaVersions MysqlStore::apply_migrations() {
           try {
             c->one(statement);
           } catch (const mysql::Error& e) {
-            // 1060: a column an ADD COLUMN adds exists -- that statement ran before a crash
-            // that left the migration unrecorded (MySQL 8 has no ADD COLUMN IF NOT EXISTS).
-            if (e.code() != 1060) throw;
+            // A statement that ran before a crash that left the migration unrecorded (MySQL 8
+            // has no IF [NOT] EXISTS for these): 1060, the column an ADD COLUMN adds exists;
+            // 1061, the index an ADD INDEX adds exists; 1091, the index a DROP INDEX drops is
+            // gone.
+            if (e.code() != 1060 && e.code() != 1061 && e.code() != 1091) throw;
           }
         }
         // applied_ms audits when an operator upgraded; it is not job time (no clock here).

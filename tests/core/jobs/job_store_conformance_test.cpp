@@ -2191,6 +2191,98 @@ TEST_P(JobStoreConformance, AGlobalCapLimitsRunningJobsOfOneKindOnly) {
   EXPECT_EQ(store().running("entity", ""), 3);
 }
 
+// A claim starts from the kinds, priorities and keys that the last claim found queued (MySQL).
+// Whatever changed since, a kind, priority or key new or gone, more of them than a claim finds in
+// a few seeks, and more priorities than it reads one by one, must change nothing of what a claim
+// takes, nor of its order.
+TEST_P(JobStoreConformance, ClaimsFindKindsPrioritiesAndKeysThatAppearedSinceTheLastClaim) {
+  store().set_caps("capped", Caps{1, 0});
+  const auto claim_and_complete = [&](size_t limit, std::vector<std::string> kinds) {
+    std::vector<Claimed> got = claim(limit, kT0, std::move(kinds));
+    for (const Claimed& c : got) store().complete(c.job.id, c.lease_token, "{}", kT0);
+    return got;
+  };
+  // What the first claims find: one kind, one priority, one key.
+  add(spec("a", "k1"));
+  add(spec("capped", "k1"));
+  ASSERT_EQ(claim_and_complete(10, {}).size(), 2u);
+  add(spec("a", "k1"));
+  add(spec("capped", "k1"));
+  ASSERT_EQ(claim_and_complete(10, {"a", "capped"}).size(), 2u);
+
+  // Then: 12 new kinds; priorities before, between and after; key k1 gone, k2 and k3 new.
+  std::map<JobId, int> queued;  // job -> priority
+  const auto make = [&](const std::string& kind, const std::string& key, int priority) {
+    JobSpec s = spec(kind, key);
+    s.priority = priority;
+    queued[add(s)] = priority;
+  };
+  for (int i = 0; i < 12; ++i) make("n" + std::to_string(i), "k", 11 - 2 * i);
+  for (int p : {-7, -1, 3, 40}) make("a", "k1", p);
+  make("capped", "k2", 3);
+  make("capped", "k3", -2);
+  for (int p = 0; p < 12; ++p) make("many", "k", p * 3);  // more than are read one by one
+
+  // Claimed in pieces, each of the best jobs left: priorities never go back.
+  std::set<JobId> seen;
+  int worst_so_far = std::numeric_limits<int>::min();
+  for (int round = 0; round < 20 && seen.size() < queued.size(); ++round) {
+    std::vector<Claimed> got = claim_and_complete(3, {});
+    ASSERT_FALSE(got.empty()) << "round " << round << ": jobs left unclaimed";
+    int best = std::numeric_limits<int>::max();
+    int worst = std::numeric_limits<int>::min();
+    for (const Claimed& c : got) {
+      ASSERT_TRUE(queued.count(c.job.id)) << "job " << c.job.id << " was not queued";
+      EXPECT_TRUE(seen.insert(c.job.id).second) << "job " << c.job.id << " claimed twice";
+      best = std::min(best, c.job.priority);
+      worst = std::max(worst, c.job.priority);
+    }
+    EXPECT_GE(best, worst_so_far) << "round " << round << " took a better job than a round before";
+    worst_so_far = worst;
+  }
+  EXPECT_EQ(seen.size(), queued.size());
+
+  // And claims of named kinds, after what the claims of any kind found.
+  queued.clear();
+  make("a", "k1", 100);
+  make("a", "k1", -100);
+  make("capped", "k4", 50);
+  make("capped", "k5", -50);
+  std::vector<Claimed> got = claim_and_complete(10, {"a", "capped"});
+  std::vector<int> priorities;
+  for (const Claimed& c : got) priorities.push_back(c.job.priority);
+  std::sort(priorities.begin(), priorities.end());
+  EXPECT_THAT(priorities, ElementsAre(-100, -50, 50, 100));
+}
+
+// A per-key cap holds over a key's jobs of several priorities, and the best of them run first
+// (MySQL reads a key's due jobs one priority at a time, up to the key's room in each).
+TEST_P(JobStoreConformance, AKeysCapHoldsOverItsJobsOfSeveralPriorities) {
+  std::map<JobId, int> priority_of;
+  const auto make = [&](const std::string& kind, const std::string& key, int priority) {
+    JobSpec s = spec(kind, key);
+    s.priority = priority;
+    priority_of[add(s)] = priority;
+  };
+  store().set_caps("capped", Caps{2, 0});
+  store().set_caps("wide", Caps{2, 0});  // more priorities than are read one by one
+  for (int p : {2, 1, 0}) {
+    for (const char* key : {"a", "b"}) {
+      for (int i = 0; i < 2; ++i) make("capped", key, p);
+    }
+  }
+  for (int p = 14; p >= 0; --p) make("wide", "a", p);
+  std::vector<Claimed> got = claim(100);
+  std::map<std::string, std::vector<int>> by_key;
+  for (const Claimed& c : got) {
+    by_key[c.job.kind + "/" + c.job.concurrency_key].push_back(priority_of[c.job.id]);
+  }
+  EXPECT_THAT(by_key["capped/a"], ElementsAre(0, 0));
+  EXPECT_THAT(by_key["capped/b"], ElementsAre(0, 0));
+  EXPECT_THAT(by_key["wide/a"], UnorderedElementsAre(0, 1));
+  EXPECT_EQ(got.size(), 6u);
+}
+
 TEST_P(JobStoreConformance, ClaimSkipsCappedJobsAndTakesTheNextOnes) {
   store().set_caps("entity", Caps{0, 1});
   for (int i = 0; i < 3; ++i) add(spec("entity", "inst-1"));  // priority 0: first in line
