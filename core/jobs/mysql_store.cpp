@@ -1419,7 +1419,8 @@ std::vector<std::string> unions_of(const std::vector<std::string>& parts, int64_
   std::string sql;
   const std::string order = " ORDER BY priority, run_after_ms, id LIMIT " + std::to_string(limit);
   for (const std::string& part : parts) {
-    if (!sql.empty() && sql.size() + part.size() + order.size() > kHeadBytes) {
+    // " UNION ALL (" and ")": 13 bytes.
+    if (!sql.empty() && sql.size() + 13 + part.size() + order.size() > kHeadBytes) {
       out.push_back(sql + order);
       sql.clear();
     }
@@ -1485,19 +1486,15 @@ class Seek {
 
   // `from`: " FROM jobs WHERE status = 'queued' ..."; `text`: the column holds bytes, not numbers.
   // `enough`: past this many values (0: no bound), the rest are not sought: values() then holds
-  // the first enough + 1. `superset`: values() may keep the least hinted value when it is gone (an
-  // empty range costs a priority's read nothing), and the least value is sought below it: a dive
-  // from the head of the kind's queued jobs would step over the entries that the last claims
-  // delete-marked and purge has not removed yet, as the read of the jobs does.
+  // the first enough + 1.
   Seek(std::string from, std::string column, bool text, std::vector<std::string> hint,
-       size_t enough = 0, bool superset = false)
+       size_t enough = 0)
       : from_(std::move(from)),
         column_(std::move(column)),
         text_(text),
         enough_(enough),
         pending_(std::move(hint)) {
     if (enough_ > 0 && pending_.size() > enough_ + 1) pending_.resize(enough_ + 1);
-    if (superset && !pending_.empty()) floor_ = pending_.front();
   }
 
   bool done() const { return done_; }
@@ -1513,18 +1510,18 @@ class Seek {
     }
     std::vector<std::string> out;
     std::string sql;
-    const auto add = [&](size_t index, const std::string* bound, const char* compare) {
+    const auto add = [&](size_t index, const std::string* after) {
       std::string dive = "SELECT " + std::to_string(index) + ", MIN(" + column_ + ")" + from_;
-      if (bound) dive += " AND " + column_ + compare + (text_ ? quote(*bound) : *bound);
-      if (!sql.empty() && sql.size() + dive.size() > kHeadBytes) {
+      if (after) dive += " AND " + column_ + " > " + (text_ ? quote(*after) : *after);
+      if (!sql.empty() && sql.size() + 11 + dive.size() > kHeadBytes) {  // " UNION ALL "
         out.push_back(std::move(sql));
         sql.clear();
       }
       if (!sql.empty()) sql += " UNION ALL ";
       sql += dive;
     };
-    if (!first_known_) add(0, floor_ ? &*floor_ : nullptr, " < ");
-    for (size_t i = 0; i < pending_.size(); ++i) add(i + 1, &pending_[i], " > ");
+    if (!first_known_) add(0, nullptr);
+    for (size_t i = 0; i < pending_.size(); ++i) add(i + 1, &pending_[i]);
     if (!sql.empty()) out.push_back(std::move(sql));
     return out;
   }
@@ -1552,7 +1549,7 @@ class Seek {
     pending_.clear();
     values_.clear();
     bool complete = true;
-    for (Cell v = first_ ? first_ : floor_; v; v = next_.at(*v)) {
+    for (Cell v = first_; v; v = next_.at(*v)) {
       // Each successor is greater than its value, so the chain ends; a server that compared
       // otherwise (a collation other than the binary one) must not make the claim spin.
       if (values_.size() > next_.size()) {
@@ -1584,9 +1581,8 @@ class Seek {
   bool text_;
   size_t enough_;
   std::vector<std::string> pending_;  // the values to dive from this round
-  Cell floor_;                        // superset: the least hinted value, taken to be there
   bool first_known_ = false;
-  Cell first_;                        // the least value (below floor_, if set; NULL: none)
+  Cell first_;                        // the least value (NULL: none)
   std::map<std::string, Cell> next_;  // a value's successor (NULL: none)
   int rounds_ = 0;
   bool done_ = false;
@@ -1642,7 +1638,10 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, ClaimHints& hints,
       }
       if (auto it = hints.keys.find(kind); it != hints.keys.end()) hint.keys.insert(*it);
     }
-    if (any_kind) hint.keys = hints.keys;  // capped kinds with no job queued included
+    if (any_kind) {  // kinds with no job queued included: they may come back
+      hint.priorities = hints.priorities;
+      hint.keys = hints.keys;
+    }
   }
 
   std::optional<Seek> kind_seek;
@@ -1654,7 +1653,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, ClaimHints& hints,
   };
   const auto seek_priorities = [&](const std::string& kind) {
     priority_seeks.try_emplace(kind, queued_of(kind), "priority", false, hint.priorities[kind],
-                               kPriorityParts, true);
+                               kPriorityParts);
   };
   const auto seek_keys = [&](const std::string& kind) {
     key_seeks.try_emplace(kind, queued_of(kind), "concurrency_key", true, hint.keys[kind]);
@@ -1748,8 +1747,9 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, ClaimHints& hints,
       hints.capped.insert(capped_kinds.begin(), capped_kinds.end());
     }
     // A kind's last priorities stay while none of its jobs is queued: a job enqueued at one of
-    // them then costs no extra round trip. A per-key capped kind keeps its entry in keys, so that
-    // the next claim seeks its keys in the first round trip.
+    // them then costs no extra round trip. (They are kept for every kind ever claimed.) A per-key
+    // capped kind keeps its entry in keys, so that the next claim seeks its keys in the first round
+    // trip.
     for (const auto& [kind, seek] : priority_seeks) {
       if (!seek.values().empty()) hints.priorities[kind] = seek.values();
     }
@@ -1764,10 +1764,25 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, ClaimHints& hints,
     }
   }
 
+  // The guessed read holds the uncapped kinds' first due jobs when it read no kind that is capped
+  // and every priority of the plan's (a priority gone since costs it nothing).
   const KindPriorities plan = uncapped_plan(kinds, capped_kinds, true);
+  bool covered = true;
+  for (const auto& [kind, priorities] : guessed) covered = covered && !capped_kinds.count(kind);
+  for (const auto& [kind, priorities] : plan) {
+    const auto g = guessed.find(kind);
+    if (g == guessed.end()) {
+      covered = false;
+    } else if (g->second.size() <= kPriorityParts) {  // else it read the kind as one range
+      covered = covered && priorities.size() <= kPriorityParts;
+      for (const std::string& p : priorities) {
+        covered = covered && std::find(g->second.begin(), g->second.end(), p) != g->second.end();
+      }
+    }
+  }
   std::vector<std::vector<Candidate>> lists;
   std::vector<std::string> read_again;  // the uncapped read, when the guess was wrong
-  if (plan == guessed) {
+  if (covered) {
     lists.push_back(guessed_read.empty() ? std::vector<Candidate>{}
                                          : uncapped_of(first.begin() + 2, first.end(), r.limit));
   } else {
@@ -1833,7 +1848,7 @@ void claim_jobs(Tx& tx, const std::vector<ClaimOp*>& ops, ClaimHints& hints,
                due_parts(prefix, priorities, now, std::min<int64_t>(c.per_key - running, want),
                          nullptr)) {
             const std::string one = "(" + part + ")";
-            if (!sql.empty() && sql.size() + one.size() > kHeadBytes) {
+            if (!sql.empty() && sql.size() + 11 + one.size() > kHeadBytes) {
               h.statements.push_back(std::move(sql));
               sql.clear();
             }

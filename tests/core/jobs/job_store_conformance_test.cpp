@@ -2255,6 +2255,38 @@ TEST_P(JobStoreConformance, ClaimsFindKindsPrioritiesAndKeysThatAppearedSinceThe
   EXPECT_THAT(priorities, ElementsAre(-100, -50, 50, 100));
 }
 
+// A claim starts from the priorities the last claim of the kind found (MySQL): priorities that
+// turn up below, between and above those, more of them at once than a claim finds in a few
+// seeks, are all taken in order; so are those of a kind that drained and came back, whether the
+// claim names its kinds or takes any.
+TEST_P(JobStoreConformance, ClaimsFindPrioritiesBelowBetweenAndAboveThoseTheLastClaimSaw) {
+  const auto make = [&](int priority) {
+    JobSpec s = spec("p");
+    s.priority = priority;
+    add(s);
+  };
+  const auto claim_each = [&](std::vector<std::string> kinds) {
+    std::vector<int> order;
+    for (int i = 0; i < 20; ++i) {
+      std::vector<Claimed> got = claim(1, kT0, kinds);
+      if (got.empty()) break;
+      order.push_back(got[0].job.priority);
+      store().complete(got[0].job.id, got[0].lease_token, "{}", kT0);
+    }
+    return order;
+  };
+  make(10);
+  EXPECT_THAT(claim_each({"p"}), ElementsAre(10));
+  for (int p : {12, 4, 3, 2, 1, 0}) make(p);
+  EXPECT_THAT(claim_each({"p"}), ElementsAre(0, 1, 2, 3, 4, 12));
+  for (int p : {10, 5, 0}) make(p);
+  EXPECT_THAT(claim_each({"p"}), ElementsAre(0, 5, 10));
+  for (int p : {7, -3}) make(p);
+  EXPECT_THAT(claim_each({}), ElementsAre(-3, 7));
+  for (int p : {6, 8}) make(p);
+  EXPECT_THAT(claim_each({"p", "other"}), ElementsAre(6, 8));
+}
+
 // A per-key cap holds over a key's jobs of several priorities, and the best of them run first
 // (MySQL reads a key's due jobs one priority at a time, up to the key's room in each).
 TEST_P(JobStoreConformance, AKeysCapHoldsOverItsJobsOfSeveralPriorities) {
